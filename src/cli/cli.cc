@@ -1,0 +1,4 @@
+#include "cli/cli.h"
+namespace headroom::cli {
+int run(int, char**) { return 0; }
+}
