@@ -1,0 +1,172 @@
+// oneDNN matmul (through headroom::cpu::gemm, the path the kernels use) against OpenBLAS
+// cblas_sgemm on GPT-2 124M's GEMMs at B*T = 2048 tokens: forward, backward-data and
+// backward-weight (accumulating), plus a plain 2048^3. Results and the command: docs/gemm.md.
+#include <benchmark/benchmark.h>
+#include <cblas.h>
+#include <omp.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include "backend/cpu/gemm.h"
+#include "backend/cpu/kernels.h"
+
+namespace {
+
+using headroom::cpu::WeightLayout;
+
+constexpr int kTokens = 2048;  // B * T
+
+struct Layer {
+  const char* name;
+  int N, IC, OC;
+  WeightLayout layout;
+  bool forward_only;
+};
+
+const Layer kLayers[] = {
+    {"attn_qkv_768x2304", kTokens, 768, 2304, WeightLayout::kInOut, false},
+    {"attn_proj_768x768", kTokens, 768, 768, WeightLayout::kInOut, false},
+    {"mlp_fc_768x3072", kTokens, 768, 3072, WeightLayout::kInOut, false},
+    {"mlp_proj_3072x768", kTokens, 3072, 768, WeightLayout::kInOut, false},
+    {"lm_head_768x50257_outin", kTokens, 768, 50257, WeightLayout::kOutIn, false},
+    {"square_2048", 2048, 2048, 2048, WeightLayout::kInOut, true},
+};
+
+enum class Pass { kForward, kBackwardData, kBackwardWeight };
+enum class Lib { kOneDnn, kOpenBlas };
+
+// One GEMM as C[M,N] (+)= op(A) x op(B), in the same terms as headroom::cpu::gemm.
+struct Gemm {
+  bool ta, tb;
+  int M, N, K, lda, ldb, ldc;
+  bool accumulate;
+  int64_t a_size, b_size, c_size;
+};
+
+// The GEMM that kernels.cc issues for a layer and pass (see matmul_forward/matmul_backward).
+Gemm gemm_for(const Layer& l, Pass pass) {
+  const bool io = l.layout == WeightLayout::kInOut;
+  const int64_t n = l.N, ic = l.IC, oc = l.OC;
+  switch (pass) {
+    case Pass::kForward:  // out[N,OC] = inp[N,IC] x W
+      return io ? Gemm{false, false, l.N,   l.OC,   l.IC,    l.IC,
+                       l.OC,  l.OC,  false, n * ic, ic * oc, n * oc}
+                : Gemm{false, true, l.N,   l.OC,   l.IC,    l.IC,
+                       l.IC,  l.OC, false, n * ic, ic * oc, n * oc};
+    case Pass::kBackwardData:  // dinp[N,IC] = dout[N,OC] x W^T
+      return io ? Gemm{false, true, l.N,   l.IC,   l.OC,    l.OC,
+                       l.OC,  l.IC, false, n * oc, ic * oc, n * ic}
+                : Gemm{false, false, l.N,   l.IC,   l.OC,    l.OC,
+                       l.IC,  l.IC,  false, n * oc, ic * oc, n * ic};
+    case Pass::kBackwardWeight:  // dW += inp^T x dout (kInOut) or dout^T x inp (kOutIn)
+      return io ? Gemm{true, false, l.IC, l.OC,   l.N,    l.IC,
+                       l.OC, l.OC,  true, n * ic, n * oc, ic * oc}
+                : Gemm{true, false, l.OC, l.IC,   l.N,    l.OC,
+                       l.IC, l.IC,  true, n * oc, n * ic, ic * oc};
+  }
+  return {};
+}
+
+void run_gemm(Lib lib, const Gemm& g, const float* A, const float* B, float* C) {
+  if (lib == Lib::kOneDnn) {
+    headroom::cpu::gemm(g.ta, g.tb, g.M, g.N, g.K, A, g.lda, B, g.ldb, C, g.ldc, nullptr,
+                        g.accumulate);
+  } else {
+    cblas_sgemm(CblasRowMajor, g.ta ? CblasTrans : CblasNoTrans, g.tb ? CblasTrans : CblasNoTrans,
+                g.M, g.N, g.K, 1.0f, A, g.lda, B, g.ldb, g.accumulate ? 1.0f : 0.0f, C, g.ldc);
+  }
+}
+
+std::vector<float> random_vec(int64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+void BM_Gemm(benchmark::State& state, Layer layer, Pass pass, Lib lib) {
+  const Gemm g = gemm_for(layer, pass);
+  std::vector<float> A = random_vec(g.a_size, 1), B = random_vec(g.b_size, 2);
+  std::vector<float> C(g.c_size, 0.0f);
+
+  // Spot-check a few entries against a double dot product before timing, so a wrong GEMM
+  // (layout mix-up, library failure) fails the benchmark instead of timing garbage.
+  run_gemm(lib, g, A.data(), B.data(), C.data());
+  for (int k = 0; k < 4; ++k) {
+    const int i = (k * 977) % g.M, j = (k * 1231) % g.N;
+    double ref = 0.0;
+    for (int p = 0; p < g.K; ++p) {
+      const double a = g.ta ? A[int64_t{p} * g.lda + i] : A[int64_t{i} * g.lda + p];
+      const double b = g.tb ? B[int64_t{j} * g.ldb + p] : B[int64_t{p} * g.ldb + j];
+      ref += a * b;
+    }
+    const double got = C[int64_t{i} * g.ldc + j];
+    if (std::abs(got - ref) > 1e-3 * (1.0 + std::abs(ref))) {
+      state.SkipWithError(("wrong result at (" + std::to_string(i) + "," + std::to_string(j) +
+                           "): " + std::to_string(got) + " vs " + std::to_string(ref))
+                              .c_str());
+      return;
+    }
+  }
+
+  for (auto _ : state) {
+    run_gemm(lib, g, A.data(), B.data(), C.data());
+    benchmark::DoNotOptimize(C.data());
+    benchmark::ClobberMemory();
+  }
+  const double flops = 2.0 * g.M * g.N * g.K;
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["GFLOP"] = flops * 1e-9;
+  if (lib == Lib::kOneDnn) {
+    state.SetLabel(headroom::cpu::gemm_impl_name(g.ta, g.tb, g.M, g.N, g.K, g.lda, g.ldb, g.ldc,
+                                                 false, g.accumulate));
+  }
+}
+
+void register_all() {
+  const std::pair<Pass, const char*> passes[] = {{Pass::kForward, "fwd"},
+                                                 {Pass::kBackwardData, "bwd_data"},
+                                                 {Pass::kBackwardWeight, "bwd_weight"}};
+  const std::pair<Lib, const char*> libs[] = {{Lib::kOneDnn, "onednn"},
+                                              {Lib::kOpenBlas, "openblas"}};
+  for (const Layer& layer : kLayers) {
+    for (auto [pass, pass_name] : passes) {
+      if (layer.forward_only && pass != Pass::kForward) continue;
+      for (auto [lib, lib_name] : libs) {
+        const std::string name =
+            std::string("gemm/") + layer.name + "/" + pass_name + "/" + lib_name;
+        benchmark::RegisterBenchmark(name.c_str(), BM_Gemm, layer, pass, lib)
+            ->Unit(benchmark::kMillisecond)
+            ->UseRealTime();
+      }
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  const char* coretype = std::getenv("OPENBLAS_CORETYPE");
+  benchmark::AddCustomContext("omp_max_threads", std::to_string(omp_get_max_threads()));
+  benchmark::AddCustomContext("openblas_threads", std::to_string(openblas_get_num_threads()));
+  benchmark::AddCustomContext("openblas_config", openblas_get_config());
+  benchmark::AddCustomContext("openblas_core", openblas_get_corename());
+  benchmark::AddCustomContext("OPENBLAS_CORETYPE", coretype ? coretype : "(unset)");
+  const dnnl_version_t* v = dnnl_version();
+  benchmark::AddCustomContext("onednn", std::to_string(v->major) + "." + std::to_string(v->minor) +
+                                            "." + std::to_string(v->patch));
+  register_all();
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

@@ -1,0 +1,29 @@
+// fp32 GEMM for the CPU kernels: one entry point over oneDNN matmul with a cache of primitives,
+// so the hot path neither re-creates primitives nor allocates data-sized buffers.
+#pragma once
+
+#include <cstddef>
+
+namespace headroom::cpu {
+
+// C[M,N] = op(A)[M,K] x op(B)[K,N] (+ bias[N]), or C += ... when accumulate is true.
+// All matrices are row-major with leading dimensions lda, ldb, ldc (in elements).
+// op(A) = A (A is [M,K]) or, with trans_a, A^T (A is stored [K,M]); likewise for B.
+// Thread safety: callable from any thread; concurrent calls are serialised (each call already
+// uses every OpenMP thread). Calls made from inside an OpenMP parallel region run on one thread.
+// The first call of a shape creates and caches a primitive (keyed by shape, strides, bias,
+// accumulate and the OpenMP thread count); later calls only set data pointers and execute.
+void gemm(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda, const float* B,
+          int ldb, float* C, int ldc, const float* bias, bool accumulate);
+
+// The oneDNN implementation chosen for a shape (e.g. "brg:avx512_core"), for benchmarks and
+// docs. Creates and caches the primitive if needed.
+const char* gemm_impl_name(bool trans_a, bool trans_b, int M, int N, int K, int lda, int ldb,
+                           int ldc, bool has_bias, bool accumulate);
+
+// Bytes held by the one shared oneDNN scratchpad (user mode; sized to the largest cached
+// primitive, grown only when a new primitive is created), and the number of cached primitives.
+size_t gemm_scratchpad_bytes();
+size_t gemm_cached_primitives();
+
+}  // namespace headroom::cpu

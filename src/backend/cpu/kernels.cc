@@ -1,0 +1,529 @@
+// CPU fp32 kernels (see kernels.h for the contract). GEMMs go through gemm.h (oneDNN); the rest
+// are OpenMP loops written so that GCC vectorises them with -O3 -march=native.
+//
+// Determinism: no atomics. Parameter-gradient reductions over rows (layernorm, bias, embedding)
+// are parallelised over the output dimension, each thread owning a column range and summing
+// rows in order, so they do not even depend on the thread count. Only sum_squares combines
+// per-thread partials (in thread order), and the GEMMs follow oneDNN's blocking.
+#include "backend/cpu/kernels.h"
+
+#include <immintrin.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "backend/cpu/fast_math.h"
+#include "backend/cpu/gemm.h"
+#include "core/check.h"
+
+namespace headroom::cpu {
+namespace {
+
+// Columns are reduced in blocks of this many floats held on the stack, so a parameter gradient
+// receives one `+=` per call (two calls add the same value twice, exactly).
+constexpr int kColBlock = 256;
+
+// This thread's share [begin, end) of [0, n), in units of `align` elements (cache lines) where
+// possible. Call inside a parallel region.
+inline void thread_range(int64_t n, int64_t align, int64_t* begin, int64_t* end) {
+  const int64_t nth = omp_get_num_threads();
+  const int64_t tid = omp_get_thread_num();
+  const int64_t units = (n + align - 1) / align;
+  const int64_t per = units / nth, rem = units % nth;
+  const int64_t u0 = tid * per + std::min(tid, rem);
+  const int64_t u1 = u0 + per + (tid < rem ? 1 : 0);
+  *begin = std::min(n, u0 * align);
+  *end = std::min(n, u1 * align);
+}
+
+// sum over rows r of x[r*ld + c] for c in [c0, c1) added to acc_out[c]; rows in order.
+inline void add_column_sums(float* acc_out, const float* x, int64_t rows, int64_t ld, int64_t c0,
+                            int64_t c1) {
+  for (int64_t cb = c0; cb < c1; cb += kColBlock) {
+    const int64_t w = std::min<int64_t>(kColBlock, c1 - cb);
+    float acc[kColBlock] = {};
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* xr = x + r * ld + cb;
+#pragma omp simd
+      for (int64_t j = 0; j < w; ++j) acc[j] += xr[j];
+    }
+#pragma omp simd
+    for (int64_t j = 0; j < w; ++j) acc_out[cb + j] += acc[j];
+  }
+}
+
+inline float dot(const float* a, const float* b, int n) {
+  float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+  for (int i = 0; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+inline void axpy(float* y, float a, const float* x, int n) {
+#pragma omp simd
+  for (int i = 0; i < n; ++i) y[i] += a * x[i];
+}
+
+}  // namespace
+
+// ---- embedding -----------------------------------------------------------------------------
+
+void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B,
+                       int T, int C) {
+  const int64_t BT = int64_t{B} * T;
+#pragma omp parallel for schedule(static)
+  for (int64_t bt = 0; bt < BT; ++bt) {
+    const int64_t t = bt % T;
+    const float* w = wte + int64_t{tokens[bt]} * C;
+    const float* p = wpe + t * C;
+    float* o = out + bt * C;
+#pragma omp simd
+    for (int c = 0; c < C; ++c) o[c] = w[c] + p[c];
+  }
+}
+
+void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B,
+                        int T, int C) {
+  // Tokens repeat, so rows of dwte collide; each thread owns a range of channels instead.
+#pragma omp parallel
+  {
+    int64_t c0, c1;
+    thread_range(C, 16, &c0, &c1);
+    if (c0 < c1) {
+      const int64_t BT = int64_t{B} * T;
+      for (int64_t bt = 0; bt < BT; ++bt) {
+        float* w = dwte + int64_t{tokens[bt]} * C;
+        const float* d = dout + bt * C;
+#pragma omp simd
+        for (int64_t c = c0; c < c1; ++c) w[c] += d[c];
+      }
+      for (int64_t t = 0; t < T; ++t) {
+        // dwpe[t, c0:c1] += sum_b dout[b, t, c0:c1]
+        add_column_sums(dwpe + t * C, dout + t * C, B, int64_t{T} * C, c0, c1);
+      }
+    }
+  }
+}
+
+// ---- layernorm -----------------------------------------------------------------------------
+
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                       const float* bias, int N, int C) {
+  constexpr float kEps = 1e-5f;
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    const float* x = inp + n * C;
+    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (int c = 0; c < C; ++c) s += x[c];
+    const float m = s / C;
+    float v = 0.0f;  // two-pass variance: no cancellation for rows with a large mean
+#pragma omp simd reduction(+ : v)
+    for (int c = 0; c < C; ++c) v += (x[c] - m) * (x[c] - m);
+    const float r = 1.0f / std::sqrt(v / C + kEps);
+    float* o = out + n * C;
+    if (bias != nullptr) {
+#pragma omp simd
+      for (int c = 0; c < C; ++c) o[c] = (x[c] - m) * r * weight[c] + bias[c];
+    } else {
+#pragma omp simd
+      for (int c = 0; c < C; ++c) o[c] = (x[c] - m) * r * weight[c];
+    }
+    mean[n] = m;
+    rstd[n] = r;
+  }
+}
+
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                        const float* inp, const float* weight, const float* mean, const float* rstd,
+                        int N, int C) {
+  // Input gradient: rows are independent.
+  if (dinp != nullptr) {
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < N; ++n) {
+      const float* x = inp + n * C;
+      const float* dy = dout + n * C;
+      const float m = mean[n], r = rstd[n];
+      float sum_dn = 0.0f, sum_dn_n = 0.0f;
+#pragma omp simd reduction(+ : sum_dn, sum_dn_n)
+      for (int c = 0; c < C; ++c) {
+        const float dn = dy[c] * weight[c];
+        sum_dn += dn;
+        sum_dn_n += dn * (x[c] - m) * r;
+      }
+      const float mean_dn = sum_dn / C, mean_dn_n = sum_dn_n / C;
+      float* dx = dinp + n * C;
+#pragma omp simd
+      for (int c = 0; c < C; ++c) {
+        const float norm = (x[c] - m) * r;
+        dx[c] += (dy[c] * weight[c] - mean_dn - norm * mean_dn_n) * r;
+      }
+    }
+  }
+  // Parameter gradients: reductions over rows, parallel over channels (deterministic).
+  if (dweight == nullptr && dbias == nullptr) return;
+#pragma omp parallel
+  {
+    int64_t c0, c1;
+    thread_range(C, 16, &c0, &c1);
+    for (int64_t cb = c0; cb < c1; cb += kColBlock) {
+      const int64_t w = std::min<int64_t>(kColBlock, c1 - cb);
+      float acc_w[kColBlock] = {}, acc_b[kColBlock] = {};
+      for (int64_t n = 0; n < N; ++n) {
+        const float* x = inp + n * C + cb;
+        const float* dy = dout + n * C + cb;
+        const float m = mean[n], r = rstd[n];
+#pragma omp simd
+        for (int64_t j = 0; j < w; ++j) {
+          acc_w[j] += dy[j] * ((x[j] - m) * r);
+          acc_b[j] += dy[j];
+        }
+      }
+      if (dweight != nullptr) {
+#pragma omp simd
+        for (int64_t j = 0; j < w; ++j) dweight[cb + j] += acc_w[j];
+      }
+      if (dbias != nullptr) {
+#pragma omp simd
+        for (int64_t j = 0; j < w; ++j) dbias[cb + j] += acc_b[j];
+      }
+    }
+  }
+}
+
+// ---- matmul --------------------------------------------------------------------------------
+
+void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N,
+                    int IC, int OC, WeightLayout layout) {
+  if (layout == WeightLayout::kInOut) {
+    gemm(false, false, N, OC, IC, inp, IC, weight, OC, out, OC, bias, false);
+  } else {
+    gemm(false, true, N, OC, IC, inp, IC, weight, IC, out, OC, bias, false);
+  }
+}
+
+void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                     const float* weight, int N, int IC, int OC, WeightLayout layout) {
+  const bool in_out = layout == WeightLayout::kInOut;
+  if (dinp != nullptr) {  // dinp[N,IC] = dout[N,OC] x weight^T
+    if (in_out) {
+      gemm(false, true, N, IC, OC, dout, OC, weight, OC, dinp, IC, nullptr, false);
+    } else {
+      gemm(false, false, N, IC, OC, dout, OC, weight, IC, dinp, IC, nullptr, false);
+    }
+  }
+  if (dweight != nullptr) {  // accumulated through oneDNN's sum post-op
+    if (in_out) {            // dweight[IC,OC] += inp^T x dout
+      gemm(true, false, IC, OC, N, inp, IC, dout, OC, dweight, OC, nullptr, true);
+    } else {  // dweight[OC,IC] += dout^T x inp
+      gemm(true, false, OC, IC, N, dout, OC, inp, IC, dweight, IC, nullptr, true);
+    }
+  }
+  if (dbias != nullptr) {
+#pragma omp parallel
+    {
+      int64_t c0, c1;
+      thread_range(OC, 16, &c0, &c1);
+      add_column_sums(dbias, dout, N, OC, c0, c1);
+    }
+  }
+}
+
+// ---- attention -----------------------------------------------------------------------------
+// Layout: qkv[b, t, 0:C] = q, [C:2C] = k, [2C:3C] = v; head h uses [h*HS, (h+1)*HS) of each.
+// Every (b, h) pair is independent and owns its slices of out / att / dqkv / scratch, so the
+// loops over (b, h) run in parallel without races.
+
+void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) {
+  HR_CHECK(C % NH == 0);
+  const int HS = C / NH;
+  const int64_t C3 = int64_t{3} * C;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int b = 0; b < B; ++b) {
+    for (int h = 0; h < NH; ++h) {
+      const float* base = qkv + int64_t{b} * T * C3 + int64_t{h} * HS;
+      float* att_bh = att + (int64_t{b} * NH + h) * T * T;
+      for (int t = 0; t < T; ++t) {
+        const float* q = base + t * C3;
+        float* row = att_bh + int64_t{t} * T;
+        float maxv = -INFINITY;
+        for (int s = 0; s <= t; ++s) {
+          const float v = dot(q, base + s * C3 + C, HS) * scale;
+          row[s] = v;
+          maxv = std::max(maxv, v);
+        }
+        float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+        for (int s = 0; s <= t; ++s) {
+          const float e = fast_exp(row[s] - maxv);
+          row[s] = e;
+          sum += e;
+        }
+        const float inv = 1.0f / sum;
+#pragma omp simd
+        for (int s = 0; s <= t; ++s) row[s] *= inv;
+        for (int s = t + 1; s < T; ++s) row[s] = 0.0f;
+        float* o = out + (int64_t{b} * T + t) * C + int64_t{h} * HS;
+        std::fill(o, o + HS, 0.0f);
+        for (int s = 0; s <= t; ++s) axpy(o, row[s], base + s * C3 + 2 * C, HS);
+      }
+    }
+  }
+}
+
+size_t attention_backward_scratch_floats(int B, int T, int NH) {
+  // One row of dL/d(probabilities) per (b, h): independent of the thread count, so the planner
+  // can size it from the shapes alone.
+  return static_cast<size_t>(B) * NH * T;
+}
+
+void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
+                        const float* att, int B, int T, int C, int NH) {
+  HR_CHECK(C % NH == 0);
+  const int HS = C / NH;
+  const int64_t C3 = int64_t{3} * C;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int b = 0; b < B; ++b) {
+    for (int h = 0; h < NH; ++h) {
+      const float* base = qkv + int64_t{b} * T * C3 + int64_t{h} * HS;
+      float* dbase = dqkv + int64_t{b} * T * C3 + int64_t{h} * HS;
+      const float* att_bh = att + (int64_t{b} * NH + h) * T * T;
+      float* datt = scratch + (int64_t{b} * NH + h) * T;
+      for (int t = 0; t < T; ++t) {
+        for (int part = 0; part < 3; ++part) {
+          float* d = dbase + t * C3 + part * C;
+          std::fill(d, d + HS, 0.0f);
+        }
+      }
+      for (int t = 0; t < T; ++t) {
+        const float* row = att_bh + int64_t{t} * T;
+        const float* dy = dout + (int64_t{b} * T + t) * C + int64_t{h} * HS;
+        // out_t = sum_s p_s v_s  =>  dp_s = dy . v_s,  dv_s += p_s dy
+        float sum_pdp = 0.0f;
+        for (int s = 0; s <= t; ++s) {
+          const float dp = dot(dy, base + s * C3 + 2 * C, HS);
+          datt[s] = dp;
+          sum_pdp += row[s] * dp;
+          axpy(dbase + s * C3 + 2 * C, row[s], dy, HS);
+        }
+        // softmax: dscore_s = p_s (dp_s - sum_u p_u dp_u); score = scale * q . k
+        const float* q = base + t * C3;
+        float* dq = dbase + t * C3;
+        for (int s = 0; s <= t; ++s) {
+          const float ds = row[s] * (datt[s] - sum_pdp) * scale;
+          axpy(dq, ds, base + s * C3 + C, HS);
+          axpy(dbase + s * C3 + C, ds, q, HS);
+        }
+      }
+    }
+  }
+}
+
+// ---- GELU ----------------------------------------------------------------------------------
+
+namespace {
+constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
+constexpr float kGeluCube = 0.044715f;
+}  // namespace
+
+void gelu_forward(float* out, const float* inp, int64_t n) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = inp[i];
+    const float u = kGeluScale * (x + kGeluCube * x * x * x);
+    out[i] = 0.5f * x * (1.0f + fast_tanh(u));
+  }
+}
+
+void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = inp[i];
+    const float u = kGeluScale * (x + kGeluCube * x * x * x);
+    const float th = fast_tanh(u);
+    const float du = kGeluScale * (1.0f + 3.0f * kGeluCube * x * x);
+    const float grad = 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * du;
+    dinp[i] = grad * dout[i];
+  }
+}
+
+// ---- residual ------------------------------------------------------------------------------
+
+void residual_forward(float* out, const float* a, const float* b, int64_t n) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+}
+
+void residual_backward(float* da, float* db, const float* dout, int64_t n) {
+  if (da != nullptr) {
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) da[i] += dout[i];
+  }
+  if (db != nullptr) {
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) db[i] += dout[i];
+  }
+}
+
+// ---- cross-entropy -------------------------------------------------------------------------
+
+namespace {
+// max and sum_i exp(x_i - max) of one row.
+inline void softmax_stats(const float* x, int V, float* maxv, float* sum) {
+  float m = -INFINITY;
+#pragma omp simd reduction(max : m)
+  for (int i = 0; i < V; ++i) m = std::max(m, x[i]);
+  float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+  for (int i = 0; i < V; ++i) s += fast_exp(x[i] - m);
+  *maxv = m;
+  *sum = s;
+}
+}  // namespace
+
+void cross_entropy_forward(float* losses, const float* logits, const int32_t* targets, int N,
+                           int V) {
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    const int32_t target = targets[n];
+    HR_CHECK(target >= -1 && target < V);
+    if (target < 0) {
+      losses[n] = 0.0f;
+      continue;
+    }
+    const float* x = logits + n * V;
+    float m, s;
+    softmax_stats(x, V, &m, &s);
+    losses[n] = static_cast<float>(std::log(static_cast<double>(s)) + m - x[target]);
+  }
+}
+
+void cross_entropy_backward(float* dlogits, const float* logits, const int32_t* targets, int N,
+                            int V, float dloss) {
+  // dlogits may alias logits: each row is read completely (stats) before it is written, and the
+  // write pass reads element i before writing element i.
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    const int32_t target = targets[n];
+    HR_CHECK(target >= -1 && target < V);
+    const float* x = logits + n * V;
+    float* d = dlogits + n * V;
+    if (target < 0) {
+      std::fill(d, d + V, 0.0f);
+      continue;
+    }
+    float m, s;
+    softmax_stats(x, V, &m, &s);
+    const float k = dloss / s;
+#pragma omp simd
+    for (int i = 0; i < V; ++i) d[i] = fast_exp(x[i] - m) * k;
+    d[target] -= dloss;
+  }
+}
+
+// ---- optimizer -----------------------------------------------------------------------------
+
+namespace {
+// One element of the AdamW update (torch order: decay, then the bias-corrected Adam step).
+inline void adamw_one(float& param, float grad, float& m, float& v, float b1, float b2, float eps,
+                      float gs, float step_size, float bc2_sqrt, float decay) {
+  const float g = grad * gs;
+  m = b1 * m + (1.0f - b1) * g;
+  v = b2 * v + (1.0f - b2) * g * g;
+  const float denom = std::sqrt(v) / bc2_sqrt + eps;
+  param = param * decay - step_size * (m / denom);
+}
+
+// One thread's share of the update. std::sqrt may set errno (never here: v >= 0), which keeps
+// GCC from vectorising the loop without -fno-math-errno (and the optimize attribute does not
+// help in GCC 12), so the AVX-512 body is written out (maskz_sqrt: plain sqrt_ps trips a false
+// -Wmaybe-uninitialized in GCC 12's header). Same operations in the same order as adamw_one;
+// the compiler may contract the scalar tail into FMAs, but thread ranges are multiples of 16,
+// so the vector/scalar split depends on n only, never on the thread count.
+void adamw_range(float* params, const float* grads, float* m, float* v, int64_t i0, int64_t i1,
+                 float b1, float b2, float eps, float gs, float step_size, float bc2_sqrt,
+                 float decay) {
+  int64_t i = i0;
+#if defined(__AVX512F__)
+  const __m512 vb1 = _mm512_set1_ps(b1), vb2 = _mm512_set1_ps(b2), veps = _mm512_set1_ps(eps),
+               vgs = _mm512_set1_ps(gs), vss = _mm512_set1_ps(step_size),
+               vbc = _mm512_set1_ps(bc2_sqrt), vdecay = _mm512_set1_ps(decay),
+               v1b1 = _mm512_set1_ps(1.0f - b1), v1b2 = _mm512_set1_ps(1.0f - b2);
+  for (; i + 16 <= i1; i += 16) {
+    const __m512 g = _mm512_mul_ps(_mm512_loadu_ps(grads + i), vgs);
+    const __m512 mi =
+        _mm512_add_ps(_mm512_mul_ps(vb1, _mm512_loadu_ps(m + i)), _mm512_mul_ps(v1b1, g));
+    const __m512 vi = _mm512_add_ps(_mm512_mul_ps(vb2, _mm512_loadu_ps(v + i)),
+                                    _mm512_mul_ps(_mm512_mul_ps(v1b2, g), g));
+    _mm512_storeu_ps(m + i, mi);
+    _mm512_storeu_ps(v + i, vi);
+    const __m512 denom = _mm512_add_ps(_mm512_div_ps(_mm512_maskz_sqrt_ps(0xFFFF, vi), vbc), veps);
+    const __m512 upd = _mm512_mul_ps(vss, _mm512_div_ps(mi, denom));
+    _mm512_storeu_ps(params + i,
+                     _mm512_sub_ps(_mm512_mul_ps(_mm512_loadu_ps(params + i), vdecay), upd));
+  }
+#endif
+  for (; i < i1; ++i) {
+    adamw_one(params[i], grads[i], m[i], v[i], b1, b2, eps, gs, step_size, bc2_sqrt, decay);
+  }
+}
+}  // namespace
+
+void adamw_update(float* params, const float* grads, float* m, float* v, int64_t n,
+                  const AdamWParams& p) {
+  HR_CHECK(p.step >= 1);
+  // Same order and scalar precision as torch.optim.AdamW (single-tensor path): decay first,
+  // then addcdiv with step_size = lr / bc1 and denom = sqrt(v) / sqrt(bc2) + eps, the scalars
+  // computed in double as Python does.
+  const double bc1 = 1.0 - std::pow(static_cast<double>(p.beta1), p.step);
+  const double bc2 = 1.0 - std::pow(static_cast<double>(p.beta2), p.step);
+  const float step_size = static_cast<float>(p.lr / bc1);
+  const float bc2_sqrt = static_cast<float>(std::sqrt(bc2));
+  const float decay = static_cast<float>(1.0 - static_cast<double>(p.lr) * p.weight_decay);
+#pragma omp parallel
+  {
+    int64_t i0, i1;
+    thread_range(n, 16, &i0, &i1);
+    adamw_range(params, grads, m, v, i0, i1, p.beta1, p.beta2, p.eps, p.grad_scale, step_size,
+                bc2_sqrt, decay);
+  }
+}
+
+// ---- reductions and simple ops ------------------------------------------------------------
+
+double sum_squares(const float* x, int64_t n) {
+  constexpr int kMaxThreads = 1024;
+  double partial[kMaxThreads];
+  int nthreads = 1;
+#pragma omp parallel
+  {
+#pragma omp single
+    nthreads = omp_get_num_threads();
+    HR_CHECK(omp_get_num_threads() <= kMaxThreads);
+    int64_t i0, i1;
+    thread_range(n, 16, &i0, &i1);
+    double s = 0.0;
+#pragma omp simd reduction(+ : s)
+    for (int64_t i = i0; i < i1; ++i) s += static_cast<double>(x[i]) * x[i];
+    partial[omp_get_thread_num()] = s;
+  }
+  double total = 0.0;  // fixed (thread) order
+  for (int t = 0; t < nthreads; ++t) total += partial[t];
+  return total;
+}
+
+void scale_inplace(float* x, int64_t n, float s) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) x[i] *= s;
+}
+
+void zero(float* x, int64_t n) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) x[i] = 0.0f;
+}
+
+}  // namespace headroom::cpu

@@ -1,0 +1,103 @@
+// CPU kernels for transformer training, fp32, as forward/backward pairs (llm.c style: raw
+// pointers, dimensions as arguments). OpenMP-parallel; results do not depend on the thread count
+// beyond floating-point rounding, and are deterministic for a fixed thread count.
+//
+// Conventions, for every kernel below:
+//  - Dimension letters: N rows (= B*T tokens), C channels, B batch, T time, NH heads, V vocab.
+//  - Parameter gradients (dweight, dbias, dwte, ...) ACCUMULATE (+=): the trainer zeroes them once
+//    per optimizer step, and micro-batches add into them (gradient accumulation).
+//  - Activation gradients are OVERWRITTEN (=), except where a comment says "accumulates" (only
+//    layernorm_backward's dinp and residual_backward, which feed the residual stream).
+//  - Buffers do not alias unless a comment allows it.
+//  - No kernel allocates memory: scratch comes from the caller, sized as documented (the caller's
+//    buffer table plans it).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace headroom::cpu {
+
+// ---- embedding -----------------------------------------------------------------------------
+// out[B,T,C] = wte[tokens[b,t], :] + wpe[t, :]. tokens in [0, V).
+void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B,
+                       int T, int C);
+// dwte[tokens[b,t], :] += dout[b,t,:]; dwpe[t,:] += sum_b dout[b,t,:]. Deterministic (no atomics).
+void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B,
+                        int T, int C);
+
+// ---- layernorm (eps = 1e-5, biased variance, as torch.nn.LayerNorm) -------------------------
+// out[N,C] = (inp - mean) * rstd * weight + bias; saves mean[N], rstd[N] for the backward.
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                       const float* bias, int N, int C);
+// dinp ACCUMULATES (+=) the input gradient (it is the residual stream's gradient);
+// dweight, dbias accumulate.
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                        const float* inp, const float* weight, const float* mean, const float* rstd,
+                        int N, int C);
+
+// ---- matmul --------------------------------------------------------------------------------
+enum class WeightLayout {
+  kInOut,  // weight[IC, OC] row-major: Hugging Face GPT-2 Conv1D; out = inp @ weight
+  kOutIn,  // weight[OC, IC] row-major: torch.nn.Linear and tied LM head; out = inp @ weight^T
+};
+// out[N,OC] = inp[N,IC] x weight (+ bias[OC] if bias is not null).
+void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N,
+                    int IC, int OC, WeightLayout layout);
+// dinp[N,IC] = dout x weight^T (overwritten; skipped if dinp is null);
+// dweight += inp^T x dout in weight's layout; dbias[OC] += column sums of dout (if not null).
+void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                     const float* weight, int N, int IC, int OC, WeightLayout layout);
+
+// ---- causal multi-head self-attention (plain: keeps the T x T probabilities) -----------------
+// qkv[B,T,3C] holds q, k, v side by side (as GPT-2's c_attn output); head h uses channels
+// [h*HS, (h+1)*HS) of each, HS = C/NH. Scores are scaled by 1/sqrt(HS), causal mask.
+// out[B,T,C]; att[B,NH,T,T] saves the softmax probabilities (entries above the diagonal are 0).
+void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH);
+// dqkv[B,T,3C] overwritten. scratch: at least attention_backward_scratch_floats(B,T,NH) floats.
+void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
+                        const float* att, int B, int T, int C, int NH);
+size_t attention_backward_scratch_floats(int B, int T, int NH);
+
+// ---- GELU, tanh approximation (torch.nn.functional.gelu(x, approximate="tanh")) -------------
+void gelu_forward(float* out, const float* inp, int64_t n);
+// dinp = dout * gelu'(inp) (overwritten; dinp may alias dout).
+void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n);
+
+// ---- residual ------------------------------------------------------------------------------
+// out = a + b (out may alias a or b).
+void residual_forward(float* out, const float* a, const float* b, int64_t n);
+// da += dout; db += dout (both accumulate; either may be null).
+void residual_backward(float* da, float* db, const float* dout, int64_t n);
+
+// ---- softmax cross-entropy over the vocabulary --------------------------------------------
+// losses[N] = -log softmax(logits[n,:])[targets[n]]. A target of -1 means "ignore": loss 0.
+void cross_entropy_forward(float* losses, const float* logits, const int32_t* targets, int N,
+                           int V);
+// dlogits[n,:] = (softmax(logits[n,:]) - onehot(targets[n])) * dloss, i.e. the gradient of
+// dloss * sum_n losses[n]; rows with target -1 get 0. dlogits may alias logits (in place).
+// dloss is normally 1 / (tokens in the whole optimizer step).
+void cross_entropy_backward(float* dlogits, const float* logits, const int32_t* targets, int N,
+                            int V, float dloss);
+
+// ---- optimizer -----------------------------------------------------------------------------
+struct AdamWParams {
+  float lr;
+  float beta1;
+  float beta2;
+  float eps;
+  float weight_decay;  // decoupled: param -= lr * weight_decay * param
+  int step;            // 1-based, for bias correction
+  float grad_scale;    // grads are multiplied by this first (clipping, loss-scale undo); 1 = none
+};
+// Updates params, m, v in place from grads (torch.optim.AdamW semantics).
+void adamw_update(float* params, const float* grads, float* m, float* v, int64_t n,
+                  const AdamWParams& p);
+
+// ---- reductions and simple ops ------------------------------------------------------------
+// Sum of squares in double precision (for the global gradient norm). Deterministic.
+double sum_squares(const float* x, int64_t n);
+void scale_inplace(float* x, int64_t n, float s);
+void zero(float* x, int64_t n);
+
+}  // namespace headroom::cpu

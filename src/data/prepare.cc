@@ -1,0 +1,290 @@
+// Input discovery, text checks, document splitting and parallel tokenisation for `prepare`.
+#include "data/prepare.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string_view>
+#include <system_error>
+#include <thread>
+
+#include "core/log.h"
+#include "data/token_file.h"
+#include "data/tokenizer.h"
+
+namespace headroom::data {
+namespace fs = std::filesystem;
+namespace {
+
+constexpr double kMaxInvalidUtf8Fraction = 0.10;
+
+bool skipped_name(const std::string& name) {
+  auto ends_with = [&](std::string_view s) { return std::string_view(name).ends_with(s); };
+  return name.empty() || name[0] == '.' || ends_with(".dat") || ends_with(".u8");
+}
+
+// Expands files and directories into a list of files, in the documented order.
+Status collect_inputs(const std::vector<std::string>& inputs, const std::string& out,
+                      std::vector<std::string>* files) {
+  std::error_code ec;
+  const fs::path out_abs = fs::weakly_canonical(out, ec);
+  for (const std::string& input : inputs) {
+    fs::file_status st = fs::status(input, ec);
+    if (ec || !fs::exists(st)) {
+      return Status::not_found("input '" + input + "' does not exist; check the path");
+    }
+    if (fs::is_regular_file(st)) {
+      files->push_back(input);
+      continue;
+    }
+    if (!fs::is_directory(st)) {
+      return Status::invalid_argument("input '" + input +
+                                      "' is neither a regular file nor a directory");
+    }
+    std::vector<std::string> found;
+    fs::recursive_directory_iterator it(input, ec), end;
+    if (ec) return Status::io_error("input '" + input + "': cannot list: " + ec.message());
+    for (; it != end; it.increment(ec)) {
+      if (ec) return Status::io_error("input '" + input + "': cannot list: " + ec.message());
+      const std::string name = it->path().filename().string();
+      if (skipped_name(name)) {
+        if (it->is_directory(ec)) it.disable_recursion_pending();
+        continue;
+      }
+      if (!it->is_regular_file(ec)) continue;
+      // Re-running prepare with the output inside an input directory must not read the output.
+      if (fs::weakly_canonical(it->path(), ec) == out_abs) continue;
+      found.push_back(it->path().string());
+    }
+    if (found.empty()) {
+      return Status::invalid_argument("input directory '" + input +
+                                      "' has no text files (hidden files and names ending in "
+                                      ".dat or .u8 are skipped)");
+    }
+    std::sort(found.begin(), found.end());
+    files->insert(files->end(), found.begin(), found.end());
+  }
+  return Status::ok();
+}
+
+Status check_output(const std::string& out) {
+  std::error_code ec;
+  if (fs::is_directory(out, ec)) {
+    return Status::invalid_argument(
+        "output '" + out + "' is a directory; give a file name such as " + out + "/tokens.bin");
+  }
+  fs::path dir = fs::path(out).parent_path();
+  if (dir.empty()) dir = ".";
+  if (!fs::is_directory(dir, ec)) {
+    return Status::invalid_argument("output '" + out + "': directory '" + dir.string() +
+                                    "' does not exist; create it first");
+  }
+  if (::access(dir.c_str(), W_OK) != 0) {
+    return Status::invalid_argument("output '" + out + "': directory '" + dir.string() +
+                                    "' is not writable; choose another --out");
+  }
+  return Status::ok();
+}
+
+Result<std::string> read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return Status::io_error("input '" + path + "': cannot open for reading");
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  if (in.bad()) return Status::io_error("input '" + path + "': read failed");
+  return ss.str();
+}
+
+// Number of bytes that are not part of a well-formed UTF-8 sequence (RFC 3629: no overlongs,
+// surrogates or code points above U+10FFFF).
+size_t count_invalid_utf8(std::string_view s) {
+  size_t bad = 0, i = 0;
+  const size_t n = s.size();
+  while (i < n) {
+    auto c = static_cast<unsigned char>(s[i]);
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    int len = 0;
+    uint32_t lo = 0x80, hi = 0xBF;  // allowed range of the second byte
+    if (c >= 0xC2 && c <= 0xDF) {
+      len = 2;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+      len = 3;
+      if (c == 0xE0) lo = 0xA0;
+      if (c == 0xED) hi = 0x9F;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+      len = 4;
+      if (c == 0xF0) lo = 0x90;
+      if (c == 0xF4) hi = 0x8F;
+    }
+    bool ok = len > 0 && i + len <= n;
+    for (int k = 1; ok && k < len; ++k) {
+      auto cc = static_cast<unsigned char>(s[i + k]);
+      ok = k == 1 ? (cc >= lo && cc <= hi) : (cc >= 0x80 && cc <= 0xBF);
+    }
+    if (ok) {
+      i += len;
+    } else {
+      ++bad;
+      ++i;
+    }
+  }
+  return bad;
+}
+
+bool all_whitespace(std::string_view s) {
+  return std::all_of(s.begin(), s.end(), [](char c) {
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
+  });
+}
+
+// Splits `text` into documents at lines equal to `separator`; drops whitespace-only documents.
+void split_documents(std::string_view text, const std::string& separator,
+                     std::vector<std::string_view>* docs) {
+  auto add = [&](std::string_view d) {
+    if (!all_whitespace(d)) docs->push_back(d);
+  };
+  if (separator.empty()) {
+    add(text);
+    return;
+  }
+  size_t doc_begin = 0, line_begin = 0;
+  while (line_begin < text.size()) {
+    size_t nl = text.find('\n', line_begin);
+    size_t line_end = nl == std::string_view::npos ? text.size() : nl;
+    size_t next = nl == std::string_view::npos ? text.size() : nl + 1;
+    std::string_view line = text.substr(line_begin, line_end - line_begin);
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    if (line == separator) {
+      add(text.substr(doc_begin, line_begin - doc_begin));
+      doc_begin = next;
+    }
+    line_begin = next;
+  }
+  add(text.substr(doc_begin));
+}
+
+}  // namespace
+
+Result<PrepareStats> prepare_token_file(const PrepareOptions& options) {
+  const auto t0 = std::chrono::steady_clock::now();
+  if (options.inputs.empty()) {
+    return Status::invalid_argument("prepare: no inputs given; pass text files or directories");
+  }
+  if (options.out.empty()) {
+    return Status::invalid_argument("prepare: no output file given; pass --out FILE");
+  }
+  HR_RETURN_IF_ERROR(check_output(options.out));
+  std::vector<std::string> files;
+  HR_RETURN_IF_ERROR(collect_inputs(options.inputs, options.out, &files));
+
+  // Read and check every input before the (slower) tokenizer runs.
+  PrepareStats stats;
+  std::vector<std::string> texts;
+  std::vector<std::string_view> docs;
+  texts.reserve(files.size());
+  size_t invalid_total = 0;
+  for (const std::string& path : files) {
+    HR_ASSIGN_OR_RETURN(std::string text, read_file(path));
+    if (text.find('\0') != std::string::npos) {
+      return Status::invalid_argument("input '" + path + "' looks binary, not text: it has a NUL " +
+                                      "byte at offset " + std::to_string(text.find('\0')) +
+                                      "; pass text files only");
+    }
+    size_t invalid = count_invalid_utf8(text);
+    if (static_cast<double>(invalid) > kMaxInvalidUtf8Fraction * static_cast<double>(text.size())) {
+      return Status::invalid_argument(
+          "input '" + path + "' looks binary, not text: " + std::to_string(invalid) + " of " +
+          std::to_string(text.size()) + " bytes are not valid UTF-8; pass text files only");
+    }
+    invalid_total += invalid;
+    stats.bytes += text.size();
+    ++stats.files;
+    texts.push_back(std::move(text));
+  }
+  for (size_t f = 0; f < files.size(); ++f) {
+    size_t before = docs.size();
+    split_documents(texts[f], options.doc_separator, &docs);
+    if (docs.size() == before) {
+      return Status::invalid_argument("input '" + files[f] + "' is empty" +
+                                      (texts[f].empty()
+                                           ? std::string(" (0 bytes)")
+                                           : std::string(" (only whitespace or separator lines)")) +
+                                      "; remove it from the inputs or add text");
+    }
+  }
+  if (invalid_total > 0) {
+    log_warn("prepare: {} bytes of the input are not valid UTF-8; they are kept as raw bytes",
+             invalid_total);
+  }
+
+  const std::string vocab_dir = options.vocab_dir.empty() ? default_vocab_dir() : options.vocab_dir;
+  HR_ASSIGN_OR_RETURN(Gpt2Tokenizer tokenizer, Gpt2Tokenizer::load(vocab_dir));
+  const int32_t eot = tokenizer.eot_token();
+
+  // Contiguous runs of documents per thread, balanced by bytes; joined in order afterwards, so
+  // the output does not depend on the number of threads.
+  const size_t hw = std::max(1u, std::thread::hardware_concurrency());
+  const size_t nthreads = std::min<size_t>(hw, std::max<size_t>(1, stats.bytes / (256 << 10)));
+  std::vector<size_t> cut{0};
+  {
+    const uint64_t per = stats.bytes / nthreads + 1;
+    uint64_t acc = 0;
+    for (size_t d = 0; d < docs.size(); ++d) {
+      acc += docs[d].size();
+      if (acc >= per * cut.size() && cut.size() < nthreads) cut.push_back(d + 1);
+    }
+    if (cut.back() != docs.size()) cut.push_back(docs.size());
+  }
+  std::vector<std::vector<int32_t>> parts(cut.size() - 1);
+  auto work = [&](size_t p) {
+    for (size_t d = cut[p]; d < cut[p + 1]; ++d) {
+      tokenizer.encode_append(docs[d], &parts[p]);
+      parts[p].push_back(eot);
+    }
+  };
+  {
+    std::vector<std::jthread> threads;
+    for (size_t p = 1; p < parts.size(); ++p) threads.emplace_back(work, p);
+    if (!parts.empty()) work(0);
+  }
+  std::vector<int32_t> tokens;
+  size_t total = 0;
+  for (const auto& p : parts) total += p.size();
+  tokens.reserve(total);
+  for (auto& p : parts) {
+    tokens.insert(tokens.end(), p.begin(), p.end());
+    std::vector<int32_t>().swap(p);
+  }
+
+  HR_RETURN_IF_ERROR(
+      write_token_file(options.out, tokens, tokenizer.vocab_size(), eot, docs.size()));
+  stats.documents = docs.size();
+  stats.tokens = tokens.size();
+  stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return stats;
+}
+
+std::vector<std::string> default_corpus_inputs() {
+  std::vector<std::string> files;
+  std::error_code ec;
+  const fs::path dir = "/usr/share/games/fortunes";
+  fs::directory_iterator it(dir, ec), end;
+  if (ec) return files;
+  for (; it != end; it.increment(ec)) {
+    if (ec) break;
+    const std::string name = it->path().filename().string();
+    if (name.empty() || name[0] == '.' || name.find('.') != std::string::npos) continue;
+    if (it->is_regular_file(ec)) files.push_back(it->path().string());
+  }
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+}  // namespace headroom::data

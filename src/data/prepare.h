@@ -1,0 +1,47 @@
+// `headroom prepare`: text files in, one packed token file out (documents joined by eot tokens).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+
+namespace headroom::data {
+
+struct PrepareOptions {
+  // Files or directories. A directory contributes its regular files, recursively, sorted by path;
+  // hidden entries (names starting with '.') and names ending in .dat or .u8 (fortune indexes
+  // and links) are skipped.
+  std::vector<std::string> inputs;
+  std::string out;        // the token file to write (atomically)
+  std::string vocab_dir;  // GPT-2 vocabulary; empty = default_vocab_dir()
+  // A line that separates documents inside a file, e.g. "%" for fortune files (compared without
+  // its line ending). Empty = each file is one document.
+  std::string doc_separator;
+};
+
+struct PrepareStats {
+  uint64_t files = 0;      // text files read
+  uint64_t documents = 0;  // documents written (each followed by one eot)
+  uint64_t tokens = 0;     // tokens written, eot tokens included
+  uint64_t bytes = 0;      // bytes of text read
+  double seconds = 0;      // wall time of the whole call
+};
+
+// Reads, tokenises (GPT-2 BPE, on all cores) and writes `options.out`. Documents that hold only
+// whitespace are dropped. Every input is checked before the tokenizer runs, and the output is
+// written atomically, so on error nothing is left behind at `out`.
+// Errors: InvalidArgument for no inputs or no --out, an empty input ("INPUT is empty"), a binary
+// input ("INPUT looks binary, not text": a NUL byte, or over 10% of bytes not valid UTF-8), or an
+// output path that is a directory / in a missing or read-only directory; NotFound for a missing
+// input or vocabulary; IoError if reading or writing fails.
+// Text that is not valid UTF-8 in a few places (e.g. Latin-1 accents) is kept byte for byte.
+Result<PrepareStats> prepare_token_file(const PrepareOptions& options);
+
+// The fortune text files of Debian's `fortunes` package (/usr/share/games/fortunes, the files
+// without an extension), sorted; empty if the package is not installed. Their documents are
+// separated by "%" lines: the caller sets PrepareOptions::doc_separator.
+std::vector<std::string> default_corpus_inputs();
+
+}  // namespace headroom::data

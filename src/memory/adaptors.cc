@@ -1,0 +1,115 @@
+// Limit, tracking and failure-injection adaptors.
+#include "memory/adaptors.h"
+
+#include <fmt/format.h>
+
+#include "core/units.h"
+
+namespace headroom::memory {
+
+std::string_view category_name(Category c) {
+  switch (c) {
+    case Category::kWeights: return "weights";
+    case Category::kGrads: return "grads";
+    case Category::kOptimizer: return "optimizer";
+    case Category::kMaster: return "master";
+    case Category::kActivations: return "activations";
+    case Category::kRecompute: return "recompute";
+    case Category::kWorkspace: return "workspace";
+    case Category::kLogits: return "logits";
+    case Category::kComm: return "comm";
+    case Category::kStaging: return "staging";
+    case Category::kOffload: return "offload";
+    case Category::kOther: return "other";
+    case Category::kCount: break;
+  }
+  return "?";
+}
+
+Result<void*> LimitResource::do_allocate(size_t bytes, size_t alignment, Category category) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    uint64_t used = in_use_.load();
+    uint64_t budget = budget_.load();
+    if (used + bytes > budget) {
+      return Status::out_of_memory(fmt::format(
+          "cannot allocate {} for {}: {} of the {} device budget in use, {} free", format_bytes(bytes),
+          category_name(category), format_bytes(used), format_bytes(budget),
+          format_bytes(budget > used ? budget - used : 0)));
+    }
+    in_use_.fetch_add(bytes);
+  }
+  Result<void*> r = upstream_->allocate(bytes, alignment, category);
+  if (!r.is_ok()) in_use_.fetch_sub(bytes);
+  return r;
+}
+
+void LimitResource::do_deallocate(void* p, size_t bytes, size_t alignment, Category category) {
+  upstream_->deallocate(p, bytes, alignment, category);
+  in_use_.fetch_sub(bytes);
+}
+
+std::string MemoryStats::table() const {
+  std::string s = fmt::format("  {:<12} {:>12} {:>12}\n", "category", "in use", "peak");
+  for (size_t i = 0; i < kNumCategories; i++) {
+    const CategoryBytes& c = by_category[i];
+    if (c.peak == 0) continue;
+    s += fmt::format("  {:<12} {:>12} {:>12}\n", category_name(static_cast<Category>(i)),
+                     format_bytes(c.current), format_bytes(c.peak));
+  }
+  s += fmt::format("  {:<12} {:>12} {:>12}\n", "total", format_bytes(current), format_bytes(peak));
+  return s;
+}
+
+Result<void*> TrackingResource::do_allocate(size_t bytes, size_t alignment, Category category) {
+  Result<void*> r = upstream_->allocate(bytes, alignment, category);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!r.is_ok()) {
+    stats_.failures++;
+    if (r.status().code() == StatusCode::kOutOfMemory) {
+      return Status::out_of_memory(r.status().message() + "\nlive device memory by category:\n" +
+                                   stats_.table());
+    }
+    return r;
+  }
+  CategoryBytes& c = stats_.by_category[static_cast<size_t>(category)];
+  c.current += bytes;
+  if (c.current > c.peak) c.peak = c.current;
+  stats_.current += bytes;
+  if (stats_.current > stats_.peak) stats_.peak = stats_.current;
+  stats_.allocations++;
+  return r;
+}
+
+void TrackingResource::do_deallocate(void* p, size_t bytes, size_t alignment, Category category) {
+  upstream_->deallocate(p, bytes, alignment, category);
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.by_category[static_cast<size_t>(category)].current -= bytes;
+  stats_.current -= bytes;
+}
+
+MemoryStats TrackingResource::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+void TrackingResource::reset_peak() {
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.peak = stats_.current;
+  for (CategoryBytes& c : stats_.by_category) c.peak = c.current;
+}
+
+Result<void*> FailingResource::do_allocate(size_t bytes, size_t alignment, Category category) {
+  uint64_t n = calls_.fetch_add(1);
+  if (n == fail_at_.load()) {
+    return Status::out_of_memory(fmt::format("injected failure of allocation #{} ({} for {})", n,
+                                             format_bytes(bytes), category_name(category)));
+  }
+  return upstream_->allocate(bytes, alignment, category);
+}
+
+void FailingResource::do_deallocate(void* p, size_t bytes, size_t alignment, Category category) {
+  upstream_->deallocate(p, bytes, alignment, category);
+}
+
+}  // namespace headroom::memory

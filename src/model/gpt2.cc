@@ -1,0 +1,256 @@
+// GPT-2 parameter and activation tables, initialisation, forward and backward.
+#include "model/gpt2.h"
+
+#include <cmath>
+#include <random>
+
+#include "backend/cpu/kernels.h"
+#include "core/check.h"
+
+namespace headroom::model {
+
+using memory::BufferDesc;
+using memory::Category;
+
+const ParamDesc* ParamTable::find(std::string_view name) const {
+  for (const ParamDesc& p : params) {
+    if (p.name == name) return &p;
+  }
+  return nullptr;
+}
+
+ParamTable gpt2_param_table(const Gpt2Config& c) {
+  ParamTable t;
+  const int64_t C = c.n_embd;
+  auto add = [&](std::string name, Shape shape) {
+    bool decay = shape.rank() >= 2;
+    int64_t n = shape.numel();
+    t.params.push_back({std::move(name), std::move(shape), decay, t.total_floats});
+    t.num_parameters += n;
+    t.total_floats += (n + 15) / 16 * 16;  // 64-byte alignment for every tensor
+  };
+  add("wte.weight", {c.vocab_size, C});
+  add("wpe.weight", {c.n_positions, C});
+  for (int l = 0; l < c.n_layer; l++) {
+    std::string p = "h." + std::to_string(l) + ".";
+    add(p + "ln_1.weight", {C});
+    add(p + "ln_1.bias", {C});
+    add(p + "attn.c_attn.weight", {C, 3 * C});
+    add(p + "attn.c_attn.bias", {3 * C});
+    add(p + "attn.c_proj.weight", {C, C});
+    add(p + "attn.c_proj.bias", {C});
+    add(p + "ln_2.weight", {C});
+    add(p + "ln_2.bias", {C});
+    add(p + "mlp.c_fc.weight", {C, 4 * C});
+    add(p + "mlp.c_fc.bias", {4 * C});
+    add(p + "mlp.c_proj.weight", {4 * C, C});
+    add(p + "mlp.c_proj.bias", {C});
+  }
+  add("ln_f.weight", {C});
+  add("ln_f.bias", {C});
+  return t;
+}
+
+ActivationTable gpt2_activation_table(const Gpt2Config& c, int B, int T, bool training) {
+  ActivationTable t;
+  auto add = [&](std::string name, Shape shape, Category cat) {
+    t.buffers.push_back({std::move(name), DType::kF32, std::move(shape), cat});
+    return t.buffers.size() - 1;
+  };
+  const int64_t C = c.n_embd, NH = c.n_head, V = c.vocab_size;
+  const Category A = Category::kActivations;
+  t.ids.encoded = add("encoded", {B, T, C}, A);
+  for (int l = 0; l < c.n_layer; l++) {
+    std::string p = "h." + std::to_string(l) + ".";
+    Gpt2ActivationIds::Layer L;
+    L.ln1 = add(p + "ln1", {B, T, C}, A);
+    L.ln1_mean = add(p + "ln1_mean", {B, T}, A);
+    L.ln1_rstd = add(p + "ln1_rstd", {B, T}, A);
+    L.qkv = add(p + "qkv", {B, T, 3 * C}, A);
+    L.atty = add(p + "atty", {B, T, C}, A);
+    L.att = add(p + "att", {B, NH, T, T}, A);
+    L.residual2 = add(p + "residual2", {B, T, C}, A);
+    L.ln2 = add(p + "ln2", {B, T, C}, A);
+    L.ln2_mean = add(p + "ln2_mean", {B, T}, A);
+    L.ln2_rstd = add(p + "ln2_rstd", {B, T}, A);
+    L.fch = add(p + "fch", {B, T, 4 * C}, A);
+    L.fch_gelu = add(p + "fch_gelu", {B, T, 4 * C}, A);
+    L.residual3 = add(p + "residual3", {B, T, C}, A);
+    t.ids.layers.push_back(L);
+  }
+  t.ids.lnf = add("lnf", {B, T, C}, A);
+  t.ids.lnf_mean = add("lnf_mean", {B, T}, A);
+  t.ids.lnf_rstd = add("lnf_rstd", {B, T}, A);
+  t.ids.logits = add("logits", {B, T, V}, Category::kLogits);
+  t.ids.losses = add("losses", {B, T}, Category::kLogits);
+  if (training) {
+    const Category W = Category::kWorkspace;
+    t.ids.dresidual = add("d_residual", {B, T, C}, W);
+    t.ids.d_c = add("d_c", {B, T, C}, W);
+    t.ids.d_3c = add("d_3c", {B, T, 3 * C}, W);
+    t.ids.d_4c = add("d_4c", {B, T, 4 * C}, W);
+    t.ids.att_scratch = add(
+        "attention_backward_scratch",
+        {int64_t(cpu::attention_backward_scratch_floats(B, T, c.n_head))}, W);
+  } else {
+    t.ids.dresidual = t.ids.d_c = t.ids.d_3c = t.ids.d_4c = t.ids.att_scratch = SIZE_MAX;
+  }
+  return t;
+}
+
+void gpt2_init_params(const Gpt2Config& c, const ParamTable& table, float* params, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  const float residual_std = 0.02f / std::sqrt(2.0f * float(c.n_layer));
+  for (const ParamDesc& p : table.params) {
+    float* w = params + p.offset;
+    const int64_t n = p.shape.numel();
+    const bool is_bias = p.name.ends_with(".bias");
+    const bool is_ln = p.name.find("ln_") != std::string::npos;
+    if (is_ln && !is_bias) {
+      for (int64_t i = 0; i < n; i++) w[i] = 1.0f;
+    } else if (is_bias) {
+      for (int64_t i = 0; i < n; i++) w[i] = 0.0f;
+    } else {
+      const bool residual = p.name.ends_with("c_proj.weight");
+      std::normal_distribution<float> dist(0.0f, residual ? residual_std : 0.02f);
+      for (int64_t i = 0; i < n; i++) w[i] = dist(rng);
+    }
+  }
+}
+
+void Gpt2::bind_params(float* params, float* grads) {
+  params_ = params;
+  grads_ = grads;
+}
+
+void Gpt2::bind_activations(const memory::Arena* arena, const Gpt2ActivationIds* ids, int B,
+                            int T) {
+  arena_ = arena;
+  ids_ = ids;
+  B_ = B;
+  T_ = T;
+}
+
+Gpt2::LayerParams Gpt2::layer_params(float* base, int l) const {
+  // The table lists each layer's 12 tensors in order after wte and wpe.
+  const ParamDesc* p = &table_->params[2 + size_t(l) * 12];
+  auto at = [&](int i) { return base + p[i].offset; };
+  return {at(0), at(1), at(2), at(3), at(4), at(5), at(6), at(7), at(8), at(9), at(10), at(11)};
+}
+
+const float* Gpt2::logits() const { return arena_->f32(ids_->logits); }
+
+double Gpt2::forward(const int32_t* inputs, const int32_t* targets, int64_t* valid, int T_used) {
+  HR_CHECK(params_ && arena_);
+  const int B = B_, T = T_used > 0 ? T_used : T_, C = config_.n_embd, NH = config_.n_head,
+            V = config_.vocab_size, L = config_.n_layer;
+  HR_CHECK(T <= T_ && T <= config_.n_positions);
+  T_used_ = T;
+  const int N = B * T;
+  const memory::Arena& a = *arena_;
+  const Gpt2ActivationIds& id = *ids_;
+  const float* wte = params_ + table_->params[0].offset;
+  const float* wpe = params_ + table_->params[1].offset;
+
+  cpu::embedding_forward(a.f32(id.encoded), inputs, wte, wpe, B, T, C);
+  const float* x = a.f32(id.encoded);
+  for (int l = 0; l < L; l++) {
+    const LayerParams w = layer_params(params_, l);
+    const Gpt2ActivationIds::Layer& s = id.layers[size_t(l)];
+    cpu::layernorm_forward(a.f32(s.ln1), a.f32(s.ln1_mean), a.f32(s.ln1_rstd), x, w.ln1_w,
+                           w.ln1_b, N, C);
+    cpu::matmul_forward(a.f32(s.qkv), a.f32(s.ln1), w.qkv_w, w.qkv_b, N, C, 3 * C,
+                        cpu::WeightLayout::kInOut);
+    cpu::attention_forward(a.f32(s.atty), a.f32(s.att), a.f32(s.qkv), B, T, C, NH);
+    // The projection is written straight into residual2, then the residual is added in place.
+    cpu::matmul_forward(a.f32(s.residual2), a.f32(s.atty), w.attproj_w, w.attproj_b, N, C, C,
+                        cpu::WeightLayout::kInOut);
+    cpu::residual_forward(a.f32(s.residual2), a.f32(s.residual2), x, int64_t(N) * C);
+    cpu::layernorm_forward(a.f32(s.ln2), a.f32(s.ln2_mean), a.f32(s.ln2_rstd), a.f32(s.residual2),
+                           w.ln2_w, w.ln2_b, N, C);
+    cpu::matmul_forward(a.f32(s.fch), a.f32(s.ln2), w.fc_w, w.fc_b, N, C, 4 * C,
+                        cpu::WeightLayout::kInOut);
+    cpu::gelu_forward(a.f32(s.fch_gelu), a.f32(s.fch), int64_t(N) * 4 * C);
+    cpu::matmul_forward(a.f32(s.residual3), a.f32(s.fch_gelu), w.fcproj_w, w.fcproj_b, N, 4 * C,
+                        C, cpu::WeightLayout::kInOut);
+    cpu::residual_forward(a.f32(s.residual3), a.f32(s.residual3), a.f32(s.residual2),
+                          int64_t(N) * C);
+    x = a.f32(s.residual3);
+  }
+  const float* lnf_w = params_ + table_->params[table_->params.size() - 2].offset;
+  const float* lnf_b = params_ + table_->params[table_->params.size() - 1].offset;
+  cpu::layernorm_forward(a.f32(id.lnf), a.f32(id.lnf_mean), a.f32(id.lnf_rstd), x, lnf_w, lnf_b,
+                         N, C);
+  cpu::matmul_forward(a.f32(id.logits), a.f32(id.lnf), wte, nullptr, N, C, V,
+                      cpu::WeightLayout::kOutIn);
+  if (!targets) return 0.0;
+  float* losses = a.f32(id.losses);
+  cpu::cross_entropy_forward(losses, a.f32(id.logits), targets, N, V);
+  double sum = 0.0;
+  int64_t count = 0;
+  for (int i = 0; i < N; i++) {
+    if (targets[i] >= 0) {
+      sum += losses[i];
+      count++;
+    }
+  }
+  if (valid) *valid = count;
+  return sum;
+}
+
+void Gpt2::backward(const int32_t* inputs, const int32_t* targets, float dloss) {
+  HR_CHECK(grads_ && ids_->dresidual != SIZE_MAX);
+  const int B = B_, T = T_used_, C = config_.n_embd, NH = config_.n_head, V = config_.vocab_size,
+            L = config_.n_layer;
+  const int N = B * T;
+  const memory::Arena& a = *arena_;
+  const Gpt2ActivationIds& id = *ids_;
+  const size_t np = table_->params.size();
+  const float* wte = params_ + table_->params[0].offset;
+  float* dwte = grads_ + table_->params[0].offset;
+  float* dwpe = grads_ + table_->params[1].offset;
+  float* dres = a.f32(id.dresidual);
+  float* dc = a.f32(id.d_c);
+  float* d3c = a.f32(id.d_3c);
+  float* d4c = a.f32(id.d_4c);
+
+  // Loss and LM head: the logits buffer becomes dlogits in place.
+  float* dlogits = a.f32(id.logits);
+  cpu::cross_entropy_backward(dlogits, dlogits, targets, N, V, dloss);
+  cpu::matmul_backward(dc, dwte, nullptr, dlogits, a.f32(id.lnf), wte, N, C, V,
+                       cpu::WeightLayout::kOutIn);
+  const float* last = L > 0 ? a.f32(id.layers[size_t(L - 1)].residual3) : a.f32(id.encoded);
+  cpu::zero(dres, int64_t(N) * C);
+  cpu::layernorm_backward(dres, grads_ + table_->params[np - 2].offset,
+                          grads_ + table_->params[np - 1].offset, dc, last,
+                          params_ + table_->params[np - 2].offset, a.f32(id.lnf_mean),
+                          a.f32(id.lnf_rstd), N, C);
+  // dres now holds the gradient of the last block's output; walk the blocks backwards.
+  for (int l = L - 1; l >= 0; l--) {
+    const LayerParams w = layer_params(params_, l);
+    const LayerParams g = layer_params(grads_, l);
+    const Gpt2ActivationIds::Layer& s = id.layers[size_t(l)];
+    const float* x = l > 0 ? a.f32(id.layers[size_t(l - 1)].residual3) : a.f32(id.encoded);
+    // MLP: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2)))).
+    cpu::matmul_backward(d4c, g.fcproj_w, g.fcproj_b, dres,
+                         a.f32(s.fch_gelu), w.fcproj_w, N, 4 * C, C, cpu::WeightLayout::kInOut);
+    cpu::gelu_backward(d4c, a.f32(s.fch), d4c, int64_t(N) * 4 * C);
+    cpu::matmul_backward(dc, g.fc_w, g.fc_b, d4c,
+                         a.f32(s.ln2), w.fc_w, N, C, 4 * C, cpu::WeightLayout::kInOut);
+    cpu::layernorm_backward(dres, g.ln2_w, g.ln2_b, dc,
+                            a.f32(s.residual2), w.ln2_w, a.f32(s.ln2_mean), a.f32(s.ln2_rstd), N,
+                            C);
+    // Attention: residual2 = x + attproj(attention(qkv(ln1(x)))).
+    cpu::matmul_backward(dc, g.attproj_w, g.attproj_b,
+                         dres, a.f32(s.atty), w.attproj_w, N, C, C, cpu::WeightLayout::kInOut);
+    cpu::attention_backward(d3c, a.f32(id.att_scratch), dc, a.f32(s.qkv), a.f32(s.att), B, T, C,
+                            NH);
+    cpu::matmul_backward(dc, g.qkv_w, g.qkv_b, d3c,
+                         a.f32(s.ln1), w.qkv_w, N, C, 3 * C, cpu::WeightLayout::kInOut);
+    cpu::layernorm_backward(dres, g.ln1_w, g.ln1_b, dc, x,
+                            w.ln1_w, a.f32(s.ln1_mean), a.f32(s.ln1_rstd), N, C);
+  }
+  cpu::embedding_backward(dwte, dwpe, dres, inputs, B, T, C);
+}
+
+}  // namespace headroom::model

@@ -1,0 +1,101 @@
+// GPT-2: the parameter table (Hugging Face names and layouts), the activation buffer table for a
+// micro-batch shape (B, T), and forward/backward built from the CPU kernels.
+//
+// Every buffer the model touches is described here, once (DESIGN.md principle 1); the caller
+// allocates them (arenas) and binds them. The model allocates nothing.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "memory/arena.h"
+#include "model/config.h"
+
+namespace headroom::model {
+
+struct ParamDesc {
+  std::string name;  // Hugging Face GPT-2 name, e.g. "h.0.attn.c_attn.weight"
+  Shape shape;       // Hugging Face layout (Conv1D weights are [in, out])
+  bool decay;        // AdamW weight decay applies (2-D tensors)
+  int64_t offset;    // in floats, inside the flat parameter buffer (64-byte aligned)
+};
+
+// The parameters in a fixed order, with offsets into one flat buffer.
+struct ParamTable {
+  std::vector<ParamDesc> params;
+  int64_t total_floats = 0;  // size of the flat buffer, padding included
+  int64_t num_parameters = 0;  // sum of numel, padding excluded
+
+  const ParamDesc* find(std::string_view name) const;
+};
+ParamTable gpt2_param_table(const Gpt2Config& c);
+
+// Indices into the activation buffer table for one micro-batch shape.
+struct Gpt2ActivationIds {
+  struct Layer {
+    size_t ln1, ln1_mean, ln1_rstd, qkv, atty, att, residual2, ln2, ln2_mean, ln2_rstd, fch,
+        fch_gelu, residual3;
+  };
+  size_t encoded;
+  std::vector<Layer> layers;
+  size_t lnf, lnf_mean, lnf_rstd, logits, losses;
+  // Backward-only workspace.
+  size_t dresidual, d_c, d_3c, d_4c, att_scratch;
+};
+
+struct ActivationTable {
+  std::vector<memory::BufferDesc> buffers;
+  Gpt2ActivationIds ids;
+};
+// Buffers for forward+backward of a (B, T) micro-batch. With training == false, the
+// backward-only workspace is left out (inference and validation).
+ActivationTable gpt2_activation_table(const Gpt2Config& c, int B, int T, bool training = true);
+
+// GPT-2 initialisation (normal(0, 0.02); residual projections 0.02/sqrt(2L); biases 0;
+// LayerNorm weight 1, bias 0) from a seed, into the flat parameter buffer. Deterministic.
+void gpt2_init_params(const Gpt2Config& c, const ParamTable& table, float* params, uint64_t seed);
+
+// Forward and backward over bound buffers. Not thread-safe (the kernels use OpenMP inside).
+class Gpt2 {
+ public:
+  Gpt2(const Gpt2Config& config, const ParamTable* table) : config_(config), table_(table) {}
+
+  // params: flat buffer of table->total_floats; grads: the same shape, or null for inference.
+  void bind_params(float* params, float* grads);
+  // The arena must hold the buffers of gpt2_activation_table(config, B, T, training) in order.
+  void bind_activations(const memory::Arena* arena, const Gpt2ActivationIds* ids, int B, int T);
+
+  // Runs the forward pass on inputs[B*T] (token ids < vocab_size). With targets (-1 = ignore),
+  // also computes the per-token losses; returns their sum and sets *valid to the count of
+  // non-ignored targets. Without targets returns 0. Logits stay in logits() until backward.
+  double forward(const int32_t* inputs, const int32_t* targets, int64_t* valid = nullptr,
+                 int T_used = 0);
+  // Backward of dloss * sum(losses) after forward() with the same inputs and targets; adds the
+  // parameter gradients into the bound grads. Overwrites the logits with their gradient.
+  void backward(const int32_t* inputs, const int32_t* targets, float dloss);
+
+  const float* logits() const;
+  int B() const { return B_; }
+  int T() const { return T_; }
+  const Gpt2Config& config() const { return config_; }
+
+ private:
+  struct LayerParams {
+    float *ln1_w, *ln1_b, *qkv_w, *qkv_b, *attproj_w, *attproj_b, *ln2_w, *ln2_b, *fc_w, *fc_b,
+        *fcproj_w, *fcproj_b;
+  };
+  LayerParams layer_params(float* base, int l) const;
+
+  Gpt2Config config_;
+  const ParamTable* table_;
+  float* params_ = nullptr;
+  float* grads_ = nullptr;
+  const memory::Arena* arena_ = nullptr;
+  const Gpt2ActivationIds* ids_ = nullptr;
+  int B_ = 0, T_ = 0;
+  int T_used_ = 0;  // the T of the last forward (<= T_), for inference on shorter prompts
+};
+
+}  // namespace headroom::model

@@ -1,0 +1,257 @@
+// The training loop (see trainer.h).
+#include "train/trainer.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <fmt/format.h>
+
+#include "backend/cpu/kernels.h"
+#include "core/units.h"
+#include "data/batcher.h"
+#include "data/token_file.h"
+#include "memory/arena.h"
+#include "memory/host_resource.h"
+#include "model/gpt2.h"
+#include "model/weights.h"
+
+namespace headroom::train {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double ms_since(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+// Planned bytes by category over a set of arenas' buffer tables, as a table.
+std::string planned_table(const std::vector<const memory::Arena*>& arenas, uint64_t budget) {
+  std::array<uint64_t, memory::kNumCategories> bytes{};
+  uint64_t total = 0;
+  for (const memory::Arena* a : arenas) {
+    uint64_t used = 0;
+    for (const memory::BufferDesc& b : a->buffers()) {
+      bytes[size_t(b.category)] += b.bytes();
+      used += b.bytes();
+    }
+    // Alignment padding inside the arena is charged to the arena's first category.
+    if (!a->buffers().empty()) bytes[size_t(a->buffers()[0].category)] += a->size() - used;
+    total += a->size();
+  }
+  std::string s = fmt::format("  {:<12} {:>12} {:>8}\n", "category", "planned", "share");
+  for (size_t i = 0; i < memory::kNumCategories; i++) {
+    if (!bytes[i]) continue;
+    s += fmt::format("  {:<12} {:>12} {:>7.1f}%\n",
+                     memory::category_name(static_cast<memory::Category>(i)),
+                     format_bytes(bytes[i]), 100.0 * double(bytes[i]) / double(total));
+  }
+  s += fmt::format("  {:<12} {:>12} {:>7.1f}% of the {} budget\n", "total", format_bytes(total),
+                   100.0 * double(total) / double(budget), format_bytes(budget));
+  return s;
+}
+
+Status check_options(const TrainOptions& o) {
+  const model::Gpt2Config& c = o.config;
+  if (o.seq <= 0 || o.seq > c.n_positions) {
+    return Status::invalid_argument(fmt::format(
+        "--seq {} must be between 1 and the model's n_positions ({})", o.seq, c.n_positions));
+  }
+  if (o.micro_batch <= 0) {
+    return Status::invalid_argument(fmt::format("--batch {} must be positive", o.micro_batch));
+  }
+  if (o.accumulation <= 0) {
+    return Status::invalid_argument(fmt::format("accumulation {} must be positive", o.accumulation));
+  }
+  if (o.steps <= 0) return Status::invalid_argument(fmt::format("--steps {} must be positive", o.steps));
+  if (int64_t(o.micro_batch) * o.seq > (int64_t(1) << 24)) {
+    return Status::invalid_argument(fmt::format(
+        "--batch {} x --seq {} tokens per micro-batch is too large", o.micro_batch, o.seq));
+  }
+  if (!(o.adamw.lr > 0) || !std::isfinite(o.adamw.lr)) {
+    return Status::invalid_argument(fmt::format("--lr {} must be positive", o.adamw.lr));
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+Result<TrainResult> run_training(const TrainOptions& o, const TrainCallbacks& cb) {
+  HR_RETURN_IF_ERROR(check_options(o));
+  const model::Gpt2Config& cfg = o.config;
+  const int B = o.micro_batch, T = o.seq, K = o.accumulation;
+
+  // ---- data ----
+  HR_ASSIGN_OR_RETURN(data::TokenFile file, data::TokenFile::open(o.data));
+  if (file.vocab_size() > cfg.vocab_size) {
+    return Status::invalid_argument(fmt::format(
+        "{}: the token file's vocabulary ({}) is larger than the model's vocab_size ({})",
+        o.data, file.vocab_size(), cfg.vocab_size));
+  }
+  auto [train_range, val_range] = data::split_train_val(file, o.val_fraction, T + 1);
+  HR_ASSIGN_OR_RETURN(data::PackedBatcher train_batches,
+                      data::PackedBatcher::create(file, train_range, B, T));
+  std::optional<data::PackedBatcher> val_batches;
+  if (val_range.size() >= T + 1) {
+    HR_ASSIGN_OR_RETURN(data::PackedBatcher vb, data::PackedBatcher::create(file, val_range, B, T));
+    val_batches.emplace(std::move(vb));
+  }
+
+  // ---- memory: leaf, budget, tracking; every buffer from an arena ----
+  memory::HostResource host;
+  memory::LimitResource limit(&host, o.device_memory);
+  memory::TrackingResource tracking(&limit);
+  const model::ParamTable table = model::gpt2_param_table(cfg);
+  const model::ActivationTable acts = model::gpt2_activation_table(cfg, B, T, /*training=*/true);
+  using memory::BufferDesc;
+  using memory::Category;
+  auto one = [](const char* name, int64_t n, Category c, DType t = DType::kF32) {
+    return std::vector<BufferDesc>{{name, t, Shape{n}, c}};
+  };
+  auto make = [&](std::vector<BufferDesc> bufs, Category c) {
+    memory::Layout l = memory::sequential_layout(bufs);
+    return memory::Arena::create(&tracking, std::move(bufs), std::move(l), c);
+  };
+  auto oom_context = [&](const Status& s) {
+    return s.with_context(fmt::format(
+        "model {} with micro-batch {} x seq {} does not fit the {} device budget "
+        "(try a smaller --batch or --seq, or a larger --device-memory)",
+        o.model_name, B, T, format_bytes(o.device_memory)));
+  };
+  Result<memory::Arena> params_r = make(one("parameters", table.total_floats, Category::kWeights),
+                                        Category::kWeights);
+  if (!params_r.is_ok()) return oom_context(params_r.status());
+  memory::Arena params_arena = std::move(params_r).value();
+  Result<memory::Arena> grads_r = make(one("gradients", table.total_floats, Category::kGrads),
+                                       Category::kGrads);
+  if (!grads_r.is_ok()) return oom_context(grads_r.status());
+  memory::Arena grads_arena = std::move(grads_r).value();
+  Result<memory::Arena> opt_r =
+      make({{"adam_m", DType::kF32, Shape{table.total_floats}, Category::kOptimizer},
+            {"adam_v", DType::kF32, Shape{table.total_floats}, Category::kOptimizer}},
+           Category::kOptimizer);
+  if (!opt_r.is_ok()) return oom_context(opt_r.status());
+  memory::Arena opt_arena = std::move(opt_r).value();
+  Result<memory::Arena> act_r = make(acts.buffers, Category::kActivations);
+  if (!act_r.is_ok()) return oom_context(act_r.status());
+  memory::Arena act_arena = std::move(act_r).value();
+  Result<memory::Arena> staging_r =
+      make({{"inputs", DType::kI32, Shape{K, B, T}, Category::kStaging},
+            {"targets", DType::kI32, Shape{K, B, T}, Category::kStaging}},
+           Category::kStaging);
+  if (!staging_r.is_ok()) return oom_context(staging_r.status());
+  memory::Arena staging = std::move(staging_r).value();
+
+  float* params = params_arena.f32(0);
+  float* grads = grads_arena.f32(0);
+  float* m = opt_arena.f32(0);
+  float* v = opt_arena.f32(1);
+  model::gpt2_init_params(cfg, table, params, o.seed);
+  cpu::zero(grads, table.total_floats);
+  cpu::zero(m, table.total_floats);
+  cpu::zero(v, table.total_floats);
+
+  model::Gpt2 net(cfg, &table);
+  net.bind_params(params, grads);
+  net.bind_activations(&act_arena, &acts.ids, B, T);
+  int32_t* inputs = static_cast<int32_t*>(staging.data(0));
+  int32_t* targets = static_cast<int32_t*>(staging.data(1));
+  const uint64_t planned = tracking.stats().current;
+
+  if (cb.on_setup) {
+    SetupInfo info;
+    info.num_parameters = table.num_parameters;
+    info.planned_bytes = planned;
+    info.memory_table =
+        planned_table({&params_arena, &grads_arena, &opt_arena, &act_arena, &staging},
+                      o.device_memory);
+    info.train_tokens = train_range.size();
+    info.val_tokens = val_range.size();
+    cb.on_setup(info);
+  }
+
+  auto evaluate = [&]() -> std::optional<double> {
+    if (!val_batches) return std::nullopt;
+    val_batches->set_position(val_range.begin);
+    double sum = 0;
+    int64_t count = 0;
+    for (int i = 0; i < o.eval_batches; i++) {
+      val_batches->next(inputs, targets);
+      int64_t valid = 0;
+      sum += net.forward(inputs, targets, &valid);
+      count += valid;
+    }
+    return count ? std::optional<double>(sum / double(count)) : std::nullopt;
+  };
+
+  TrainResult result;
+  std::vector<double> tps;
+  for (int step = 0; step < o.steps; step++) {
+    auto t0 = Clock::now();
+    tracking.reset_peak();
+    // Fetch the whole step's micro-batches first, so the loss is normalised by the valid tokens
+    // of the whole optimizer step (not per micro-batch).
+    auto td = Clock::now();
+    int64_t step_valid = 0;
+    for (int k = 0; k < K; k++) {
+      int32_t* in = inputs + int64_t(k) * B * T;
+      int32_t* tg = targets + int64_t(k) * B * T;
+      train_batches.next(in, tg);
+      for (int64_t i = 0; i < int64_t(B) * T; i++) step_valid += tg[i] >= 0;
+    }
+    const double data_ms = ms_since(td);
+    const float dloss = step_valid ? 1.0f / float(step_valid) : 0.0f;
+    double loss_sum = 0;
+    for (int k = 0; k < K; k++) {
+      const int32_t* in = inputs + int64_t(k) * B * T;
+      const int32_t* tg = targets + int64_t(k) * B * T;
+      loss_sum += net.forward(in, tg);
+      net.backward(in, tg, dloss);
+    }
+    const float lr = cosine_lr(step, o.steps, o.warmup_steps, o.adamw.lr, o.min_lr_ratio);
+    const double norm = adamw_step(table, params, grads, m, v, o.adamw, lr, step + 1);
+    cpu::zero(grads, table.total_floats);
+
+    StepStats s;
+    s.step = step + 1;
+    s.steps = o.steps;
+    s.loss = step_valid ? loss_sum / double(step_valid) : 0.0;
+    s.lr = lr;
+    s.grad_norm = norm;
+    s.tokens = int64_t(K) * B * T;
+    s.micro_batch = B;
+    s.accumulation = K;
+    s.data_wait_ms = data_ms;
+    const bool last = step + 1 == o.steps;
+    if ((o.eval_every > 0 && (step + 1) % o.eval_every == 0) || last) s.val_loss = evaluate();
+    s.step_ms = ms_since(t0);
+    s.tokens_per_s = double(s.tokens) / (s.step_ms / 1000.0);
+    memory::MemoryStats ms = tracking.stats();
+    s.device_bytes_in_use = ms.current;
+    s.device_bytes_peak = ms.peak;
+    s.planned_peak_bytes = planned;
+    s.device_budget = limit.budget();
+    if (!std::isfinite(s.loss)) {
+      return Status::internal(fmt::format("loss became {} at step {} (lr {}); try a lower --lr",
+                                          s.loss, s.step, lr));
+    }
+    if (step > 0) tps.push_back(s.tokens_per_s);
+    result.final_loss = s.loss;
+    if (s.val_loss) result.final_val_loss = s.val_loss;
+    if (cb.on_step) cb.on_step(s);
+  }
+  if (!tps.empty()) {
+    std::nth_element(tps.begin(), tps.begin() + tps.size() / 2, tps.end());
+    result.tokens_per_s = tps[tps.size() / 2];
+  }
+  result.memory = tracking.stats();
+  result.device_bytes_peak = result.memory.peak;
+  if (!o.out_dir.empty()) {
+    HR_RETURN_IF_ERROR(model::save_pretrained(o.out_dir, cfg, table, params));
+  }
+  if (cb.on_finish) HR_RETURN_IF_ERROR(cb.on_finish(cfg, params));
+  return result;
+}
+
+}  // namespace headroom::train

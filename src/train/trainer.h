@@ -1,0 +1,83 @@
+// The training loop: owns the memory stack (host leaf, budget, tracking), the arenas made from
+// the model's buffer tables, the data batchers, and AdamW. Reports each step through a callback;
+// the CLI turns those into the progress bar and the JSON log.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+
+#include "core/status.h"
+#include "memory/adaptors.h"
+#include "model/config.h"
+#include "train/optimizer.h"
+
+namespace headroom::train {
+
+struct TrainOptions {
+  model::Gpt2Config config;
+  std::string model_name;  // for messages
+  std::string data;        // token file (headroom prepare)
+  int seq = 128;           // T
+  int micro_batch = 8;     // B: sequences per micro-batch
+  int accumulation = 1;    // k: micro-batches per optimizer step
+  int steps = 200;         // optimizer steps
+  int warmup_steps = 20;
+  float min_lr_ratio = 0.1f;
+  AdamWConfig adamw;
+  uint64_t device_memory = 0;  // the budget, bytes
+  uint64_t seed = 1337;
+  double val_fraction = 0.05;
+  int eval_every = 0;  // steps between validation runs; 0 = only at the end
+  int eval_batches = 4;
+  std::string out_dir;  // where the model is saved at the end; empty = not saved
+};
+
+// Everything reported for one optimizer step (the --log-json fields).
+struct StepStats {
+  int step = 0;  // 1-based
+  int steps = 0;
+  double loss = 0;
+  float lr = 0;
+  double grad_norm = 0;
+  int64_t tokens = 0;  // tokens in this step
+  double tokens_per_s = 0;
+  double step_ms = 0;
+  double data_wait_ms = 0;
+  uint64_t device_bytes_in_use = 0;
+  uint64_t device_bytes_peak = 0;
+  uint64_t planned_peak_bytes = 0;
+  uint64_t device_budget = 0;
+  int micro_batch = 0;
+  int accumulation = 0;
+  std::optional<double> val_loss;  // on steps where validation ran
+};
+
+// What the trainer sets up before step one: the memory table for the startup report.
+struct SetupInfo {
+  int64_t num_parameters = 0;
+  uint64_t planned_bytes = 0;  // all arenas together
+  std::string memory_table;    // by category, planned
+  int64_t train_tokens = 0;
+  int64_t val_tokens = 0;
+};
+
+struct TrainResult {
+  double final_loss = 0;
+  std::optional<double> final_val_loss;
+  double tokens_per_s = 0;  // median over steps after the first
+  uint64_t device_bytes_peak = 0;
+  memory::MemoryStats memory;
+};
+
+struct TrainCallbacks {
+  std::function<void(const SetupInfo&)> on_setup;
+  std::function<void(const StepStats&)> on_step;
+  // Called after training with the final weights, before they are released (for sampling).
+  std::function<Status(const model::Gpt2Config&, const float* params)> on_finish;
+};
+
+Result<TrainResult> run_training(const TrainOptions& options, const TrainCallbacks& callbacks);
+
+}  // namespace headroom::train

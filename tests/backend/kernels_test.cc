@@ -1,0 +1,607 @@
+// Tests for the CPU fp32 kernels: every forward against a plain double-precision reference
+// written here, every backward against central finite differences of L = sum(out * R) taken on
+// that double reference, plus the accumulate/overwrite/aliasing rules of kernels.h and
+// agreement between 1 and 2 OpenMP threads.
+#include "backend/cpu/kernels.h"
+
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/gemm.h"
+
+namespace headroom::cpu {
+namespace {
+
+using VecD = std::vector<double>;
+using VecF = std::vector<float>;
+
+VecF rand_vec(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(lo, hi);
+  VecF v(n);
+  for (auto& x : v) x = dist(rng);
+  return v;
+}
+
+VecD to_d(const VecF& v) { return VecD(v.begin(), v.end()); }
+
+// Expect |actual - expected| <= atol + rtol * |expected| everywhere; report the first misses.
+void expect_close(const VecF& actual, const VecD& expected, double atol, double rtol,
+                  const std::string& what) {
+  ASSERT_EQ(actual.size(), expected.size()) << what;
+  int misses = 0;
+  double worst = 0.0;
+  for (size_t i = 0; i < actual.size(); ++i) {
+    const double err = std::abs(actual[i] - expected[i]);
+    worst = std::max(worst, err);
+    if (!(err <= atol + rtol * std::abs(expected[i]))) {
+      if (++misses <= 5) {
+        ADD_FAILURE() << what << "[" << i << "]: got " << actual[i] << ", want " << expected[i]
+                      << " (err " << err << ")";
+      }
+    }
+  }
+  EXPECT_EQ(misses, 0) << what << ": " << misses << " of " << actual.size()
+                       << " outside tolerance, worst abs err " << worst;
+}
+
+void expect_close(const VecF& actual, const VecF& expected, double atol, double rtol,
+                  const std::string& what) {
+  expect_close(actual, to_d(expected), atol, rtol, what);
+}
+
+double dot_d(const VecD& a, const VecD& b) {
+  double s = 0.0;
+  for (size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
+  return s;
+}
+
+// Central differences of L(x) = sum(f(x) * R) with respect to every element of x, in double.
+// The references are smooth and evaluated in double, so with h = 1e-5 the truncation error
+// (~h^2) and the cancellation error (~1e-16 / h) are both below 1e-9: the tolerances in the
+// tests below are set by the float kernels, not by the differences.
+VecD fd_grad(const std::function<VecD(const VecD&)>& f, VecD x, const VecD& R, double h = 1e-5) {
+  VecD g(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double x0 = x[i];
+    x[i] = x0 + h;
+    const double lp = dot_d(f(x), R);
+    x[i] = x0 - h;
+    const double lm = dot_d(f(x), R);
+    x[i] = x0;
+    g[i] = (lp - lm) / (2 * h);
+  }
+  return g;
+}
+
+// Directional derivative of L along D: (L(x + hD) - L(x - hD)) / 2h, for large inputs where a
+// full gradient by differences would be slow. Compared with sum(grad * D).
+double fd_directional(const std::function<VecD(const VecD&)>& f, const VecD& x, const VecD& D,
+                      const VecD& R, double h = 1e-5) {
+  VecD xp(x), xm(x);
+  for (size_t i = 0; i < x.size(); ++i) {
+    xp[i] += h * D[i];
+    xm[i] -= h * D[i];
+  }
+  return (dot_d(f(xp), R) - dot_d(f(xm), R)) / (2 * h);
+}
+
+// ---- double references (plain loops, straight from the definitions) ------------------------
+
+VecD embedding_ref(const std::vector<int32_t>& tok, const VecD& wte, const VecD& wpe, int B, int T,
+                   int C) {
+  VecD out(size_t(B) * T * C);
+  for (int b = 0; b < B; ++b)
+    for (int t = 0; t < T; ++t)
+      for (int c = 0; c < C; ++c)
+        out[(b * T + t) * C + c] = wte[tok[b * T + t] * C + c] + wpe[t * C + c];
+  return out;
+}
+
+VecD layernorm_ref(const VecD& x, const VecD& w, const VecD* bias, int N, int C,
+                   VecD* mean = nullptr, VecD* rstd = nullptr) {
+  VecD out(x.size());
+  if (mean) mean->assign(N, 0.0);
+  if (rstd) rstd->assign(N, 0.0);
+  for (int n = 0; n < N; ++n) {
+    double m = 0, v = 0;
+    for (int c = 0; c < C; ++c) m += x[n * C + c];
+    m /= C;
+    for (int c = 0; c < C; ++c) v += (x[n * C + c] - m) * (x[n * C + c] - m);
+    v /= C;
+    const double r = 1.0 / std::sqrt(v + 1e-5);
+    for (int c = 0; c < C; ++c)
+      out[n * C + c] = (x[n * C + c] - m) * r * w[c] + (bias ? (*bias)[c] : 0.0);
+    if (mean) (*mean)[n] = m;
+    if (rstd) (*rstd)[n] = r;
+  }
+  return out;
+}
+
+// weight is [IC, OC] (kInOut) or [OC, IC] (kOutIn).
+VecD matmul_ref(const VecD& x, const VecD& w, const VecD* bias, int N, int IC, int OC,
+                WeightLayout layout) {
+  VecD out(size_t(N) * OC);
+  for (int n = 0; n < N; ++n)
+    for (int o = 0; o < OC; ++o) {
+      double s = bias ? (*bias)[o] : 0.0;
+      for (int i = 0; i < IC; ++i)
+        s += x[n * IC + i] * (layout == WeightLayout::kInOut ? w[i * OC + o] : w[o * IC + i]);
+      out[n * OC + o] = s;
+    }
+  return out;
+}
+
+VecD attention_ref(const VecD& qkv, int B, int T, int C, int NH, VecD* att = nullptr) {
+  const int HS = C / NH;
+  VecD out(size_t(B) * T * C, 0.0);
+  if (att) att->assign(size_t(B) * NH * T * T, 0.0);
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < NH; ++h)
+      for (int t = 0; t < T; ++t) {
+        auto at = [&](int tt, int part, int d) {
+          return qkv[(size_t(b) * T + tt) * 3 * C + part * C + h * HS + d];
+        };
+        VecD p(t + 1);
+        double mx = -1e300;
+        for (int s = 0; s <= t; ++s) {
+          double sc = 0;
+          for (int d = 0; d < HS; ++d) sc += at(t, 0, d) * at(s, 1, d);
+          p[s] = sc / std::sqrt(double(HS));
+          mx = std::max(mx, p[s]);
+        }
+        double sum = 0;
+        for (int s = 0; s <= t; ++s) sum += (p[s] = std::exp(p[s] - mx));
+        for (int s = 0; s <= t; ++s) {
+          p[s] /= sum;
+          if (att) (*att)[((size_t(b) * NH + h) * T + t) * T + s] = p[s];
+          for (int d = 0; d < HS; ++d)
+            out[(size_t(b) * T + t) * C + h * HS + d] += p[s] * at(s, 2, d);
+        }
+      }
+  return out;
+}
+
+double gelu_ref(double x) {
+  const double k = std::sqrt(2.0 / M_PI);
+  return 0.5 * x * (1.0 + std::tanh(k * (x + 0.044715 * x * x * x)));
+}
+
+VecD cross_entropy_ref(const VecD& logits, const std::vector<int32_t>& tg, int N, int V) {
+  VecD loss(N, 0.0);
+  for (int n = 0; n < N; ++n) {
+    if (tg[n] < 0) continue;
+    double mx = -1e300, s = 0;
+    for (int i = 0; i < V; ++i) mx = std::max(mx, logits[size_t(n) * V + i]);
+    for (int i = 0; i < V; ++i) s += std::exp(logits[size_t(n) * V + i] - mx);
+    loss[n] = std::log(s) + mx - logits[size_t(n) * V + tg[n]];
+  }
+  return loss;
+}
+
+// ---- embedding -----------------------------------------------------------------------------
+
+TEST(Embedding, ForwardBackwardAndAccumulation) {
+  const int B = 2, T = 5, C = 19, V = 7;
+  std::vector<int32_t> tok = {0, 3, 3, 6, 1, 3, 0, 2, 6, 6};  // repeats on purpose
+  VecF wte = rand_vec(V * C, 1), wpe = rand_vec(T * C, 2);
+  VecF out(B * T * C);
+  embedding_forward(out.data(), tok.data(), wte.data(), wpe.data(), B, T, C);
+  // One float addition per element: exact up to one rounding.
+  expect_close(out, embedding_ref(tok, to_d(wte), to_d(wpe), B, T, C), 1e-6, 1e-6, "out");
+
+  VecD R = to_d(rand_vec(B * T * C, 3));
+  VecF dout(R.begin(), R.end());
+  VecF dwte(V * C, 0.0f), dwpe(T * C, 0.0f);
+  embedding_backward(dwte.data(), dwpe.data(), dout.data(), tok.data(), B, T, C);
+  auto g_wte = fd_grad([&](const VecD& w) { return embedding_ref(tok, w, to_d(wpe), B, T, C); },
+                       to_d(wte), R);
+  auto g_wpe = fd_grad([&](const VecD& p) { return embedding_ref(tok, to_d(wte), p, B, T, C); },
+                       to_d(wpe), R);
+  // Sums of at most 4 floats of size <= 1: float rounding ~1e-7, differences ~1e-10.
+  expect_close(dwte, g_wte, 1e-6, 1e-5, "dwte");
+  expect_close(dwpe, g_wpe, 1e-6, 1e-5, "dwpe");
+
+  // Parameter gradients accumulate: a second call doubles them.
+  embedding_backward(dwte.data(), dwpe.data(), dout.data(), tok.data(), B, T, C);
+  for (auto& g : g_wte) g *= 2;
+  for (auto& g : g_wpe) g *= 2;
+  expect_close(dwte, g_wte, 2e-6, 1e-5, "dwte twice");
+  expect_close(dwpe, g_wpe, 2e-6, 1e-5, "dwpe twice");
+}
+
+// ---- layernorm -----------------------------------------------------------------------------
+
+TEST(LayerNorm, ForwardMatchesReference) {
+  const int N = 6, C = 37;  // C not a multiple of any vector width
+  VecF x = rand_vec(N * C, 10, -2, 3), w = rand_vec(C, 11), b = rand_vec(C, 12);
+  for (int c = 0; c < C; ++c) x[2 * C + c] += 100.0f;  // a row with a large mean
+  for (bool with_bias : {true, false}) {
+    VecF out(N * C), mean(N), rstd(N);
+    layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(),
+                      with_bias ? b.data() : nullptr, N, C);
+    VecD bd = to_d(b), md, rd;
+    VecD ref = layernorm_ref(to_d(x), to_d(w), with_bias ? &bd : nullptr, N, C, &md, &rd);
+    // Float means and variances over 37 values: relative error ~1e-6; the shifted row loses
+    // ~log2(100) more bits in x - mean.
+    expect_close(out, ref, 2e-5, 1e-5, "out");
+    expect_close(mean, md, 1e-5, 1e-6, "mean");
+    expect_close(rstd, rd, 1e-6, 1e-5, "rstd");
+  }
+}
+
+TEST(LayerNorm, BackwardMatchesFiniteDifferencesAndAccumulates) {
+  const int N = 5, C = 37;
+  VecF x = rand_vec(N * C, 20, -2, 2), w = rand_vec(C, 21, 0.5, 1.5), b = rand_vec(C, 22);
+  VecF out(N * C), mean(N), rstd(N);
+  layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C);
+  VecD R = to_d(rand_vec(N * C, 23));
+  VecF dout(R.begin(), R.end());
+
+  VecF dinp0 = rand_vec(N * C, 24);  // dinp accumulates onto what is there
+  VecF dinp = dinp0, dw(C, 0.0f), db(C, 0.0f);
+  layernorm_backward(dinp.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(),
+                     mean.data(), rstd.data(), N, C);
+
+  VecD xd = to_d(x), wd = to_d(w), bd = to_d(b);
+  VecD g_x = fd_grad([&](const VecD& v) { return layernorm_ref(v, wd, &bd, N, C); }, xd, R);
+  VecD g_w = fd_grad([&](const VecD& v) { return layernorm_ref(xd, v, &bd, N, C); }, wd, R);
+  VecD g_b = fd_grad([&](const VecD& v) { return layernorm_ref(xd, wd, &v, N, C); }, bd, R);
+  VecF dx(N * C);
+  for (int i = 0; i < N * C; ++i) dx[i] = dinp[i] - dinp0[i];
+  // Float sums over C = 37 (dinp) or N = 5 (params) terms of size ~1: errors ~1e-6.
+  expect_close(dx, g_x, 1e-5, 1e-4, "dinp");
+  expect_close(dw, g_w, 1e-5, 1e-4, "dweight");
+  expect_close(db, g_b, 1e-5, 1e-4, "dbias");
+
+  // Second call: dweight/dbias double exactly (one += per call), dinp adds the gradient again.
+  VecF dw1 = dw, db1 = db;
+  layernorm_backward(dinp.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(),
+                     mean.data(), rstd.data(), N, C);
+  for (int c = 0; c < C; ++c) {
+    EXPECT_EQ(dw[c], 2 * dw1[c]);
+    EXPECT_EQ(db[c], 2 * db1[c]);
+  }
+  for (int i = 0; i < N * C; ++i) dx[i] = dinp[i] - dinp0[i];
+  for (auto& g : g_x) g *= 2;
+  expect_close(dx, g_x, 2e-5, 1e-4, "dinp twice");
+
+  // Without bias: dbias null, and dinp null skips the input gradient.
+  VecF dw2(C, 0.0f);
+  layernorm_backward(nullptr, dw2.data(), nullptr, dout.data(), x.data(), w.data(), mean.data(),
+                     rstd.data(), N, C);
+  expect_close(dw2, g_w, 1e-5, 1e-4, "dweight (no dinp, no dbias)");
+}
+
+// ---- matmul --------------------------------------------------------------------------------
+
+struct MatmulCase {
+  WeightLayout layout;
+  bool bias;
+  bool dinp;
+};
+
+class MatmulTest : public ::testing::TestWithParam<MatmulCase> {};
+
+TEST_P(MatmulTest, ForwardBackwardAccumulate) {
+  const auto [layout, has_bias, has_dinp] = GetParam();
+  const int N = 7, IC = 13, OC = 11;
+  VecF x = rand_vec(N * IC, 30), w = rand_vec(IC * OC, 31), b = rand_vec(OC, 32);
+  VecD xd = to_d(x), wd = to_d(w), bd = to_d(b);
+  const VecD* bp = has_bias ? &bd : nullptr;
+
+  VecF out(N * OC);
+  matmul_forward(out.data(), x.data(), w.data(), has_bias ? b.data() : nullptr, N, IC, OC, layout);
+  // Dot products of 13 terms of size <= 1 in float: error ~1e-6.
+  expect_close(out, matmul_ref(xd, wd, bp, N, IC, OC, layout), 1e-5, 1e-5, "out");
+
+  VecD R = to_d(rand_vec(N * OC, 33));
+  VecF dout(R.begin(), R.end());
+  VecF dinp(N * IC, 123.0f);  // overwritten, so garbage in must not matter
+  VecF dw(IC * OC, 0.0f), db(OC, 0.0f);
+  matmul_backward(has_dinp ? dinp.data() : nullptr, dw.data(), has_bias ? db.data() : nullptr,
+                  dout.data(), x.data(), w.data(), N, IC, OC, layout);
+  VecD g_x =
+      fd_grad([&](const VecD& v) { return matmul_ref(v, wd, bp, N, IC, OC, layout); }, xd, R);
+  VecD g_w =
+      fd_grad([&](const VecD& v) { return matmul_ref(xd, v, bp, N, IC, OC, layout); }, wd, R);
+  // Float sums of <= 11 products of size <= 1: error ~1e-6.
+  if (has_dinp) {
+    expect_close(dinp, g_x, 1e-5, 1e-4, "dinp");
+  } else {
+    for (float v : dinp) ASSERT_EQ(v, 123.0f) << "dinp is null: nothing may be written";
+  }
+  expect_close(dw, g_w, 1e-5, 1e-4, "dweight");
+  VecD g_b;
+  if (has_bias) {
+    g_b = fd_grad([&](const VecD& v) { return matmul_ref(xd, wd, &v, N, IC, OC, layout); }, bd, R);
+    expect_close(db, g_b, 1e-5, 1e-4, "dbias");
+  }
+
+  // dweight and dbias accumulate; dinp is overwritten (same value again, not doubled).
+  matmul_backward(has_dinp ? dinp.data() : nullptr, dw.data(), has_bias ? db.data() : nullptr,
+                  dout.data(), x.data(), w.data(), N, IC, OC, layout);
+  for (auto& g : g_w) g *= 2;
+  for (auto& g : g_b) g *= 2;
+  expect_close(dw, g_w, 2e-5, 1e-4, "dweight twice");
+  if (has_bias) expect_close(db, g_b, 2e-5, 1e-4, "dbias twice");
+  if (has_dinp) expect_close(dinp, g_x, 1e-5, 1e-4, "dinp twice (overwritten)");
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, MatmulTest,
+                         ::testing::Values(MatmulCase{WeightLayout::kInOut, true, true},
+                                           MatmulCase{WeightLayout::kInOut, false, true},
+                                           MatmulCase{WeightLayout::kInOut, true, false},
+                                           MatmulCase{WeightLayout::kOutIn, true, true},
+                                           MatmulCase{WeightLayout::kOutIn, false, true},
+                                           MatmulCase{WeightLayout::kOutIn, false, false}),
+                         [](const auto& info) {
+                           return std::string(info.param.layout == WeightLayout::kInOut ? "InOut"
+                                                                                        : "OutIn") +
+                                  (info.param.bias ? "_Bias" : "_NoBias") +
+                                  (info.param.dinp ? "_Dinp" : "_NoDinp");
+                         });
+
+TEST(Matmul, LargerShapeAndPrimitiveCache) {
+  // Sizes past oneDNN's small-matrix paths, both layouts; forward against the reference.
+  const int N = 64, IC = 96, OC = 80;
+  VecF x = rand_vec(N * IC, 40), w = rand_vec(IC * OC, 41), b = rand_vec(OC, 42);
+  for (WeightLayout layout : {WeightLayout::kInOut, WeightLayout::kOutIn}) {
+    VecF out(N * OC);
+    matmul_forward(out.data(), x.data(), w.data(), b.data(), N, IC, OC, layout);
+    VecD bd = to_d(b);
+    // 96-term float dot products: error ~1e-5 at worst.
+    expect_close(out, matmul_ref(to_d(x), to_d(w), &bd, N, IC, OC, layout), 5e-5, 1e-5, "out");
+  }
+  // Repeated calls of a cached shape create no primitives.
+  VecF out(N * OC);
+  const size_t before = gemm_cached_primitives();
+  for (int i = 0; i < 3; ++i)
+    matmul_forward(out.data(), x.data(), w.data(), b.data(), N, IC, OC, WeightLayout::kInOut);
+  EXPECT_EQ(gemm_cached_primitives(), before);
+}
+
+// ---- attention -----------------------------------------------------------------------------
+
+void check_attention(int B, int T, int C, int NH, bool full_fd) {
+  SCOPED_TRACE("B=" + std::to_string(B) + " T=" + std::to_string(T) + " C=" + std::to_string(C) +
+               " NH=" + std::to_string(NH));
+  VecF qkv = rand_vec(size_t(B) * T * 3 * C, 50 + T, -1.5f, 1.5f);
+  VecF out(size_t(B) * T * C), att(size_t(B) * NH * T * T, 7.0f);
+  attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH);
+  VecD att_ref;
+  VecD qd = to_d(qkv);
+  VecD ref = attention_ref(qd, B, T, C, NH, &att_ref);
+  // Float scores (HS-term dots) and softmax: error ~1e-6 relative; entries above the diagonal
+  // must be exactly 0 (att_ref holds 0 there).
+  expect_close(out, ref, 1e-5, 1e-4, "out");
+  expect_close(att, att_ref, 1e-6, 1e-4, "att");
+
+  VecD R = to_d(rand_vec(out.size(), 60 + T));
+  VecF dout(R.begin(), R.end());
+  VecF dqkv(qkv.size(), -5.0f);  // overwritten
+  VecF scratch(attention_backward_scratch_floats(B, T, NH));
+  attention_backward(dqkv.data(), scratch.data(), dout.data(), qkv.data(), att.data(), B, T, C, NH);
+  auto f = [&](const VecD& v) { return attention_ref(v, B, T, C, NH); };
+  if (full_fd) {
+    // Float sums of <= T * HS terms of size ~1: ~1e-6 relative.
+    expect_close(dqkv, fd_grad(f, qd, R), 2e-5, 1e-4, "dqkv");
+  } else {
+    VecD D = to_d(rand_vec(qkv.size(), 70 + T));
+    const double fd = fd_directional(f, qd, D, R);
+    double an = 0;
+    for (size_t i = 0; i < D.size(); ++i) an += dqkv[i] * D[i];
+    // A sum over ~1e4 gradient entries, each with ~1e-6 relative float error.
+    EXPECT_NEAR(an, fd, 1e-4 * (1.0 + std::abs(fd)));
+  }
+}
+
+TEST(Attention, OddSizes) { check_attention(1, 7, 8, 2, true); }
+TEST(Attention, Batched) { check_attention(2, 13, 24, 3, true); }
+TEST(Attention, Larger) { check_attention(2, 67, 128, 4, false); }
+
+// ---- GELU ----------------------------------------------------------------------------------
+
+TEST(Gelu, ForwardBackward) {
+  VecF x = rand_vec(1000, 80, -6.0f, 6.0f);
+  x[0] = 0.0f;
+  x[1] = 12.0f;
+  x[2] = -12.0f;
+  x[3] = 1e-4f;
+  VecF out(x.size());
+  gelu_forward(out.data(), x.data(), x.size());
+  VecD ref(x.size());
+  for (size_t i = 0; i < x.size(); ++i) ref[i] = gelu_ref(x[i]);
+  // fast_tanh has ~1e-7 absolute error, times 0.5|x| <= 6.
+  expect_close(out, ref, 1e-6, 1e-6, "gelu");
+
+  VecD R = to_d(rand_vec(x.size(), 81));
+  VecF d(R.begin(), R.end());
+  VecF dinp(x.size());
+  gelu_backward(dinp.data(), x.data(), d.data(), x.size());
+  VecD g(x.size());  // elementwise: one central difference per element
+  for (size_t i = 0; i < x.size(); ++i)
+    g[i] = R[i] * (gelu_ref(x[i] + 1e-5) - gelu_ref(x[i] - 1e-5)) / 2e-5;
+  expect_close(dinp, g, 2e-6, 1e-5, "dinp");
+  gelu_backward(d.data(), x.data(), d.data(), x.size());  // dinp aliases dout
+  expect_close(d, dinp, 0, 0, "dinp in place");
+}
+
+// ---- residual ------------------------------------------------------------------------------
+
+TEST(Residual, ForwardBackward) {
+  const int64_t n = 101;
+  VecF a = rand_vec(n, 90), b = rand_vec(n, 91), d = rand_vec(n, 92);
+  VecF out(n);
+  residual_forward(out.data(), a.data(), b.data(), n);
+  for (int64_t i = 0; i < n; ++i) EXPECT_EQ(out[i], a[i] + b[i]);
+  VecF a2 = a;
+  residual_forward(a2.data(), a2.data(), b.data(), n);  // out aliases a
+  EXPECT_EQ(a2, out);
+
+  VecF da = a, db = b;
+  residual_backward(da.data(), db.data(), d.data(), n);
+  for (int64_t i = 0; i < n; ++i) {
+    EXPECT_EQ(da[i], a[i] + d[i]);
+    EXPECT_EQ(db[i], b[i] + d[i]);
+  }
+  residual_backward(nullptr, db.data(), d.data(), n);
+  for (int64_t i = 0; i < n; ++i) EXPECT_EQ(db[i], (b[i] + d[i]) + d[i]);
+}
+
+// ---- cross-entropy -------------------------------------------------------------------------
+
+TEST(CrossEntropy, ForwardBackwardIgnoreAndInPlace) {
+  const int N = 6, V = 37;
+  VecF logits = rand_vec(N * V, 100, -4, 4);
+  for (int i = 0; i < V; ++i) logits[3 * V + i] += 1000.0f;  // stability: huge logits
+  std::vector<int32_t> tg = {5, -1, 36, 0, -1, 17};
+  VecF loss(N, -1.0f);
+  cross_entropy_forward(loss.data(), logits.data(), tg.data(), N, V);
+  VecD ld = to_d(logits);
+  // log-sum-exp in float: ~1e-6 relative; the +1000 row keeps ~1e-4 absolute in its logits.
+  expect_close(loss, cross_entropy_ref(ld, tg, N, V), 1e-4, 1e-5, "losses");
+  EXPECT_EQ(loss[1], 0.0f);
+  EXPECT_EQ(loss[4], 0.0f);
+
+  const float dloss = 0.25f;
+  VecF dl(N * V, 9.0f);
+  cross_entropy_backward(dl.data(), logits.data(), tg.data(), N, V, dloss);
+  VecD R(N, dloss);  // L = dloss * sum_n losses[n]
+  VecD g = fd_grad([&](const VecD& v) { return cross_entropy_ref(v, tg, N, V); }, ld, R);
+  expect_close(dl, g, 1e-6, 1e-4, "dlogits");
+  for (int i = 0; i < V; ++i) ASSERT_EQ(dl[1 * V + i], 0.0f) << "ignored row";
+
+  VecF inplace = logits;
+  cross_entropy_backward(inplace.data(), inplace.data(), tg.data(), N, V, dloss);
+  expect_close(inplace, dl, 0, 0, "dlogits in place");
+}
+
+TEST(CrossEntropy, Gpt2Vocabulary) {
+  const int N = 3, V = 50257;
+  VecF logits = rand_vec(size_t(N) * V, 110, -10, 10);
+  std::vector<int32_t> tg = {0, 50256, 31337};
+  VecF loss(N);
+  cross_entropy_forward(loss.data(), logits.data(), tg.data(), N, V);
+  // A float sum of 50257 exponentials (16 lanes, then a tree): ~1e-6 relative.
+  expect_close(loss, cross_entropy_ref(to_d(logits), tg, N, V), 1e-5, 1e-5, "losses");
+  VecF dl(size_t(N) * V);
+  cross_entropy_backward(dl.data(), logits.data(), tg.data(), N, V, 1.0f);
+  for (int n = 0; n < N; ++n) {  // rows of softmax - onehot sum to 0
+    double s = 0;
+    for (int i = 0; i < V; ++i) s += dl[size_t(n) * V + i];
+    EXPECT_NEAR(s, 0.0, 1e-5);
+  }
+}
+
+// ---- AdamW ---------------------------------------------------------------------------------
+
+TEST(AdamW, ThreeStepsMatchTorchFormula) {
+  const int64_t n = 45;
+  VecF p = rand_vec(n, 120), m(n, 0.0f), v(n, 0.0f);
+  AdamWParams hp{/*lr=*/1e-2f,          /*beta1=*/0.9f, /*beta2=*/0.95f,    /*eps=*/1e-8f,
+                 /*weight_decay=*/0.1f, /*step=*/0,     /*grad_scale=*/0.5f};
+  VecD pd = to_d(p), md(n, 0.0), vd(n, 0.0);
+  for (int step = 1; step <= 3; ++step) {
+    VecF g = rand_vec(n, 130 + step, -2, 2);
+    hp.step = step;
+    adamw_update(p.data(), g.data(), m.data(), v.data(), n, hp);
+    // torch.optim.AdamW: decay, then the bias-corrected Adam step, computed in double here.
+    const double b1 = hp.beta1, b2 = hp.beta2;
+    for (int64_t i = 0; i < n; ++i) {
+      const double gi = double(g[i]) * hp.grad_scale;
+      pd[i] *= 1.0 - double(hp.lr) * hp.weight_decay;
+      md[i] = b1 * md[i] + (1 - b1) * gi;
+      vd[i] = b2 * vd[i] + (1 - b2) * gi * gi;
+      const double mhat = md[i] / (1 - std::pow(b1, step));
+      const double vhat = vd[i] / (1 - std::pow(b2, step));
+      pd[i] -= double(hp.lr) * mhat / (std::sqrt(vhat) + hp.eps);
+    }
+  }
+  // A few float roundings per step on values ~1: ~1e-6.
+  expect_close(p, pd, 1e-6, 1e-6, "params");
+  expect_close(m, md, 1e-6, 1e-6, "m");
+  expect_close(v, vd, 1e-7, 1e-6, "v");
+}
+
+// ---- reductions ----------------------------------------------------------------------------
+
+TEST(Reductions, SumSquaresScaleZero) {
+  VecF x = rand_vec(10007, 140);
+  double ref = 0;
+  for (float f : x) ref += double(f) * f;
+  EXPECT_NEAR(sum_squares(x.data(), x.size()), ref, 1e-9 * ref);  // double accumulation
+  EXPECT_EQ(sum_squares(x.data(), 0), 0.0);
+  VecF y = x;
+  scale_inplace(y.data(), y.size(), 0.5f);
+  for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(y[i], x[i] * 0.5f);
+  zero(y.data(), y.size());
+  for (float f : y) ASSERT_EQ(f, 0.0f);
+}
+
+// ---- thread-count invariance ---------------------------------------------------------------
+
+// Runs a chain of kernels at GPT-like (small) shapes and returns every output.
+std::vector<VecF> run_all_kernels() {
+  const int B = 2, T = 24, C = 64, NH = 4, V = 301, N = B * T;
+  std::vector<VecF> r;
+  std::vector<int32_t> tok(N), tg(N);
+  for (int i = 0; i < N; ++i) tok[i] = (i * 37) % V, tg[i] = i % 5 == 0 ? -1 : (i * 11) % V;
+  VecF wte = rand_vec(V * C, 200), wpe = rand_vec(T * C, 201), lw = rand_vec(C, 202),
+       lb = rand_vec(C, 203), w = rand_vec(C * 3 * C, 204), b = rand_vec(3 * C, 205);
+  VecF x(N * C), ln(N * C), mean(N), rstd(N), qkv(N * 3 * C), att(B * NH * T * T), y(N * C),
+      logits(size_t(N) * V), loss(N);
+  embedding_forward(x.data(), tok.data(), wte.data(), wpe.data(), B, T, C);
+  layernorm_forward(ln.data(), mean.data(), rstd.data(), x.data(), lw.data(), lb.data(), N, C);
+  matmul_forward(qkv.data(), ln.data(), w.data(), b.data(), N, C, 3 * C, WeightLayout::kInOut);
+  attention_forward(y.data(), att.data(), qkv.data(), B, T, C, NH);
+  gelu_forward(y.data(), y.data(), y.size());
+  matmul_forward(logits.data(), y.data(), wte.data(), nullptr, N, C, V, WeightLayout::kOutIn);
+  cross_entropy_forward(loss.data(), logits.data(), tg.data(), N, V);
+  cross_entropy_backward(logits.data(), logits.data(), tg.data(), N, V, 1.0f / N);
+  VecF dy(N * C), dwte(V * C, 0.0f), dqkv(N * 3 * C), dw(C * 3 * C, 0.0f), db(3 * C, 0.0f),
+      dln(N * C), dx(N * C, 0.0f), dlw(C, 0.0f), dlb(C, 0.0f), dwpe(T * C, 0.0f),
+      scratch(attention_backward_scratch_floats(B, T, NH));
+  matmul_backward(dy.data(), dwte.data(), nullptr, logits.data(), y.data(), wte.data(), N, C, V,
+                  WeightLayout::kOutIn);
+  attention_backward(dqkv.data(), scratch.data(), dy.data(), qkv.data(), att.data(), B, T, C, NH);
+  matmul_backward(dln.data(), dw.data(), db.data(), dqkv.data(), ln.data(), w.data(), N, C, 3 * C,
+                  WeightLayout::kInOut);
+  layernorm_backward(dx.data(), dlw.data(), dlb.data(), dln.data(), x.data(), lw.data(),
+                     mean.data(), rstd.data(), N, C);
+  embedding_backward(dwte.data(), dwpe.data(), dx.data(), tok.data(), B, T, C);
+  VecF p = w, m(w.size(), 0.0f), v(w.size(), 0.0f);
+  adamw_update(p.data(), dw.data(), m.data(), v.data(), p.size(),
+               AdamWParams{1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, 1, 1.0f});
+  r = {x, ln, qkv, att, y, loss, logits, dy, dqkv, dw, db, dln, dx, dlw, dlb, dwte, dwpe, p};
+  r.push_back(VecF{static_cast<float>(sum_squares(dw.data(), dw.size()))});
+  return r;
+}
+
+TEST(Threads, OneAndTwoThreadsAgree) {
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(1);
+  const auto one = run_all_kernels();
+  omp_set_num_threads(2);
+  const auto two = run_all_kernels();
+  const auto two_again = run_all_kernels();
+  omp_set_num_threads(saved);
+  ASSERT_EQ(one.size(), two.size());
+  for (size_t i = 0; i < one.size(); ++i) {
+    // Only GEMM blocking and the sum_squares partials depend on the thread count: rounding.
+    expect_close(two[i], one[i], 1e-5, 1e-4, "output " + std::to_string(i));
+    // Deterministic for a fixed thread count: bit-identical.
+    EXPECT_EQ(two[i], two_again[i]) << "output " << i << " differs between two runs";
+  }
+}
+
+}  // namespace
+}  // namespace headroom::cpu

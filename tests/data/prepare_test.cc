@@ -1,0 +1,210 @@
+// `prepare`: documents and eot tokens, directory walking, fortune separators, and clean failures
+// (nothing written) for empty, binary and missing inputs and unwritable outputs.
+#include "data/prepare.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <filesystem>
+
+#include "data/token_file.h"
+#include "test_util.h"
+
+namespace headroom::data {
+namespace {
+
+using testing_util::list_dir;
+using testing_util::TempDir;
+using testing_util::write_file;
+
+std::vector<int32_t> all_tokens(const TokenFile& f) {
+  std::vector<int32_t> v(f.size());
+  f.copy(0, f.size(), v.data());
+  return v;
+}
+
+// Expected tokens: each document encoded, followed by eot.
+std::vector<int32_t> packed(const Gpt2Tokenizer& tok, const std::vector<std::string>& docs) {
+  std::vector<int32_t> v;
+  for (const std::string& d : docs) {
+    std::vector<int32_t> ids = tok.encode(d);
+    v.insert(v.end(), ids.begin(), ids.end());
+    v.push_back(tok.eot_token());
+  }
+  return v;
+}
+
+PrepareOptions options(const TempDir& out_dir, std::vector<std::string> inputs) {
+  PrepareOptions o;
+  o.inputs = std::move(inputs);
+  o.out = out_dir.file("out.bin");
+  o.vocab_dir = testing_util::vocab_dir();
+  return o;
+}
+
+TEST(Prepare, OneFileIsOneDocument) {
+  HR_TEST_TOKENIZER(tok);
+  TempDir in, out;
+  const std::string text = "Hello there.\nGeneral Kenobi!\n";
+  write_file(in.file("a.txt"), text);
+  Result<PrepareStats> s = prepare_token_file(options(out, {in.file("a.txt")}));
+  ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+  EXPECT_EQ(s->files, 1u);
+  EXPECT_EQ(s->documents, 1u);
+  EXPECT_EQ(s->bytes, text.size());
+  Result<TokenFile> f = TokenFile::open(out.file("out.bin"));
+  ASSERT_TRUE(f.is_ok()) << f.status().to_string();
+  EXPECT_EQ(all_tokens(*f), packed(tok, {text}));
+  EXPECT_EQ(s->tokens, static_cast<uint64_t>(f->size()));
+  EXPECT_EQ(f->document_count(), 1u);
+  EXPECT_EQ(f->vocab_size(), 50257);
+  EXPECT_EQ(f->eot(), 50256);
+}
+
+TEST(Prepare, FortuneSeparatorSplitsDocuments) {
+  HR_TEST_TOKENIZER(tok);
+  TempDir in, out;
+  write_file(in.file("fortunes"),
+             "A fortune.\n%\nTwo\nlines.\n%\n%\n   \n%\r\nLast, with CRLF.\r\n%\n");
+  PrepareOptions o = options(out, {in.file("fortunes")});
+  o.doc_separator = "%";
+  Result<PrepareStats> s = prepare_token_file(o);
+  ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+  EXPECT_EQ(s->documents, 3u);  // the empty and whitespace-only ones are dropped
+  Result<TokenFile> f = TokenFile::open(o.out);
+  ASSERT_TRUE(f.is_ok());
+  EXPECT_EQ(all_tokens(*f), packed(tok, {"A fortune.\n", "Two\nlines.\n", "Last, with CRLF.\r\n"}));
+  EXPECT_EQ(f->document_count(), 3u);
+}
+
+TEST(Prepare, DirectoriesAreWalkedInSortedOrderSkippingIndexesAndHiddenFiles) {
+  HR_TEST_TOKENIZER(tok);
+  TempDir in, out;
+  write_file(in.file("b.txt"), "bee");
+  write_file(in.file("a.txt"), "ay");
+  write_file(in.file("sub/c"), "sea");
+  write_file(in.file("a.dat"), std::string("\0\1binary index", 14));
+  write_file(in.file("a.u8"), "skipped link");
+  write_file(in.file(".hidden"), "hidden");
+  write_file(in.file(".git/objects/x"), "hidden dir");
+  write_file(out.file("extra.txt"), "extra");
+  Result<PrepareStats> s = prepare_token_file(options(out, {in.path(), out.file("extra.txt")}));
+  ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+  EXPECT_EQ(s->files, 4u);
+  Result<TokenFile> f = TokenFile::open(out.file("out.bin"));
+  ASSERT_TRUE(f.is_ok());
+  EXPECT_EQ(all_tokens(*f), packed(tok, {"ay", "bee", "sea", "extra"}));
+}
+
+TEST(Prepare, OutputInsideAnInputDirectoryIsNotReadBack) {
+  HR_TEST_TOKENIZER(tok);
+  TempDir dir;
+  write_file(dir.file("a.txt"), "some text");
+  PrepareOptions o = options(dir, {dir.path()});
+  ASSERT_TRUE(prepare_token_file(o).is_ok());
+  Result<PrepareStats> again = prepare_token_file(o);  // out.bin now sits in the input directory
+  ASSERT_TRUE(again.is_ok()) << again.status().to_string();
+  EXPECT_EQ(again->files, 1u);
+}
+
+TEST(Prepare, LatinOneTextIsKeptByteForByte) {
+  HR_TEST_TOKENIZER(tok);
+  TempDir in, out;
+  const std::string text = "caf\xE9 cr\xE8me br\xFBl\xE9\x65 is a dessert in French cooking.\n";
+  write_file(in.file("latin1.txt"), text);
+  ASSERT_TRUE(prepare_token_file(options(out, {in.file("latin1.txt")})).is_ok());
+  Result<TokenFile> f = TokenFile::open(out.file("out.bin"));
+  ASSERT_TRUE(f.is_ok());
+  std::vector<int32_t> t = all_tokens(*f);
+  t.pop_back();  // eot
+  EXPECT_EQ(tok.decode(t), text);
+}
+
+TEST(Prepare, EmptyInputFailsAndWritesNothing) {
+  TempDir in, out;
+  write_file(in.file("empty.txt"), "");
+  write_file(in.file("blank.txt"), " \n\n\t\n");
+  for (const char* name : {"empty.txt", "blank.txt"}) {
+    Result<PrepareStats> s = prepare_token_file(options(out, {in.file(name)}));
+    ASSERT_FALSE(s.is_ok());
+    EXPECT_EQ(s.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(s.status().message().find("input '" + in.file(name) + "' is empty"),
+              std::string::npos)
+        << s.status().message();
+    EXPECT_TRUE(list_dir(out.path()).empty());
+  }
+  // Only separators: also empty.
+  write_file(in.file("seps"), "%\n%\n");
+  PrepareOptions o = options(out, {in.file("seps")});
+  o.doc_separator = "%";
+  EXPECT_NE(prepare_token_file(o).status().message().find("is empty"), std::string::npos);
+}
+
+TEST(Prepare, BinaryInputFailsAndWritesNothing) {
+  TempDir in, out;
+  write_file(in.file("good.txt"), "fine text");
+  write_file(in.file("nul.bin"), std::string("text\0more", 9));
+  std::string high(1000, '\0');
+  for (size_t i = 0; i < high.size(); ++i) high[i] = static_cast<char>(0x80 + (i * 37) % 0x7F);
+  write_file(in.file("high.bin"), high);
+  for (const char* name : {"nul.bin", "high.bin"}) {
+    Result<PrepareStats> s = prepare_token_file(options(out, {in.file("good.txt"), in.file(name)}));
+    ASSERT_FALSE(s.is_ok());
+    EXPECT_NE(s.status().message().find("input '" + in.file(name) + "' looks binary, not text"),
+              std::string::npos)
+        << s.status().message();
+    EXPECT_TRUE(list_dir(out.path()).empty());
+  }
+}
+
+TEST(Prepare, MissingInputAndBadOutputs) {
+  TempDir in, out;
+  write_file(in.file("a.txt"), "text");
+  Result<PrepareStats> s = prepare_token_file(options(out, {in.file("missing.txt")}));
+  ASSERT_FALSE(s.is_ok());
+  EXPECT_EQ(s.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(s.status().message().find("missing.txt"), std::string::npos);
+
+  PrepareOptions o = options(out, {in.file("a.txt")});
+  o.out = out.file("no/such/dir/out.bin");
+  s = prepare_token_file(o);
+  ASSERT_FALSE(s.is_ok());
+  EXPECT_NE(s.status().message().find("does not exist"), std::string::npos) << s.status().message();
+
+  o.out = out.path();
+  s = prepare_token_file(o);
+  ASSERT_FALSE(s.is_ok());
+  EXPECT_NE(s.status().message().find("is a directory"), std::string::npos);
+
+  if (geteuid() != 0) {  // root writes anywhere
+    std::filesystem::permissions(out.path(), std::filesystem::perms::owner_write,
+                                 std::filesystem::perm_options::remove);
+    o.out = out.file("out.bin");
+    s = prepare_token_file(o);
+    ASSERT_FALSE(s.is_ok());
+    EXPECT_NE(s.status().message().find("not writable"), std::string::npos);
+  }
+
+  EXPECT_FALSE(prepare_token_file(options(out, {})).is_ok());
+  write_file(in.file("empty_dir/.hidden"), "x");
+  s = prepare_token_file(options(out, {in.file("empty_dir")}));
+  ASSERT_FALSE(s.is_ok());
+  EXPECT_NE(s.status().message().find("has no text files"), std::string::npos);
+}
+
+TEST(Prepare, DefaultCorpusIsTheFortuneTextFiles) {
+  std::vector<std::string> files = default_corpus_inputs();
+  if (!std::filesystem::is_directory("/usr/share/games/fortunes")) {
+    EXPECT_TRUE(files.empty());
+    return;
+  }
+  ASSERT_FALSE(files.empty());
+  EXPECT_TRUE(std::is_sorted(files.begin(), files.end()));
+  for (const std::string& f : files) {
+    std::string name = std::filesystem::path(f).filename().string();
+    EXPECT_EQ(name.find('.'), std::string::npos) << f;
+  }
+}
+
+}  // namespace
+}  // namespace headroom::data

@@ -1,0 +1,156 @@
+// End-to-end tests of the headroom executable: real runs, real files, exit codes and messages.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Outcome {
+  int code;
+  std::string out;  // stdout and stderr together
+};
+
+Outcome run(const std::string& args) {
+  std::string cmd = std::string(HEADROOM_BINARY) + " " + args + " 2>&1";
+  Outcome r{-1, ""};
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+  int status = pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+class Cli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::path(testing::TempDir()) /
+           ("headroom_e2e_" + std::to_string(getpid()) + "_" +
+            testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+  void write(const std::string& name, const std::string& text) const {
+    std::ofstream(path(name), std::ios::binary) << text;
+  }
+  // A small corpus: one fortune file from Debian's package, tokenised.
+  std::string corpus() {
+    std::string out = path("corpus.tokens");
+    Outcome r = run("prepare /usr/share/games/fortunes/computers --doc-separator % --out " + out);
+    EXPECT_EQ(r.code, 0) << r.out;
+    return out;
+  }
+  fs::path dir_;
+};
+
+TEST_F(Cli, VersionAndHelp) {
+  Outcome v = run("--version");
+  EXPECT_EQ(v.code, 0);
+  EXPECT_NE(v.out.find("headroom"), std::string::npos);
+  for (const char* cmd : {"train", "generate", "prepare"}) {
+    Outcome h = run(std::string(cmd) + " --help");
+    EXPECT_EQ(h.code, 0) << cmd;
+    EXPECT_NE(h.out.find("Usage"), std::string::npos) << cmd;
+  }
+  EXPECT_NE(run("").code, 0);
+  EXPECT_NE(run("train --no-such-flag").code, 0);
+}
+
+TEST_F(Cli, PrepareRejectsEmptyAndBinaryInputs) {
+  write("empty.txt", "");
+  Outcome e = run("prepare " + path("empty.txt") + " --out " + path("e.tokens"));
+  EXPECT_NE(e.code, 0);
+  EXPECT_NE(e.out.find("empty"), std::string::npos) << e.out;
+  EXPECT_FALSE(fs::exists(path("e.tokens")));
+
+  write("blob.bin", std::string("\x7f" "ELF\0\0\0\x01\x02\x03", 11));
+  Outcome b = run("prepare " + path("blob.bin") + " --out " + path("b.tokens"));
+  EXPECT_NE(b.code, 0);
+  EXPECT_NE(b.out.find("binary"), std::string::npos) << b.out;
+  EXPECT_FALSE(fs::exists(path("b.tokens")));
+
+  Outcome m = run("prepare " + path("missing.txt") + " --out " + path("m.tokens"));
+  EXPECT_NE(m.code, 0);
+  EXPECT_NE(m.out.find("missing.txt"), std::string::npos) << m.out;
+}
+
+TEST_F(Cli, TrainLowersTheLossThenGenerates) {
+  std::string data = corpus();
+  std::string log = path("log.jsonl");
+  Outcome r = run("train --model gpt2-tiny --data " + data +
+              " --seq 32 --batch 4 --steps 30 --lr 3e-3 --sample-tokens 8 --out " +
+              path("model") + " --log-json " + log);
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::ifstream f(log);
+  std::string line;
+  std::vector<nlohmann::json> steps;
+  while (std::getline(f, line)) steps.push_back(nlohmann::json::parse(line));
+  ASSERT_EQ(steps.size(), 30u);
+  for (const char* key : {"step", "loss", "lr", "grad_norm", "tokens", "tokens_per_s", "step_ms",
+                          "data_wait_ms", "device_bytes_in_use", "device_bytes_peak",
+                          "planned_peak_bytes", "micro_batch", "accumulation"}) {
+    EXPECT_TRUE(steps[0].contains(key)) << key;
+  }
+  double first = steps[0]["loss"], last = steps.back()["loss"];
+  EXPECT_GT(first, 10.0);  // ln(50257) = 10.8 at initialisation
+  EXPECT_LT(last, first - 2.0) << r.out;
+  EXPECT_TRUE(fs::exists(path("model") + "/model.safetensors"));
+  EXPECT_TRUE(fs::exists(path("model") + "/config.json"));
+
+  Outcome g = run("generate --model-dir " + path("model") +
+              " --prompt 'The computer' --max-new-tokens 5 --json");
+  ASSERT_EQ(g.code, 0) << g.out;
+  auto j = nlohmann::json::parse(g.out);
+  EXPECT_EQ(j["prompt"], "The computer");
+  EXPECT_GE(j["tokens"].size(), 1u);
+}
+
+TEST_F(Cli, ClearErrorsForBadInput) {
+  Outcome m = run("train --model gpt2-nano --steps 1");
+  EXPECT_EQ(m.code, 1);
+  EXPECT_NE(m.out.find("gpt2-nano"), std::string::npos) << m.out;
+
+  write("bad_config.json", R"({"n_layer": 2, "n_head": 3, "n_embd": 64, "vocab_size": 100,
+                                "n_positions": 32})");
+  Outcome c = run("train --model " + path("bad_config.json") + " --steps 1");
+  EXPECT_EQ(c.code, 1);
+  EXPECT_NE(c.out.find("n_head"), std::string::npos) << c.out;
+
+  write("missing_field.json", R"({"n_layer": 2, "n_head": 4, "n_embd": 64})");
+  Outcome mf = run("train --model " + path("missing_field.json") + " --steps 1");
+  EXPECT_EQ(mf.code, 1);
+  EXPECT_NE(mf.out.find("vocab_size"), std::string::npos) << mf.out;
+
+  std::string data = corpus();
+  Outcome tiny = run("train --data " + data + " --seq 32 --batch 4 --steps 1 --device-memory 8MiB");
+  EXPECT_EQ(tiny.code, 1);
+  EXPECT_NE(tiny.out.find("budget"), std::string::npos) << tiny.out;
+
+  Outcome mem = run("train --data " + data + " --device-memory lots --steps 1");
+  EXPECT_EQ(mem.code, 1);
+  EXPECT_NE(mem.out.find("lots"), std::string::npos) << mem.out;
+
+  Outcome seq = run("train --data " + data + " --seq 100000 --steps 1");
+  EXPECT_EQ(seq.code, 1);
+  EXPECT_NE(seq.out.find("--seq"), std::string::npos) << seq.out;
+
+  // A token file cut short: the reader names expected and actual sizes.
+  fs::copy_file(data, path("cut.tokens"));
+  fs::resize_file(path("cut.tokens"), fs::file_size(data) - 3);
+  Outcome cut = run("train --data " + path("cut.tokens") + " --seq 32 --batch 4 --steps 1");
+  EXPECT_EQ(cut.code, 1);
+  EXPECT_NE(cut.out.find("cut.tokens"), std::string::npos) << cut.out;
+}
+
+}  // namespace
