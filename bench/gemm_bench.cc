@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <random>
 #include <string>
@@ -167,6 +168,8 @@ int main(int argc, char** argv) {
                                             "." + std::to_string(v->patch));
   register_all();
   benchmark::RunSpecifiedBenchmarks();
+  std::fprintf(stderr, "oneDNN user scratchpad: %zu bytes shared by %zu cached primitives\n",
+               headroom::cpu::gemm_scratchpad_bytes(), headroom::cpu::gemm_cached_primitives());
   benchmark::Shutdown();
   return 0;
 }

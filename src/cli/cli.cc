@@ -21,6 +21,8 @@
 #include "memory/host_resource.h"
 #include "model/config.h"
 #include "model/weights.h"
+#include "plan/calibrate.h"
+#include "plan/search.h"
 #include "report/progress.h"
 #include "train/generate.h"
 #include "train/trainer.h"
@@ -119,9 +121,10 @@ void add_train_flags(CLI::App* app, TrainFlags& f) {
   app->add_option("--data", f.data,
                   "token file from `headroom prepare` (default: Debian's fortunes, prepared once)");
   app->add_option("--seq", f.seq, "sequence length T (default: min(128, n_positions))");
-  app->add_option("--batch", f.batch, "micro-batch in sequences (default: 8)");
+  app->add_option("--batch", f.batch,
+                  "micro-batch in sequences (default: the planner's choice)");
   app->add_option("--global-batch", f.global_batch,
-                  "sequences per optimizer step; a multiple of --batch (default: --batch)");
+                  "sequences per optimizer step; a multiple of --batch (default: --batch, or 8)");
   app->add_option("--steps", f.steps, "optimizer steps")->capture_default_str();
   app->add_option("--precision", f.precision, "auto or fp32 (bf16 and fp16 are not built yet)")
       ->capture_default_str();
@@ -131,11 +134,18 @@ void add_train_flags(CLI::App* app, TrainFlags& f) {
                   "cgroup limits respected)")
       ->capture_default_str();
   app->add_option("--seed", f.seed, "seed for initialisation")->capture_default_str();
+  app->add_option("--plan", f.plan,
+                  "auto (the planner chooses micro-batch and accumulation) or the JSON file of "
+                  "`headroom plan --json`")
+      ->capture_default_str();
   app->add_option("--lr", f.lr, "peak learning rate (default: 1e-3 below 50M parameters, else 6e-4)");
   app->add_option("--warmup", f.warmup, "warmup steps (default: 10% of --steps, at most 100)");
   app->add_option("--threads", f.threads, "OpenMP threads (default: the cores available)");
   app->add_option("--vocab", f.vocab, "directory with the GPT-2 vocabulary (default: set-up's)");
 }
+
+Result<plan::DeviceSpec> resolve_device(const std::string& device, const std::string& memory_flag,
+                                        bool quiet);
 
 Status resolve_train_options(TrainFlags& f, train::TrainOptions* o) {
   HR_ASSIGN_OR_RETURN(o->config, model::resolve_model(f.model));
@@ -147,22 +157,68 @@ Status resolve_train_options(TrainFlags& f, train::TrainOptions* o) {
     return Status::unsupported(fmt::format(
         "--precision {}: only fp32 is built so far (use --precision fp32 or auto)", f.precision));
   }
-  o->seq = f.seq > 0 ? f.seq : std::min(128, o->config.n_positions);
   if (f.seq < 0) return Status::invalid_argument(fmt::format("--seq {} must be positive", f.seq));
   if (f.batch < 0) return Status::invalid_argument(fmt::format("--batch {} must be positive", f.batch));
-  o->micro_batch = f.batch > 0 ? f.batch : 8;
   if (f.global_batch < 0) {
     return Status::invalid_argument(fmt::format("--global-batch {} must be positive", f.global_batch));
   }
-  int global = f.global_batch > 0 ? f.global_batch : o->micro_batch;
-  if (f.batch == 0 && global < o->micro_batch) o->micro_batch = global;
-  if (global % o->micro_batch != 0) {
-    return Status::invalid_argument(fmt::format(
-        "--global-batch {} is not a multiple of --batch {}", global, o->micro_batch));
-  }
-  o->accumulation = global / o->micro_batch;
-  o->steps = f.steps;
+  o->seq = f.seq > 0 ? f.seq : std::min(128, o->config.n_positions);
   HR_ASSIGN_OR_RETURN(o->device_memory, device_budget(f.device_memory));
+  const int global = f.global_batch > 0 ? f.global_batch : (f.batch > 0 ? f.batch : 8);
+  if (f.plan == "auto") {
+    plan::SearchRequest req;
+    req.config = o->config;
+    HR_ASSIGN_OR_RETURN(req.device, resolve_device("cpu", f.device_memory, f.json));
+    req.device_memory = o->device_memory;
+    req.seq = o->seq;
+    req.global_batch = global;
+    if (f.batch > 0) req.micro_batch = f.batch;
+    HR_ASSIGN_OR_RETURN(plan::SearchResult res, plan::search_plan(req));
+    if (!res.chosen) {
+      return Status::out_of_memory(fmt::format(
+          "no plan for {} at seq {} and global batch {} fits the {} device budget.\n{}", f.model,
+          o->seq, global, format_bytes(o->device_memory), res.advice));
+    }
+    o->micro_batch = res.chosen->policy.micro_batch;
+    o->accumulation = res.chosen->policy.accumulation;
+    o->plan_note = fmt::format("chosen by the planner: fastest of {} that fit, {} rejected; the "
+                               "largest micro-batch that fits is {}",
+                               res.candidates.size(), res.rejected.size(), res.max_micro_batch);
+  } else {
+    std::ifstream in(f.plan);
+    if (!in) return Status::not_found(fmt::format("cannot open --plan '{}'", f.plan));
+    json j;
+    try {
+      j = json::parse(in);
+    } catch (const json::exception& e) {
+      return Status::invalid_argument(fmt::format("--plan {}: not valid JSON: {}", f.plan, e.what()));
+    }
+    auto get_int = [&](const char* key, int* out) -> Status {
+      if (!j.contains("chosen") || !j["chosen"].is_object() || !j["chosen"].contains(key) ||
+          !j["chosen"][key].is_number_integer() || j["chosen"][key].get<int64_t>() <= 0) {
+        return Status::invalid_argument(fmt::format(
+            "--plan {}: field 'chosen.{}' is missing or not a positive integer (write the file "
+            "with `headroom plan --json`)", f.plan, key));
+      }
+      *out = j["chosen"][key].get<int>();
+      return Status::ok();
+    };
+    HR_RETURN_IF_ERROR(get_int("micro_batch", &o->micro_batch));
+    HR_RETURN_IF_ERROR(get_int("accumulation", &o->accumulation));
+    int plan_seq = 0;
+    HR_RETURN_IF_ERROR(get_int("seq", &plan_seq));
+    if (f.seq > 0 && f.seq != plan_seq) {
+      return Status::invalid_argument(
+          fmt::format("--seq {} contradicts the plan's seq {} in {}", f.seq, plan_seq, f.plan));
+    }
+    o->seq = plan_seq;
+    if (f.batch > 0 && f.batch != o->micro_batch) {
+      return Status::invalid_argument(fmt::format("--batch {} contradicts the plan's micro-batch {} in {}",
+                                                  f.batch, o->micro_batch, f.plan));
+    }
+    o->plan_note = "from " + f.plan;
+  }
+  o->steps = f.steps;
   o->seed = f.seed;
   const int64_t nparams = model::gpt2_param_table(o->config).num_parameters;
   o->adamw.lr = f.lr > 0 ? f.lr : (nparams < 50'000'000 ? 1e-3f : 6e-4f);
@@ -181,6 +237,53 @@ Status resolve_train_options(TrainFlags& f, train::TrainOptions* o) {
     o->data = f.data;
   }
   return Status::ok();
+}
+
+
+// The device to plan for: the CPU (measured by calibration, budget from --device-memory) or a
+// named GPU from the spec table.
+Result<plan::DeviceSpec> resolve_device(const std::string& device, const std::string& memory_flag,
+                                        bool quiet) {
+  if (device == "cpu") {
+    HR_ASSIGN_OR_RETURN(uint64_t budget, device_budget(memory_flag));
+    auto progress = [quiet](const std::string& line) {
+      if (!quiet) log_info("calibrate: {}", line);
+    };
+    HR_ASSIGN_OR_RETURN(plan::Calibration cal,
+                        plan::load_or_calibrate(plan::default_calibration_path(), progress));
+    return plan::cpu_device_spec(cal, budget);
+  }
+  HR_ASSIGN_OR_RETURN(plan::DeviceSpec spec, plan::named_device(device));
+  if (!memory_flag.empty() && memory_flag != "auto") {
+    HR_ASSIGN_OR_RETURN(spec.memory_bytes, parse_bytes(memory_flag));
+  }
+  return spec;
+}
+
+json categories_json(const std::array<uint64_t, memory::kNumCategories>& by) {
+  json j = json::object();
+  for (size_t i = 0; i < by.size(); i++) {
+    if (by[i]) j[std::string(memory::category_name(static_cast<memory::Category>(i)))] = by[i];
+  }
+  return j;
+}
+
+json candidate_json(const plan::Candidate& c) {
+  json j = {{"micro_batch", c.policy.micro_batch},
+            {"accumulation", c.policy.accumulation},
+            {"seq", c.policy.seq},
+            {"precision", c.policy.precision},
+            {"recompute", "none"},
+            {"offload", "none"},
+            {"zero", 0},
+            {"peak_bytes", c.peak_bytes},
+            {"lower_bound_bytes", c.lower_bound_bytes},
+            {"by_category", categories_json(c.by_category)},
+            {"predicted_tokens_per_s", c.cost.tokens_per_s},
+            {"predicted_step_ms", c.cost.step_seconds * 1e3},
+            {"fits", c.fits}};
+  if (!c.fits) j["rejected_because"] = c.rejected_because;
+  return j;
 }
 
 json step_json(const train::StepStats& s) {
@@ -228,6 +331,7 @@ int run_train(TrainFlags& f) {
                  "%d steps, lr %.2g\n",
                  o.model_name.c_str(), double(info.num_parameters) / 1e6, o.micro_batch, o.seq,
                  o.accumulation, o.steps, double(o.adamw.lr));
+    std::fprintf(stderr, "plan: %s\n", o.plan_note.c_str());
     std::fprintf(stderr, "data: %s (%lld train / %lld validation tokens)\n", o.data.c_str(),
                  static_cast<long long>(info.train_tokens), static_cast<long long>(info.val_tokens));
     std::fprintf(stderr, "device: cpu, %d threads, budget %s\nmemory plan:\n%s", omp_get_max_threads(),
@@ -376,6 +480,139 @@ int run_prepare(PrepareFlags& f) {
   return 0;
 }
 
+
+// ---------------------------------------------------------------------------------------------
+struct PlanFlags {
+  TrainFlags t;
+  int devices = 1;
+  bool sweep = false;
+};
+
+int run_plan(PlanFlags& pf) {
+  TrainFlags& f = pf.t;
+  set_threads(f.threads);
+  Result<model::Gpt2Config> cfg = model::resolve_model(f.model);
+  if (!cfg.is_ok()) return fail(cfg.status());
+  if (f.precision != "auto" && f.precision != "fp32") {
+    return fail(Status::unsupported(fmt::format(
+        "--precision {}: only fp32 is built so far (use --precision fp32 or auto)", f.precision)));
+  }
+  Result<plan::DeviceSpec> dev = resolve_device(f.device, f.device_memory, f.json);
+  if (!dev.is_ok()) return fail(dev.status());
+  plan::SearchRequest req;
+  req.config = *cfg;
+  req.device = *dev;
+  req.device_memory = dev->memory_bytes;
+  req.devices = pf.devices;
+  req.seq = f.seq > 0 ? f.seq : std::min(128, cfg->n_positions);
+  req.global_batch = f.global_batch > 0 ? f.global_batch : (f.batch > 0 ? f.batch * pf.devices : 8);
+  if (f.batch > 0) req.micro_batch = f.batch;
+  req.sweep = pf.sweep;
+  Result<plan::SearchResult> r = plan::search_plan(req);
+  if (!r.is_ok()) return fail(r.status());
+  const int64_t nparams = model::gpt2_param_table(*cfg).num_parameters;
+
+  if (f.json) {
+    json j;
+    j["model"] = {{"name", f.model},
+                  {"n_layer", cfg->n_layer},
+                  {"n_head", cfg->n_head},
+                  {"n_embd", cfg->n_embd},
+                  {"vocab_size", cfg->vocab_size},
+                  {"n_positions", cfg->n_positions},
+                  {"parameters", nparams}};
+    j["device"] = {{"name", dev->name},
+                   {"memory_bytes", dev->memory_bytes},
+                   {"flops_fp32", dev->flops_fp32},
+                   {"mem_bandwidth", dev->mem_bandwidth},
+                   {"source", dev->source}};
+    j["devices"] = pf.devices;
+    j["seq"] = req.seq;
+    j["global_batch"] = req.global_batch;
+    j["chosen"] = r->chosen ? candidate_json(*r->chosen) : json(nullptr);
+    j["candidates"] = json::array();
+    for (const auto& c : r->candidates) j["candidates"].push_back(candidate_json(c));
+    j["rejected"] = json::array();
+    for (const auto& c : r->rejected) j["rejected"].push_back(candidate_json(c));
+    j["max_micro_batch"] = r->max_micro_batch;
+    if (pf.sweep) {
+      j["sweep"] = json::array();
+      for (const auto& c : r->sweep) j["sweep"].push_back(candidate_json(c));
+    }
+    if (!r->advice.empty()) j["advice"] = r->advice;
+    j["planning_ms"] = r->planning_ms;
+    std::printf("%s\n", j.dump(2).c_str());
+    return r->chosen ? 0 : 3;
+  }
+
+  std::printf("headroom plan: %s (%.1fM parameters), seq %d, global batch %d, %d x %s "
+              "(%s each; %s)\n",
+              f.model.c_str(), double(nparams) / 1e6, req.seq, req.global_batch, pf.devices,
+              dev->name.c_str(), format_bytes(dev->memory_bytes).c_str(), dev->source.c_str());
+  if (pf.devices > 1) {
+    std::printf("note: each device holds a full replica (data parallel); sharding (ZeRO) is not "
+                "built yet\n");
+  }
+  if (r->chosen) {
+    const plan::Candidate& c = *r->chosen;
+    std::printf("\nchosen: micro-batch %d x %d accumulation steps, %s, no recomputation, no offload\n",
+                c.policy.micro_batch, c.policy.accumulation, c.policy.precision.c_str());
+    std::printf("  peak %s per device (lower bound %s), predicted %.0f tokens/s (%.0f ms a step)\n",
+                format_bytes(c.peak_bytes).c_str(), format_bytes(c.lower_bound_bytes).c_str(),
+                c.cost.tokens_per_s, c.cost.step_seconds * 1e3);
+    std::printf("\nmemory at the peak (%s):\n%s", r->chosen_plan->ops[size_t(r->chosen_plan->peak_op)].name.c_str(),
+                plan::category_table(*r->chosen_plan, dev->memory_bytes).c_str());
+    if (r->candidates.size() > 1) {
+      std::printf("\nrunners-up:\n");
+      for (size_t i = 1; i < r->candidates.size() && i < 6; i++) {
+        const plan::Candidate& o = r->candidates[i];
+        std::printf("  micro-batch %3d x %3d: peak %10s, predicted %6.0f tokens/s\n", o.policy.micro_batch,
+                    o.policy.accumulation, format_bytes(o.peak_bytes).c_str(), o.cost.tokens_per_s);
+      }
+    }
+  }
+  if (!r->rejected.empty()) {
+    std::printf("\nrejected:\n");
+    for (const auto& o : r->rejected) {
+      std::printf("  micro-batch %3d x %3d: %s\n", o.policy.micro_batch, o.policy.accumulation,
+                  o.rejected_because.c_str());
+    }
+  }
+  if (pf.sweep) {
+    std::printf("\nmemory versus micro-batch (seq %d):\n  %11s %12s %9s %14s %5s\n", req.seq,
+                "micro-batch", "planned peak", "of device", "tokens/s (est)", "fits");
+    for (const auto& o : r->sweep) {
+      std::printf("  %11d %12s %8.1f%% %14.0f %5s\n", o.policy.micro_batch,
+                  format_bytes(o.peak_bytes).c_str(),
+                  100.0 * double(o.peak_bytes) / double(dev->memory_bytes), o.cost.tokens_per_s,
+                  o.fits ? "yes" : "no");
+    }
+  }
+  std::printf("\nlargest micro-batch that fits: %d\n", r->max_micro_batch);
+  if (!r->advice.empty()) std::printf("\n%s", r->advice.c_str());
+  std::printf("planned in %.1f ms\n", r->planning_ms);
+  return r->chosen ? 0 : 3;
+}
+
+int run_calibrate(bool as_json) {
+  set_threads(0);
+  Result<plan::Calibration> c = plan::run_calibration([&](const std::string& line) {
+    if (!as_json) std::fprintf(stderr, "  %s\n", line.c_str());
+  });
+  if (!c.is_ok()) return fail(c.status());
+  std::string path = plan::default_calibration_path();
+  if (Status s = plan::save_calibration(*c, path); !s.is_ok()) return fail(s);
+  if (as_json) {
+    json j = {{"gemm_flops_fp32", c->gemm_flops_fp32}, {"gemm_flops_bf16", c->gemm_flops_bf16},
+              {"mem_bandwidth", c->mem_bandwidth},     {"copy_bandwidth", c->copy_bandwidth},
+              {"threads", c->threads},                 {"cpu_model", c->cpu_model},
+              {"date", c->date},                       {"path", path}};
+    std::printf("%s\n", j.dump(2).c_str());
+  } else {
+    std::printf("%s\nsaved to %s\n", plan::describe_calibration(*c).c_str(), path.c_str());
+  }
+  return 0;
+}
 }  // namespace
 
 int run(int argc, char** argv) {
@@ -426,6 +663,19 @@ int run(int argc, char** argv) {
   prep_cmd->add_option("--vocab", pf.vocab, "directory with the GPT-2 vocabulary");
   prep_cmd->add_flag("--json", pf.json, "print the statistics as JSON");
 
+  PlanFlags plf;
+  CLI::App* plan_cmd = app.add_subcommand(
+      "plan", "plan the memory of a training configuration and choose the fastest that fits");
+  add_train_flags(plan_cmd, plf.t);
+  plan_cmd->add_option("--devices", plf.devices, "data-parallel devices")->capture_default_str();
+  plan_cmd->add_flag("--sweep", plf.sweep, "also print memory versus micro-batch");
+  plan_cmd->add_flag("--json", plf.t.json, "print the plan as one JSON object");
+
+  bool calib_json = false;
+  CLI::App* cal_cmd = app.add_subcommand(
+      "calibrate", "measure this machine's GEMM speed and memory bandwidth for the cost model");
+  cal_cmd->add_flag("--json", calib_json, "print the figures as JSON");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -435,6 +685,8 @@ int run(int argc, char** argv) {
   if (train_cmd->parsed()) return run_train(tf);
   if (gen_cmd->parsed()) return run_generate(gf);
   if (prep_cmd->parsed()) return run_prepare(pf);
+  if (plan_cmd->parsed()) return run_plan(plf);
+  if (cal_cmd->parsed()) return run_calibrate(calib_json);
   return 2;
 }
 

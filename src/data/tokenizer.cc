@@ -100,6 +100,12 @@ uint64_t pair_key(int32_t a, int32_t b) {
   return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b);
 }
 
+// Lets the word cache be searched with a string_view, without building a std::string per lookup.
+struct WordHash {
+  using is_transparent = void;
+  size_t operator()(std::string_view s) const { return std::hash<std::string_view>()(s); }
+};
+
 struct Merge {
   int32_t rank;
   int32_t merged;  // id of the concatenation
@@ -112,6 +118,7 @@ struct Candidate {
   int32_t pos;
   int32_t left;
   int32_t right;
+  int32_t merged;
   bool operator>(const Candidate& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
 };
 
@@ -126,7 +133,7 @@ struct Gpt2Tokenizer::Impl {
 
   struct Shard {
     std::mutex mu;
-    std::unordered_map<std::string, std::vector<int32_t>> words;
+    std::unordered_map<std::string, std::vector<int32_t>, WordHash, std::equal_to<>> words;
   };
   mutable std::array<Shard, kCacheShards> cache;
 
@@ -161,7 +168,7 @@ void Gpt2Tokenizer::Impl::bpe(std::string_view word, std::vector<int32_t>* out) 
     if (pos < 0 || next[pos] < 0) return;
     auto it = merges.find(pair_key(id[pos], id[next[pos]]));
     if (it == merges.end()) return;
-    heap.push_back({it->second.rank, pos, id[pos], id[next[pos]]});
+    heap.push_back({it->second.rank, pos, id[pos], id[next[pos]], it->second.merged});
     std::push_heap(heap.begin(), heap.end(), std::greater<Candidate>());
   };
   for (int i = 0; i + 1 < n; ++i) consider(i);
@@ -173,7 +180,7 @@ void Gpt2Tokenizer::Impl::bpe(std::string_view word, std::vector<int32_t>* out) 
     // symbol is marked by id -1.
     int r = next[c.pos];
     if (id[c.pos] != c.left || r < 0 || id[r] != c.right) continue;
-    id[c.pos] = merges.at(pair_key(c.left, c.right)).merged;
+    id[c.pos] = c.merged;
     id[r] = -1;
     next[c.pos] = next[r];
     if (next[r] >= 0) prev[next[r]] = c.pos;
@@ -188,11 +195,11 @@ void Gpt2Tokenizer::Impl::encode_word(std::string_view word, std::vector<int32_t
     bpe(word, out);
     return;
   }
-  size_t h = std::hash<std::string_view>()(word);
-  Shard& shard = cache[h % kCacheShards];
+  // The shard comes from the high bits: the map inside uses the low bits of the same hash.
+  Shard& shard = cache[(WordHash()(word) >> 32) % kCacheShards];
   {
     std::lock_guard<std::mutex> lock(shard.mu);
-    auto it = shard.words.find(std::string(word));
+    auto it = shard.words.find(word);
     if (it != shard.words.end()) {
       out->insert(out->end(), it->second.begin(), it->second.end());
       return;

@@ -26,6 +26,11 @@ std::string default_vocab_dir();
 // pattern (PCRE2_MATCH_INVALID_UTF), and each maximal run of such unmatched bytes becomes a
 // pre-token of its own, encoded byte-wise. So decode(encode(x)) == x for any byte string x.
 //
+// Parity: identical ids to gpt-3-encoder on tests/data/fixtures and on all of Debian's fortunes.
+// The only known differences come from what counts as \s: PCRE2 (UCP) treats U+0085 and U+180E
+// as white space and U+FEFF not, JavaScript the reverse; text containing those may split
+// differently. (OpenAI's Python `regex` agrees with PCRE2 on U+0085 and U+FEFF.)
+//
 // Thread safety: const methods may be called from several threads at once (the word cache is
 // internally locked). Copies share the same immutable tables and cache.
 class Gpt2Tokenizer {
@@ -46,9 +51,8 @@ class Gpt2Tokenizer {
   int32_t eot_token() const;   // id of "<|endoftext|>" (50256 for GPT-2)
   int32_t vocab_size() const;  // number of entries in the vocabulary (50257 for GPT-2)
 
-  struct Impl;  // defined in tokenizer.cc
-
  private:
+  struct Impl;  // tables, compiled pattern and word cache; defined in tokenizer.cc
   explicit Gpt2Tokenizer(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
   std::shared_ptr<Impl> impl_;
 };

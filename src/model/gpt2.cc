@@ -98,6 +98,37 @@ ActivationTable gpt2_activation_table(const Gpt2Config& c, int B, int T, bool tr
   return t;
 }
 
+std::vector<OpDesc> gpt2_step_ops(const Gpt2Config& c, const Gpt2ActivationIds& id,
+                                  bool training) {
+  using Phase = OpDesc::Phase;
+  std::vector<OpDesc> ops;
+  const int L = c.n_layer;
+  auto input_of = [&](int l) { return l == 0 ? id.encoded : id.layers[size_t(l - 1)].residual3; };
+  auto layer_buffers = [&](int l) {
+    const Gpt2ActivationIds::Layer& s = id.layers[size_t(l)];
+    return std::vector<size_t>{input_of(l), s.ln1,       s.ln1_mean, s.ln1_rstd, s.qkv,
+                               s.atty,      s.att,       s.residual2, s.ln2,     s.ln2_mean,
+                               s.ln2_rstd,  s.fch,       s.fch_gelu, s.residual3};
+  };
+  ops.push_back({"forward embedding", Phase::kForward, -1, {id.encoded}});
+  for (int l = 0; l < L; l++) {
+    ops.push_back({"forward h." + std::to_string(l), Phase::kForward, l, layer_buffers(l)});
+  }
+  ops.push_back({"forward head", Phase::kForward, -1,
+                 {input_of(L), id.lnf, id.lnf_mean, id.lnf_rstd, id.logits, id.losses}});
+  if (!training) return ops;
+  ops.push_back({"backward head", Phase::kBackward, -1,
+                 {input_of(L), id.lnf, id.lnf_mean, id.lnf_rstd, id.logits, id.d_c, id.dresidual}});
+  for (int l = L - 1; l >= 0; l--) {
+    std::vector<size_t> b = layer_buffers(l);
+    b.pop_back();  // backward of block l does not read its own output (block l+1 did)
+    b.insert(b.end(), {id.dresidual, id.d_c, id.d_3c, id.d_4c, id.att_scratch});
+    ops.push_back({"backward h." + std::to_string(l), Phase::kBackward, l, std::move(b)});
+  }
+  ops.push_back({"backward embedding", Phase::kBackward, -1, {id.dresidual}});
+  return ops;
+}
+
 void gpt2_init_params(const Gpt2Config& c, const ParamTable& table, float* params, uint64_t seed) {
   std::mt19937_64 rng(seed);
   const float residual_std = 0.02f / std::sqrt(2.0f * float(c.n_layer));

@@ -53,6 +53,19 @@ struct ActivationTable {
 // backward-only workspace is left out (inference and validation).
 ActivationTable gpt2_activation_table(const Gpt2Config& c, int B, int T, bool training = true);
 
+// One op of a micro-batch's training step, in execution order, with every activation-table
+// buffer it reads or writes. The planner derives each buffer's lifetime from these (first and
+// last op that touches it); Gpt2::forward/backward run exactly these ops in this order.
+struct OpDesc {
+  std::string name;  // "forward h.3", "backward head", ...
+  enum class Phase { kForward, kBackward } phase;
+  int layer;  // -1 for embedding and head
+  std::vector<size_t> buffers;
+};
+// The ops of forward + backward (training == true) or forward only, for the table's ids.
+std::vector<OpDesc> gpt2_step_ops(const Gpt2Config& c, const Gpt2ActivationIds& ids,
+                                  bool training = true);
+
 // GPT-2 initialisation (normal(0, 0.02); residual projections 0.02/sqrt(2L); biases 0;
 // LayerNorm weight 1, bias 0) from a seed, into the flat parameter buffer. Deterministic.
 void gpt2_init_params(const Gpt2Config& c, const ParamTable& table, float* params, uint64_t seed);

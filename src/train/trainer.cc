@@ -16,6 +16,7 @@
 #include "memory/host_resource.h"
 #include "model/gpt2.h"
 #include "model/weights.h"
+#include "plan/memory_plan.h"
 
 namespace headroom::train {
 
@@ -24,32 +25,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double ms_since(Clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-}
-
-// Planned bytes by category over a set of arenas' buffer tables, as a table.
-std::string planned_table(const std::vector<const memory::Arena*>& arenas, uint64_t budget) {
-  std::array<uint64_t, memory::kNumCategories> bytes{};
-  uint64_t total = 0;
-  for (const memory::Arena* a : arenas) {
-    uint64_t used = 0;
-    for (const memory::BufferDesc& b : a->buffers()) {
-      bytes[size_t(b.category)] += b.bytes();
-      used += b.bytes();
-    }
-    // Alignment padding inside the arena is charged to the arena's first category.
-    if (!a->buffers().empty()) bytes[size_t(a->buffers()[0].category)] += a->size() - used;
-    total += a->size();
-  }
-  std::string s = fmt::format("  {:<12} {:>12} {:>8}\n", "category", "planned", "share");
-  for (size_t i = 0; i < memory::kNumCategories; i++) {
-    if (!bytes[i]) continue;
-    s += fmt::format("  {:<12} {:>12} {:>7.1f}%\n",
-                     memory::category_name(static_cast<memory::Category>(i)),
-                     format_bytes(bytes[i]), 100.0 * double(bytes[i]) / double(total));
-  }
-  s += fmt::format("  {:<12} {:>12} {:>7.1f}% of the {} budget\n", "total", format_bytes(total),
-                   100.0 * double(total) / double(budget), format_bytes(budget));
-  return s;
 }
 
 Status check_options(const TrainOptions& o) {
@@ -98,50 +73,31 @@ Result<TrainResult> run_training(const TrainOptions& o, const TrainCallbacks& cb
     val_batches.emplace(std::move(vb));
   }
 
-  // ---- memory: leaf, budget, tracking; every buffer from an arena ----
+  // ---- memory: leaf, budget, tracking; every buffer from an arena made from the plan ----
+  plan::Policy policy;
+  policy.micro_batch = B;
+  policy.accumulation = K;
+  policy.seq = T;
+  HR_ASSIGN_OR_RETURN(const plan::MemoryPlan mp, plan::plan_training_memory(cfg, policy));
+  if (mp.peak_bytes > o.device_memory) {
+    return Status::out_of_memory(fmt::format(
+        "model {} with micro-batch {} x seq {} needs {} but the device budget is {}:\n{}"
+        "try a smaller --batch or --seq, or a larger --device-memory",
+        o.model_name, B, T, format_bytes(mp.peak_bytes), format_bytes(o.device_memory),
+        plan::category_table(mp, o.device_memory)));
+  }
   memory::HostResource host;
   memory::LimitResource limit(&host, o.device_memory);
   memory::TrackingResource tracking(&limit);
-  const model::ParamTable table = model::gpt2_param_table(cfg);
-  const model::ActivationTable acts = model::gpt2_activation_table(cfg, B, T, /*training=*/true);
-  using memory::BufferDesc;
-  using memory::Category;
-  auto one = [](const char* name, int64_t n, Category c, DType t = DType::kF32) {
-    return std::vector<BufferDesc>{{name, t, Shape{n}, c}};
+  const model::ParamTable& table = mp.params;
+  auto make = [&](const plan::Region& r) {
+    return memory::Arena::create(&tracking, r.buffers, r.layout, r.category);
   };
-  auto make = [&](std::vector<BufferDesc> bufs, Category c) {
-    memory::Layout l = memory::sequential_layout(bufs);
-    return memory::Arena::create(&tracking, std::move(bufs), std::move(l), c);
-  };
-  auto oom_context = [&](const Status& s) {
-    return s.with_context(fmt::format(
-        "model {} with micro-batch {} x seq {} does not fit the {} device budget "
-        "(try a smaller --batch or --seq, or a larger --device-memory)",
-        o.model_name, B, T, format_bytes(o.device_memory)));
-  };
-  Result<memory::Arena> params_r = make(one("parameters", table.total_floats, Category::kWeights),
-                                        Category::kWeights);
-  if (!params_r.is_ok()) return oom_context(params_r.status());
-  memory::Arena params_arena = std::move(params_r).value();
-  Result<memory::Arena> grads_r = make(one("gradients", table.total_floats, Category::kGrads),
-                                       Category::kGrads);
-  if (!grads_r.is_ok()) return oom_context(grads_r.status());
-  memory::Arena grads_arena = std::move(grads_r).value();
-  Result<memory::Arena> opt_r =
-      make({{"adam_m", DType::kF32, Shape{table.total_floats}, Category::kOptimizer},
-            {"adam_v", DType::kF32, Shape{table.total_floats}, Category::kOptimizer}},
-           Category::kOptimizer);
-  if (!opt_r.is_ok()) return oom_context(opt_r.status());
-  memory::Arena opt_arena = std::move(opt_r).value();
-  Result<memory::Arena> act_r = make(acts.buffers, Category::kActivations);
-  if (!act_r.is_ok()) return oom_context(act_r.status());
-  memory::Arena act_arena = std::move(act_r).value();
-  Result<memory::Arena> staging_r =
-      make({{"inputs", DType::kI32, Shape{K, B, T}, Category::kStaging},
-            {"targets", DType::kI32, Shape{K, B, T}, Category::kStaging}},
-           Category::kStaging);
-  if (!staging_r.is_ok()) return oom_context(staging_r.status());
-  memory::Arena staging = std::move(staging_r).value();
+  HR_ASSIGN_OR_RETURN(memory::Arena params_arena, make(mp.persistent[0]));
+  HR_ASSIGN_OR_RETURN(memory::Arena grads_arena, make(mp.persistent[1]));
+  HR_ASSIGN_OR_RETURN(memory::Arena opt_arena, make(mp.persistent[2]));
+  HR_ASSIGN_OR_RETURN(memory::Arena staging, make(mp.persistent[3]));
+  HR_ASSIGN_OR_RETURN(memory::Arena act_arena, make(mp.step));
 
   float* params = params_arena.f32(0);
   float* grads = grads_arena.f32(0);
@@ -154,18 +110,16 @@ Result<TrainResult> run_training(const TrainOptions& o, const TrainCallbacks& cb
 
   model::Gpt2 net(cfg, &table);
   net.bind_params(params, grads);
-  net.bind_activations(&act_arena, &acts.ids, B, T);
+  net.bind_activations(&act_arena, &mp.activations.ids, B, T);
   int32_t* inputs = static_cast<int32_t*>(staging.data(0));
   int32_t* targets = static_cast<int32_t*>(staging.data(1));
-  const uint64_t planned = tracking.stats().current;
+  const uint64_t planned = mp.peak_bytes;
 
   if (cb.on_setup) {
     SetupInfo info;
     info.num_parameters = table.num_parameters;
     info.planned_bytes = planned;
-    info.memory_table =
-        planned_table({&params_arena, &grads_arena, &opt_arena, &act_arena, &staging},
-                      o.device_memory);
+    info.memory_table = plan::category_table(mp, o.device_memory);
     info.train_tokens = train_range.size();
     info.val_tokens = val_range.size();
     cb.on_setup(info);

@@ -18,6 +18,7 @@ namespace headroom::train {
 struct TrainOptions {
   model::Gpt2Config config;
   std::string model_name;  // for messages
+  std::string plan_note;   // how micro-batch and accumulation were chosen, for the start-up lines
   std::string data;        // token file (headroom prepare)
   int seq = 128;           // T
   int micro_batch = 8;     // B: sequences per micro-batch

@@ -1,0 +1,79 @@
+// `headroom calibrate`: measure what this CPU sustains (GEMM FLOP/s, memory and copy bytes/s) so
+// that the cost model prices plans with this machine's figures, and cache them on disk so the
+// few seconds of measuring are paid once per machine and thread count.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "core/status.h"
+#include "plan/device_spec.h"
+
+namespace headroom::plan {
+
+// Measured figures of this machine. Rates are sustained (median of repetitions), not peaks.
+struct Calibration {
+  double gemm_flops_fp32 = 0;  // FLOP/s of cpu::matmul_forward on GPT-2-small-like shapes
+  double gemm_flops_bf16 = 0;  // FLOP/s of a oneDNN bf16 matmul (bf16 in/out, fp32 accumulate)
+                               // on the same shapes; 0 when oneDNN has no native bf16 kernel here
+  double mem_bandwidth = 0;    // bytes/s, STREAM triad a = b + s*c over arrays far larger than
+                               // the last-level cache, counted as STREAM does (3 x 8 bytes per
+                               // element; the write-allocate read is not counted)
+  double copy_bandwidth = 0;   // bytes/s, one-thread memcpy between two buffers, each byte counted
+                               // once (as cudaMemcpy bandwidth is): the host<->offload-pool rate
+  int threads = 0;             // OpenMP threads the figures were measured with
+  std::string cpu_model;       // /proc/cpuinfo "model name", or "unknown"
+  std::string date;            // UTC "YYYY-MM-DD"
+};
+
+struct CalibrationOptions {
+  // Small sizes (1 MiB arrays, small GEMMs), well under a second: for tests only. The figures
+  // then measure caches, not memory: never save them where a real run would load them.
+  bool quick = false;
+};
+
+// Called with one human-readable line per stage ("fp32 GEMM 2048x768x3072: ...").
+using CalibrationProgress = std::function<void(const std::string&)>;
+
+// Measures this machine with the current OpenMP thread count (omp_get_max_threads()); a few
+// seconds in total, ~1 GiB of memory at the peak (768 MiB triad arrays, freed before the 2 x 256
+// MiB copy buffers). Returns OutOfMemory if the buffers cannot be allocated.
+// Thread safety: call from one thread; it uses every OpenMP thread and the shared GEMM cache.
+Result<Calibration> run_calibration(const CalibrationProgress& progress = {},
+                                    const CalibrationOptions& options = {});
+
+// JSON file (one object, keys as the fields above plus "version": 1), written atomically
+// (temporary file + rename), creating the parent directories. IoError if it cannot be written.
+Status save_calibration(const Calibration& calibration, const std::string& path);
+
+// NotFound if `path` does not exist; IoError if it cannot be read; Corrupt, naming the file and
+// the field, if it is not valid JSON or a field is missing, of the wrong type or out of range
+// (rates must be finite and > 0, bf16 >= 0, threads >= 1).
+Result<Calibration> load_calibration(const std::string& path);
+
+// $HEADROOM_CACHE_DIR/calibration.json, else $XDG_CACHE_HOME/headroom/calibration.json, else
+// $HOME/.cache/headroom/calibration.json (empty variables count as unset).
+std::string default_calibration_path();
+
+// The calibration to price plans with: the file at `path` if it loads and matches this machine
+// (same OpenMP thread count and CPU model), else a fresh measurement saved to `path`. A missing,
+// stale or corrupt file is re-measured and overwritten (it is a cache); that, and a failure to
+// save, are reported through `progress`, and the measurement is still returned.
+Result<Calibration> load_or_calibrate(const std::string& path,
+                                      const CalibrationProgress& progress = {},
+                                      const CalibrationOptions& options = {});
+
+// This CPU as a device: the measured rates (gemm_efficiency 1: they are already sustained), no
+// fp16 kernels (flops_fp16 0), memory_bytes = the device budget (--device-memory), name "cpu",
+// source "measured YYYY-MM-DD".
+DeviceSpec cpu_device_spec(const Calibration& calibration, uint64_t memory_bytes);
+
+// "<model>, <threads> threads: fp32 GEMM 123.4 GFLOP/s, bf16 GEMM ..., triad 12.3 GB/s, copy ..."
+std::string describe_calibration(const Calibration& calibration);
+
+// The current OpenMP thread count and CPU model, as run_calibration() records them.
+int calibration_threads();
+std::string current_cpu_model();
+
+}  // namespace headroom::plan

@@ -1,0 +1,40 @@
+// The step cost model.
+#include "plan/cost_model.h"
+
+namespace headroom::plan {
+
+StepCost estimate_step(const model::Gpt2Config& c, const MemoryPlan& plan, const DeviceSpec& d) {
+  StepCost s;
+  const double b = plan.policy.micro_batch, T = plan.policy.seq, k = plan.policy.accumulation;
+  const double C = c.n_embd, L = c.n_layer, V = c.vocab_size;
+  const double rows = b * T;
+  // Matmul weights touched per token: 12 C^2 per block plus the tied LM head.
+  const double matmul_params = L * 12.0 * C * C + V * C;
+  // Forward 2 FLOPs per weight per token, backward 4; attention scores and mixing: 4 T C per
+  // token per layer forward, 8 backward.
+  const double per_token = 6.0 * matmul_params + 12.0 * L * T * C;
+  const double tokens = rows * k;
+  s.gemm_flops = per_token * tokens;
+  const double non_embedding = double(plan.params.num_parameters) - double(c.n_positions) * C;
+  s.model_flops = (6.0 * non_embedding + 12.0 * L * T * C) * tokens;
+
+  const double peak =
+      (plan.policy.precision == "bf16" && d.flops_bf16 > 0) ? d.flops_bf16 : d.flops_fp32;
+  const double efficiency = d.gemm_efficiency * rows / (rows + kGemmHalfRows);
+  s.gemm_seconds = s.gemm_flops / (peak * efficiency);
+
+  // Memory-bound traffic per micro-batch: every step buffer written once and read about three
+  // times (forward consumers, backward, the gradient pass); per step: AdamW reads p, g, m, v and
+  // writes p, m, v, plus zeroing and the norm of the gradients.
+  double step_buffer_bytes = 0;
+  for (const memory::BufferDesc& buf : plan.step.buffers) step_buffer_bytes += double(buf.bytes());
+  const double param_bytes = double(plan.params.total_floats) * 4.0;
+  s.memory_bytes = k * 4.0 * step_buffer_bytes + 9.0 * param_bytes;
+  s.memory_seconds = s.memory_bytes / d.mem_bandwidth;
+
+  s.step_seconds = s.gemm_seconds + s.memory_seconds;
+  s.tokens_per_s = tokens / s.step_seconds;
+  return s;
+}
+
+}  // namespace headroom::plan

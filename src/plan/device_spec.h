@@ -1,0 +1,41 @@
+// What a device can do, in the units the cost model prices with: bytes, FLOP/s, bytes/s. Named
+// GPUs come from a table of public datasheets so that `headroom plan --device H100-80GB` works
+// without the GPU; the CPU's figures are measured (plan/calibrate.h, cpu_device_spec()).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/status.h"
+
+namespace headroom::plan {
+
+// A plain value type. Every rate is a peak (datasheet) or a measured sustained figure; the cost
+// model multiplies datasheet peaks by gemm_efficiency to get what a large GEMM sustains.
+// A FLOP/s field of 0 means the device has no kernels for that precision (e.g. bf16 on a T4, fp16
+// on the CPU backend): the planner must not choose it.
+struct DeviceSpec {
+  std::string name;                // "H100-80GB", "cpu"
+  std::string kind;                // "cpu" or "gpu"
+  uint64_t memory_bytes = 0;       // device memory as labelled (GPU: label in GiB; CPU: the budget)
+  double flops_fp32 = 0;           // FLOP/s, dense fp32 (CUDA cores on a GPU; no TF32)
+  double flops_bf16 = 0;           // FLOP/s, dense bf16 tensor-core math with fp32 accumulate
+  double flops_fp16 = 0;           // FLOP/s, dense fp16 tensor-core math with fp32 accumulate
+  double mem_bandwidth = 0;        // bytes/s, device memory (HBM/GDDR; CPU: STREAM triad)
+  double host_link_bandwidth = 0;  // bytes/s, one direction device<->host (PCIe/NVLink-C2C);
+                                   // CPU: memcpy between two host pools
+  double gemm_efficiency = 1;      // fraction of the FLOP/s above that a large transformer GEMM
+                                   // sustains; 1 for measured CPU figures (already sustained)
+  std::string source;              // "measured YYYY-MM-DD" or the datasheet it comes from
+};
+
+// The spec of a named GPU from the datasheet table. Case-insensitive ("h100-80gb" works).
+// Returns NotFound, with every known name in the message, for a name not in the table.
+Result<DeviceSpec> named_device(std::string_view name);
+
+// The names in the table, in table order (for --help and error messages).
+std::vector<std::string> named_device_names();
+
+}  // namespace headroom::plan

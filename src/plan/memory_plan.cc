@@ -1,0 +1,140 @@
+// Memory planning: lifetimes from the model's op list, offsets from the offset planner.
+#include "plan/memory_plan.h"
+
+#include <fmt/format.h>
+
+#include "core/units.h"
+#include "memory/offset_planner.h"
+
+namespace headroom::plan {
+
+using memory::BufferDesc;
+using memory::Category;
+
+namespace {
+Region single_region(std::string name, Category c, std::vector<BufferDesc> buffers) {
+  Region r{std::move(name), c, std::move(buffers), {}};
+  r.layout = memory::sequential_layout(r.buffers);
+  return r;
+}
+}  // namespace
+
+Result<MemoryPlan> plan_training_memory(const model::Gpt2Config& config, const Policy& p) {
+  HR_RETURN_IF_ERROR(config.validate());
+  if (p.seq <= 0 || p.seq > config.n_positions) {
+    return Status::invalid_argument(
+        fmt::format("sequence length {} must be between 1 and the model's n_positions ({})", p.seq,
+                    config.n_positions));
+  }
+  if (p.micro_batch <= 0 || p.accumulation <= 0) {
+    return Status::invalid_argument(fmt::format(
+        "micro-batch {} and accumulation {} must be positive", p.micro_batch, p.accumulation));
+  }
+  if (p.precision != "fp32") {
+    return Status::unsupported(fmt::format("precision {} is not built yet", p.precision));
+  }
+  MemoryPlan plan;
+  plan.policy = p;
+  plan.params = model::gpt2_param_table(config);
+  plan.activations = model::gpt2_activation_table(config, p.micro_batch, p.seq, true);
+  plan.ops = model::gpt2_step_ops(config, plan.activations.ids, true);
+
+  const int64_t P = plan.params.total_floats;
+  const int64_t tokens = int64_t(p.accumulation) * p.micro_batch * p.seq;
+  plan.persistent.push_back(
+      single_region("parameters", Category::kWeights,
+                    {{"parameters", DType::kF32, Shape{P}, Category::kWeights}}));
+  plan.persistent.push_back(single_region(
+      "gradients", Category::kGrads, {{"gradients", DType::kF32, Shape{P}, Category::kGrads}}));
+  plan.persistent.push_back(
+      single_region("optimizer", Category::kOptimizer,
+                    {{"adam_m", DType::kF32, Shape{P}, Category::kOptimizer},
+                     {"adam_v", DType::kF32, Shape{P}, Category::kOptimizer}}));
+  plan.persistent.push_back(
+      single_region("staging", Category::kStaging,
+                    {{"input_ids", DType::kI32, Shape{tokens}, Category::kStaging},
+                     {"targets", DType::kI32, Shape{tokens}, Category::kStaging}}));
+
+  // Lifetimes: the first and last op that touches each step buffer.
+  const std::vector<BufferDesc>& bufs = plan.activations.buffers;
+  plan.first_op.assign(bufs.size(), INT32_MAX);
+  plan.last_op.assign(bufs.size(), -1);
+  for (size_t o = 0; o < plan.ops.size(); o++) {
+    for (size_t b : plan.ops[o].buffers) {
+      plan.first_op[b] = std::min(plan.first_op[b], int32_t(o));
+      plan.last_op[b] = std::max(plan.last_op[b], int32_t(o));
+    }
+  }
+  std::vector<memory::LiveRange> ranges(bufs.size());
+  for (size_t i = 0; i < bufs.size(); i++) {
+    HR_CHECK_MSG(plan.last_op[i] >= 0, "a step buffer is not used by any op");
+    ranges[i] = {bufs[i].bytes(), memory::kBufferAlignment, plan.first_op[i], plan.last_op[i]};
+  }
+  memory::OffsetPlan offsets = memory::plan_offsets(ranges);
+  plan.step.name = "step";
+  plan.step.category = Category::kActivations;
+  plan.step.buffers = bufs;
+  plan.step.layout.offsets = offsets.offsets;
+  plan.step.layout.size = offsets.size;
+  plan.step_strategy = offsets.strategy;
+
+  for (const Region& r : plan.persistent) plan.persistent_bytes += r.layout.size;
+  plan.step_bytes = offsets.size;
+  plan.step_lower_bound = offsets.lower_bound;
+  plan.peak_bytes = plan.persistent_bytes + plan.step_bytes;
+  plan.lower_bound_bytes = plan.persistent_bytes + plan.step_lower_bound;
+
+  uint64_t best = 0;
+  for (int o = 0; o < int(plan.ops.size()); o++) {
+    uint64_t live = live_bytes_at(plan, o);
+    if (live > best) {
+      best = live;
+      plan.peak_op = o;
+    }
+  }
+  for (const Region& r : plan.persistent) {
+    for (const BufferDesc& b : r.buffers) plan.by_category[size_t(b.category)] += b.bytes();
+  }
+  for (size_t i = 0; i < bufs.size(); i++) {
+    if (plan.first_op[i] <= plan.peak_op && plan.peak_op <= plan.last_op[i]) {
+      plan.by_category[size_t(bufs[i].category)] += bufs[i].bytes();
+    }
+  }
+  return plan;
+}
+
+uint64_t live_bytes_at(const MemoryPlan& plan, int op) {
+  uint64_t live = 0;
+  const auto& bufs = plan.step.buffers;
+  for (size_t i = 0; i < bufs.size(); i++) {
+    if (plan.first_op[i] <= op && op <= plan.last_op[i]) {
+      live += (bufs[i].bytes() + memory::kBufferAlignment - 1) / memory::kBufferAlignment *
+              memory::kBufferAlignment;
+    }
+  }
+  return live;
+}
+
+std::string category_table(const MemoryPlan& plan, uint64_t budget) {
+  std::string s = fmt::format("  {:<12} {:>12} {:>7}\n", "category", "bytes", "share");
+  uint64_t sum = 0;
+  for (size_t i = 0; i < memory::kNumCategories; i++) {
+    uint64_t b = plan.by_category[i];
+    if (!b) continue;
+    sum += b;
+    s += fmt::format("  {:<12} {:>12} {:>6.1f}%\n", memory::category_name(static_cast<Category>(i)),
+                     format_bytes(b), 100.0 * double(b) / double(plan.peak_bytes));
+  }
+  if (plan.peak_bytes > sum) {
+    s +=
+        fmt::format("  {:<12} {:>12} {:>6.1f}%\n", "placement", format_bytes(plan.peak_bytes - sum),
+                    100.0 * double(plan.peak_bytes - sum) / double(plan.peak_bytes));
+  }
+  s += fmt::format("  {:<12} {:>12}   ({:.1f}% of the {} budget; lower bound {})\n", "peak",
+                   format_bytes(plan.peak_bytes),
+                   budget ? 100.0 * double(plan.peak_bytes) / double(budget) : 0.0,
+                   format_bytes(budget), format_bytes(plan.lower_bound_bytes));
+  return s;
+}
+
+}  // namespace headroom::plan

@@ -1,0 +1,55 @@
+// The search: for a model, a device and an effective batch, the configuration that fits and is
+// predicted fastest, with the runners-up and why the rest were rejected. Written to grow: each
+// technique (precision, recomputation, offload, sharding) becomes another dimension of the
+// candidate list.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "plan/cost_model.h"
+#include "plan/device_spec.h"
+#include "plan/memory_plan.h"
+
+namespace headroom::plan {
+
+struct SearchRequest {
+  model::Gpt2Config config;
+  DeviceSpec device;               // speed; memory comes from device_memory
+  uint64_t device_memory = 0;      // budget per device, bytes
+  int devices = 1;                 // data-parallel ranks (each holds a full replica for now)
+  int seq = 0;                     // T
+  int global_batch = 0;            // sequences per optimizer step, all ranks together
+  std::optional<int> micro_batch;  // a --batch given explicitly is a constraint
+  std::string precision = "fp32";
+  bool sweep = false;  // also fill SearchResult::sweep
+};
+
+struct Candidate {
+  Policy policy;
+  uint64_t peak_bytes = 0;
+  uint64_t lower_bound_bytes = 0;
+  std::array<uint64_t, memory::kNumCategories> by_category{};
+  StepCost cost;
+  bool fits = false;
+  std::string rejected_because;  // empty when it fits
+};
+
+struct SearchResult {
+  std::optional<Candidate> chosen;
+  std::optional<MemoryPlan> chosen_plan;
+  std::vector<Candidate> candidates;  // fitting, fastest first (the chosen one first)
+  std::vector<Candidate> rejected;
+  std::vector<Candidate> sweep;  // micro-batch 1, 2, 4, ... past the largest that fits
+  int max_micro_batch = 0;       // largest micro-batch whose plan fits (0: none)
+  std::string advice;            // when nothing fits: what is missing and what would help
+  double planning_ms = 0;
+};
+
+// Errors: InvalidArgument for an impossible request (global batch not divisible by the devices,
+// a micro-batch that does not divide the per-device batch, a sequence above n_positions).
+// A request where nothing fits is not an error: chosen is empty and advice says why.
+Result<SearchResult> search_plan(const SearchRequest& request);
+
+}  // namespace headroom::plan
