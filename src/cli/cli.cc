@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <random>
 
 #include <fmt/format.h>
 
@@ -17,6 +18,7 @@
 #include "core/log.h"
 #include "core/units.h"
 #include "data/prepare.h"
+#include "data/token_file.h"
 #include "data/tokenizer.h"
 #include "memory/host_resource.h"
 #include "model/config.h"
@@ -67,7 +69,9 @@ Result<std::string> default_corpus(const std::string& vocab_dir) {
   }
   std::error_code ec;
   fs::create_directories(cache_dir(), ec);
-  if (ec) return Status::io_error(fmt::format("cannot create cache directory '{}': {}", cache_dir(), ec.message()));
+  if (ec)
+    return Status::io_error(
+        fmt::format("cannot create cache directory '{}': {}", cache_dir(), ec.message()));
   log_info("preparing the default corpus ({} fortune files) into {}", inputs.size(), path);
   data::PrepareOptions po;
   po.inputs = inputs;
@@ -115,14 +119,14 @@ struct TrainFlags {
 };
 
 void add_train_flags(CLI::App* app, TrainFlags& f) {
-  app->add_option("--model", f.model, "preset (gpt2-tiny, gpt2, gpt2-medium, gpt2-large, gpt2-xl), "
-                                      "a config.json, or a directory holding one")
+  app->add_option("--model", f.model,
+                  "preset (gpt2-tiny, gpt2, gpt2-medium, gpt2-large, gpt2-xl), "
+                  "a config.json, or a directory holding one")
       ->capture_default_str();
   app->add_option("--data", f.data,
                   "token file from `headroom prepare` (default: Debian's fortunes, prepared once)");
   app->add_option("--seq", f.seq, "sequence length T (default: min(128, n_positions))");
-  app->add_option("--batch", f.batch,
-                  "micro-batch in sequences (default: the planner's choice)");
+  app->add_option("--batch", f.batch, "micro-batch in sequences (default: the planner's choice)");
   app->add_option("--global-batch", f.global_batch,
                   "sequences per optimizer step; a multiple of --batch (default: --batch, or 8)");
   app->add_option("--steps", f.steps, "optimizer steps")->capture_default_str();
@@ -138,7 +142,8 @@ void add_train_flags(CLI::App* app, TrainFlags& f) {
                   "auto (the planner chooses micro-batch and accumulation) or the JSON file of "
                   "`headroom plan --json`")
       ->capture_default_str();
-  app->add_option("--lr", f.lr, "peak learning rate (default: 1e-3 below 50M parameters, else 6e-4)");
+  app->add_option("--lr", f.lr,
+                  "peak learning rate (default: 1e-3 below 50M parameters, else 6e-4)");
   app->add_option("--warmup", f.warmup, "warmup steps (default: 10% of --steps, at most 100)");
   app->add_option("--threads", f.threads, "OpenMP threads (default: the cores available)");
   app->add_option("--vocab", f.vocab, "directory with the GPT-2 vocabulary (default: set-up's)");
@@ -158,9 +163,11 @@ Status resolve_train_options(TrainFlags& f, train::TrainOptions* o) {
         "--precision {}: only fp32 is built so far (use --precision fp32 or auto)", f.precision));
   }
   if (f.seq < 0) return Status::invalid_argument(fmt::format("--seq {} must be positive", f.seq));
-  if (f.batch < 0) return Status::invalid_argument(fmt::format("--batch {} must be positive", f.batch));
+  if (f.batch < 0)
+    return Status::invalid_argument(fmt::format("--batch {} must be positive", f.batch));
   if (f.global_batch < 0) {
-    return Status::invalid_argument(fmt::format("--global-batch {} must be positive", f.global_batch));
+    return Status::invalid_argument(
+        fmt::format("--global-batch {} must be positive", f.global_batch));
   }
   o->seq = f.seq > 0 ? f.seq : std::min(128, o->config.n_positions);
   HR_ASSIGN_OR_RETURN(o->device_memory, device_budget(f.device_memory));
@@ -175,15 +182,16 @@ Status resolve_train_options(TrainFlags& f, train::TrainOptions* o) {
     if (f.batch > 0) req.micro_batch = f.batch;
     HR_ASSIGN_OR_RETURN(plan::SearchResult res, plan::search_plan(req));
     if (!res.chosen) {
-      return Status::out_of_memory(fmt::format(
-          "no plan for {} at seq {} and global batch {} fits the {} device budget.\n{}", f.model,
-          o->seq, global, format_bytes(o->device_memory), res.advice));
+      return Status::out_of_memory(
+          fmt::format("no plan for {} at seq {} and global batch {} fits the {} device budget.\n{}",
+                      f.model, o->seq, global, format_bytes(o->device_memory), res.advice));
     }
     o->micro_batch = res.chosen->policy.micro_batch;
     o->accumulation = res.chosen->policy.accumulation;
-    o->plan_note = fmt::format("chosen by the planner: fastest of {} that fit, {} rejected; the "
-                               "largest micro-batch that fits is {}",
-                               res.candidates.size(), res.rejected.size(), res.max_micro_batch);
+    o->plan_note = fmt::format(
+        "chosen by the planner: fastest of {} that fit, {} rejected; the "
+        "largest micro-batch that fits is {}",
+        res.candidates.size(), res.rejected.size(), res.max_micro_batch);
   } else {
     std::ifstream in(f.plan);
     if (!in) return Status::not_found(fmt::format("cannot open --plan '{}'", f.plan));
@@ -191,14 +199,16 @@ Status resolve_train_options(TrainFlags& f, train::TrainOptions* o) {
     try {
       j = json::parse(in);
     } catch (const json::exception& e) {
-      return Status::invalid_argument(fmt::format("--plan {}: not valid JSON: {}", f.plan, e.what()));
+      return Status::invalid_argument(
+          fmt::format("--plan {}: not valid JSON: {}", f.plan, e.what()));
     }
     auto get_int = [&](const char* key, int* out) -> Status {
       if (!j.contains("chosen") || !j["chosen"].is_object() || !j["chosen"].contains(key) ||
           !j["chosen"][key].is_number_integer() || j["chosen"][key].get<int64_t>() <= 0) {
         return Status::invalid_argument(fmt::format(
             "--plan {}: field 'chosen.{}' is missing or not a positive integer (write the file "
-            "with `headroom plan --json`)", f.plan, key));
+            "with `headroom plan --json`)",
+            f.plan, key));
       }
       *out = j["chosen"][key].get<int>();
       return Status::ok();
@@ -213,8 +223,9 @@ Status resolve_train_options(TrainFlags& f, train::TrainOptions* o) {
     }
     o->seq = plan_seq;
     if (f.batch > 0 && f.batch != o->micro_batch) {
-      return Status::invalid_argument(fmt::format("--batch {} contradicts the plan's micro-batch {} in {}",
-                                                  f.batch, o->micro_batch, f.plan));
+      return Status::invalid_argument(
+          fmt::format("--batch {} contradicts the plan's micro-batch {} in {}", f.batch,
+                      o->micro_batch, f.plan));
     }
     o->plan_note = "from " + f.plan;
   }
@@ -228,7 +239,8 @@ Status resolve_train_options(TrainFlags& f, train::TrainOptions* o) {
   o->warmup_steps = f.warmup >= 0 ? f.warmup : std::min(100, std::max(1, f.steps / 10));
   o->val_fraction = f.val_fraction;
   if (!(f.val_fraction >= 0 && f.val_fraction < 0.5)) {
-    return Status::invalid_argument(fmt::format("--val-fraction {} must be in [0, 0.5)", f.val_fraction));
+    return Status::invalid_argument(
+        fmt::format("--val-fraction {} must be in [0, 0.5)", f.val_fraction));
   }
   o->eval_every = f.eval_every;
   if (f.data.empty()) {
@@ -238,7 +250,6 @@ Status resolve_train_options(TrainFlags& f, train::TrainOptions* o) {
   }
   return Status::ok();
 }
-
 
 // The device to plan for: the CPU (measured by calibration, budget from --device-memory) or a
 // named GPU from the spec table.
@@ -313,7 +324,8 @@ int run_train(TrainFlags& f) {
   std::ofstream log;
   if (!f.log_json.empty()) {
     log.open(f.log_json, std::ios::trunc);
-    if (!log) return fail(Status::io_error(fmt::format("cannot write --log-json '{}'", f.log_json)));
+    if (!log)
+      return fail(Status::io_error(fmt::format("cannot write --log-json '{}'", f.log_json)));
   }
   std::optional<data::Gpt2Tokenizer> tok;
   {
@@ -333,23 +345,26 @@ int run_train(TrainFlags& f) {
                  o.accumulation, o.steps, double(o.adamw.lr));
     std::fprintf(stderr, "plan: %s\n", o.plan_note.c_str());
     std::fprintf(stderr, "data: %s (%lld train / %lld validation tokens)\n", o.data.c_str(),
-                 static_cast<long long>(info.train_tokens), static_cast<long long>(info.val_tokens));
-    std::fprintf(stderr, "device: cpu, %d threads, budget %s\nmemory plan:\n%s", omp_get_max_threads(),
-                 format_bytes(o.device_memory).c_str(), info.memory_table.c_str());
+                 static_cast<long long>(info.train_tokens),
+                 static_cast<long long>(info.val_tokens));
+    std::fprintf(stderr, "device: cpu, %d threads, budget %s\nmemory plan:\n%s",
+                 omp_get_max_threads(), format_bytes(o.device_memory).c_str(),
+                 info.memory_table.c_str());
   };
   cb.on_step = [&](const train::StepStats& s) {
     if (log.is_open()) log << step_json(s).dump() << "\n" << std::flush;
     if (f.json) return;
-    std::string text = fmt::format("loss {:.4f}  lr {:.2e}  {:.0f} tok/s  mem {} / {}", s.loss, s.lr,
-                                   s.tokens_per_s, format_bytes(s.device_bytes_in_use),
+    std::string text = fmt::format("loss {:.4f}  lr {:.2e}  {:.0f} tok/s  mem {} / {}", s.loss,
+                                   s.lr, s.tokens_per_s, format_bytes(s.device_bytes_in_use),
                                    format_bytes(s.device_budget));
-    if (s.val_loss) bar.println(fmt::format("step {}: validation loss {:.4f}", s.step, *s.val_loss));
+    if (s.val_loss)
+      bar.println(fmt::format("step {}: validation loss {:.4f}", s.step, *s.val_loss));
     bar.update(s.step, s.steps, text);
   };
   std::string sample_text;
-  cb.on_finish = [&](const model::Gpt2Config& cfg, const float* params) -> Status {
+  cb.on_finish = [&](const model::Gpt2Config& cfg, const float* params,
+                     memory::MemoryResource* device) -> Status {
     if (!tok || f.sample_tokens <= 0) return Status::ok();
-    memory::HostResource host;
     train::SampleOptions so;
     so.max_new_tokens = f.sample_tokens;
     so.temperature = 0.8f;
@@ -357,7 +372,7 @@ int run_train(TrainFlags& f) {
     so.seed = f.seed;
     so.stop_token = tok->eot_token();
     HR_ASSIGN_OR_RETURN(std::vector<int32_t> ids,
-                        train::sample_tokens(cfg, params, {tok->eot_token()}, so, &host));
+                        train::sample_tokens(cfg, params, {tok->eot_token()}, so, device));
     if (!ids.empty() && ids.back() == tok->eot_token()) ids.pop_back();
     sample_text = tok->decode(ids);
     return Status::ok();
@@ -405,9 +420,9 @@ int run_generate(GenerateFlags& f) {
   Result<data::Gpt2Tokenizer> tok = data::Gpt2Tokenizer::load(vd);
   if (!tok.is_ok()) return fail(tok.status());
   if (tok->vocab_size() > cfg->vocab_size) {
-    return fail(Status::invalid_argument(fmt::format(
-        "{}/config.json: vocab_size {} is smaller than the tokenizer's {}", f.model_dir,
-        cfg->vocab_size, tok->vocab_size())));
+    return fail(Status::invalid_argument(
+        fmt::format("{}/config.json: vocab_size {} is smaller than the tokenizer's {}", f.model_dir,
+                    cfg->vocab_size, tok->vocab_size())));
   }
   const model::ParamTable table = model::gpt2_param_table(*cfg);
   memory::HostResource host;
@@ -430,8 +445,8 @@ int run_generate(GenerateFlags& f) {
   so.seed = f.seed;
   so.stop_token = tok->eot_token();
   if (!f.json) std::printf("%s", f.prompt.c_str());
-  Result<std::vector<int32_t>> ids = train::sample_tokens(
-      *cfg, params->f32(0), prompt, so, &host, [&](int32_t t) {
+  Result<std::vector<int32_t>> ids =
+      train::sample_tokens(*cfg, params->f32(0), prompt, so, &host, [&](int32_t t) {
         if (!f.json && t != tok->eot_token()) {
           std::printf("%s", tok->decode(std::span<const int32_t>(&t, 1)).c_str());
           std::fflush(stdout);
@@ -467,19 +482,17 @@ int run_prepare(PrepareFlags& f) {
   Result<data::PrepareStats> st = data::prepare_token_file(po);
   if (!st.is_ok()) return fail(st.status());
   if (f.json) {
-    json j = {{"out", f.out},         {"files", st->files},   {"documents", st->documents},
-              {"tokens", st->tokens}, {"bytes", st->bytes},   {"seconds", st->seconds}};
+    json j = {{"out", f.out},         {"files", st->files}, {"documents", st->documents},
+              {"tokens", st->tokens}, {"bytes", st->bytes}, {"seconds", st->seconds}};
     std::printf("%s\n", j.dump(2).c_str());
   } else {
-    std::printf("%s: %llu documents, %llu tokens from %llu files (%s of text) in %.1f s\n",
-                f.out.c_str(), static_cast<unsigned long long>(st->documents),
-                static_cast<unsigned long long>(st->tokens),
-                static_cast<unsigned long long>(st->files), format_bytes(st->bytes).c_str(),
-                st->seconds);
+    std::printf(
+        "%s: %llu documents, %llu tokens from %llu files (%s of text) in %.1f s\n", f.out.c_str(),
+        static_cast<unsigned long long>(st->documents), static_cast<unsigned long long>(st->tokens),
+        static_cast<unsigned long long>(st->files), format_bytes(st->bytes).c_str(), st->seconds);
   }
   return 0;
 }
-
 
 // ---------------------------------------------------------------------------------------------
 struct PlanFlags {
@@ -514,13 +527,10 @@ int run_plan(PlanFlags& pf) {
 
   if (f.json) {
     json j;
-    j["model"] = {{"name", f.model},
-                  {"n_layer", cfg->n_layer},
-                  {"n_head", cfg->n_head},
-                  {"n_embd", cfg->n_embd},
-                  {"vocab_size", cfg->vocab_size},
-                  {"n_positions", cfg->n_positions},
-                  {"parameters", nparams}};
+    j["model"] = {
+        {"name", f.model},       {"n_layer", cfg->n_layer},       {"n_head", cfg->n_head},
+        {"n_embd", cfg->n_embd}, {"vocab_size", cfg->vocab_size}, {"n_positions", cfg->n_positions},
+        {"parameters", nparams}};
     j["device"] = {{"name", dev->name},
                    {"memory_bytes", dev->memory_bytes},
                    {"flops_fp32", dev->flops_fp32},
@@ -545,29 +555,34 @@ int run_plan(PlanFlags& pf) {
     return r->chosen ? 0 : 3;
   }
 
-  std::printf("headroom plan: %s (%.1fM parameters), seq %d, global batch %d, %d x %s "
-              "(%s each; %s)\n",
-              f.model.c_str(), double(nparams) / 1e6, req.seq, req.global_batch, pf.devices,
-              dev->name.c_str(), format_bytes(dev->memory_bytes).c_str(), dev->source.c_str());
+  std::printf(
+      "headroom plan: %s (%.1fM parameters), seq %d, global batch %d, %d x %s "
+      "(%s each; %s)\n",
+      f.model.c_str(), double(nparams) / 1e6, req.seq, req.global_batch, pf.devices,
+      dev->name.c_str(), format_bytes(dev->memory_bytes).c_str(), dev->source.c_str());
   if (pf.devices > 1) {
-    std::printf("note: each device holds a full replica (data parallel); sharding (ZeRO) is not "
-                "built yet\n");
+    std::printf(
+        "note: each device holds a full replica (data parallel); sharding (ZeRO) is not "
+        "built yet\n");
   }
   if (r->chosen) {
     const plan::Candidate& c = *r->chosen;
-    std::printf("\nchosen: micro-batch %d x %d accumulation steps, %s, no recomputation, no offload\n",
-                c.policy.micro_batch, c.policy.accumulation, c.policy.precision.c_str());
+    std::printf(
+        "\nchosen: micro-batch %d x %d accumulation steps, %s, no recomputation, no offload\n",
+        c.policy.micro_batch, c.policy.accumulation, c.policy.precision.c_str());
     std::printf("  peak %s per device (lower bound %s), predicted %.0f tokens/s (%.0f ms a step)\n",
                 format_bytes(c.peak_bytes).c_str(), format_bytes(c.lower_bound_bytes).c_str(),
                 c.cost.tokens_per_s, c.cost.step_seconds * 1e3);
-    std::printf("\nmemory at the peak (%s):\n%s", r->chosen_plan->ops[size_t(r->chosen_plan->peak_op)].name.c_str(),
+    std::printf("\nmemory at the peak (%s):\n%s",
+                r->chosen_plan->ops[size_t(r->chosen_plan->peak_op)].name.c_str(),
                 plan::category_table(*r->chosen_plan, dev->memory_bytes).c_str());
     if (r->candidates.size() > 1) {
       std::printf("\nrunners-up:\n");
       for (size_t i = 1; i < r->candidates.size() && i < 6; i++) {
         const plan::Candidate& o = r->candidates[i];
-        std::printf("  micro-batch %3d x %3d: peak %10s, predicted %6.0f tokens/s\n", o.policy.micro_batch,
-                    o.policy.accumulation, format_bytes(o.peak_bytes).c_str(), o.cost.tokens_per_s);
+        std::printf("  micro-batch %3d x %3d: peak %10s, predicted %6.0f tokens/s\n",
+                    o.policy.micro_batch, o.policy.accumulation, format_bytes(o.peak_bytes).c_str(),
+                    o.cost.tokens_per_s);
       }
     }
   }
@@ -594,6 +609,145 @@ int run_plan(PlanFlags& pf) {
   return r->chosen ? 0 : 3;
 }
 
+// ---------------------------------------------------------------------------------------------
+// `headroom bench`: whole training steps on random tokens, median after warm-up.
+struct BenchFlags {
+  TrainFlags t;
+  int warmup = 1;
+  bool breakdown = false;
+};
+
+int run_bench(BenchFlags& bf) {
+  TrainFlags& f = bf.t;
+  set_threads(f.threads);
+  train::TrainOptions o;
+  Result<model::Gpt2Config> cfg = model::resolve_model(f.model);
+  if (!cfg.is_ok()) return fail(cfg.status());
+  if (f.precision != "auto" && f.precision != "fp32") {
+    return fail(Status::unsupported(fmt::format(
+        "--precision {}: only fp32 is built so far (use --precision fp32 or auto)", f.precision)));
+  }
+  if (f.steps <= 0 || bf.warmup < 0) {
+    return fail(Status::invalid_argument("--steps must be positive and --warmup not negative"));
+  }
+  o.config = *cfg;
+  o.model_name = f.model;
+  o.seq = f.seq > 0 ? f.seq : std::min(256, cfg->n_positions);
+  o.micro_batch = f.batch > 0 ? f.batch : 8;
+  o.accumulation = 1;
+  o.steps = f.steps + bf.warmup;
+  o.warmup_steps = 1;
+  o.adamw.lr = 6e-4f;
+  o.val_fraction = 0;
+  o.eval_batches = 0;
+  o.breakdown = bf.breakdown;
+  Result<uint64_t> budget = device_budget(f.device_memory);
+  if (!budget.is_ok()) return fail(budget.status());
+  o.device_memory = *budget;
+  Result<plan::DeviceSpec> dev = resolve_device("cpu", f.device_memory, f.json);
+  if (!dev.is_ok()) return fail(dev.status());
+
+  // Random tokens in a temporary token file: the data path is the trainer's own.
+  std::string tmp =
+      (fs::temp_directory_path() / ("headroom-bench-" + std::to_string(getpid()) + ".tokens"))
+          .string();
+  {
+    std::mt19937 rng(1234);
+    std::vector<int32_t> toks(size_t(o.steps + 1) * size_t(o.micro_batch) * size_t(o.seq) + 1);
+    for (auto& t : toks) t = int32_t(rng() % uint32_t(cfg->vocab_size));
+    Status s = data::write_token_file(tmp, toks, cfg->vocab_size, cfg->vocab_size - 1, 1);
+    if (!s.is_ok()) return fail(s);
+  }
+  o.data = tmp;
+  std::vector<double> step_ms;
+  uint64_t peak = 0;
+  model::OpTimes op_total;
+  double opt_total = 0, data_total = 0;
+  report::ProgressBar bar;
+  train::TrainCallbacks cb;
+  cb.on_step = [&](const train::StepStats& s) {
+    if (s.step > bf.warmup) {
+      step_ms.push_back(s.step_ms);
+      for (size_t i = 0; i < op_total.ms.size(); i++) op_total.ms[i] += s.op_ms.ms[i];
+      opt_total += s.optimizer_ms;
+      data_total += s.data_wait_ms;
+    }
+    peak = std::max(peak, s.device_bytes_peak);
+    if (!f.json)
+      bar.update(s.step, s.steps,
+                 fmt::format("{:.0f} ms  {:.0f} tok/s", s.step_ms, s.tokens_per_s));
+  };
+  Result<train::TrainResult> r = train::run_training(o, cb);
+  bar.finish();
+  std::error_code ec;
+  fs::remove(tmp, ec);
+  if (!r.is_ok()) return fail(r.status());
+  std::sort(step_ms.begin(), step_ms.end());
+  const double med = step_ms[step_ms.size() / 2];
+  const double tokens = double(o.micro_batch) * o.seq;
+  const double tps = tokens / (med / 1e3);
+  const model::ParamTable table = model::gpt2_param_table(*cfg);
+  const double C = cfg->n_embd;
+  const double n_no_pos = double(table.num_parameters) - double(cfg->n_positions) * C;
+  const double flops_per_token = 6.0 * n_no_pos + 12.0 * cfg->n_layer * o.seq * C;
+  const double mflops = flops_per_token * tps;
+  const double mfu = mflops / dev->flops_fp32;
+  if (f.json) {
+    json j = {{"model", f.model},
+              {"micro_batch", o.micro_batch},
+              {"seq", o.seq},
+              {"precision", "fp32"},
+              {"steps", f.steps},
+              {"warmup", bf.warmup},
+              {"threads", omp_get_max_threads()},
+              {"tokens_per_s", tps},
+              {"step_ms_median", med},
+              {"step_ms", step_ms},
+              {"flops_per_token", flops_per_token},
+              {"model_flops_per_s", mflops},
+              {"gemm_peak_flops_per_s", dev->flops_fp32},
+              {"mfu", mfu},
+              {"peak_device_bytes", peak}};
+    if (bf.breakdown) {
+      json b = json::object();
+      const double n = double(step_ms.size());
+      for (size_t i = 0; i < op_total.ms.size(); i++) {
+        b[std::string(model::op_kind_name(model::OpKind(i)))] = op_total.ms[i] / n;
+      }
+      b["optimizer"] = opt_total / n;
+      b["data_wait"] = data_total / n;
+      j["breakdown_ms_per_step"] = b;
+    }
+    std::printf("%s\n", j.dump(2).c_str());
+  } else {
+    std::printf(
+        "%s, micro-batch %d x seq %d, fp32, %d threads: median step %.1f ms over %zu steps\n"
+        "  %.1f tokens/s, %.1f GFLOP/s of model FLOPs (6N + 12LTC = %.0f MFLOP/token), "
+        "MFU %.1f%% of the measured fp32 GEMM peak (%.0f GFLOP/s)\n"
+        "  peak device memory %s\n",
+        f.model.c_str(), o.micro_batch, o.seq, omp_get_max_threads(), med, step_ms.size(), tps,
+        mflops / 1e9, flops_per_token / 1e6, 100 * mfu, dev->flops_fp32 / 1e9,
+        format_bytes(peak).c_str());
+    if (bf.breakdown) {
+      const double n = double(step_ms.size());
+      double sum = 0;
+      std::printf("  time per step by kind of op (mean over timed steps):\n");
+      auto row = [&](std::string_view name, double ms) {
+        sum += ms;
+        std::printf("    %-12.*s %9.1f ms %5.1f%%\n", int(name.size()), name.data(), ms,
+                    100.0 * ms / med);
+      };
+      for (size_t i = 0; i < op_total.ms.size(); i++) {
+        row(model::op_kind_name(model::OpKind(i)), op_total.ms[i] / n);
+      }
+      row("optimizer", opt_total / n);
+      row("data wait", data_total / n);
+      std::printf("    %-12s %9.1f ms %5.1f%%\n", "other", med - sum, 100.0 * (med - sum) / med);
+    }
+  }
+  return 0;
+}
+
 int run_calibrate(bool as_json) {
   set_threads(0);
   Result<plan::Calibration> c = plan::run_calibration([&](const std::string& line) {
@@ -603,10 +757,14 @@ int run_calibrate(bool as_json) {
   std::string path = plan::default_calibration_path();
   if (Status s = plan::save_calibration(*c, path); !s.is_ok()) return fail(s);
   if (as_json) {
-    json j = {{"gemm_flops_fp32", c->gemm_flops_fp32}, {"gemm_flops_bf16", c->gemm_flops_bf16},
-              {"mem_bandwidth", c->mem_bandwidth},     {"copy_bandwidth", c->copy_bandwidth},
-              {"threads", c->threads},                 {"cpu_model", c->cpu_model},
-              {"date", c->date},                       {"path", path}};
+    json j = {{"gemm_flops_fp32", c->gemm_flops_fp32},
+              {"gemm_flops_bf16", c->gemm_flops_bf16},
+              {"mem_bandwidth", c->mem_bandwidth},
+              {"copy_bandwidth", c->copy_bandwidth},
+              {"threads", c->threads},
+              {"cpu_model", c->cpu_model},
+              {"date", c->date},
+              {"path", path}};
     std::printf("%s\n", j.dump(2).c_str());
   } else {
     std::printf("%s\nsaved to %s\n", plan::describe_calibration(*c).c_str(), path.c_str());
@@ -631,14 +789,15 @@ int run(int argc, char** argv) {
                         "steps between validation runs (default: only at the end)");
   train_cmd->add_option("--val-fraction", tf.val_fraction, "share of documents held out")
       ->capture_default_str();
-  train_cmd->add_option("--sample-tokens", tf.sample_tokens,
-                        "tokens to sample at the end (0: none)")
+  train_cmd
+      ->add_option("--sample-tokens", tf.sample_tokens, "tokens to sample at the end (0: none)")
       ->capture_default_str();
   train_cmd->add_flag("--json", tf.json, "print the result as JSON instead of the progress bar");
 
   GenerateFlags gf;
   CLI::App* gen_cmd = app.add_subcommand("generate", "sample text from a trained model");
-  gen_cmd->add_option("--model-dir", gf.model_dir, "directory with config.json and model.safetensors")
+  gen_cmd
+      ->add_option("--model-dir", gf.model_dir, "directory with config.json and model.safetensors")
       ->required();
   gen_cmd->add_option("--prompt", gf.prompt, "text to continue (default: a new document)");
   gen_cmd->add_option("--max-new-tokens", gf.max_new_tokens, "tokens to generate")
@@ -671,6 +830,26 @@ int run(int argc, char** argv) {
   plan_cmd->add_flag("--sweep", plf.sweep, "also print memory versus micro-batch");
   plan_cmd->add_flag("--json", plf.t.json, "print the plan as one JSON object");
 
+  BenchFlags bnf;
+  bnf.t.steps = 5;
+  CLI::App* bench_cmd = app.add_subcommand(
+      "bench", "time whole training steps on random tokens (median after warm-up)");
+  bench_cmd->add_option("--model", bnf.t.model, "preset or config.json")->capture_default_str();
+  bench_cmd->add_option("--batch", bnf.t.batch, "micro-batch in sequences (default: 8)");
+  bench_cmd->add_option("--seq", bnf.t.seq, "sequence length (default: min(256, n_positions))");
+  bench_cmd->add_option("--precision", bnf.t.precision, "auto or fp32")->capture_default_str();
+  bench_cmd->add_option("--steps", bnf.t.steps, "timed steps")->capture_default_str();
+  bench_cmd->add_option("--warmup", bnf.warmup, "untimed steps first")->capture_default_str();
+  bench_cmd->add_option("--device-memory", bnf.t.device_memory, "device memory budget")
+      ->capture_default_str();
+  bench_cmd->add_option("--threads", bnf.t.threads,
+                        "OpenMP threads (default: the cores available)");
+  bench_cmd->add_flag("--breakdown", bnf.breakdown,
+                      "time every kernel call by kind (gemm, attention, norm, ...)");
+  bench_cmd->add_flag("--json", bnf.t.json,
+                      "print tokens_per_s, step_ms_median, model_flops_per_s, mfu, "
+                      "peak_device_bytes as JSON");
+
   bool calib_json = false;
   CLI::App* cal_cmd = app.add_subcommand(
       "calibrate", "measure this machine's GEMM speed and memory bandwidth for the cost model");
@@ -687,6 +866,7 @@ int run(int argc, char** argv) {
   if (prep_cmd->parsed()) return run_prepare(pf);
   if (plan_cmd->parsed()) return run_plan(plf);
   if (cal_cmd->parsed()) return run_calibrate(calib_json);
+  if (bench_cmd->parsed()) return run_bench(bnf);
   return 2;
 }
 

@@ -1,6 +1,7 @@
 // GPT-2 parameter and activation tables, initialisation, forward and backward.
 #include "model/gpt2.h"
 
+#include <chrono>
 #include <cmath>
 #include <random>
 
@@ -11,6 +12,26 @@ namespace headroom::model {
 
 using memory::BufferDesc;
 using memory::Category;
+
+std::string_view op_kind_name(OpKind k) {
+  switch (k) {
+    case OpKind::kGemm:
+      return "gemm";
+    case OpKind::kAttention:
+      return "attention";
+    case OpKind::kNorm:
+      return "norm";
+    case OpKind::kElementwise:
+      return "elementwise";
+    case OpKind::kLoss:
+      return "loss";
+    case OpKind::kEmbedding:
+      return "embedding";
+    case OpKind::kCount:
+      break;
+  }
+  return "?";
+}
 
 const ParamDesc* ParamTable::find(std::string_view name) const {
   for (const ParamDesc& p : params) {
@@ -24,10 +45,8 @@ ParamTable gpt2_param_table(const Gpt2Config& c) {
   const int64_t C = c.n_embd;
   auto add = [&](std::string name, Shape shape) {
     bool decay = shape.rank() >= 2;
-    int64_t n = shape.numel();
-    t.params.push_back({std::move(name), std::move(shape), decay, t.total_floats});
-    t.num_parameters += n;
-    t.total_floats += (n + 15) / 16 * 16;  // 64-byte alignment for every tensor
+    t.num_parameters += shape.numel();
+    t.params.push_back({std::move(name), std::move(shape), decay, 0});
   };
   add("wte.weight", {c.vocab_size, C});
   add("wpe.weight", {c.n_positions, C});
@@ -48,6 +67,17 @@ ParamTable gpt2_param_table(const Gpt2Config& c) {
   }
   add("ln_f.weight", {C});
   add("ln_f.bias", {C});
+  // Offsets: decayed tensors first, then the rest, so the optimizer and the gradient norm run
+  // over two contiguous ranges instead of one call per tensor. 64-byte alignment per tensor;
+  // the padding stays zero in parameters and gradients.
+  for (bool decay : {true, false}) {
+    if (!decay) t.decay_floats = t.total_floats;
+    for (ParamDesc& p : t.params) {
+      if (p.decay != decay) continue;
+      p.offset = t.total_floats;
+      t.total_floats += (p.shape.numel() + 15) / 16 * 16;
+    }
+  }
   return t;
 }
 
@@ -89,35 +119,37 @@ ActivationTable gpt2_activation_table(const Gpt2Config& c, int B, int T, bool tr
     t.ids.d_c = add("d_c", {B, T, C}, W);
     t.ids.d_3c = add("d_3c", {B, T, 3 * C}, W);
     t.ids.d_4c = add("d_4c", {B, T, 4 * C}, W);
-    t.ids.att_scratch = add(
-        "attention_backward_scratch",
-        {int64_t(cpu::attention_backward_scratch_floats(B, T, c.n_head))}, W);
+    t.ids.att_scratch = add("attention_backward_scratch",
+                            {int64_t(cpu::attention_backward_scratch_floats(B, T, c.n_head))}, W);
   } else {
     t.ids.dresidual = t.ids.d_c = t.ids.d_3c = t.ids.d_4c = t.ids.att_scratch = SIZE_MAX;
   }
   return t;
 }
 
-std::vector<OpDesc> gpt2_step_ops(const Gpt2Config& c, const Gpt2ActivationIds& id,
-                                  bool training) {
+std::vector<OpDesc> gpt2_step_ops(const Gpt2Config& c, const Gpt2ActivationIds& id, bool training) {
   using Phase = OpDesc::Phase;
   std::vector<OpDesc> ops;
   const int L = c.n_layer;
   auto input_of = [&](int l) { return l == 0 ? id.encoded : id.layers[size_t(l - 1)].residual3; };
   auto layer_buffers = [&](int l) {
     const Gpt2ActivationIds::Layer& s = id.layers[size_t(l)];
-    return std::vector<size_t>{input_of(l), s.ln1,       s.ln1_mean, s.ln1_rstd, s.qkv,
-                               s.atty,      s.att,       s.residual2, s.ln2,     s.ln2_mean,
-                               s.ln2_rstd,  s.fch,       s.fch_gelu, s.residual3};
+    return std::vector<size_t>{input_of(l), s.ln1, s.ln1_mean,  s.ln1_rstd, s.qkv,
+                               s.atty,      s.att, s.residual2, s.ln2,      s.ln2_mean,
+                               s.ln2_rstd,  s.fch, s.fch_gelu,  s.residual3};
   };
   ops.push_back({"forward embedding", Phase::kForward, -1, {id.encoded}});
   for (int l = 0; l < L; l++) {
     ops.push_back({"forward h." + std::to_string(l), Phase::kForward, l, layer_buffers(l)});
   }
-  ops.push_back({"forward head", Phase::kForward, -1,
+  ops.push_back({"forward head",
+                 Phase::kForward,
+                 -1,
                  {input_of(L), id.lnf, id.lnf_mean, id.lnf_rstd, id.logits, id.losses}});
   if (!training) return ops;
-  ops.push_back({"backward head", Phase::kBackward, -1,
+  ops.push_back({"backward head",
+                 Phase::kBackward,
+                 -1,
                  {input_of(L), id.lnf, id.lnf_mean, id.lnf_rstd, id.logits, id.d_c, id.dresidual}});
   for (int l = L - 1; l >= 0; l--) {
     std::vector<size_t> b = layer_buffers(l);
@@ -169,6 +201,18 @@ Gpt2::LayerParams Gpt2::layer_params(float* base, int l) const {
   return {at(0), at(1), at(2), at(3), at(4), at(5), at(6), at(7), at(8), at(9), at(10), at(11)};
 }
 
+template <typename F>
+void Gpt2::timed(OpKind kind, F&& f) {
+  if (!times_) {
+    f();
+    return;
+  }
+  auto t0 = std::chrono::steady_clock::now();
+  f();
+  times_->ms[size_t(kind)] +=
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
 const float* Gpt2::logits() const { return arena_->f32(ids_->logits); }
 
 double Gpt2::forward(const int32_t* inputs, const int32_t* targets, int64_t* valid, int T_used) {
@@ -183,40 +227,64 @@ double Gpt2::forward(const int32_t* inputs, const int32_t* targets, int64_t* val
   const float* wte = params_ + table_->params[0].offset;
   const float* wpe = params_ + table_->params[1].offset;
 
-  cpu::embedding_forward(a.f32(id.encoded), inputs, wte, wpe, B, T, C);
+  timed(OpKind::kEmbedding,
+        [&] { cpu::embedding_forward(a.f32(id.encoded), inputs, wte, wpe, B, T, C); });
   const float* x = a.f32(id.encoded);
   for (int l = 0; l < L; l++) {
     const LayerParams w = layer_params(params_, l);
     const Gpt2ActivationIds::Layer& s = id.layers[size_t(l)];
-    cpu::layernorm_forward(a.f32(s.ln1), a.f32(s.ln1_mean), a.f32(s.ln1_rstd), x, w.ln1_w,
-                           w.ln1_b, N, C);
-    cpu::matmul_forward(a.f32(s.qkv), a.f32(s.ln1), w.qkv_w, w.qkv_b, N, C, 3 * C,
-                        cpu::WeightLayout::kInOut);
-    cpu::attention_forward(a.f32(s.atty), a.f32(s.att), a.f32(s.qkv), B, T, C, NH);
+    timed(OpKind::kNorm, [&] {
+      cpu::layernorm_forward(a.f32(s.ln1), a.f32(s.ln1_mean), a.f32(s.ln1_rstd), x, w.ln1_w,
+                             w.ln1_b, N, C);
+    });
+    timed(OpKind::kGemm, [&] {
+      cpu::matmul_forward(a.f32(s.qkv), a.f32(s.ln1), w.qkv_w, w.qkv_b, N, C, 3 * C,
+                          cpu::WeightLayout::kInOut);
+    });
+    timed(OpKind::kAttention,
+          [&] { cpu::attention_forward(a.f32(s.atty), a.f32(s.att), a.f32(s.qkv), B, T, C, NH); });
     // The projection is written straight into residual2, then the residual is added in place.
-    cpu::matmul_forward(a.f32(s.residual2), a.f32(s.atty), w.attproj_w, w.attproj_b, N, C, C,
-                        cpu::WeightLayout::kInOut);
-    cpu::residual_forward(a.f32(s.residual2), a.f32(s.residual2), x, int64_t(N) * C);
-    cpu::layernorm_forward(a.f32(s.ln2), a.f32(s.ln2_mean), a.f32(s.ln2_rstd), a.f32(s.residual2),
-                           w.ln2_w, w.ln2_b, N, C);
-    cpu::matmul_forward(a.f32(s.fch), a.f32(s.ln2), w.fc_w, w.fc_b, N, C, 4 * C,
-                        cpu::WeightLayout::kInOut);
-    cpu::gelu_forward(a.f32(s.fch_gelu), a.f32(s.fch), int64_t(N) * 4 * C);
-    cpu::matmul_forward(a.f32(s.residual3), a.f32(s.fch_gelu), w.fcproj_w, w.fcproj_b, N, 4 * C,
-                        C, cpu::WeightLayout::kInOut);
-    cpu::residual_forward(a.f32(s.residual3), a.f32(s.residual3), a.f32(s.residual2),
-                          int64_t(N) * C);
+    timed(OpKind::kGemm, [&] {
+      cpu::matmul_forward(a.f32(s.residual2), a.f32(s.atty), w.attproj_w, w.attproj_b, N, C, C,
+                          cpu::WeightLayout::kInOut);
+    });
+    timed(OpKind::kElementwise, [&] {
+      cpu::residual_forward(a.f32(s.residual2), a.f32(s.residual2), x, int64_t(N) * C);
+    });
+    timed(OpKind::kNorm, [&] {
+      cpu::layernorm_forward(a.f32(s.ln2), a.f32(s.ln2_mean), a.f32(s.ln2_rstd), a.f32(s.residual2),
+                             w.ln2_w, w.ln2_b, N, C);
+    });
+    timed(OpKind::kGemm, [&] {
+      cpu::matmul_forward(a.f32(s.fch), a.f32(s.ln2), w.fc_w, w.fc_b, N, C, 4 * C,
+                          cpu::WeightLayout::kInOut);
+    });
+    timed(OpKind::kElementwise,
+          [&] { cpu::gelu_forward(a.f32(s.fch_gelu), a.f32(s.fch), int64_t(N) * 4 * C); });
+    timed(OpKind::kGemm, [&] {
+      cpu::matmul_forward(a.f32(s.residual3), a.f32(s.fch_gelu), w.fcproj_w, w.fcproj_b, N, 4 * C,
+                          C, cpu::WeightLayout::kInOut);
+    });
+    timed(OpKind::kElementwise, [&] {
+      cpu::residual_forward(a.f32(s.residual3), a.f32(s.residual3), a.f32(s.residual2),
+                            int64_t(N) * C);
+    });
     x = a.f32(s.residual3);
   }
   const float* lnf_w = params_ + table_->params[table_->params.size() - 2].offset;
   const float* lnf_b = params_ + table_->params[table_->params.size() - 1].offset;
-  cpu::layernorm_forward(a.f32(id.lnf), a.f32(id.lnf_mean), a.f32(id.lnf_rstd), x, lnf_w, lnf_b,
-                         N, C);
-  cpu::matmul_forward(a.f32(id.logits), a.f32(id.lnf), wte, nullptr, N, C, V,
-                      cpu::WeightLayout::kOutIn);
+  timed(OpKind::kNorm, [&] {
+    cpu::layernorm_forward(a.f32(id.lnf), a.f32(id.lnf_mean), a.f32(id.lnf_rstd), x, lnf_w, lnf_b,
+                           N, C);
+  });
+  timed(OpKind::kGemm, [&] {
+    cpu::matmul_forward(a.f32(id.logits), a.f32(id.lnf), wte, nullptr, N, C, V,
+                        cpu::WeightLayout::kOutIn);
+  });
   if (!targets) return 0.0;
   float* losses = a.f32(id.losses);
-  cpu::cross_entropy_forward(losses, a.f32(id.logits), targets, N, V);
+  timed(OpKind::kLoss,
+        [&] { cpu::cross_entropy_forward(losses, a.f32(id.logits), targets, N, V); });
   double sum = 0.0;
   int64_t count = 0;
   for (int i = 0; i < N; i++) {
@@ -247,15 +315,20 @@ void Gpt2::backward(const int32_t* inputs, const int32_t* targets, float dloss) 
 
   // Loss and LM head: the logits buffer becomes dlogits in place.
   float* dlogits = a.f32(id.logits);
-  cpu::cross_entropy_backward(dlogits, dlogits, targets, N, V, dloss);
-  cpu::matmul_backward(dc, dwte, nullptr, dlogits, a.f32(id.lnf), wte, N, C, V,
-                       cpu::WeightLayout::kOutIn);
+  timed(OpKind::kLoss,
+        [&] { cpu::cross_entropy_backward(dlogits, dlogits, targets, N, V, dloss); });
+  timed(OpKind::kGemm, [&] {
+    cpu::matmul_backward(dc, dwte, nullptr, dlogits, a.f32(id.lnf), wte, N, C, V,
+                         cpu::WeightLayout::kOutIn);
+  });
   const float* last = L > 0 ? a.f32(id.layers[size_t(L - 1)].residual3) : a.f32(id.encoded);
-  cpu::zero(dres, int64_t(N) * C);
-  cpu::layernorm_backward(dres, grads_ + table_->params[np - 2].offset,
-                          grads_ + table_->params[np - 1].offset, dc, last,
-                          params_ + table_->params[np - 2].offset, a.f32(id.lnf_mean),
-                          a.f32(id.lnf_rstd), N, C);
+  timed(OpKind::kElementwise, [&] { cpu::zero(dres, int64_t(N) * C); });
+  timed(OpKind::kNorm, [&] {
+    cpu::layernorm_backward(dres, grads_ + table_->params[np - 2].offset,
+                            grads_ + table_->params[np - 1].offset, dc, last,
+                            params_ + table_->params[np - 2].offset, a.f32(id.lnf_mean),
+                            a.f32(id.lnf_rstd), N, C);
+  });
   // dres now holds the gradient of the last block's output; walk the blocks backwards.
   for (int l = L - 1; l >= 0; l--) {
     const LayerParams w = layer_params(params_, l);
@@ -263,25 +336,39 @@ void Gpt2::backward(const int32_t* inputs, const int32_t* targets, float dloss) 
     const Gpt2ActivationIds::Layer& s = id.layers[size_t(l)];
     const float* x = l > 0 ? a.f32(id.layers[size_t(l - 1)].residual3) : a.f32(id.encoded);
     // MLP: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2)))).
-    cpu::matmul_backward(d4c, g.fcproj_w, g.fcproj_b, dres,
-                         a.f32(s.fch_gelu), w.fcproj_w, N, 4 * C, C, cpu::WeightLayout::kInOut);
-    cpu::gelu_backward(d4c, a.f32(s.fch), d4c, int64_t(N) * 4 * C);
-    cpu::matmul_backward(dc, g.fc_w, g.fc_b, d4c,
-                         a.f32(s.ln2), w.fc_w, N, C, 4 * C, cpu::WeightLayout::kInOut);
-    cpu::layernorm_backward(dres, g.ln2_w, g.ln2_b, dc,
-                            a.f32(s.residual2), w.ln2_w, a.f32(s.ln2_mean), a.f32(s.ln2_rstd), N,
-                            C);
+    timed(OpKind::kGemm, [&] {
+      cpu::matmul_backward(d4c, g.fcproj_w, g.fcproj_b, dres, a.f32(s.fch_gelu), w.fcproj_w, N,
+                           4 * C, C, cpu::WeightLayout::kInOut);
+    });
+    timed(OpKind::kElementwise,
+          [&] { cpu::gelu_backward(d4c, a.f32(s.fch), d4c, int64_t(N) * 4 * C); });
+    timed(OpKind::kGemm, [&] {
+      cpu::matmul_backward(dc, g.fc_w, g.fc_b, d4c, a.f32(s.ln2), w.fc_w, N, C, 4 * C,
+                           cpu::WeightLayout::kInOut);
+    });
+    timed(OpKind::kNorm, [&] {
+      cpu::layernorm_backward(dres, g.ln2_w, g.ln2_b, dc, a.f32(s.residual2), w.ln2_w,
+                              a.f32(s.ln2_mean), a.f32(s.ln2_rstd), N, C);
+    });
     // Attention: residual2 = x + attproj(attention(qkv(ln1(x)))).
-    cpu::matmul_backward(dc, g.attproj_w, g.attproj_b,
-                         dres, a.f32(s.atty), w.attproj_w, N, C, C, cpu::WeightLayout::kInOut);
-    cpu::attention_backward(d3c, a.f32(id.att_scratch), dc, a.f32(s.qkv), a.f32(s.att), B, T, C,
-                            NH);
-    cpu::matmul_backward(dc, g.qkv_w, g.qkv_b, d3c,
-                         a.f32(s.ln1), w.qkv_w, N, C, 3 * C, cpu::WeightLayout::kInOut);
-    cpu::layernorm_backward(dres, g.ln1_w, g.ln1_b, dc, x,
-                            w.ln1_w, a.f32(s.ln1_mean), a.f32(s.ln1_rstd), N, C);
+    timed(OpKind::kGemm, [&] {
+      cpu::matmul_backward(dc, g.attproj_w, g.attproj_b, dres, a.f32(s.atty), w.attproj_w, N, C, C,
+                           cpu::WeightLayout::kInOut);
+    });
+    timed(OpKind::kAttention, [&] {
+      cpu::attention_backward(d3c, a.f32(id.att_scratch), dc, a.f32(s.qkv), a.f32(s.att), B, T, C,
+                              NH);
+    });
+    timed(OpKind::kGemm, [&] {
+      cpu::matmul_backward(dc, g.qkv_w, g.qkv_b, d3c, a.f32(s.ln1), w.qkv_w, N, C, 3 * C,
+                           cpu::WeightLayout::kInOut);
+    });
+    timed(OpKind::kNorm, [&] {
+      cpu::layernorm_backward(dres, g.ln1_w, g.ln1_b, dc, x, w.ln1_w, a.f32(s.ln1_mean),
+                              a.f32(s.ln1_rstd), N, C);
+    });
   }
-  cpu::embedding_backward(dwte, dwpe, dres, inputs, B, T, C);
+  timed(OpKind::kEmbedding, [&] { cpu::embedding_backward(dwte, dwpe, dres, inputs, B, T, C); });
 }
 
 }  // namespace headroom::model

@@ -5,8 +5,10 @@
 // allocates them (arenas) and binds them. The model allocates nothing.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/tensor.h"
@@ -22,11 +24,14 @@ struct ParamDesc {
   int64_t offset;    // in floats, inside the flat parameter buffer (64-byte aligned)
 };
 
-// The parameters in a fixed order, with offsets into one flat buffer.
+// The parameters in a fixed order (Hugging Face's), with offsets into one flat buffer.
 struct ParamTable {
   std::vector<ParamDesc> params;
-  int64_t total_floats = 0;  // size of the flat buffer, padding included
+  int64_t total_floats = 0;    // size of the flat buffer, padding included
   int64_t num_parameters = 0;  // sum of numel, padding excluded
+  // Tensors with weight decay occupy floats [0, decay_floats), the others
+  // [decay_floats, total_floats).
+  int64_t decay_floats = 0;
 
   const ParamDesc* find(std::string_view name) const;
 };
@@ -70,6 +75,13 @@ std::vector<OpDesc> gpt2_step_ops(const Gpt2Config& c, const Gpt2ActivationIds& 
 // LayerNorm weight 1, bias 0) from a seed, into the flat parameter buffer. Deterministic.
 void gpt2_init_params(const Gpt2Config& c, const ParamTable& table, float* params, uint64_t seed);
 
+// Time spent per kind of op, for `headroom bench --breakdown` (milliseconds, accumulated).
+enum class OpKind { kGemm, kAttention, kNorm, kElementwise, kLoss, kEmbedding, kCount };
+std::string_view op_kind_name(OpKind k);
+struct OpTimes {
+  std::array<double, size_t(OpKind::kCount)> ms{};
+};
+
 // Forward and backward over bound buffers. Not thread-safe (the kernels use OpenMP inside).
 class Gpt2 {
  public:
@@ -90,6 +102,8 @@ class Gpt2 {
   void backward(const int32_t* inputs, const int32_t* targets, float dloss);
 
   const float* logits() const;
+  // With a non-null `times`, every kernel call is timed into it (costs two clock reads a call).
+  void set_op_times(OpTimes* times) { times_ = times; }
   int B() const { return B_; }
   int T() const { return T_; }
   const Gpt2Config& config() const { return config_; }
@@ -100,6 +114,8 @@ class Gpt2 {
         *fcproj_w, *fcproj_b;
   };
   LayerParams layer_params(float* base, int l) const;
+  template <typename F>
+  void timed(OpKind kind, F&& f);
 
   Gpt2Config config_;
   const ParamTable* table_;
@@ -108,7 +124,8 @@ class Gpt2 {
   const memory::Arena* arena_ = nullptr;
   const Gpt2ActivationIds* ids_ = nullptr;
   int B_ = 0, T_ = 0;
-  int T_used_ = 0;  // the T of the last forward (<= T_), for inference on shorter prompts
+  int T_used_ = 0;
+  OpTimes* times_ = nullptr;  // the T of the last forward (<= T_), for inference on shorter prompts
 };
 
 }  // namespace headroom::model

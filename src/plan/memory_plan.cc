@@ -19,7 +19,8 @@ Region single_region(std::string name, Category c, std::vector<BufferDesc> buffe
 }
 }  // namespace
 
-Result<MemoryPlan> plan_training_memory(const model::Gpt2Config& config, const Policy& p) {
+Result<MemoryPlan> plan_training_memory(const model::Gpt2Config& config, const Policy& p,
+                                        const MemoryPlan* same_shape) {
   HR_RETURN_IF_ERROR(config.validate());
   if (p.seq <= 0 || p.seq > config.n_positions) {
     return Status::invalid_argument(
@@ -55,32 +56,41 @@ Result<MemoryPlan> plan_training_memory(const model::Gpt2Config& config, const P
                     {{"input_ids", DType::kI32, Shape{tokens}, Category::kStaging},
                      {"targets", DType::kI32, Shape{tokens}, Category::kStaging}}));
 
-  // Lifetimes: the first and last op that touches each step buffer.
-  const std::vector<BufferDesc>& bufs = plan.activations.buffers;
-  plan.first_op.assign(bufs.size(), INT32_MAX);
-  plan.last_op.assign(bufs.size(), -1);
-  for (size_t o = 0; o < plan.ops.size(); o++) {
-    for (size_t b : plan.ops[o].buffers) {
-      plan.first_op[b] = std::min(plan.first_op[b], int32_t(o));
-      plan.last_op[b] = std::max(plan.last_op[b], int32_t(o));
+  if (same_shape && same_shape->policy.micro_batch == p.micro_batch &&
+      same_shape->policy.seq == p.seq && same_shape->params.total_floats == P) {
+    plan.first_op = same_shape->first_op;
+    plan.last_op = same_shape->last_op;
+    plan.step = same_shape->step;
+    plan.step_strategy = same_shape->step_strategy;
+    plan.step_lower_bound = same_shape->step_lower_bound;
+  } else {
+    // Lifetimes: the first and last op that touches each step buffer.
+    const std::vector<BufferDesc>& bufs = plan.activations.buffers;
+    plan.first_op.assign(bufs.size(), INT32_MAX);
+    plan.last_op.assign(bufs.size(), -1);
+    for (size_t o = 0; o < plan.ops.size(); o++) {
+      for (size_t b : plan.ops[o].buffers) {
+        plan.first_op[b] = std::min(plan.first_op[b], int32_t(o));
+        plan.last_op[b] = std::max(plan.last_op[b], int32_t(o));
+      }
     }
+    std::vector<memory::LiveRange> ranges(bufs.size());
+    for (size_t i = 0; i < bufs.size(); i++) {
+      HR_CHECK_MSG(plan.last_op[i] >= 0, "a step buffer is not used by any op");
+      ranges[i] = {bufs[i].bytes(), memory::kBufferAlignment, plan.first_op[i], plan.last_op[i]};
+    }
+    memory::OffsetPlan offsets = memory::plan_offsets(ranges);
+    plan.step.name = "step";
+    plan.step.category = Category::kActivations;
+    plan.step.buffers = bufs;
+    plan.step.layout.offsets = offsets.offsets;
+    plan.step.layout.size = offsets.size;
+    plan.step_strategy = offsets.strategy;
+    plan.step_lower_bound = offsets.lower_bound;
   }
-  std::vector<memory::LiveRange> ranges(bufs.size());
-  for (size_t i = 0; i < bufs.size(); i++) {
-    HR_CHECK_MSG(plan.last_op[i] >= 0, "a step buffer is not used by any op");
-    ranges[i] = {bufs[i].bytes(), memory::kBufferAlignment, plan.first_op[i], plan.last_op[i]};
-  }
-  memory::OffsetPlan offsets = memory::plan_offsets(ranges);
-  plan.step.name = "step";
-  plan.step.category = Category::kActivations;
-  plan.step.buffers = bufs;
-  plan.step.layout.offsets = offsets.offsets;
-  plan.step.layout.size = offsets.size;
-  plan.step_strategy = offsets.strategy;
 
   for (const Region& r : plan.persistent) plan.persistent_bytes += r.layout.size;
-  plan.step_bytes = offsets.size;
-  plan.step_lower_bound = offsets.lower_bound;
+  plan.step_bytes = plan.step.layout.size;
   plan.peak_bytes = plan.persistent_bytes + plan.step_bytes;
   plan.lower_bound_bytes = plan.persistent_bytes + plan.step_lower_bound;
 
@@ -95,6 +105,7 @@ Result<MemoryPlan> plan_training_memory(const model::Gpt2Config& config, const P
   for (const Region& r : plan.persistent) {
     for (const BufferDesc& b : r.buffers) plan.by_category[size_t(b.category)] += b.bytes();
   }
+  const std::vector<BufferDesc>& bufs = plan.step.buffers;
   for (size_t i = 0; i < bufs.size(); i++) {
     if (plan.first_op[i] <= plan.peak_op && plan.peak_op <= plan.last_op[i]) {
       plan.by_category[size_t(bufs[i].category)] += bufs[i].bytes();

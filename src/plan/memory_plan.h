@@ -57,7 +57,10 @@ struct MemoryPlan {
 
 // Plans the memory of training `config` under `policy`. Errors: InvalidArgument for a policy
 // that cannot run (seq above n_positions, non-positive sizes).
-Result<MemoryPlan> plan_training_memory(const model::Gpt2Config& config, const Policy& policy);
+// `same_shape`, when given, is a plan of the same model, micro-batch and sequence length whose
+// step region is reused instead of placed again (the search prices many accumulation counts).
+Result<MemoryPlan> plan_training_memory(const model::Gpt2Config& config, const Policy& policy,
+                                        const MemoryPlan* same_shape = nullptr);
 
 // The bytes of the step region's buffers live at op `op` (a column of the memory timeline).
 uint64_t live_bytes_at(const MemoryPlan& plan, int op);

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <map>
 
 #include <fmt/format.h>
 
@@ -58,26 +59,43 @@ std::string advise(const SearchRequest& r, const MemoryPlan& smallest) {
   };
   const double other = double(persistent) - 16.0 * P;  // staging
   const double logits = double(smallest.by_category[size_t(memory::Category::kLogits)]);
-  // Activations under full recomputation: each block's input kept, one block's internals live.
+  double att = 0;  // the T x T attention probabilities that tiled attention never stores
+  for (const memory::BufferDesc& buf : smallest.step.buffers) {
+    if (buf.name.ends_with(".att")) att += double(buf.bytes());
+  }
   const double C = r.config.n_embd, L = r.config.n_layer, T = r.seq;
-  const double full_recompute_step = L * T * C * 4.0 + double(step) / std::max(1.0, L) + logits;
-  line("activation recomputation (full)",
-       double(persistent) + std::min<double>(step, full_recompute_step));
+  const double step_d = double(step);
+  // Full recomputation keeps each block's input and one block's internals at a time.
+  auto recomputed = [&](double step_bytes, double att_bytes, double logit_bytes) {
+    double internals = (step_bytes - att_bytes - logit_bytes) / std::max(1.0, L);
+    return std::min(step_bytes,
+                    L * T * C * 4.0 + internals + att_bytes / std::max(1.0, L) + logit_bytes);
+  };
+  const double chunk = 1024.0 * r.config.vocab_size * 4.0;  // a fused LM head's logits chunk
+  line("activation recomputation (full)", double(persistent) + recomputed(step_d, att, logits));
+  line("tiled attention (no T x T probabilities kept)", double(persistent) + step_d - att);
+  line("fused LM head + cross-entropy (logits in chunks)",
+       double(persistent) + step_d - logits + std::min(logits, chunk));
   line("bf16 mixed precision (2+2 bytes + 12 bytes fp32 state/param)",
-       16.0 * P + other + double(step) / 2.0);
-  line("optimizer offload (Adam moments on the host)", 8.0 * P + other + double(step));
+       16.0 * P + other + step_d / 2.0);
+  line("optimizer offload (Adam moments on the host)", 8.0 * P + other + step_d);
+  const double lean_step =
+      recomputed(step_d - att - logits + std::min(logits, chunk), 0, std::min(logits, chunk)) / 2.0;
   if (r.devices > 1) {
     line(fmt::format("ZeRO-1 over {} devices (optimizer state sharded)", r.devices),
-         8.0 * P + 8.0 * P / N + other + double(step));
+         8.0 * P + 8.0 * P / N + other + step_d);
     line(fmt::format("ZeRO-2 over {} devices (+ gradients)", r.devices),
-         4.0 * P + 12.0 * P / N + other + double(step));
+         4.0 * P + 12.0 * P / N + other + step_d);
     line(fmt::format("ZeRO-3 over {} devices (+ parameters)", r.devices),
-         16.0 * P / N + other + double(step));
-    line(fmt::format("ZeRO-3 over {} + bf16 + full recomputation", r.devices),
-         16.0 * P / N + other + std::min<double>(step, full_recompute_step) / 2.0);
+         16.0 * P / N + other + step_d);
+    line(fmt::format("ZeRO-3 over {} + bf16 + all three activation techniques", r.devices),
+         16.0 * P / N + other + lean_step);
+    line(fmt::format("the same + optimizer offload (fp32 master and moments on the host)"),
+         4.0 * P / N + other + lean_step);
   } else {
     line("ZeRO-3 over 4 devices (parameters, gradients, optimizer sharded)",
-         16.0 * P / 4.0 + other + double(step));
+         16.0 * P / 4.0 + other + step_d);
+    line("optimizer offload + bf16 + all three activation techniques", 4.0 * P + other + lean_step);
   }
   return s;
 }
@@ -108,6 +126,16 @@ Result<SearchResult> search_plan(const SearchRequest& r) {
   }
 
   SearchResult res;
+  // Plans by micro-batch: the step region depends on (b, T) only, so each is placed once.
+  std::map<int, MemoryPlan> by_batch;
+  auto plan_for = [&](int b, int k) -> Result<MemoryPlan> {
+    auto it = by_batch.find(b);
+    HR_ASSIGN_OR_RETURN(MemoryPlan mp,
+                        plan_training_memory(r.config, policy_for(r, b, k),
+                                             it == by_batch.end() ? nullptr : &it->second));
+    if (it == by_batch.end()) by_batch.emplace(b, mp);
+    return mp;
+  };
   // Candidates: every micro-batch that divides the per-device batch (or the one given).
   std::vector<int> sizes;
   for (int b = 1; b <= per_device; b++) {
@@ -115,8 +143,7 @@ Result<SearchResult> search_plan(const SearchRequest& r) {
   }
   std::optional<MemoryPlan> smallest;
   for (int b : sizes) {
-    HR_ASSIGN_OR_RETURN(MemoryPlan mp,
-                        plan_training_memory(r.config, policy_for(r, b, per_device / b)));
+    HR_ASSIGN_OR_RETURN(MemoryPlan mp, plan_for(b, per_device / b));
     Candidate c = evaluate(r, mp);
     if (c.fits) {
       res.candidates.push_back(c);
@@ -136,7 +163,7 @@ Result<SearchResult> search_plan(const SearchRequest& r) {
   // The largest micro-batch that fits, whatever the global batch: the plan grows with b, so a
   // doubling then a bisection finds it with few plans.
   auto fits = [&](int b) -> Result<bool> {
-    HR_ASSIGN_OR_RETURN(MemoryPlan mp, plan_training_memory(r.config, policy_for(r, b, 1)));
+    HR_ASSIGN_OR_RETURN(MemoryPlan mp, plan_for(b, 1));
     return mp.peak_bytes <= r.device_memory;
   };
   HR_ASSIGN_OR_RETURN(bool one_fits, fits(1));
@@ -163,13 +190,12 @@ Result<SearchResult> search_plan(const SearchRequest& r) {
     std::sort(bs.begin(), bs.end());
     bs.erase(std::unique(bs.begin(), bs.end()), bs.end());
     for (int b : bs) {
-      HR_ASSIGN_OR_RETURN(MemoryPlan mp, plan_training_memory(r.config, policy_for(r, b, 1)));
+      HR_ASSIGN_OR_RETURN(MemoryPlan mp, plan_for(b, 1));
       res.sweep.push_back(evaluate(r, mp));
     }
   }
   if (!res.chosen) {
-    HR_ASSIGN_OR_RETURN(MemoryPlan mp,
-                        plan_training_memory(r.config, policy_for(r, 1, per_device)));
+    HR_ASSIGN_OR_RETURN(MemoryPlan mp, plan_for(1, per_device));
     if (mp.peak_bytes > r.device_memory) {
       res.advice = advise(r, mp);
     } else {

@@ -17,11 +17,8 @@ float cosine_lr(int step, int total, int warmup, float lr, float min_lr_ratio) {
 }
 
 double grad_norm(const model::ParamTable& table, const float* grads) {
-  double sum = 0.0;
-  for (const model::ParamDesc& p : table.params) {
-    sum += cpu::sum_squares(grads + p.offset, p.shape.numel());
-  }
-  return std::sqrt(sum);
+  // One pass over the flat buffer: the alignment padding between tensors is zero.
+  return std::sqrt(cpu::sum_squares(grads, table.total_floats));
 }
 
 double adamw_step(const model::ParamTable& table, float* params, const float* grads, float* m,
@@ -33,12 +30,14 @@ double adamw_step(const model::ParamTable& table, float* params, const float* gr
     double coef = double(config.grad_clip) / (norm + 1e-6);
     if (coef < 1.0) scale = float(coef);
   }
-  for (const model::ParamDesc& p : table.params) {
-    cpu::AdamWParams ap{lr,    config.beta1, config.beta2, config.eps,
-                        p.decay ? config.weight_decay : 0.0f, step, scale};
-    cpu::adamw_update(params + p.offset, grads + p.offset, m + p.offset, v + p.offset,
-                      p.shape.numel(), ap);
-  }
+  // Two contiguous ranges (ParamTable puts decayed tensors first). The padding between tensors
+  // has zero gradient and zero parameter, so AdamW leaves it zero.
+  const int64_t split = table.decay_floats;
+  cpu::AdamWParams ap{lr, config.beta1, config.beta2, config.eps, config.weight_decay, step, scale};
+  cpu::adamw_update(params, grads, m, v, split, ap);
+  ap.weight_decay = 0.0f;
+  cpu::adamw_update(params + split, grads + split, m + split, v + split, table.total_floats - split,
+                    ap);
   return norm;
 }
 

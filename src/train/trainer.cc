@@ -3,10 +3,10 @@
 
 #include <omp.h>
 
+#include <fmt/format.h>
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <fmt/format.h>
 
 #include "backend/cpu/kernels.h"
 #include "core/units.h"
@@ -37,9 +37,11 @@ Status check_options(const TrainOptions& o) {
     return Status::invalid_argument(fmt::format("--batch {} must be positive", o.micro_batch));
   }
   if (o.accumulation <= 0) {
-    return Status::invalid_argument(fmt::format("accumulation {} must be positive", o.accumulation));
+    return Status::invalid_argument(
+        fmt::format("accumulation {} must be positive", o.accumulation));
   }
-  if (o.steps <= 0) return Status::invalid_argument(fmt::format("--steps {} must be positive", o.steps));
+  if (o.steps <= 0)
+    return Status::invalid_argument(fmt::format("--steps {} must be positive", o.steps));
   if (int64_t(o.micro_batch) * o.seq > (int64_t(1) << 24)) {
     return Status::invalid_argument(fmt::format(
         "--batch {} x --seq {} tokens per micro-batch is too large", o.micro_batch, o.seq));
@@ -61,8 +63,8 @@ Result<TrainResult> run_training(const TrainOptions& o, const TrainCallbacks& cb
   HR_ASSIGN_OR_RETURN(data::TokenFile file, data::TokenFile::open(o.data));
   if (file.vocab_size() > cfg.vocab_size) {
     return Status::invalid_argument(fmt::format(
-        "{}: the token file's vocabulary ({}) is larger than the model's vocab_size ({})",
-        o.data, file.vocab_size(), cfg.vocab_size));
+        "{}: the token file's vocabulary ({}) is larger than the model's vocab_size ({})", o.data,
+        file.vocab_size(), cfg.vocab_size));
   }
   auto [train_range, val_range] = data::split_train_val(file, o.val_fraction, T + 1);
   HR_ASSIGN_OR_RETURN(data::PackedBatcher train_batches,
@@ -111,6 +113,8 @@ Result<TrainResult> run_training(const TrainOptions& o, const TrainCallbacks& cb
   model::Gpt2 net(cfg, &table);
   net.bind_params(params, grads);
   net.bind_activations(&act_arena, &mp.activations.ids, B, T);
+  model::OpTimes op_times;
+  if (o.breakdown) net.set_op_times(&op_times);
   int32_t* inputs = static_cast<int32_t*>(staging.data(0));
   int32_t* targets = static_cast<int32_t*>(staging.data(1));
   const uint64_t planned = mp.peak_bytes;
@@ -164,8 +168,10 @@ Result<TrainResult> run_training(const TrainOptions& o, const TrainCallbacks& cb
       net.backward(in, tg, dloss);
     }
     const float lr = cosine_lr(step, o.steps, o.warmup_steps, o.adamw.lr, o.min_lr_ratio);
+    auto topt = Clock::now();
     const double norm = adamw_step(table, params, grads, m, v, o.adamw, lr, step + 1);
     cpu::zero(grads, table.total_floats);
+    const double optimizer_ms = ms_since(topt);
 
     StepStats s;
     s.step = step + 1;
@@ -177,18 +183,22 @@ Result<TrainResult> run_training(const TrainOptions& o, const TrainCallbacks& cb
     s.micro_batch = B;
     s.accumulation = K;
     s.data_wait_ms = data_ms;
-    const bool last = step + 1 == o.steps;
-    if ((o.eval_every > 0 && (step + 1) % o.eval_every == 0) || last) s.val_loss = evaluate();
+    s.optimizer_ms = optimizer_ms;
+    s.op_ms = op_times;
+    op_times = model::OpTimes{};
+    // The step's time excludes validation, which is reported on its own line.
     s.step_ms = ms_since(t0);
     s.tokens_per_s = double(s.tokens) / (s.step_ms / 1000.0);
+    const bool last = step + 1 == o.steps;
+    if ((o.eval_every > 0 && (step + 1) % o.eval_every == 0) || last) s.val_loss = evaluate();
     memory::MemoryStats ms = tracking.stats();
     s.device_bytes_in_use = ms.current;
     s.device_bytes_peak = ms.peak;
     s.planned_peak_bytes = planned;
     s.device_budget = limit.budget();
     if (!std::isfinite(s.loss)) {
-      return Status::internal(fmt::format("loss became {} at step {} (lr {}); try a lower --lr",
-                                          s.loss, s.step, lr));
+      return Status::internal(
+          fmt::format("loss became {} at step {} (lr {}); try a lower --lr", s.loss, s.step, lr));
     }
     if (step > 0) tps.push_back(s.tokens_per_s);
     result.final_loss = s.loss;
@@ -204,7 +214,12 @@ Result<TrainResult> run_training(const TrainOptions& o, const TrainCallbacks& cb
   if (!o.out_dir.empty()) {
     HR_RETURN_IF_ERROR(model::save_pretrained(o.out_dir, cfg, table, params));
   }
-  if (cb.on_finish) HR_RETURN_IF_ERROR(cb.on_finish(cfg, params));
+  if (cb.on_finish) {
+    // The step region is done: release it, so that what the callback plans (e.g. the sampling
+    // arena) is served from the same budget.
+    act_arena = memory::Arena();
+    HR_RETURN_IF_ERROR(cb.on_finish(cfg, params, &tracking));
+  }
   return result;
 }
 

@@ -11,6 +11,7 @@
 #include "core/status.h"
 #include "memory/adaptors.h"
 #include "model/config.h"
+#include "model/gpt2.h"
 #include "train/optimizer.h"
 
 namespace headroom::train {
@@ -32,7 +33,8 @@ struct TrainOptions {
   double val_fraction = 0.05;
   int eval_every = 0;  // steps between validation runs; 0 = only at the end
   int eval_batches = 4;
-  std::string out_dir;  // where the model is saved at the end; empty = not saved
+  std::string out_dir;     // where the model is saved at the end; empty = not saved
+  bool breakdown = false;  // time every kernel call by kind (StepStats::op_ms)
 };
 
 // Everything reported for one optimizer step (the --log-json fields).
@@ -53,6 +55,9 @@ struct StepStats {
   int micro_batch = 0;
   int accumulation = 0;
   std::optional<double> val_loss;  // on steps where validation ran
+  // With TrainOptions::breakdown: milliseconds of this step per kind of op, and the optimizer.
+  model::OpTimes op_ms;
+  double optimizer_ms = 0;
 };
 
 // What the trainer sets up before step one: the memory table for the startup report.
@@ -76,7 +81,10 @@ struct TrainCallbacks {
   std::function<void(const SetupInfo&)> on_setup;
   std::function<void(const StepStats&)> on_step;
   // Called after training with the final weights, before they are released (for sampling).
-  std::function<Status(const model::Gpt2Config&, const float* params)> on_finish;
+  // `device` serves allocations from the run's budget (the step region is released by then).
+  std::function<Status(const model::Gpt2Config&, const float* params,
+                       memory::MemoryResource* device)>
+      on_finish;
 };
 
 Result<TrainResult> run_training(const TrainOptions& options, const TrainCallbacks& callbacks);

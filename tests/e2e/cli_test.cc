@@ -17,8 +17,12 @@ struct Outcome {
   std::string out;  // stdout and stderr together
 };
 
+// Every run shares one cache directory (calibration, default corpus) under the test's temp dir,
+// so tests never write to the user's ~/.cache.
 Outcome run(const std::string& args) {
-  std::string cmd = std::string(HEADROOM_BINARY) + " " + args + " 2>&1";
+  static const std::string cache = (fs::path(testing::TempDir()) / "headroom_e2e_cache").string();
+  std::string cmd =
+      "HEADROOM_CACHE_DIR=" + cache + " " + std::string(HEADROOM_BINARY) + " " + args + " 2>&1";
   Outcome r{-1, ""};
   FILE* p = popen(cmd.c_str(), "r");
   if (!p) return r;
@@ -74,7 +78,9 @@ TEST_F(Cli, PrepareRejectsEmptyAndBinaryInputs) {
   EXPECT_NE(e.out.find("empty"), std::string::npos) << e.out;
   EXPECT_FALSE(fs::exists(path("e.tokens")));
 
-  write("blob.bin", std::string("\x7f" "ELF\0\0\0\x01\x02\x03", 11));
+  write("blob.bin", std::string("\x7f"
+                                "ELF\0\0\0\x01\x02\x03",
+                                11));
   Outcome b = run("prepare " + path("blob.bin") + " --out " + path("b.tokens"));
   EXPECT_NE(b.code, 0);
   EXPECT_NE(b.out.find("binary"), std::string::npos) << b.out;
@@ -89,8 +95,8 @@ TEST_F(Cli, TrainLowersTheLossThenGenerates) {
   std::string data = corpus();
   std::string log = path("log.jsonl");
   Outcome r = run("train --model gpt2-tiny --data " + data +
-              " --seq 32 --batch 4 --steps 30 --lr 3e-3 --sample-tokens 8 --out " +
-              path("model") + " --log-json " + log);
+                  " --seq 32 --batch 4 --steps 30 --lr 3e-3 --sample-tokens 8 --out " +
+                  path("model") + " --log-json " + log);
   ASSERT_EQ(r.code, 0) << r.out;
   std::ifstream f(log);
   std::string line;
@@ -109,7 +115,7 @@ TEST_F(Cli, TrainLowersTheLossThenGenerates) {
   EXPECT_TRUE(fs::exists(path("model") + "/config.json"));
 
   Outcome g = run("generate --model-dir " + path("model") +
-              " --prompt 'The computer' --max-new-tokens 5 --json");
+                  " --prompt 'The computer' --max-new-tokens 5 --json");
   ASSERT_EQ(g.code, 0) << g.out;
   auto j = nlohmann::json::parse(g.out);
   EXPECT_EQ(j["prompt"], "The computer");
@@ -151,6 +157,76 @@ TEST_F(Cli, ClearErrorsForBadInput) {
   Outcome cut = run("train --data " + path("cut.tokens") + " --seq 32 --batch 4 --steps 1");
   EXPECT_EQ(cut.code, 1);
   EXPECT_NE(cut.out.find("cut.tokens"), std::string::npos) << cut.out;
+}
+
+TEST_F(Cli, PlanAnswersWithJsonAndSweep) {
+  Outcome r =
+      run("plan --model gpt2 --device cpu --device-memory 4GiB --seq 256 --global-batch 64 "
+          "--sweep --json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  // Calibration may log to stderr on a first run; the JSON object is the last thing printed.
+  auto j = nlohmann::json::parse(r.out.substr(r.out.find("{\n")));
+  const auto& c = j["chosen"];
+  for (const char* key :
+       {"micro_batch", "accumulation", "precision", "recompute", "offload", "zero", "peak_bytes",
+        "lower_bound_bytes", "by_category", "predicted_tokens_per_s"}) {
+    EXPECT_TRUE(c.contains(key)) << key;
+  }
+  EXPECT_LE(c["peak_bytes"].get<uint64_t>(), 4ull << 30);
+  EXPECT_EQ(c["micro_batch"].get<int>() * c["accumulation"].get<int>(), 64);
+  EXPECT_GT(j["max_micro_batch"].get<int>(), 0);
+  EXPECT_GE(j["sweep"].size(), 2u);
+  EXPECT_TRUE(j.contains("planning_ms"));
+  EXPECT_TRUE(j.contains("candidates"));
+  EXPECT_TRUE(j.contains("rejected"));
+}
+
+TEST_F(Cli, TrainWithAPlanFileMeasuresThePlannedPeak) {
+  std::string data = corpus();
+  Outcome p = run("plan --model gpt2-tiny --device-memory 1GiB --seq 64 --global-batch 8 --json");
+  ASSERT_EQ(p.code, 0) << p.out;
+  std::string json_text = p.out.substr(p.out.find("{\n"));
+  write("plan.json", json_text);
+  auto plan = nlohmann::json::parse(json_text);
+  Outcome t = run("train --plan " + path("plan.json") + " --data " + data +
+                  " --steps 2 --sample-tokens 0 --device-memory 1GiB --out " + path("m") +
+                  " --log-json " + path("log.jsonl"));
+  ASSERT_EQ(t.code, 0) << t.out;
+  std::ifstream f(path("log.jsonl"));
+  std::string line;
+  int n = 0;
+  while (std::getline(f, line)) {
+    auto s = nlohmann::json::parse(line);
+    EXPECT_EQ(s["planned_peak_bytes"], plan["chosen"]["peak_bytes"]);
+    EXPECT_EQ(s["device_bytes_peak"], plan["chosen"]["peak_bytes"]);
+    EXPECT_EQ(s["micro_batch"], plan["chosen"]["micro_batch"]);
+    n++;
+  }
+  EXPECT_EQ(n, 2);
+
+  write("broken_plan.json", R"({"chosen": {"micro_batch": "eight"}})");
+  Outcome b = run("train --plan " + path("broken_plan.json") + " --data " + data + " --steps 1");
+  EXPECT_EQ(b.code, 1);
+  EXPECT_NE(b.out.find("chosen.micro_batch"), std::string::npos) << b.out;
+}
+
+TEST_F(Cli, PlanSaysWhatIsMissingWhenNothingFits) {
+  write("gpt7b.json", R"({"n_layer": 32, "n_head": 32, "n_embd": 4096, "vocab_size": 50257,
+                          "n_positions": 4096})");
+  Outcome r = run("plan --model " + path("gpt7b.json") +
+                  " --devices 4 --device-memory 24GiB --device L4 --seq 2048 --global-batch 64");
+  EXPECT_EQ(r.code, 3) << r.out;
+  EXPECT_NE(r.out.find("nothing fits"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("ZeRO-3"), std::string::npos) << r.out;
+
+  Outcome d = run("plan --device NoSuchGPU");
+  EXPECT_EQ(d.code, 1);
+  EXPECT_NE(d.out.find("H100"), std::string::npos) << d.out;  // the known names are listed
+
+  std::string data = corpus();
+  Outcome t = run("train --model gpt2 --data " + data + " --device-memory 1GiB --steps 1");
+  EXPECT_EQ(t.code, 1);
+  EXPECT_NE(t.out.find("nothing fits"), std::string::npos) << t.out;
 }
 
 }  // namespace

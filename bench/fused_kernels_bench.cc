@@ -1,0 +1,190 @@
+// The memory-saving kernels of fused_kernels.h side by side with the plain path they replace,
+// alternated inside each iteration so that load from other processes hits both alike: tiled vs
+// plain attention (GPT-2 124M shapes), and the chunked LM head + cross-entropy vs matmul +
+// cross_entropy over the full N x V logits. Results and the command: docs/notes/fused-kernels.md.
+#include <benchmark/benchmark.h>
+#include <omp.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/fused_kernels.h"
+#include "backend/cpu/kernels.h"
+
+namespace {
+
+using namespace headroom::cpu;
+using Clock = std::chrono::steady_clock;
+
+std::vector<float> rand_vec(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<float> v(n);
+  for (auto& x : v) x = dist(rng);
+  return v;
+}
+
+template <typename F>
+double seconds(F f) {
+  const auto t0 = Clock::now();
+  f();
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double m = 0.0;
+  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(double{a[i]} - b[i]));
+  return m;
+}
+
+// ---- attention: tiled vs plain ----------------------------------------------------------------
+// Args: B, T, C, NH. Each iteration runs the plain and the tiled kernel, forward and backward.
+// FLOPs counted for both alike: the causal pairs t >= s, 4*HS per pair forward (q.k and p*v) and
+// 8*HS backward (the tiled backward's recomputed scores are not counted: they are its price).
+void BM_Attention(benchmark::State& state) {
+  const int B = state.range(0), T = state.range(1), C = state.range(2), NH = state.range(3);
+  const int HS = C / NH;
+  const size_t nqkv = size_t{3} * B * T * C, nout = size_t{1} * B * T * C;
+  const std::vector<float> qkv = rand_vec(nqkv, 1), dout = rand_vec(nout, 2, -0.01f, 0.01f);
+  std::vector<float> out_p(nout), out_t(nout), dqkv_p(nqkv), dqkv_t(nqkv);
+  std::vector<float> att(size_t{1} * B * NH * T * T), lse(size_t{1} * B * NH * T);
+  std::vector<float> bscratch_p(attention_backward_scratch_floats(B, T, NH));
+  std::vector<float> fscratch_t(attention_tiled_scratch_floats(B, T, C, NH));
+  std::vector<float> bscratch_t(attention_tiled_backward_scratch_floats(B, T, C, NH));
+
+  double fp = 0, ft = 0, bp = 0, bt = 0;
+  for (auto _ : state) {
+    fp += seconds([&] { attention_forward(out_p.data(), att.data(), qkv.data(), B, T, C, NH); });
+    ft += seconds([&] {
+      attention_tiled_forward(out_t.data(), lse.data(), qkv.data(), B, T, C, NH, fscratch_t.data());
+    });
+    bp += seconds([&] {
+      attention_backward(dqkv_p.data(), bscratch_p.data(), dout.data(), qkv.data(), att.data(), B,
+                         T, C, NH);
+    });
+    bt += seconds([&] {
+      attention_tiled_backward(dqkv_t.data(), dout.data(), qkv.data(), out_t.data(), lse.data(), B,
+                               T, C, NH, bscratch_t.data());
+    });
+    benchmark::ClobberMemory();
+  }
+  // A wrong kernel fails the benchmark instead of being timed (tests/backend states the
+  // tolerances; these are looser only for the larger shapes).
+  const double eo = max_abs_diff(out_p, out_t), ed = max_abs_diff(dqkv_p, dqkv_t);
+  if (!(eo < 1e-5 && ed < 1e-5)) {
+    state.SkipWithError(
+        ("tiled != plain: out " + std::to_string(eo) + ", dqkv " + std::to_string(ed)).c_str());
+    return;
+  }
+  const double n = static_cast<double>(state.iterations());
+  const double pairs = double{1} * B * NH * T * (T + 1) / 2;
+  state.counters["plain_fwd_ms"] = 1e3 * fp / n;
+  state.counters["tiled_fwd_ms"] = 1e3 * ft / n;
+  state.counters["plain_bwd_ms"] = 1e3 * bp / n;
+  state.counters["tiled_bwd_ms"] = 1e3 * bt / n;
+  state.counters["fwd_tiled/plain"] = ft / fp;
+  state.counters["bwd_tiled/plain"] = bt / bp;
+  state.counters["step_tiled/plain"] = (ft + bt) / (fp + bp);
+  state.counters["tiled_fwd_GFLOP/s"] = pairs * 4 * HS * n / ft * 1e-9;
+  state.counters["tiled_bwd_GFLOP/s"] = pairs * 8 * HS * n / bt * 1e-9;
+  // What each keeps from the forward for the backward, and the tiled kernels' scratch.
+  state.counters["plain_saved_MiB"] = att.size() * 4.0 / (1 << 20);
+  state.counters["tiled_saved_MiB"] = lse.size() * 4.0 / (1 << 20);
+  state.counters["tiled_scratch_MiB"] =
+      std::max(fscratch_t.size(), bscratch_t.size()) * 4.0 / (1 << 20);
+}
+
+// ---- LM head + cross-entropy: chunked vs unfused ---------------------------------------------
+// Args: N, C, V, chunk. Each iteration runs forward + backward three ways: unfused (full N x V
+// logits, matmul + cross_entropy), fused (forward, then backward with the recompute) and fused
+// one-pass (lm_head_ce_forward_backward). GFLOP/s count the unfused path's three GEMMs
+// (6*N*C*V) for all three, so they compare as inverse times.
+void BM_LmHead(benchmark::State& state) {
+  const int N = state.range(0), C = state.range(1), V = state.range(2), chunk = state.range(3);
+  const std::vector<float> x = rand_vec(size_t{1} * N * C, 3), wte = rand_vec(size_t{1} * V * C, 4);
+  std::vector<int32_t> targets(N);
+  for (int n = 0; n < N; ++n) targets[n] = n % 64 == 63 ? -1 : (n * 7919) % V;
+  const float dloss = 1.0f / N;
+  std::vector<float> logits(size_t{1} * N * V, 0.0f);
+  std::vector<float> scratch(lm_head_ce_scratch_floats(chunk, V), 0.0f);
+  std::vector<float> loss_u(N), loss_f(N), loss_o(N), lse(N);
+  std::vector<float> dx_u(x.size()), dx_f(x.size()), dx_o(x.size());
+  std::vector<float> dwte_u(wte.size(), 0.0f), dwte_f(wte.size(), 0.0f), dwte_o(wte.size(), 0.0f);
+
+  double tu = 0, tf = 0, to = 0;
+  for (auto _ : state) {
+    tu += seconds([&] {
+      matmul_forward(logits.data(), x.data(), wte.data(), nullptr, N, C, V, WeightLayout::kOutIn);
+      cross_entropy_forward(loss_u.data(), logits.data(), targets.data(), N, V);
+      cross_entropy_backward(logits.data(), logits.data(), targets.data(), N, V, dloss);
+      matmul_backward(dx_u.data(), dwte_u.data(), nullptr, logits.data(), x.data(), wte.data(), N,
+                      C, V, WeightLayout::kOutIn);
+    });
+    tf += seconds([&] {
+      lm_head_ce_forward(loss_f.data(), lse.data(), x.data(), wte.data(), targets.data(), N, C, V,
+                         chunk, scratch.data());
+      lm_head_ce_backward(dx_f.data(), dwte_f.data(), x.data(), wte.data(), targets.data(),
+                          lse.data(), N, C, V, chunk, dloss, scratch.data());
+    });
+    to += seconds([&] {
+      lm_head_ce_forward_backward(loss_o.data(), dx_o.data(), dwte_o.data(), x.data(), wte.data(),
+                                  targets.data(), N, C, V, chunk, dloss, scratch.data());
+    });
+    benchmark::ClobberMemory();
+  }
+  const double el = std::max(max_abs_diff(loss_u, loss_f), max_abs_diff(loss_u, loss_o));
+  const double ex = std::max(max_abs_diff(dx_u, dx_f), max_abs_diff(dx_u, dx_o));
+  const double ew = std::max(max_abs_diff(dwte_u, dwte_f), max_abs_diff(dwte_u, dwte_o));
+  if (!(el < 1e-4 && ex < 1e-6 && ew < 1e-5)) {
+    state.SkipWithError(("fused != unfused: losses " + std::to_string(el) + ", dx " +
+                         std::to_string(ex) + ", dwte " + std::to_string(ew))
+                            .c_str());
+    return;
+  }
+  const double n = static_cast<double>(state.iterations());
+  const double flops = 6.0 * N * C * V * n;
+  state.counters["unfused_s"] = tu / n;
+  state.counters["fused_s"] = tf / n;
+  state.counters["onepass_s"] = to / n;
+  state.counters["fused/unfused"] = tf / tu;
+  state.counters["onepass/unfused"] = to / tu;
+  state.counters["unfused_GFLOP/s"] = flops / tu * 1e-9;
+  state.counters["fused_GFLOP/s"] = flops / tf * 1e-9;
+  state.counters["onepass_GFLOP/s"] = flops / to * 1e-9;
+  // Logits memory: the unfused path's N x V logits (reused for dlogits) vs the chunk scratch.
+  state.counters["unfused_logits_MiB"] = logits.size() * 4.0 / (1 << 20);
+  state.counters["fused_scratch_MiB"] = scratch.size() * 4.0 / (1 << 20);
+}
+
+}  // namespace
+
+BENCHMARK(BM_Attention)
+    ->Name("attention/tiled_vs_plain")
+    ->ArgNames({"B", "T", "C", "NH"})
+    ->Args({8, 256, 768, 12})
+    ->Args({2, 1024, 768, 12})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
+BENCHMARK(BM_LmHead)
+    ->Name("lm_head_ce/fused_vs_unfused")
+    ->ArgNames({"N", "C", "V", "chunk"})
+    ->Args({2048, 768, 50257, 128})
+    ->Args({2048, 768, 50257, 256})
+    ->Args({2048, 768, 50257, 512})
+    ->Args({2048, 768, 50257, 1024})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  benchmark::AddCustomContext("omp_max_threads", std::to_string(omp_get_max_threads()));
+  benchmark::AddCustomContext("attention_block", std::to_string(kAttentionBlock));
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

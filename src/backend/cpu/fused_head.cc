@@ -1,0 +1,125 @@
+// LM head fused with cross-entropy, chunked over tokens (see fused_kernels.h): each chunk's
+// logits live in a chunk x V scratch, are reduced to a loss (or turned into their gradient in
+// place) and are gone before the next chunk. See Note [Fused LM head] in
+// docs/notes/fused-kernels.md.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "backend/cpu/fast_math.h"
+#include "backend/cpu/fused_kernels.h"
+#include "backend/cpu/gemm.h"
+#include "core/check.h"
+
+namespace headroom::cpu {
+namespace {
+
+// max and sum_i exp(x_i - max) of one row, as cross_entropy_forward computes them.
+inline void softmax_stats(const float* x, int V, float* maxv, float* sum) {
+  float m = -INFINITY;
+#pragma omp simd reduction(max : m)
+  for (int i = 0; i < V; ++i) m = std::max(m, x[i]);
+  float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+  for (int i = 0; i < V; ++i) s += fast_exp(x[i] - m);
+  *maxv = m;
+  *sum = s;
+}
+
+// logits[n, V] = x[n, C] x wte[V, C]^T (the kOutIn matmul_forward).
+inline void chunk_logits(float* logits, const float* x, const float* wte, int n, int C, int V) {
+  gemm(false, true, n, V, C, x, C, wte, C, logits, V, nullptr, false);
+}
+
+// dx[n, C] = dlogits x wte; dwte += dlogits^T x x (the kOutIn matmul_backward).
+inline void chunk_backward(float* dx, float* dwte, const float* dlogits, const float* x,
+                           const float* wte, int n, int C, int V) {
+  if (dx != nullptr) gemm(false, false, n, C, V, dlogits, V, wte, C, dx, C, nullptr, false);
+  if (dwte != nullptr) gemm(true, false, V, C, n, dlogits, V, x, C, dwte, C, nullptr, true);
+}
+
+}  // namespace
+
+size_t lm_head_ce_scratch_floats(int chunk, int V) { return size_t{1} * chunk * V; }
+
+void lm_head_ce_forward(float* losses, float* lse, const float* x, const float* wte,
+                        const int32_t* targets, int N, int C, int V, int chunk, float* scratch) {
+  HR_CHECK(chunk >= 1 && V >= 1);
+  for (int c0 = 0; c0 < N; c0 += chunk) {
+    const int n = std::min(chunk, N - c0);
+    chunk_logits(scratch, x + int64_t{c0} * C, wte, n, C, V);
+#pragma omp parallel for schedule(static)
+    for (int r = 0; r < n; ++r) {
+      const int64_t row = c0 + r;
+      const int32_t target = targets[row];
+      HR_CHECK(target >= -1 && target < V);
+      const float* z = scratch + int64_t{r} * V;
+      float m, s;
+      softmax_stats(z, V, &m, &s);
+      // The same double-precision sum as cross_entropy_forward, so the losses agree to rounding.
+      const double l = std::log(static_cast<double>(s)) + m;
+      lse[row] = static_cast<float>(l);
+      losses[row] = target < 0 ? 0.0f : static_cast<float>(l - z[target]);
+    }
+  }
+}
+
+void lm_head_ce_backward(float* dx, float* dwte, const float* x, const float* wte,
+                         const int32_t* targets, const float* lse, int N, int C, int V, int chunk,
+                         float dloss, float* scratch) {
+  HR_CHECK(chunk >= 1 && V >= 1);
+  for (int c0 = 0; c0 < N; c0 += chunk) {
+    const int n = std::min(chunk, N - c0);
+    const float* xc = x + int64_t{c0} * C;
+    chunk_logits(scratch, xc, wte, n, C, V);
+#pragma omp parallel for schedule(static)
+    for (int r = 0; r < n; ++r) {
+      const int32_t target = targets[c0 + r];
+      HR_CHECK(target >= -1 && target < V);
+      float* z = scratch + int64_t{r} * V;
+      if (target < 0) {
+        std::fill(z, z + V, 0.0f);
+        continue;
+      }
+      // softmax = exp(z - lse): one pass instead of the max and sum passes of a fresh softmax.
+      const float l = lse[c0 + r];
+#pragma omp simd
+      for (int i = 0; i < V; ++i) z[i] = fast_exp(z[i] - l) * dloss;
+      z[target] -= dloss;
+    }
+    chunk_backward(dx == nullptr ? nullptr : dx + int64_t{c0} * C, dwte, scratch, xc, wte, n, C, V);
+  }
+}
+
+void lm_head_ce_forward_backward(float* losses, float* dx, float* dwte, const float* x,
+                                 const float* wte, const int32_t* targets, int N, int C, int V,
+                                 int chunk, float dloss, float* scratch) {
+  HR_CHECK(chunk >= 1 && V >= 1);
+  for (int c0 = 0; c0 < N; c0 += chunk) {
+    const int n = std::min(chunk, N - c0);
+    const float* xc = x + int64_t{c0} * C;
+    chunk_logits(scratch, xc, wte, n, C, V);
+#pragma omp parallel for schedule(static)
+    for (int r = 0; r < n; ++r) {
+      const int32_t target = targets[c0 + r];
+      HR_CHECK(target >= -1 && target < V);
+      float* z = scratch + int64_t{r} * V;
+      if (target < 0) {
+        losses[c0 + r] = 0.0f;
+        std::fill(z, z + V, 0.0f);
+        continue;
+      }
+      float m, s;
+      softmax_stats(z, V, &m, &s);
+      losses[c0 + r] = static_cast<float>(std::log(static_cast<double>(s)) + m - z[target]);
+      const float k = dloss / s;  // as cross_entropy_backward
+#pragma omp simd
+      for (int i = 0; i < V; ++i) z[i] = fast_exp(z[i] - m) * k;
+      z[target] -= dloss;
+    }
+    chunk_backward(dx == nullptr ? nullptr : dx + int64_t{c0} * C, dwte, scratch, xc, wte, n, C, V);
+  }
+}
+
+}  // namespace headroom::cpu

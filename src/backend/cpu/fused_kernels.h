@@ -1,0 +1,69 @@
+// Memory-saving fp32 kernels: tiled causal attention that never holds the T x T probabilities,
+// and an LM head fused with cross-entropy that never holds the N x V logits. Same conventions as
+// kernels.h (parameter grads accumulate, activation grads are overwritten, no allocation: scratch
+// comes from the caller and its size is a function of the shapes only, so the planner can plan
+// it). Design, scratch sizes and measurements: docs/notes/fused-kernels.md.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace headroom::cpu {
+
+// ---- tiled causal self-attention (FlashAttention-2 style, online softmax) -------------------
+// Same layout and mathematics as attention_forward/attention_backward in kernels.h: qkv[B,T,3C]
+// holds q, k, v side by side; head h uses channels [h*HS, (h+1)*HS) of each, HS = C/NH; scores
+// are scaled by 1/sqrt(HS); causal mask. REQUIRES: C % NH == 0, T >= 1.
+//
+// Work is split into query blocks x key blocks of kAttentionBlock rows; each OpenMP thread uses
+// one fixed-size slot of the scratch. At most kAttentionMaxWorkers threads take part (the scratch
+// has that many slots at most, so its size depends on the shapes only, never on the thread
+// count). Every output element is computed by one task in a fixed order, so results are
+// bit-identical for any thread count.
+inline constexpr int kAttentionBlock = 64;
+inline constexpr int kAttentionMaxWorkers = 64;
+
+// out[B,T,C] = softmax(q k^T / sqrt(HS)) v per head; lse[B,NH,T] = log(sum_s exp(score_ts)), the
+// log-sum-exp of each row of scaled scores (saved for the backward; B*NH*T floats instead of the
+// B*NH*T*T probabilities). scratch: attention_tiled_scratch_floats(B,T,C,NH) floats.
+void attention_tiled_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH,
+                             float* scratch);
+// min(B*NH*ceil(T/64), 64) slots of HS*64 + 64*64 + 64 floats (HS = 64: 33 KB a slot).
+size_t attention_tiled_scratch_floats(int B, int T, int C, int NH);
+
+// dqkv[B,T,3C] overwritten with the gradient of sum(out * dout). Recomputes the probabilities
+// block by block from q, k and lse; out is the forward's output (for D_t = dout_t . out_t).
+// scratch: attention_tiled_backward_scratch_floats(B,T,C,NH) floats.
+void attention_tiled_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+                              const float* lse, int B, int T, int C, int NH, float* scratch);
+// min(B*NH, 64) slots of 2*HS*64 + 2*64*64 + 64 floats (HS = 64: 66 KB a slot).
+size_t attention_tiled_backward_scratch_floats(int B, int T, int C, int NH);
+
+// ---- LM head fused with cross-entropy, chunked over tokens ----------------------------------
+// logits[n,:] = x[n,:] x wte^T (wte[V,C], the tied embedding, kOutIn layout) are computed for
+// `chunk` rows at a time into scratch and reduced at once, so the N x V logits never exist.
+// Targets are in [0, V) or -1 (ignored: loss 0, zero gradient). REQUIRES: chunk >= 1.
+// scratch: lm_head_ce_scratch_floats(chunk, V) = chunk * V floats for every function below.
+size_t lm_head_ce_scratch_floats(int chunk, int V);
+
+// losses[N] = logsumexp(logits[n,:]) - logits[n, targets[n]] (0 where the target is -1);
+// lse[N] = logsumexp(logits[n,:]) for every row (ignored rows included), saved for the backward.
+void lm_head_ce_forward(float* losses, float* lse, const float* x, const float* wte,
+                        const int32_t* targets, int N, int C, int V, int chunk, float* scratch);
+
+// Gradient of dloss * sum_n losses[n]: recomputes each chunk's logits, turns them in place into
+// dlogits = (softmax - onehot(target)) * dloss using lse, then dx[rows,C] = dlogits x wte
+// (OVERWRITTEN; skipped if dx is null) and dwte[V,C] += dlogits^T x x[rows] (ACCUMULATES; skipped
+// if dwte is null). Costs one extra LM-head GEMM (the recompute) over the unfused path.
+void lm_head_ce_backward(float* dx, float* dwte, const float* x, const float* wte,
+                         const int32_t* targets, const float* lse, int N, int C, int V, int chunk,
+                         float dloss, float* scratch);
+
+// Forward and backward in one pass, for when dloss is known before the forward (the loss is the
+// last op and dloss = 1 / tokens of the optimizer step): losses as lm_head_ce_forward, dx and
+// dwte as lm_head_ce_backward, with no recompute (the unfused path's GEMM count) and no lse.
+void lm_head_ce_forward_backward(float* losses, float* dx, float* dwte, const float* x,
+                                 const float* wte, const int32_t* targets, int N, int C, int V,
+                                 int chunk, float dloss, float* scratch);
+
+}  // namespace headroom::cpu

@@ -1,0 +1,128 @@
+// The memory plan and the search: lifetimes, the choice, the largest micro-batch, and the advice
+// when nothing fits.
+#include <gtest/gtest.h>
+
+#include "core/units.h"
+#include "plan/search.h"
+
+namespace headroom::plan {
+namespace {
+
+model::Gpt2Config gpt2_124m() { return *model::preset_config("gpt2"); }
+
+DeviceSpec test_device(uint64_t memory) {
+  DeviceSpec d;
+  d.name = "test";
+  d.kind = "cpu";
+  d.memory_bytes = memory;
+  d.flops_fp32 = 2e11;
+  d.mem_bandwidth = 2e10;
+  d.gemm_efficiency = 1;
+  return d;
+}
+
+SearchRequest request(uint64_t memory, int global) {
+  SearchRequest r;
+  r.config = gpt2_124m();
+  r.device = test_device(memory);
+  r.device_memory = memory;
+  r.seq = 256;
+  r.global_batch = global;
+  return r;
+}
+
+TEST(MemoryPlan, LifetimesFollowTheSchedule) {
+  Result<MemoryPlan> mp = plan_training_memory(gpt2_124m(), Policy{2, 1, 64, "fp32"});
+  ASSERT_TRUE(mp.is_ok());
+  const auto& ids = mp->activations.ids;
+  // Block 0's saved activations live from its forward to its backward (the last block op).
+  const int fwd0 = 1, bwd0 = int(mp->ops.size()) - 2;
+  EXPECT_EQ(mp->first_op[ids.layers[0].fch], fwd0);
+  EXPECT_EQ(mp->last_op[ids.layers[0].fch], bwd0);
+  // The logits die in the LM head's backward.
+  EXPECT_EQ(mp->ops[size_t(mp->last_op[ids.logits])].name, "backward head");
+  // Peak by category adds up to no more than the peak.
+  uint64_t sum = 0;
+  for (uint64_t b : mp->by_category) sum += b;
+  EXPECT_LE(sum, mp->peak_bytes);
+  EXPECT_GE(mp->peak_bytes, mp->lower_bound_bytes);
+  // Persistent state: parameters, gradients and two Adam moments, 16 bytes per parameter.
+  EXPECT_GE(mp->persistent_bytes, 16u * uint64_t(mp->params.num_parameters));
+}
+
+TEST(MemoryPlan, RejectsImpossiblePolicies) {
+  EXPECT_FALSE(plan_training_memory(gpt2_124m(), Policy{1, 1, 4096, "fp32"}).is_ok());
+  EXPECT_FALSE(plan_training_memory(gpt2_124m(), Policy{0, 1, 64, "fp32"}).is_ok());
+  EXPECT_EQ(plan_training_memory(gpt2_124m(), Policy{1, 1, 64, "fp8"}).status().code(),
+            StatusCode::kUnsupported);
+}
+
+TEST(Search, ChoosesAFittingPlanAndRejectsTheRest) {
+  Result<SearchResult> r = search_plan(request(4 * kGiB, 64));
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  ASSERT_TRUE(r->chosen);
+  EXPECT_TRUE(r->chosen->fits);
+  EXPECT_LE(r->chosen->peak_bytes, 4 * kGiB);
+  EXPECT_EQ(r->chosen->policy.micro_batch * r->chosen->policy.accumulation, 64);
+  for (const Candidate& c : r->candidates) {
+    EXPECT_TRUE(c.fits);
+    EXPECT_LE(c.cost.tokens_per_s, r->chosen->cost.tokens_per_s);
+  }
+  ASSERT_FALSE(r->rejected.empty());
+  for (const Candidate& c : r->rejected) {
+    EXPECT_GT(c.peak_bytes, 4 * kGiB);
+    EXPECT_NE(c.rejected_because.find("over"), std::string::npos);
+  }
+  EXPECT_EQ(r->candidates.size() + r->rejected.size(), 7u);  // the divisors of 64
+}
+
+TEST(Search, LargestMicroBatchIsExact) {
+  SearchRequest req = request(4 * kGiB, 64);
+  req.sweep = true;
+  Result<SearchResult> r = search_plan(req);
+  ASSERT_TRUE(r.is_ok());
+  const int m = r->max_micro_batch;
+  ASSERT_GT(m, 0);
+  Result<MemoryPlan> at = plan_training_memory(req.config, Policy{m, 1, 256, "fp32"});
+  Result<MemoryPlan> above = plan_training_memory(req.config, Policy{m + 1, 1, 256, "fp32"});
+  EXPECT_LE(at->peak_bytes, 4 * kGiB);
+  EXPECT_GT(above->peak_bytes, 4 * kGiB);
+  ASSERT_FALSE(r->sweep.empty());
+  EXPECT_EQ(r->sweep.front().policy.micro_batch, 1);
+  bool has_max = false;
+  for (const Candidate& c : r->sweep) has_max |= c.policy.micro_batch == m;
+  EXPECT_TRUE(has_max);
+  EXPECT_FALSE(r->sweep.back().fits);  // the sweep goes one step past the limit
+}
+
+TEST(Search, ExplicitMicroBatchIsAConstraint) {
+  SearchRequest req = request(8 * kGiB, 64);
+  req.micro_batch = 4;
+  Result<SearchResult> r = search_plan(req);
+  ASSERT_TRUE(r.is_ok());
+  ASSERT_TRUE(r->chosen);
+  EXPECT_EQ(r->chosen->policy.micro_batch, 4);
+  EXPECT_EQ(r->chosen->policy.accumulation, 16);
+  req.micro_batch = 5;  // does not divide 64
+  EXPECT_EQ(search_plan(req).status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(Search, TooSmallForTheWeightsSaysWhatIsMissing) {
+  Result<SearchResult> r = search_plan(request(1 * kGiB, 8));
+  ASSERT_TRUE(r.is_ok());
+  EXPECT_FALSE(r->chosen);
+  EXPECT_EQ(r->max_micro_batch, 0);
+  EXPECT_NE(r->advice.find("nothing fits"), std::string::npos) << r->advice;
+  EXPECT_NE(r->advice.find("more than the 1.00 GiB budget"), std::string::npos) << r->advice;
+  EXPECT_NE(r->advice.find("optimizer offload"), std::string::npos) << r->advice;
+}
+
+TEST(Search, CostModelPrefersFewerLargerMicroBatches) {
+  Result<SearchResult> r = search_plan(request(64 * kGiB, 16));
+  ASSERT_TRUE(r.is_ok());
+  ASSERT_TRUE(r->chosen);
+  EXPECT_EQ(r->chosen->policy.micro_batch, 16);
+}
+
+}  // namespace
+}  // namespace headroom::plan
