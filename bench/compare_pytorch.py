@@ -125,7 +125,7 @@ def torch_worker(spec):
         else:
             loss = ref.gpt2_loss(ref.gpt2_forward(params, idx, cfg), targets)
         loss.backward()
-        norm = torch.nn.utils.clip_grad_norm_(plist, ADAMW["clip"])
+        torch.nn.utils.clip_grad_norm_(plist, ADAMW["clip"])
         opt.step()
         loss_value = loss.item()
         wall = time.perf_counter() - t0
@@ -157,6 +157,8 @@ def torch_worker(spec):
         "n_params": n_params,
         "torch_version": torch.__version__,
         "torch_num_threads": torch.get_num_threads(),
+        "env": {k: os.environ.get(k) for k in
+                list(TUNED_ENV) + ["OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"]},
         "self_maxrss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
     }
     print(RESULT_TAG + json.dumps(result), flush=True)
@@ -463,17 +465,22 @@ def main(argv=None):
                     help="comma-separated: " + ", ".join(MODELS))
     ap.add_argument("--batches", default="1,4,8", type=lambda s: csv_list(s, conv=int),
                     help="micro-batches (sequences)")
-    ap.add_argument("--precisions", default="fp32,bf16", type=lambda s: csv_list(s, PRECISIONS))
+    ap.add_argument("--precisions", default="fp32,bf16", type=lambda s: csv_list(s, PRECISIONS),
+                    help="comma-separated: " + ", ".join(PRECISIONS))
     ap.add_argument("--seq", type=int, default=256, help="sequence length T")
     ap.add_argument("--steps", type=int, default=10, help="timed steps per run")
-    ap.add_argument("--warmup", type=int, default=2, help="untimed steps before them (passed to headroom bench "
-                    "as --warmup when it has that flag)")
+    ap.add_argument("--warmup", type=int, default=2,
+                    help="untimed steps before them (passed to headroom bench as --warmup when "
+                    "it has that flag)")
     ap.add_argument("--systems", default=",".join(SYSTEMS),
-                    type=lambda s: csv_list(s, SYSTEMS))
+                    type=lambda s: csv_list(s, SYSTEMS),
+                    help="comma-separated: " + ", ".join(SYSTEMS))
     ap.add_argument("--headroom", default="build/release/headroom", help="the headroom binary")
     ap.add_argument("--torch-python", default="/usr/bin/python3",
                     help="interpreter with torch (Debian's python3-torch)")
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=2,
+                    help="threads of every process (OMP_NUM_THREADS, OPENBLAS_NUM_THREADS, "
+                    "torch.set_num_threads, headroom --threads)")
     ap.add_argument("--timeout", type=int, default=3600, help="seconds per run")
     ap.add_argument("--json", metavar="FILE", help="write all raw results here")
     args = ap.parse_args(argv)

@@ -3,8 +3,10 @@
 
 #include <chrono>
 #include <cmath>
+#include <optional>
 #include <random>
 
+#include "backend/cpu/fused_kernels.h"
 #include "backend/cpu/kernels.h"
 #include "core/check.h"
 
@@ -81,83 +83,163 @@ ParamTable gpt2_param_table(const Gpt2Config& c) {
   return t;
 }
 
-ActivationTable gpt2_activation_table(const Gpt2Config& c, int B, int T, bool training) {
+std::string_view recompute_name(Recompute r) {
+  switch (r) {
+    case Recompute::kNone:
+      return "none";
+    case Recompute::kSelective:
+      return "selective";
+    case Recompute::kFull:
+      return "full";
+  }
+  return "?";
+}
+
+ActivationTable gpt2_activation_table(const Gpt2Config& c, int B, int T, bool training,
+                                      const ExecOptions& options) {
+  HR_CHECK(options.recompute.empty() || int(options.recompute.size()) == c.n_layer);
   ActivationTable t;
+  t.options = options;
   auto add = [&](std::string name, Shape shape, Category cat) {
     t.buffers.push_back({std::move(name), DType::kF32, std::move(shape), cat});
     return t.buffers.size() - 1;
   };
   const int64_t C = c.n_embd, NH = c.n_head, V = c.vocab_size;
   const Category A = Category::kActivations;
-  t.ids.encoded = add("encoded", {B, T, C}, A);
-  for (int l = 0; l < c.n_layer; l++) {
-    std::string p = "h." + std::to_string(l) + ".";
+  const bool tiled = options.tiled_attention;
+  auto att_shape = [&]() { return tiled ? Shape{B, NH, T} : Shape{B, NH, T, T}; };
+  // Every buffer of one block, named by `prefix`, tagged `cat`.
+  auto block = [&](const std::string& p, Category cat, bool with_output) {
     Gpt2ActivationIds::Layer L;
-    L.ln1 = add(p + "ln1", {B, T, C}, A);
-    L.ln1_mean = add(p + "ln1_mean", {B, T}, A);
-    L.ln1_rstd = add(p + "ln1_rstd", {B, T}, A);
-    L.qkv = add(p + "qkv", {B, T, 3 * C}, A);
-    L.atty = add(p + "atty", {B, T, C}, A);
-    L.att = add(p + "att", {B, NH, T, T}, A);
-    L.residual2 = add(p + "residual2", {B, T, C}, A);
-    L.ln2 = add(p + "ln2", {B, T, C}, A);
-    L.ln2_mean = add(p + "ln2_mean", {B, T}, A);
-    L.ln2_rstd = add(p + "ln2_rstd", {B, T}, A);
-    L.fch = add(p + "fch", {B, T, 4 * C}, A);
-    L.fch_gelu = add(p + "fch_gelu", {B, T, 4 * C}, A);
-    L.residual3 = add(p + "residual3", {B, T, C}, A);
-    t.ids.layers.push_back(L);
-  }
+    L.ln1 = add(p + "ln1", {B, T, C}, cat);
+    L.ln1_mean = add(p + "ln1_mean", {B, T}, cat);
+    L.ln1_rstd = add(p + "ln1_rstd", {B, T}, cat);
+    L.qkv = add(p + "qkv", {B, T, 3 * C}, cat);
+    L.atty = add(p + "atty", {B, T, C}, cat);
+    L.att = add(p + (tiled ? "att_lse" : "att"), att_shape(), cat);
+    L.residual2 = add(p + "residual2", {B, T, C}, cat);
+    L.ln2 = add(p + "ln2", {B, T, C}, cat);
+    L.ln2_mean = add(p + "ln2_mean", {B, T}, cat);
+    L.ln2_rstd = add(p + "ln2_rstd", {B, T}, cat);
+    L.fch = add(p + "fch", {B, T, 4 * C}, cat);
+    L.fch_gelu = add(p + "fch_gelu", {B, T, 4 * C}, cat);
+    L.residual3 = with_output ? add(p + "residual3", {B, T, C}, cat) : SIZE_MAX;
+    return L;
+  };
+  t.ids.encoded = add("encoded", {B, T, C}, A);
+  for (int l = 0; l < c.n_layer; l++)
+    t.ids.fwd.push_back(block("h." + std::to_string(l) + ".", A, true));
   t.ids.lnf = add("lnf", {B, T, C}, A);
   t.ids.lnf_mean = add("lnf_mean", {B, T}, A);
   t.ids.lnf_rstd = add("lnf_rstd", {B, T}, A);
-  t.ids.logits = add("logits", {B, T, V}, Category::kLogits);
-  t.ids.losses = add("losses", {B, T}, Category::kLogits);
-  if (training) {
-    const Category W = Category::kWorkspace;
-    t.ids.dresidual = add("d_residual", {B, T, C}, W);
-    t.ids.d_c = add("d_c", {B, T, C}, W);
-    t.ids.d_3c = add("d_3c", {B, T, 3 * C}, W);
-    t.ids.d_4c = add("d_4c", {B, T, 4 * C}, W);
-    t.ids.att_scratch = add("attention_backward_scratch",
-                            {int64_t(cpu::attention_backward_scratch_floats(B, T, c.n_head))}, W);
+  t.ids.logits = t.ids.head_lse = t.ids.head_scratch = SIZE_MAX;
+  if (options.head_chunk > 0) {
+    const int chunk = std::min(options.head_chunk, B * T);
+    t.ids.head_lse = add("head_lse", {B, T}, Category::kLogits);
+    t.ids.head_scratch = add("head_logits_chunk", {chunk, V}, Category::kLogits);
   } else {
+    t.ids.logits = add("logits", {B, T, V}, Category::kLogits);
+  }
+  t.ids.losses = add("losses", {B, T}, Category::kLogits);
+  t.ids.att_fwd_scratch =
+      tiled ? add("attention_forward_scratch",
+                  {int64_t(cpu::attention_tiled_scratch_floats(B, T, c.n_embd, c.n_head))},
+                  Category::kWorkspace)
+            : SIZE_MAX;
+  if (!training) {
+    t.ids.bwd = t.ids.fwd;
     t.ids.dresidual = t.ids.d_c = t.ids.d_3c = t.ids.d_4c = t.ids.att_scratch = SIZE_MAX;
+    return t;
+  }
+  const Category W = Category::kWorkspace;
+  t.ids.dresidual = add("d_residual", {B, T, C}, W);
+  t.ids.d_c = add("d_c", {B, T, C}, W);
+  t.ids.d_3c = add("d_3c", {B, T, 3 * C}, W);
+  t.ids.d_4c = add("d_4c", {B, T, 4 * C}, W);
+  t.ids.att_scratch =
+      add("attention_backward_scratch",
+          {int64_t(tiled ? cpu::attention_tiled_backward_scratch_floats(B, T, c.n_embd, c.n_head)
+                         : cpu::attention_backward_scratch_floats(B, T, c.n_head))},
+          W);
+  // Recomputation: backward reads recomputed values from buffers shared by all blocks.
+  bool any_full = false, any_selective = false;
+  for (Recompute r : options.recompute) {
+    any_full |= r == Recompute::kFull;
+    any_selective |= r == Recompute::kSelective;
+  }
+  std::optional<Gpt2ActivationIds::Layer> rc;
+  // A recomputation stops before the block's output (block_forward's with_output).
+  if (any_full) rc = block("recompute.", Category::kRecompute, false);
+  size_t rc_ln1 = rc ? rc->ln1 : SIZE_MAX, rc_ln2 = rc ? rc->ln2 : SIZE_MAX;
+  size_t rc_gelu = rc ? rc->fch_gelu : SIZE_MAX;
+  if (any_selective && !rc) {
+    rc_ln1 = add("recompute.ln1", {B, T, C}, Category::kRecompute);
+    rc_ln2 = add("recompute.ln2", {B, T, C}, Category::kRecompute);
+    rc_gelu = add("recompute.fch_gelu", {B, T, 4 * C}, Category::kRecompute);
+  }
+  for (int l = 0; l < c.n_layer; l++) {
+    Gpt2ActivationIds::Layer L = t.ids.fwd[size_t(l)];
+    switch (options.recompute_at(l)) {
+      case Recompute::kNone:
+        break;
+      case Recompute::kSelective:
+        L.ln1 = rc_ln1;
+        L.ln2 = rc_ln2;
+        L.fch_gelu = rc_gelu;
+        break;
+      case Recompute::kFull: {
+        const size_t out = L.residual3;  // the block's output stays the next block's input
+        L = *rc;
+        L.residual3 = out;
+        break;
+      }
+    }
+    t.ids.bwd.push_back(L);
   }
   return t;
 }
 
-std::vector<OpDesc> gpt2_step_ops(const Gpt2Config& c, const Gpt2ActivationIds& id, bool training) {
+std::vector<OpDesc> gpt2_step_ops(const Gpt2Config& c, const ActivationTable& table,
+                                  bool training) {
   using Phase = OpDesc::Phase;
+  const Gpt2ActivationIds& id = table.ids;
   std::vector<OpDesc> ops;
   const int L = c.n_layer;
-  auto input_of = [&](int l) { return l == 0 ? id.encoded : id.layers[size_t(l - 1)].residual3; };
-  auto layer_buffers = [&](int l) {
-    const Gpt2ActivationIds::Layer& s = id.layers[size_t(l)];
-    return std::vector<size_t>{input_of(l), s.ln1, s.ln1_mean,  s.ln1_rstd, s.qkv,
-                               s.atty,      s.att, s.residual2, s.ln2,      s.ln2_mean,
-                               s.ln2_rstd,  s.fch, s.fch_gelu,  s.residual3};
+  auto input_of = [&](int l) { return l == 0 ? id.encoded : id.fwd[size_t(l - 1)].residual3; };
+  auto fields = [](const Gpt2ActivationIds::Layer& s) {
+    return std::vector<size_t>{s.ln1,       s.ln1_mean, s.ln1_rstd, s.qkv,      s.atty, s.att,
+                               s.residual2, s.ln2,      s.ln2_mean, s.ln2_rstd, s.fch,  s.fch_gelu};
   };
-  ops.push_back({"forward embedding", Phase::kForward, -1, {id.encoded}});
+  auto push = [&](std::string name, Phase ph, int layer, std::vector<size_t> bufs) {
+    std::erase(bufs, SIZE_MAX);
+    ops.push_back({std::move(name), ph, layer, std::move(bufs)});
+  };
+  push("forward embedding", Phase::kForward, -1, {id.encoded});
   for (int l = 0; l < L; l++) {
-    ops.push_back({"forward h." + std::to_string(l), Phase::kForward, l, layer_buffers(l)});
+    std::vector<size_t> b = fields(id.fwd[size_t(l)]);
+    b.insert(b.end(), {input_of(l), id.fwd[size_t(l)].residual3, id.att_fwd_scratch});
+    push("forward h." + std::to_string(l), Phase::kForward, l, std::move(b));
   }
-  ops.push_back({"forward head",
-                 Phase::kForward,
-                 -1,
-                 {input_of(L), id.lnf, id.lnf_mean, id.lnf_rstd, id.logits, id.losses}});
+  push("forward head", Phase::kForward, -1,
+       {input_of(L), id.lnf, id.lnf_mean, id.lnf_rstd, id.logits, id.head_lse, id.head_scratch,
+        id.losses});
   if (!training) return ops;
-  ops.push_back({"backward head",
-                 Phase::kBackward,
-                 -1,
-                 {input_of(L), id.lnf, id.lnf_mean, id.lnf_rstd, id.logits, id.d_c, id.dresidual}});
+  push("backward head", Phase::kBackward, -1,
+       {input_of(L), id.lnf, id.lnf_mean, id.lnf_rstd, id.logits, id.head_lse, id.head_scratch,
+        id.d_c, id.dresidual});
   for (int l = L - 1; l >= 0; l--) {
-    std::vector<size_t> b = layer_buffers(l);
-    b.pop_back();  // backward of block l does not read its own output (block l+1 did)
-    b.insert(b.end(), {id.dresidual, id.d_c, id.d_3c, id.d_4c, id.att_scratch});
-    ops.push_back({"backward h." + std::to_string(l), Phase::kBackward, l, std::move(b)});
+    // The backward of block l reads its saved (or recomputed) buffers but not its own output,
+    // which block l+1 already consumed. Selective recomputation also reads the saved
+    // buffers that the recomputed ones are made from (e.g. fch for fch_gelu).
+    std::vector<size_t> b = fields(id.bwd[size_t(l)]);
+    if (table.options.recompute_at(l) == Recompute::kSelective) {
+      b.insert(b.end(), {id.fwd[size_t(l)].fch, id.fwd[size_t(l)].residual2});
+    }
+    if (table.options.recompute_at(l) == Recompute::kFull) b.push_back(id.att_fwd_scratch);
+    b.insert(b.end(), {input_of(l), id.dresidual, id.d_c, id.d_3c, id.d_4c, id.att_scratch});
+    push("backward h." + std::to_string(l), Phase::kBackward, l, std::move(b));
   }
-  ops.push_back({"backward embedding", Phase::kBackward, -1, {id.dresidual}});
+  push("backward embedding", Phase::kBackward, -1, {id.dresidual});
   return ops;
 }
 
@@ -186,10 +268,10 @@ void Gpt2::bind_params(float* params, float* grads) {
   grads_ = grads;
 }
 
-void Gpt2::bind_activations(const memory::Arena* arena, const Gpt2ActivationIds* ids, int B,
+void Gpt2::bind_activations(const memory::Arena* arena, const ActivationTable* table, int B,
                             int T) {
   arena_ = arena;
-  ids_ = ids;
+  acts_ = table;
   B_ = B;
   T_ = T;
 }
@@ -213,17 +295,70 @@ void Gpt2::timed(OpKind kind, F&& f) {
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
-const float* Gpt2::logits() const { return arena_->f32(ids_->logits); }
+const float* Gpt2::logits() const {
+  HR_CHECK_MSG(acts_->ids.logits != SIZE_MAX, "the fused LM head never holds the logits");
+  return arena_->f32(acts_->ids.logits);
+}
+
+void Gpt2::block_forward(int l, const Gpt2ActivationIds::Layer& s, const float* x,
+                         bool with_output) {
+  const int B = B_, T = T_used_, C = config_.n_embd, NH = config_.n_head, N = B * T;
+  const memory::Arena& a = *arena_;
+  const LayerParams w = layer_params(params_, l);
+  timed(OpKind::kNorm, [&] {
+    cpu::layernorm_forward(a.f32(s.ln1), a.f32(s.ln1_mean), a.f32(s.ln1_rstd), x, w.ln1_w, w.ln1_b,
+                           N, C);
+  });
+  timed(OpKind::kGemm, [&] {
+    cpu::matmul_forward(a.f32(s.qkv), a.f32(s.ln1), w.qkv_w, w.qkv_b, N, C, 3 * C,
+                        cpu::WeightLayout::kInOut);
+  });
+  timed(OpKind::kAttention, [&] {
+    if (acts_->options.tiled_attention) {
+      cpu::attention_tiled_forward(a.f32(s.atty), a.f32(s.att), a.f32(s.qkv), B, T, C, NH,
+                                   a.f32(acts_->ids.att_fwd_scratch));
+    } else {
+      cpu::attention_forward(a.f32(s.atty), a.f32(s.att), a.f32(s.qkv), B, T, C, NH);
+    }
+  });
+  // The projection is written straight into residual2, then the residual is added in place.
+  timed(OpKind::kGemm, [&] {
+    cpu::matmul_forward(a.f32(s.residual2), a.f32(s.atty), w.attproj_w, w.attproj_b, N, C, C,
+                        cpu::WeightLayout::kInOut);
+  });
+  timed(OpKind::kElementwise,
+        [&] { cpu::residual_forward(a.f32(s.residual2), a.f32(s.residual2), x, int64_t(N) * C); });
+  timed(OpKind::kNorm, [&] {
+    cpu::layernorm_forward(a.f32(s.ln2), a.f32(s.ln2_mean), a.f32(s.ln2_rstd), a.f32(s.residual2),
+                           w.ln2_w, w.ln2_b, N, C);
+  });
+  timed(OpKind::kGemm, [&] {
+    cpu::matmul_forward(a.f32(s.fch), a.f32(s.ln2), w.fc_w, w.fc_b, N, C, 4 * C,
+                        cpu::WeightLayout::kInOut);
+  });
+  timed(OpKind::kElementwise,
+        [&] { cpu::gelu_forward(a.f32(s.fch_gelu), a.f32(s.fch), int64_t(N) * 4 * C); });
+  if (!with_output) return;
+  timed(OpKind::kGemm, [&] {
+    cpu::matmul_forward(a.f32(s.residual3), a.f32(s.fch_gelu), w.fcproj_w, w.fcproj_b, N, 4 * C, C,
+                        cpu::WeightLayout::kInOut);
+  });
+  timed(OpKind::kElementwise, [&] {
+    cpu::residual_forward(a.f32(s.residual3), a.f32(s.residual3), a.f32(s.residual2),
+                          int64_t(N) * C);
+  });
+}
 
 double Gpt2::forward(const int32_t* inputs, const int32_t* targets, int64_t* valid, int T_used) {
   HR_CHECK(params_ && arena_);
-  const int B = B_, T = T_used > 0 ? T_used : T_, C = config_.n_embd, NH = config_.n_head,
-            V = config_.vocab_size, L = config_.n_layer;
+  const Gpt2ActivationIds& id = acts_->ids;
+  const int B = B_, T = T_used > 0 ? T_used : T_, C = config_.n_embd, V = config_.vocab_size,
+            L = config_.n_layer;
   HR_CHECK(T <= T_ && T <= config_.n_positions);
+  HR_CHECK_MSG(targets || id.logits != SIZE_MAX, "the fused LM head needs targets");
   T_used_ = T;
   const int N = B * T;
   const memory::Arena& a = *arena_;
-  const Gpt2ActivationIds& id = *ids_;
   const float* wte = params_ + table_->params[0].offset;
   const float* wpe = params_ + table_->params[1].offset;
 
@@ -231,60 +366,31 @@ double Gpt2::forward(const int32_t* inputs, const int32_t* targets, int64_t* val
         [&] { cpu::embedding_forward(a.f32(id.encoded), inputs, wte, wpe, B, T, C); });
   const float* x = a.f32(id.encoded);
   for (int l = 0; l < L; l++) {
-    const LayerParams w = layer_params(params_, l);
-    const Gpt2ActivationIds::Layer& s = id.layers[size_t(l)];
-    timed(OpKind::kNorm, [&] {
-      cpu::layernorm_forward(a.f32(s.ln1), a.f32(s.ln1_mean), a.f32(s.ln1_rstd), x, w.ln1_w,
-                             w.ln1_b, N, C);
-    });
-    timed(OpKind::kGemm, [&] {
-      cpu::matmul_forward(a.f32(s.qkv), a.f32(s.ln1), w.qkv_w, w.qkv_b, N, C, 3 * C,
-                          cpu::WeightLayout::kInOut);
-    });
-    timed(OpKind::kAttention,
-          [&] { cpu::attention_forward(a.f32(s.atty), a.f32(s.att), a.f32(s.qkv), B, T, C, NH); });
-    // The projection is written straight into residual2, then the residual is added in place.
-    timed(OpKind::kGemm, [&] {
-      cpu::matmul_forward(a.f32(s.residual2), a.f32(s.atty), w.attproj_w, w.attproj_b, N, C, C,
-                          cpu::WeightLayout::kInOut);
-    });
-    timed(OpKind::kElementwise, [&] {
-      cpu::residual_forward(a.f32(s.residual2), a.f32(s.residual2), x, int64_t(N) * C);
-    });
-    timed(OpKind::kNorm, [&] {
-      cpu::layernorm_forward(a.f32(s.ln2), a.f32(s.ln2_mean), a.f32(s.ln2_rstd), a.f32(s.residual2),
-                             w.ln2_w, w.ln2_b, N, C);
-    });
-    timed(OpKind::kGemm, [&] {
-      cpu::matmul_forward(a.f32(s.fch), a.f32(s.ln2), w.fc_w, w.fc_b, N, C, 4 * C,
-                          cpu::WeightLayout::kInOut);
-    });
-    timed(OpKind::kElementwise,
-          [&] { cpu::gelu_forward(a.f32(s.fch_gelu), a.f32(s.fch), int64_t(N) * 4 * C); });
-    timed(OpKind::kGemm, [&] {
-      cpu::matmul_forward(a.f32(s.residual3), a.f32(s.fch_gelu), w.fcproj_w, w.fcproj_b, N, 4 * C,
-                          C, cpu::WeightLayout::kInOut);
-    });
-    timed(OpKind::kElementwise, [&] {
-      cpu::residual_forward(a.f32(s.residual3), a.f32(s.residual3), a.f32(s.residual2),
-                            int64_t(N) * C);
-    });
-    x = a.f32(s.residual3);
+    block_forward(l, id.fwd[size_t(l)], x, true);
+    x = a.f32(id.fwd[size_t(l)].residual3);
   }
-  const float* lnf_w = params_ + table_->params[table_->params.size() - 2].offset;
-  const float* lnf_b = params_ + table_->params[table_->params.size() - 1].offset;
+  const size_t np = table_->params.size();
+  const float* lnf_w = params_ + table_->params[np - 2].offset;
+  const float* lnf_b = params_ + table_->params[np - 1].offset;
   timed(OpKind::kNorm, [&] {
     cpu::layernorm_forward(a.f32(id.lnf), a.f32(id.lnf_mean), a.f32(id.lnf_rstd), x, lnf_w, lnf_b,
                            N, C);
   });
-  timed(OpKind::kGemm, [&] {
-    cpu::matmul_forward(a.f32(id.logits), a.f32(id.lnf), wte, nullptr, N, C, V,
-                        cpu::WeightLayout::kOutIn);
-  });
-  if (!targets) return 0.0;
   float* losses = a.f32(id.losses);
-  timed(OpKind::kLoss,
-        [&] { cpu::cross_entropy_forward(losses, a.f32(id.logits), targets, N, V); });
+  if (id.logits == SIZE_MAX) {
+    timed(OpKind::kLoss, [&] {
+      cpu::lm_head_ce_forward(losses, a.f32(id.head_lse), a.f32(id.lnf), wte, targets, N, C, V,
+                              acts_->options.head_chunk, a.f32(id.head_scratch));
+    });
+  } else {
+    timed(OpKind::kGemm, [&] {
+      cpu::matmul_forward(a.f32(id.logits), a.f32(id.lnf), wte, nullptr, N, C, V,
+                          cpu::WeightLayout::kOutIn);
+    });
+    if (!targets) return 0.0;
+    timed(OpKind::kLoss,
+          [&] { cpu::cross_entropy_forward(losses, a.f32(id.logits), targets, N, V); });
+  }
   double sum = 0.0;
   int64_t count = 0;
   for (int i = 0; i < N; i++) {
@@ -298,12 +404,12 @@ double Gpt2::forward(const int32_t* inputs, const int32_t* targets, int64_t* val
 }
 
 void Gpt2::backward(const int32_t* inputs, const int32_t* targets, float dloss) {
-  HR_CHECK(grads_ && ids_->dresidual != SIZE_MAX);
+  const Gpt2ActivationIds& id = acts_->ids;
+  HR_CHECK(grads_ && id.dresidual != SIZE_MAX);
   const int B = B_, T = T_used_, C = config_.n_embd, NH = config_.n_head, V = config_.vocab_size,
             L = config_.n_layer;
   const int N = B * T;
   const memory::Arena& a = *arena_;
-  const Gpt2ActivationIds& id = *ids_;
   const size_t np = table_->params.size();
   const float* wte = params_ + table_->params[0].offset;
   float* dwte = grads_ + table_->params[0].offset;
@@ -313,15 +419,23 @@ void Gpt2::backward(const int32_t* inputs, const int32_t* targets, float dloss) 
   float* d3c = a.f32(id.d_3c);
   float* d4c = a.f32(id.d_4c);
 
-  // Loss and LM head: the logits buffer becomes dlogits in place.
-  float* dlogits = a.f32(id.logits);
-  timed(OpKind::kLoss,
-        [&] { cpu::cross_entropy_backward(dlogits, dlogits, targets, N, V, dloss); });
-  timed(OpKind::kGemm, [&] {
-    cpu::matmul_backward(dc, dwte, nullptr, dlogits, a.f32(id.lnf), wte, N, C, V,
-                         cpu::WeightLayout::kOutIn);
-  });
-  const float* last = L > 0 ? a.f32(id.layers[size_t(L - 1)].residual3) : a.f32(id.encoded);
+  // Loss and LM head into dc = d(lnf).
+  if (id.logits == SIZE_MAX) {
+    timed(OpKind::kLoss, [&] {
+      cpu::lm_head_ce_backward(dc, dwte, a.f32(id.lnf), wte, targets, a.f32(id.head_lse), N, C, V,
+                               acts_->options.head_chunk, dloss, a.f32(id.head_scratch));
+    });
+  } else {
+    // The logits buffer becomes dlogits in place.
+    float* dlogits = a.f32(id.logits);
+    timed(OpKind::kLoss,
+          [&] { cpu::cross_entropy_backward(dlogits, dlogits, targets, N, V, dloss); });
+    timed(OpKind::kGemm, [&] {
+      cpu::matmul_backward(dc, dwte, nullptr, dlogits, a.f32(id.lnf), wte, N, C, V,
+                           cpu::WeightLayout::kOutIn);
+    });
+  }
+  const float* last = L > 0 ? a.f32(id.fwd[size_t(L - 1)].residual3) : a.f32(id.encoded);
   timed(OpKind::kElementwise, [&] { cpu::zero(dres, int64_t(N) * C); });
   timed(OpKind::kNorm, [&] {
     cpu::layernorm_backward(dres, grads_ + table_->params[np - 2].offset,
@@ -333,8 +447,18 @@ void Gpt2::backward(const int32_t* inputs, const int32_t* targets, float dloss) 
   for (int l = L - 1; l >= 0; l--) {
     const LayerParams w = layer_params(params_, l);
     const LayerParams g = layer_params(grads_, l);
-    const Gpt2ActivationIds::Layer& s = id.layers[size_t(l)];
-    const float* x = l > 0 ? a.f32(id.layers[size_t(l - 1)].residual3) : a.f32(id.encoded);
+    const Gpt2ActivationIds::Layer& s = id.bwd[size_t(l)];
+    const Recompute rc = acts_->options.recompute_at(l);
+    const float* x = l > 0 ? a.f32(id.fwd[size_t(l - 1)].residual3) : a.f32(id.encoded);
+    if (rc == Recompute::kFull) block_forward(l, s, x, false);
+    if (rc == Recompute::kSelective) {
+      timed(OpKind::kNorm, [&] {
+        cpu::layernorm_forward(a.f32(s.ln2), a.f32(s.ln2_mean), a.f32(s.ln2_rstd),
+                               a.f32(s.residual2), w.ln2_w, w.ln2_b, N, C);
+      });
+      timed(OpKind::kElementwise,
+            [&] { cpu::gelu_forward(a.f32(s.fch_gelu), a.f32(s.fch), int64_t(N) * 4 * C); });
+    }
     // MLP: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2)))).
     timed(OpKind::kGemm, [&] {
       cpu::matmul_backward(d4c, g.fcproj_w, g.fcproj_b, dres, a.f32(s.fch_gelu), w.fcproj_w, N,
@@ -356,9 +480,20 @@ void Gpt2::backward(const int32_t* inputs, const int32_t* targets, float dloss) 
                            cpu::WeightLayout::kInOut);
     });
     timed(OpKind::kAttention, [&] {
-      cpu::attention_backward(d3c, a.f32(id.att_scratch), dc, a.f32(s.qkv), a.f32(s.att), B, T, C,
-                              NH);
+      if (acts_->options.tiled_attention) {
+        cpu::attention_tiled_backward(d3c, dc, a.f32(s.qkv), a.f32(s.atty), a.f32(s.att), B, T, C,
+                                      NH, a.f32(id.att_scratch));
+      } else {
+        cpu::attention_backward(d3c, a.f32(id.att_scratch), dc, a.f32(s.qkv), a.f32(s.att), B, T, C,
+                                NH);
+      }
     });
+    if (rc == Recompute::kSelective) {
+      timed(OpKind::kNorm, [&] {
+        cpu::layernorm_forward(a.f32(s.ln1), a.f32(s.ln1_mean), a.f32(s.ln1_rstd), x, w.ln1_w,
+                               w.ln1_b, N, C);
+      });
+    }
     timed(OpKind::kGemm, [&] {
       cpu::matmul_backward(dc, g.qkv_w, g.qkv_b, d3c, a.f32(s.ln1), w.qkv_w, N, C, 3 * C,
                            cpu::WeightLayout::kInOut);

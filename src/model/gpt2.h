@@ -37,26 +37,60 @@ struct ParamTable {
 };
 ParamTable gpt2_param_table(const Gpt2Config& c);
 
+// Activation recomputation of one block (see docs/notes/recompute.md).
+enum class Recompute : uint8_t {
+  kNone,       // keep every activation the backward needs
+  kSelective,  // recompute the cheap, large ones in backward: LayerNorm outputs, GELU output
+  kFull,       // keep only the block's input; re-run its forward inside the backward
+};
+std::string_view recompute_name(Recompute r);
+
+// How a micro-batch is executed: choices that change memory and time, never the mathematics
+// (each has an invariance test against the plain path).
+struct ExecOptions {
+  bool tiled_attention = true;  // online-softmax attention: no T x T probabilities are kept
+  int head_chunk = 0;  // > 0: fused LM head + cross-entropy over chunks of this many tokens
+                       // (the B x T x V logits never exist); 0: full logits buffer
+  std::vector<Recompute> recompute;  // per block; empty means kNone everywhere
+
+  bool operator==(const ExecOptions&) const = default;
+  Recompute recompute_at(int layer) const {
+    return recompute.empty() ? Recompute::kNone : recompute[size_t(layer)];
+  }
+};
+
 // Indices into the activation buffer table for one micro-batch shape.
 struct Gpt2ActivationIds {
   struct Layer {
+    // att: the softmax probabilities [B,NH,T,T] (plain attention) or the log-sum-exp per row
+    // [B,NH,T] (tiled attention).
     size_t ln1, ln1_mean, ln1_rstd, qkv, atty, att, residual2, ln2, ln2_mean, ln2_rstd, fch,
         fch_gelu, residual3;
   };
   size_t encoded;
-  std::vector<Layer> layers;
-  size_t lnf, lnf_mean, lnf_rstd, logits, losses;
-  // Backward-only workspace.
+  std::vector<Layer> fwd;  // where each block's forward writes
+  std::vector<Layer> bwd;  // where its backward reads: the same buffers, except that recomputed
+                           // ones are the shared "recompute.*" buffers
+  size_t lnf, lnf_mean, lnf_rstd;
+  size_t logits;        // [B,T,V]; SIZE_MAX with the fused head
+  size_t head_lse;      // [B,T] log-sum-exp of the fused head; SIZE_MAX otherwise
+  size_t head_scratch;  // [chunk,V] logits chunk of the fused head; SIZE_MAX otherwise
+  size_t losses;
+  size_t att_fwd_scratch;  // tiled attention's forward scratch; SIZE_MAX for plain attention
+  // Backward-only workspace (SIZE_MAX when not training).
   size_t dresidual, d_c, d_3c, d_4c, att_scratch;
 };
 
 struct ActivationTable {
   std::vector<memory::BufferDesc> buffers;
   Gpt2ActivationIds ids;
+  ExecOptions options;
 };
 // Buffers for forward+backward of a (B, T) micro-batch. With training == false, the
 // backward-only workspace is left out (inference and validation).
-ActivationTable gpt2_activation_table(const Gpt2Config& c, int B, int T, bool training = true);
+// REQUIRES: options.recompute is empty or has n_layer entries.
+ActivationTable gpt2_activation_table(const Gpt2Config& c, int B, int T, bool training = true,
+                                      const ExecOptions& options = {});
 
 // One op of a micro-batch's training step, in execution order, with every activation-table
 // buffer it reads or writes. The planner derives each buffer's lifetime from these (first and
@@ -67,8 +101,8 @@ struct OpDesc {
   int layer;  // -1 for embedding and head
   std::vector<size_t> buffers;
 };
-// The ops of forward + backward (training == true) or forward only, for the table's ids.
-std::vector<OpDesc> gpt2_step_ops(const Gpt2Config& c, const Gpt2ActivationIds& ids,
+// The ops of forward + backward (training == true) or forward only, for the table.
+std::vector<OpDesc> gpt2_step_ops(const Gpt2Config& c, const ActivationTable& table,
                                   bool training = true);
 
 // GPT-2 initialisation (normal(0, 0.02); residual projections 0.02/sqrt(2L); biases 0;
@@ -89,12 +123,13 @@ class Gpt2 {
 
   // params: flat buffer of table->total_floats; grads: the same shape, or null for inference.
   void bind_params(float* params, float* grads);
-  // The arena must hold the buffers of gpt2_activation_table(config, B, T, training) in order.
-  void bind_activations(const memory::Arena* arena, const Gpt2ActivationIds* ids, int B, int T);
+  // The arena must hold the buffers of `table` (from gpt2_activation_table for B, T) in order.
+  void bind_activations(const memory::Arena* arena, const ActivationTable* table, int B, int T);
 
   // Runs the forward pass on inputs[B*T] (token ids < vocab_size). With targets (-1 = ignore),
   // also computes the per-token losses; returns their sum and sets *valid to the count of
-  // non-ignored targets. Without targets returns 0. Logits stay in logits() until backward.
+  // non-ignored targets. Without targets returns 0. Logits stay in logits() until backward
+  // (plain head only: the fused head never holds them, and needs targets).
   double forward(const int32_t* inputs, const int32_t* targets, int64_t* valid = nullptr,
                  int T_used = 0);
   // Backward of dloss * sum(losses) after forward() with the same inputs and targets; adds the
@@ -116,16 +151,19 @@ class Gpt2 {
   LayerParams layer_params(float* base, int l) const;
   template <typename F>
   void timed(OpKind kind, F&& f);
+  // Runs block l's forward from input x into the buffers `s`; with_output == false stops before
+  // the MLP projection (a recomputation does not need the block's output).
+  void block_forward(int l, const Gpt2ActivationIds::Layer& s, const float* x, bool with_output);
 
   Gpt2Config config_;
   const ParamTable* table_;
   float* params_ = nullptr;
   float* grads_ = nullptr;
   const memory::Arena* arena_ = nullptr;
-  const Gpt2ActivationIds* ids_ = nullptr;
+  const ActivationTable* acts_ = nullptr;
   int B_ = 0, T_ = 0;
-  int T_used_ = 0;
-  OpTimes* times_ = nullptr;  // the T of the last forward (<= T_), for inference on shorter prompts
+  int T_used_ = 0;  // the T of the last forward (<= T_), for inference on shorter prompts
+  OpTimes* times_ = nullptr;
 };
 
 }  // namespace headroom::model

@@ -37,8 +37,16 @@ Result<MemoryPlan> plan_training_memory(const model::Gpt2Config& config, const P
   MemoryPlan plan;
   plan.policy = p;
   plan.params = model::gpt2_param_table(config);
-  plan.activations = model::gpt2_activation_table(config, p.micro_batch, p.seq, true);
-  plan.ops = model::gpt2_step_ops(config, plan.activations.ids, true);
+  if (!p.exec.recompute.empty() && int(p.exec.recompute.size()) != config.n_layer) {
+    return Status::invalid_argument(
+        fmt::format("a recompute choice per block is needed: got {} for {} blocks",
+                    p.exec.recompute.size(), config.n_layer));
+  }
+  if (p.exec.head_chunk < 0) {
+    return Status::invalid_argument(fmt::format("LM head chunk {} is negative", p.exec.head_chunk));
+  }
+  plan.activations = model::gpt2_activation_table(config, p.micro_batch, p.seq, true, p.exec);
+  plan.ops = model::gpt2_step_ops(config, plan.activations, true);
 
   const int64_t P = plan.params.total_floats;
   const int64_t tokens = int64_t(p.accumulation) * p.micro_batch * p.seq;
@@ -57,7 +65,8 @@ Result<MemoryPlan> plan_training_memory(const model::Gpt2Config& config, const P
                      {"targets", DType::kI32, Shape{tokens}, Category::kStaging}}));
 
   if (same_shape && same_shape->policy.micro_batch == p.micro_batch &&
-      same_shape->policy.seq == p.seq && same_shape->params.total_floats == P) {
+      same_shape->policy.seq == p.seq && same_shape->policy.exec == p.exec &&
+      same_shape->params.total_floats == P) {
     plan.first_op = same_shape->first_op;
     plan.last_op = same_shape->last_op;
     plan.step = same_shape->step;

@@ -21,6 +21,7 @@ struct Policy {
   int accumulation = 1;  // k: micro-batches per optimizer step
   int seq = 1;           // T
   std::string precision = "fp32";
+  model::ExecOptions exec;  // attention kernel, LM head, recomputation per block
 };
 
 // A block of memory that the trainer allocates as one arena.

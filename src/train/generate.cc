@@ -12,12 +12,13 @@ namespace headroom::train {
 
 Result<std::vector<int32_t>> sample_tokens(const model::Gpt2Config& config, const float* params,
                                            const std::vector<int32_t>& prompt,
-                                           const SampleOptions& o,
-                                           memory::MemoryResource* resource,
+                                           const SampleOptions& o, memory::MemoryResource* resource,
                                            const std::function<void(int32_t)>& on_token) {
-  if (prompt.empty()) return Status::invalid_argument("the prompt is empty: give at least one token");
+  if (prompt.empty())
+    return Status::invalid_argument("the prompt is empty: give at least one token");
   if (o.max_new_tokens < 0) {
-    return Status::invalid_argument(fmt::format("--max-new-tokens {} is negative", o.max_new_tokens));
+    return Status::invalid_argument(
+        fmt::format("--max-new-tokens {} is negative", o.max_new_tokens));
   }
   if (!(o.temperature >= 0) || !std::isfinite(o.temperature)) {
     return Status::invalid_argument(fmt::format("--temperature {} must be >= 0", o.temperature));
@@ -32,14 +33,15 @@ Result<std::vector<int32_t>> sample_tokens(const model::Gpt2Config& config, cons
   const int window = std::min<int>(config.n_positions, int(prompt.size()) + o.max_new_tokens);
   const model::ParamTable table = model::gpt2_param_table(config);
   const model::ActivationTable acts =
-      model::gpt2_activation_table(config, 1, std::max(window, 1), /*training=*/false);
+      model::gpt2_activation_table(config, 1, std::max(window, 1), /*training=*/false,
+                                   model::ExecOptions{});  // plain head: sampling reads logits
   memory::Layout layout = memory::sequential_layout(acts.buffers);
   HR_ASSIGN_OR_RETURN(memory::Arena arena,
                       memory::Arena::create(resource, acts.buffers, std::move(layout),
                                             memory::Category::kActivations));
   model::Gpt2 net(config, &table);
   net.bind_params(const_cast<float*>(params), nullptr);  // forward only: never written
-  net.bind_activations(&arena, &acts.ids, 1, window);
+  net.bind_activations(&arena, &acts, 1, window);
 
   std::vector<int32_t> tokens = prompt;
   std::vector<int32_t> out;

@@ -112,7 +112,7 @@ Result<TrainResult> run_training(const TrainOptions& o, const TrainCallbacks& cb
 
   model::Gpt2 net(cfg, &table);
   net.bind_params(params, grads);
-  net.bind_activations(&act_arena, &mp.activations.ids, B, T);
+  net.bind_activations(&act_arena, &mp.activations, B, T);
   model::OpTimes op_times;
   if (o.breakdown) net.set_op_times(&op_times);
   int32_t* inputs = static_cast<int32_t*>(staging.data(0));

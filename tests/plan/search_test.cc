@@ -37,8 +37,8 @@ TEST(MemoryPlan, LifetimesFollowTheSchedule) {
   const auto& ids = mp->activations.ids;
   // Block 0's saved activations live from its forward to its backward (the last block op).
   const int fwd0 = 1, bwd0 = int(mp->ops.size()) - 2;
-  EXPECT_EQ(mp->first_op[ids.layers[0].fch], fwd0);
-  EXPECT_EQ(mp->last_op[ids.layers[0].fch], bwd0);
+  EXPECT_EQ(mp->first_op[ids.fwd[0].fch], fwd0);
+  EXPECT_EQ(mp->last_op[ids.fwd[0].fch], bwd0);
   // The logits die in the LM head's backward.
   EXPECT_EQ(mp->ops[size_t(mp->last_op[ids.logits])].name, "backward head");
   // Peak by category adds up to no more than the peak.

@@ -112,7 +112,7 @@ std::pair<std::vector<float>, double> run_once(const model::Gpt2Config& c, const
   model::Gpt2 net(c, &t);
   net.bind_params(params.data(), grads.data());
   const int B = mp.policy.micro_batch, T = mp.policy.seq;
-  net.bind_activations(&*arena, &mp.activations.ids, B, T);
+  net.bind_activations(&*arena, &mp.activations, B, T);
   std::vector<int32_t> in(size_t(B * T)), tg(size_t(B * T));
   for (int i = 0; i < B * T; i++) {
     in[size_t(i)] = (i * 7 + 3) % c.vocab_size;
