@@ -102,6 +102,7 @@ struct TrainFlags {
   int global_batch = 0;
   int steps = 200;
   std::string precision = "auto";
+  std::string recompute = "auto";
   std::string device = "cpu";
   std::string device_memory = "auto";
   std::string plan = "auto";
@@ -132,7 +133,12 @@ void add_train_flags(CLI::App* app, TrainFlags& f) {
   app->add_option("--steps", f.steps, "optimizer steps")->capture_default_str();
   app->add_option("--precision", f.precision, "auto or fp32 (bf16 and fp16 are not built yet)")
       ->capture_default_str();
-  app->add_option("--device", f.device, "cpu")->capture_default_str();
+  app->add_option("--recompute", f.recompute,
+                  "activation recomputation: auto (the planner chooses, per block), none, "
+                  "selective or full")
+      ->capture_default_str();
+  app->add_option("--device", f.device, "cpu or a GPU name for `plan` (H100-80GB, L4, ...)")
+      ->capture_default_str();
   app->add_option("--device-memory", f.device_memory,
                   "device memory budget, e.g. 4GiB (default: available memory less a margin, "
                   "cgroup limits respected)")
@@ -151,6 +157,16 @@ void add_train_flags(CLI::App* app, TrainFlags& f) {
 
 Result<plan::DeviceSpec> resolve_device(const std::string& device, const std::string& memory_flag,
                                         bool quiet);
+
+Result<std::optional<model::Recompute>> parse_recompute(const std::string& flag) {
+  if (flag == "auto") return std::optional<model::Recompute>();
+  for (model::Recompute r :
+       {model::Recompute::kNone, model::Recompute::kSelective, model::Recompute::kFull}) {
+    if (flag == model::recompute_name(r)) return std::optional<model::Recompute>(r);
+  }
+  return Status::invalid_argument(
+      fmt::format("--recompute {}: use auto, none, selective or full", flag));
+}
 
 Status resolve_train_options(TrainFlags& f, train::TrainOptions* o) {
   HR_ASSIGN_OR_RETURN(o->config, model::resolve_model(f.model));
@@ -180,6 +196,7 @@ Status resolve_train_options(TrainFlags& f, train::TrainOptions* o) {
     req.seq = o->seq;
     req.global_batch = global;
     if (f.batch > 0) req.micro_batch = f.batch;
+    HR_ASSIGN_OR_RETURN(req.recompute, parse_recompute(f.recompute));
     HR_ASSIGN_OR_RETURN(plan::SearchResult res, plan::search_plan(req));
     if (!res.chosen) {
       return Status::out_of_memory(
@@ -187,6 +204,7 @@ Status resolve_train_options(TrainFlags& f, train::TrainOptions* o) {
                       f.model, o->seq, global, format_bytes(o->device_memory), res.advice));
     }
     o->micro_batch = res.chosen->policy.micro_batch;
+    o->exec = res.chosen->policy.exec;
     o->accumulation = res.chosen->policy.accumulation;
     o->plan_note = fmt::format(
         "chosen by the planner: fastest of {} that fit, {} rejected; the "
@@ -215,6 +233,37 @@ Status resolve_train_options(TrainFlags& f, train::TrainOptions* o) {
     };
     HR_RETURN_IF_ERROR(get_int("micro_batch", &o->micro_batch));
     HR_RETURN_IF_ERROR(get_int("accumulation", &o->accumulation));
+    // Techniques (absent in older plan files: the defaults).
+    const json& ch = j["chosen"];
+    if (ch.contains("attention")) o->exec.tiled_attention = ch["attention"] != "plain";
+    if (ch.contains("head_chunk")) {
+      if (!ch["head_chunk"].is_number_integer() || ch["head_chunk"].get<int64_t>() < 0) {
+        return Status::invalid_argument(fmt::format(
+            "--plan {}: field 'chosen.head_chunk' must be a non-negative integer", f.plan));
+      }
+      o->exec.head_chunk = ch["head_chunk"].get<int>();
+    }
+    if (ch.contains("recompute_per_block")) {
+      const json& rp = ch["recompute_per_block"];
+      if (!rp.is_array() || (!rp.empty() && int(rp.size()) != o->config.n_layer)) {
+        return Status::invalid_argument(fmt::format(
+            "--plan {}: field 'chosen.recompute_per_block' must list one choice per block ({})",
+            f.plan, o->config.n_layer));
+      }
+      for (const json& v : rp) {
+        std::optional<model::Recompute> r;
+        if (v.is_string()) {
+          Result<std::optional<model::Recompute>> pr = parse_recompute(v.get<std::string>());
+          if (pr.is_ok()) r = *pr;
+        }
+        if (!r) {
+          return Status::invalid_argument(fmt::format(
+              "--plan {}: 'chosen.recompute_per_block' has {}; use none, selective or full", f.plan,
+              v.dump()));
+        }
+        o->exec.recompute.push_back(*r);
+      }
+    }
     int plan_seq = 0;
     HR_RETURN_IF_ERROR(get_int("seq", &plan_seq));
     if (f.seq > 0 && f.seq != plan_seq) {
@@ -279,12 +328,25 @@ json categories_json(const std::array<uint64_t, memory::kNumCategories>& by) {
   return j;
 }
 
+json recompute_json(const model::ExecOptions& e) {
+  json a = json::array();
+  for (int l = 0; l < int(e.recompute.size()); l++) {
+    a.push_back(std::string(model::recompute_name(e.recompute_at(l))));
+  }
+  return a;
+}
+
 json candidate_json(const plan::Candidate& c) {
   json j = {{"micro_batch", c.policy.micro_batch},
             {"accumulation", c.policy.accumulation},
             {"seq", c.policy.seq},
             {"precision", c.policy.precision},
-            {"recompute", "none"},
+            {"recompute", plan::recompute_summary(c.policy.exec)},
+            {"recompute_per_block", recompute_json(c.policy.exec)},
+            {"attention", c.policy.exec.tiled_attention ? "tiled" : "plain"},
+            {"lm_head", c.policy.exec.head_chunk > 0 ? "fused" : "full"},
+            {"head_chunk", c.policy.exec.head_chunk},
+            {"techniques", plan::describe_exec(c.policy.exec)},
             {"offload", "none"},
             {"zero", 0},
             {"peak_bytes", c.peak_bytes},
@@ -343,7 +405,8 @@ int run_train(TrainFlags& f) {
                  "%d steps, lr %.2g\n",
                  o.model_name.c_str(), double(info.num_parameters) / 1e6, o.micro_batch, o.seq,
                  o.accumulation, o.steps, double(o.adamw.lr));
-    std::fprintf(stderr, "plan: %s\n", o.plan_note.c_str());
+    std::fprintf(stderr, "plan: %s\n  %s\n", o.plan_note.c_str(),
+                 plan::describe_exec(o.exec).c_str());
     std::fprintf(stderr, "data: %s (%lld train / %lld validation tokens)\n", o.data.c_str(),
                  static_cast<long long>(info.train_tokens),
                  static_cast<long long>(info.val_tokens));
@@ -521,6 +584,9 @@ int run_plan(PlanFlags& pf) {
   req.global_batch = f.global_batch > 0 ? f.global_batch : (f.batch > 0 ? f.batch * pf.devices : 8);
   if (f.batch > 0) req.micro_batch = f.batch;
   req.sweep = pf.sweep;
+  Result<std::optional<model::Recompute>> rc = parse_recompute(f.recompute);
+  if (!rc.is_ok()) return fail(rc.status());
+  req.recompute = *rc;
   Result<plan::SearchResult> r = plan::search_plan(req);
   if (!r.is_ok()) return fail(r.status());
   const int64_t nparams = model::gpt2_param_table(*cfg).num_parameters;
@@ -567,9 +633,9 @@ int run_plan(PlanFlags& pf) {
   }
   if (r->chosen) {
     const plan::Candidate& c = *r->chosen;
-    std::printf(
-        "\nchosen: micro-batch %d x %d accumulation steps, %s, no recomputation, no offload\n",
-        c.policy.micro_batch, c.policy.accumulation, c.policy.precision.c_str());
+    std::printf("\nchosen: micro-batch %d x %d accumulation steps, %s, %s, no offload\n",
+                c.policy.micro_batch, c.policy.accumulation, c.policy.precision.c_str(),
+                plan::describe_exec(c.policy.exec).c_str());
     std::printf("  peak %s per device (lower bound %s), predicted %.0f tokens/s (%.0f ms a step)\n",
                 format_bytes(c.peak_bytes).c_str(), format_bytes(c.lower_bound_bytes).c_str(),
                 c.cost.tokens_per_s, c.cost.step_seconds * 1e3);
@@ -580,9 +646,9 @@ int run_plan(PlanFlags& pf) {
       std::printf("\nrunners-up:\n");
       for (size_t i = 1; i < r->candidates.size() && i < 6; i++) {
         const plan::Candidate& o = r->candidates[i];
-        std::printf("  micro-batch %3d x %3d: peak %10s, predicted %6.0f tokens/s\n",
+        std::printf("  micro-batch %3d x %3d: peak %10s, predicted %6.0f tokens/s (%s)\n",
                     o.policy.micro_batch, o.policy.accumulation, format_bytes(o.peak_bytes).c_str(),
-                    o.cost.tokens_per_s);
+                    o.cost.tokens_per_s, plan::describe_exec(o.policy.exec).c_str());
       }
     }
   }
@@ -594,18 +660,22 @@ int run_plan(PlanFlags& pf) {
     }
   }
   if (pf.sweep) {
-    std::printf("\nmemory versus micro-batch (seq %d):\n  %11s %12s %9s %14s %5s\n", req.seq,
-                "micro-batch", "planned peak", "of device", "tokens/s (est)", "fits");
+    std::printf(
+        "\nmemory versus micro-batch (seq %d; the fastest technique that fits, else the "
+        "leanest):\n  %11s %12s %9s %14s %5s  %s\n",
+        req.seq, "micro-batch", "planned peak", "of device", "tokens/s (est)", "fits",
+        "techniques");
     for (const auto& o : r->sweep) {
-      std::printf("  %11d %12s %8.1f%% %14.0f %5s\n", o.policy.micro_batch,
-                  format_bytes(o.peak_bytes).c_str(),
+      std::printf("  %11d %11s%s %8.1f%% %14.0f %5s  %s\n", o.policy.micro_batch,
+                  format_bytes(o.peak_bytes).c_str(), o.placed ? " " : "+",
                   100.0 * double(o.peak_bytes) / double(dev->memory_bytes), o.cost.tokens_per_s,
-                  o.fits ? "yes" : "no");
+                  o.fits ? "yes" : "no", plan::describe_exec(o.policy.exec).c_str());
     }
+    std::printf("  (+: at least this much: rejected on the lower bound, never placed)\n");
   }
   std::printf("\nlargest micro-batch that fits: %d\n", r->max_micro_batch);
   if (!r->advice.empty()) std::printf("\n%s", r->advice.c_str());
-  std::printf("planned in %.1f ms\n", r->planning_ms);
+  std::printf("planned in %.1f ms (%d offset plans placed)\n", r->planning_ms, r->plans_placed);
   return r->chosen ? 0 : 3;
 }
 
@@ -615,6 +685,8 @@ struct BenchFlags {
   TrainFlags t;
   int warmup = 1;
   bool breakdown = false;
+  int head_chunk = 0;
+  std::string attention = "tiled";
 };
 
 int run_bench(BenchFlags& bf) {
@@ -641,6 +713,16 @@ int run_bench(BenchFlags& bf) {
   o.val_fraction = 0;
   o.eval_batches = 0;
   o.breakdown = bf.breakdown;
+  Result<std::optional<model::Recompute>> rc =
+      parse_recompute(f.recompute == "auto" ? "none" : f.recompute);
+  if (!rc.is_ok()) return fail(rc.status());
+  if (**rc != model::Recompute::kNone) o.exec.recompute.assign(size_t(cfg->n_layer), **rc);
+  if (bf.attention != "tiled" && bf.attention != "plain") {
+    return fail(Status::invalid_argument("--attention must be tiled or plain"));
+  }
+  o.exec.tiled_attention = bf.attention == "tiled";
+  if (bf.head_chunk < 0) return fail(Status::invalid_argument("--head-chunk must be >= 0"));
+  o.exec.head_chunk = bf.head_chunk;
   Result<uint64_t> budget = device_budget(f.device_memory);
   if (!budget.is_ok()) return fail(budget.status());
   o.device_memory = *budget;
@@ -697,6 +779,7 @@ int run_bench(BenchFlags& bf) {
               {"micro_batch", o.micro_batch},
               {"seq", o.seq},
               {"precision", "fp32"},
+              {"techniques", plan::describe_exec(o.exec)},
               {"steps", f.steps},
               {"warmup", bf.warmup},
               {"threads", omp_get_max_threads()},
@@ -721,13 +804,13 @@ int run_bench(BenchFlags& bf) {
     std::printf("%s\n", j.dump(2).c_str());
   } else {
     std::printf(
-        "%s, micro-batch %d x seq %d, fp32, %d threads: median step %.1f ms over %zu steps\n"
+        "%s, micro-batch %d x seq %d, fp32, %s, %d threads: median step %.1f ms over %zu steps\n"
         "  %.1f tokens/s, %.1f GFLOP/s of model FLOPs (6N + 12LTC = %.0f MFLOP/token), "
         "MFU %.1f%% of the measured fp32 GEMM peak (%.0f GFLOP/s)\n"
         "  peak device memory %s\n",
-        f.model.c_str(), o.micro_batch, o.seq, omp_get_max_threads(), med, step_ms.size(), tps,
-        mflops / 1e9, flops_per_token / 1e6, 100 * mfu, dev->flops_fp32 / 1e9,
-        format_bytes(peak).c_str());
+        f.model.c_str(), o.micro_batch, o.seq, plan::describe_exec(o.exec).c_str(),
+        omp_get_max_threads(), med, step_ms.size(), tps, mflops / 1e9, flops_per_token / 1e6,
+        100 * mfu, dev->flops_fp32 / 1e9, format_bytes(peak).c_str());
     if (bf.breakdown) {
       const double n = double(step_ms.size());
       double sum = 0;
@@ -844,6 +927,13 @@ int run(int argc, char** argv) {
       ->capture_default_str();
   bench_cmd->add_option("--threads", bnf.t.threads,
                         "OpenMP threads (default: the cores available)");
+  bench_cmd->add_option("--recompute", bnf.t.recompute, "none, selective or full (every block)")
+      ->capture_default_str();
+  bench_cmd->add_option("--attention", bnf.attention, "tiled or plain")->capture_default_str();
+  bench_cmd
+      ->add_option("--head-chunk", bnf.head_chunk,
+                   "tokens per chunk of the fused LM head; 0 = full logits")
+      ->capture_default_str();
   bench_cmd->add_flag("--breakdown", bnf.breakdown,
                       "time every kernel call by kind (gemm, attention, norm, ...)");
   bench_cmd->add_flag("--json", bnf.t.json,

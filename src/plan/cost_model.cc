@@ -15,6 +15,16 @@ StepCost estimate_step(const model::Gpt2Config& c, const MemoryPlan& plan, const
   const double per_token = 6.0 * matmul_params + 12.0 * L * T * C;
   const double tokens = rows * k;
   s.gemm_flops = per_token * tokens;
+  // Recomputation re-runs work inside the backward: a full block's forward (its GEMMs and
+  // attention), or for selective the two LayerNorms and the GELU (memory traffic only).
+  double full_blocks = 0, selective_blocks = 0;
+  for (int l = 0; l < c.n_layer; l++) {
+    full_blocks += plan.policy.exec.recompute_at(l) == model::Recompute::kFull;
+    selective_blocks += plan.policy.exec.recompute_at(l) == model::Recompute::kSelective;
+  }
+  s.gemm_flops += full_blocks * (2.0 * 12.0 * C * C + 4.0 * T * C) * tokens;
+  // The fused LM head recomputes each chunk's logits in the backward: one more head GEMM.
+  if (plan.policy.exec.head_chunk > 0) s.gemm_flops += 2.0 * V * C * tokens;
   const double non_embedding = double(plan.params.num_parameters) - double(c.n_positions) * C;
   s.model_flops = (6.0 * non_embedding + 12.0 * L * T * C) * tokens;
 
@@ -29,7 +39,14 @@ StepCost estimate_step(const model::Gpt2Config& c, const MemoryPlan& plan, const
   double step_buffer_bytes = 0;
   for (const memory::BufferDesc& buf : plan.step.buffers) step_buffer_bytes += double(buf.bytes());
   const double param_bytes = double(plan.params.total_floats) * 4.0;
-  s.memory_bytes = k * 4.0 * step_buffer_bytes + 9.0 * param_bytes;
+  // Selective recomputation reads x and residual2 (C each) and fch (4C) and writes ln1, ln2
+  // (C each) and fch_gelu (4C) again: 12 C floats per token per block. A full recompute also
+  // writes and reads the block's saved buffers once more: about 16 C floats.
+  double recompute_bytes = (selective_blocks * 12.0 + full_blocks * 32.0) * C * 4.0 * tokens;
+  // The fused head writes and reads each logits chunk twice (forward, recomputing backward);
+  // its chunk buffer is counted once among the step buffers.
+  if (plan.policy.exec.head_chunk > 0) recompute_bytes += 4.0 * V * 4.0 * tokens;
+  s.memory_bytes = k * 4.0 * step_buffer_bytes + 9.0 * param_bytes + recompute_bytes;
   s.memory_seconds = s.memory_bytes / d.mem_bandwidth;
 
   s.step_seconds = s.gemm_seconds + s.memory_seconds;

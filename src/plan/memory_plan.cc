@@ -20,7 +20,7 @@ Region single_region(std::string name, Category c, std::vector<BufferDesc> buffe
 }  // namespace
 
 Result<MemoryPlan> plan_training_memory(const model::Gpt2Config& config, const Policy& p,
-                                        const MemoryPlan* same_shape) {
+                                        const MemoryPlan* same_shape, bool place) {
   HR_RETURN_IF_ERROR(config.validate());
   if (p.seq <= 0 || p.seq > config.n_positions) {
     return Status::invalid_argument(
@@ -66,12 +66,13 @@ Result<MemoryPlan> plan_training_memory(const model::Gpt2Config& config, const P
 
   if (same_shape && same_shape->policy.micro_batch == p.micro_batch &&
       same_shape->policy.seq == p.seq && same_shape->policy.exec == p.exec &&
-      same_shape->params.total_floats == P) {
+      same_shape->params.total_floats == P && (same_shape->placed || !place)) {
     plan.first_op = same_shape->first_op;
     plan.last_op = same_shape->last_op;
     plan.step = same_shape->step;
     plan.step_strategy = same_shape->step_strategy;
     plan.step_lower_bound = same_shape->step_lower_bound;
+    plan.placed = same_shape->placed;
   } else {
     // Lifetimes: the first and last op that touches each step buffer.
     const std::vector<BufferDesc>& bufs = plan.activations.buffers;
@@ -88,14 +89,21 @@ Result<MemoryPlan> plan_training_memory(const model::Gpt2Config& config, const P
       HR_CHECK_MSG(plan.last_op[i] >= 0, "a step buffer is not used by any op");
       ranges[i] = {bufs[i].bytes(), memory::kBufferAlignment, plan.first_op[i], plan.last_op[i]};
     }
-    memory::OffsetPlan offsets = memory::plan_offsets(ranges);
     plan.step.name = "step";
     plan.step.category = Category::kActivations;
     plan.step.buffers = bufs;
-    plan.step.layout.offsets = offsets.offsets;
-    plan.step.layout.size = offsets.size;
-    plan.step_strategy = offsets.strategy;
-    plan.step_lower_bound = offsets.lower_bound;
+    if (place) {
+      memory::OffsetPlan offsets = memory::plan_offsets(ranges);
+      plan.step.layout.offsets = offsets.offsets;
+      plan.step.layout.size = offsets.size;
+      plan.step_strategy = offsets.strategy;
+      plan.step_lower_bound = offsets.lower_bound;
+    } else {
+      plan.step_lower_bound = memory::live_bytes_lower_bound(ranges);
+      plan.step.layout.size = plan.step_lower_bound;
+      plan.step_strategy = "not placed";
+      plan.placed = false;
+    }
   }
 
   for (const Region& r : plan.persistent) plan.persistent_bytes += r.layout.size;

@@ -54,14 +54,17 @@ struct MemoryPlan {
   // Bytes by category at the peak: persistent regions whole, step buffers live at peak_op.
   std::array<uint64_t, memory::kNumCategories> by_category{};
   std::string step_strategy;  // which placement heuristic won
+  bool placed = true;         // false: step offsets not computed (see plan_training_memory)
 };
 
 // Plans the memory of training `config` under `policy`. Errors: InvalidArgument for a policy
 // that cannot run (seq above n_positions, non-positive sizes).
 // `same_shape`, when given, is a plan of the same model, micro-batch and sequence length whose
 // step region is reused instead of placed again (the search prices many accumulation counts).
+// With place == false the step buffers get no offsets: step_bytes is the lower bound, an
+// optimistic peak that lets the search reject candidates without placing them.
 Result<MemoryPlan> plan_training_memory(const model::Gpt2Config& config, const Policy& policy,
-                                        const MemoryPlan* same_shape = nullptr);
+                                        const MemoryPlan* same_shape = nullptr, bool place = true);
 
 // The bytes of the step region's buffers live at op `op` (a column of the memory timeline).
 uint64_t live_bytes_at(const MemoryPlan& plan, int op);

@@ -23,8 +23,18 @@ struct SearchRequest {
   int global_batch = 0;            // sequences per optimizer step, all ranks together
   std::optional<int> micro_batch;  // a --batch given explicitly is a constraint
   std::string precision = "fp32";
-  bool sweep = false;  // also fill SearchResult::sweep
+  // --recompute given: the same choice for every block; unset: the planner chooses, including a
+  // per-block mix (an optimal schedule for the chain under the budget).
+  std::optional<model::Recompute> recompute;
+  std::optional<bool> fused_head;  // unset: the planner chooses
+  int head_chunk = 256;            // tokens per chunk of the fused LM head
+  bool sweep = false;              // also fill SearchResult::sweep
 };
+
+// "tiled attention, fused LM head (chunk 256), recompute: 4 full, 8 none".
+std::string describe_exec(const model::ExecOptions& exec);
+// "none", "selective", "full" or "mixed".
+std::string recompute_summary(const model::ExecOptions& exec);
 
 struct Candidate {
   Policy policy;
@@ -33,14 +43,18 @@ struct Candidate {
   std::array<uint64_t, memory::kNumCategories> by_category{};
   StepCost cost;
   bool fits = false;
+  bool placed = true;            // false: rejected on the lower bound, never placed
   std::string rejected_because;  // empty when it fits
 };
 
 struct SearchResult {
   std::optional<Candidate> chosen;
   std::optional<MemoryPlan> chosen_plan;
-  std::vector<Candidate> candidates;  // fitting, fastest first (the chosen one first)
+  // For each micro-batch that divides the per-device batch: its fastest fitting technique
+  // (candidates, fastest first) or, when none fits, its leanest one (rejected).
+  std::vector<Candidate> candidates;
   std::vector<Candidate> rejected;
+  int plans_placed = 0;  // offset plans computed (the rest were rejected on the lower bound)
   std::vector<Candidate> sweep;  // micro-batch 1, 2, 4, ... past the largest that fits
   int max_micro_batch = 0;       // largest micro-batch whose plan fits (0: none)
   std::string advice;            // when nothing fits: what is missing and what would help

@@ -80,6 +80,7 @@ Result<TrainResult> run_training(const TrainOptions& o, const TrainCallbacks& cb
   policy.micro_batch = B;
   policy.accumulation = K;
   policy.seq = T;
+  policy.exec = o.exec;
   HR_ASSIGN_OR_RETURN(const plan::MemoryPlan mp, plan::plan_training_memory(cfg, policy));
   if (mp.peak_bytes > o.device_memory) {
     return Status::out_of_memory(fmt::format(

@@ -18,13 +18,14 @@ namespace headroom::train {
 
 struct TrainOptions {
   model::Gpt2Config config;
-  std::string model_name;  // for messages
-  std::string plan_note;   // how micro-batch and accumulation were chosen, for the start-up lines
-  std::string data;        // token file (headroom prepare)
-  int seq = 128;           // T
-  int micro_batch = 8;     // B: sequences per micro-batch
-  int accumulation = 1;    // k: micro-batches per optimizer step
-  int steps = 200;         // optimizer steps
+  std::string model_name;   // for messages
+  std::string plan_note;    // how micro-batch and accumulation were chosen, for the start-up lines
+  std::string data;         // token file (headroom prepare)
+  int seq = 128;            // T
+  int micro_batch = 8;      // B: sequences per micro-batch
+  int accumulation = 1;     // k: micro-batches per optimizer step
+  model::ExecOptions exec;  // attention kernel, LM head, recomputation per block
+  int steps = 200;          // optimizer steps
   int warmup_steps = 20;
   float min_lr_ratio = 0.1f;
   AdamWConfig adamw;
