@@ -112,7 +112,17 @@ Sizes sizes_for(const CalibrationOptions& options) {
   // GPT-2 small's MLP at 2048 tokens (e.g. 8 x 256): c_fc 768 -> 3072 and c_proj 3072 -> 768.
   // Three triad arrays of 256 MiB (768 MiB) stream well past any last-level cache we expect
   // (300 MiB on the machine in docs/calibration.md).
-  return {{{2048, 768, 3072}, {2048, 3072, 768}}, 1, 5, 256 * kMiB, 256 * kMiB};
+  // GPT-2 124M's forward GEMMs at 2048 tokens (the LM head at 512 tokens, to keep calibration
+  // short), weighted by their FLOPs as a step weights them.
+  return {{{2048, 768, 2304},
+           {2048, 768, 768},
+           {2048, 768, 3072},
+           {2048, 3072, 768},
+           {512, 768, 50257}},
+          1,
+          5,
+          256 * kMiB,
+          256 * kMiB};
 }
 
 std::string shape_text(const GemmShape& s) { return fmt::format("{}x{}->{}", s.N, s.IC, s.OC); }
