@@ -210,6 +210,37 @@ TEST_F(Cli, TrainWithAPlanFileMeasuresThePlannedPeak) {
   EXPECT_NE(b.out.find("chosen.micro_batch"), std::string::npos) << b.out;
 }
 
+TEST_F(Cli, TightBudgetTrainsWithRecomputationAndTheSameLoss) {
+  // The same 3 steps in a roomy budget and in one where only recomputation (and the fused head)
+  // fit: the planner changes the techniques, never the mathematics.
+  std::string data = corpus();
+  auto losses = [&](const std::string& budget, std::string* techniques) {
+    Outcome t = run("train --data " + data + " --seq 64 --batch 16 --steps 3 --sample-tokens 0 " +
+                    "--device-memory " + budget + " --out " + path("m" + budget) + " --log-json " +
+                    path("l" + budget));
+    EXPECT_EQ(t.code, 0) << t.out;
+    auto at = t.out.find("\n  tiled");
+    *techniques =
+        at == std::string::npos ? "" : t.out.substr(at + 3, t.out.find('\n', at + 1) - at - 3);
+    std::vector<double> v;
+    std::ifstream f(path("l" + budget));
+    std::string line;
+    while (std::getline(f, line)) v.push_back(nlohmann::json::parse(line)["loss"]);
+    return v;
+  };
+  std::string roomy_tech, tight_tech;
+  std::vector<double> roomy = losses("2GiB", &roomy_tech);
+  std::vector<double> tight = losses("170MiB", &tight_tech);
+  EXPECT_NE(roomy_tech.find("recompute none"), std::string::npos) << roomy_tech;
+  EXPECT_EQ(tight_tech.find("recompute none"), std::string::npos) << tight_tech;
+  ASSERT_EQ(roomy.size(), 3u);
+  ASSERT_EQ(tight.size(), 3u);
+  for (size_t i = 0; i < 3; i++) {
+    // Recomputation is bit-identical; the fused head's chunked sums differ by rounding only.
+    EXPECT_NEAR(roomy[i], tight[i], 1e-4 * roomy[i]) << "step " << i;
+  }
+}
+
 TEST_F(Cli, PlanSaysWhatIsMissingWhenNothingFits) {
   write("gpt7b.json", R"({"n_layer": 32, "n_head": 32, "n_embd": 4096, "vocab_size": 50257,
                           "n_positions": 4096})");

@@ -30,8 +30,8 @@ model::Gpt2Config small_config(int L, int C, int NH, int V, int P) {
 }
 
 std::string random_token_file(int vocab, int n) {
-  std::string path = (fs::path(testing::TempDir()) /
-                      ("plan_eq_" + std::to_string(getpid()) + "_" + std::to_string(vocab) + ".tok"))
+  std::string path = (fs::path(testing::TempDir()) / ("plan_eq_" + std::to_string(getpid()) + "_" +
+                                                      std::to_string(vocab) + ".tok"))
                          .string();
   std::mt19937 rng(7);
   std::vector<int32_t> toks(static_cast<size_t>(n));
@@ -43,17 +43,29 @@ std::string random_token_file(int vocab, int n) {
 
 struct Case {
   int L, C, NH, V, P, B, T, K;
+  bool tiled = true;
+  int head_chunk = 0;
+  model::Recompute recompute = model::Recompute::kNone;
 };
 
 TEST(PlanEquality, MeasuredPeakEqualsPlannedPeak) {
   const Case cases[] = {
-      {1, 32, 2, 101, 16, 1, 8, 1},  {2, 64, 4, 257, 64, 2, 16, 2}, {2, 64, 4, 257, 64, 4, 33, 1},
-      {3, 48, 3, 500, 32, 3, 32, 1}, {4, 128, 4, 1000, 128, 2, 64, 1},
+      {1, 32, 2, 101, 16, 1, 8, 1},
+      {2, 64, 4, 257, 64, 2, 16, 2},
+      {2, 64, 4, 257, 64, 4, 33, 1},
+      {3, 48, 3, 500, 32, 3, 32, 1},
+      {4, 128, 4, 1000, 128, 2, 64, 1},
       {2, 96, 6, 333, 80, 5, 80, 3},
+      {2, 64, 4, 257, 64, 2, 16, 2, false},
+      {3, 64, 4, 500, 64, 2, 32, 1, true, 24},
+      {3, 64, 4, 500, 64, 2, 32, 2, true, 0, model::Recompute::kSelective},
+      {3, 64, 4, 500, 64, 3, 32, 1, false, 16, model::Recompute::kFull},
   };
   for (const Case& c : cases) {
-    SCOPED_TRACE(::testing::Message() << "L=" << c.L << " C=" << c.C << " B=" << c.B
-                                      << " T=" << c.T << " K=" << c.K);
+    SCOPED_TRACE(::testing::Message()
+                 << "L=" << c.L << " C=" << c.C << " B=" << c.B << " T=" << c.T << " K=" << c.K
+                 << " tiled=" << c.tiled << " chunk=" << c.head_chunk
+                 << " recompute=" << model::recompute_name(c.recompute));
     train::TrainOptions o;
     o.config = small_config(c.L, c.C, c.NH, c.V, c.P);
     o.model_name = "test";
@@ -61,6 +73,9 @@ TEST(PlanEquality, MeasuredPeakEqualsPlannedPeak) {
     o.seq = c.T;
     o.micro_batch = c.B;
     o.accumulation = c.K;
+    o.exec.tiled_attention = c.tiled;
+    o.exec.head_chunk = c.head_chunk;
+    if (c.recompute != model::Recompute::kNone) o.exec.recompute.assign(size_t(c.L), c.recompute);
     o.steps = 2;
     o.warmup_steps = 1;
     o.device_memory = uint64_t(1) << 32;
@@ -73,7 +88,7 @@ TEST(PlanEquality, MeasuredPeakEqualsPlannedPeak) {
     };
     Result<train::TrainResult> r = train::run_training(o, cb);
     ASSERT_TRUE(r.is_ok()) << r.status().to_string();
-    plan::Policy p{c.B, c.K, c.T, "fp32"};
+    plan::Policy p{c.B, c.K, c.T, "fp32", o.exec};
     Result<plan::MemoryPlan> mp = plan::plan_training_memory(o.config, p);
     ASSERT_TRUE(mp.is_ok());
     EXPECT_EQ(planned, mp->peak_bytes);
@@ -99,13 +114,15 @@ TEST(PlanEquality, TheStepRegionReusesMemory) {
 
 // Runs forward and backward of one micro-batch from an arena with `layout` and returns the
 // gradients and the loss.
-std::pair<std::vector<float>, double> run_once(const model::Gpt2Config& c, const plan::MemoryPlan& mp,
+std::pair<std::vector<float>, double> run_once(const model::Gpt2Config& c,
+                                               const plan::MemoryPlan& mp,
                                                const memory::Layout& layout) {
   memory::HostResource host;
   const model::ParamTable& t = mp.params;
   std::vector<float> params(size_t(t.total_floats)), grads(size_t(t.total_floats), 0.0f);
   model::gpt2_init_params(c, t, params.data(), 3);
-  auto arena = memory::Arena::create(&host, mp.step.buffers, layout, memory::Category::kActivations);
+  auto arena =
+      memory::Arena::create(&host, mp.step.buffers, layout, memory::Category::kActivations);
   EXPECT_TRUE(arena.is_ok());
   // Poison the whole arena so a read of memory that another buffer owns shows.
   std::memset(arena->base(), 0xff, arena->size());
