@@ -687,6 +687,7 @@ struct BenchFlags {
   bool breakdown = false;
   int head_chunk = 0;
   std::string attention = "tiled";
+  bool pad_rows = true;
 };
 
 int run_bench(BenchFlags& bf) {
@@ -723,6 +724,7 @@ int run_bench(BenchFlags& bf) {
   o.exec.tiled_attention = bf.attention == "tiled";
   if (bf.head_chunk < 0) return fail(Status::invalid_argument("--head-chunk must be >= 0"));
   o.exec.head_chunk = bf.head_chunk;
+  o.exec.pad_rows = bf.pad_rows;
   Result<uint64_t> budget = device_budget(f.device_memory);
   if (!budget.is_ok()) return fail(budget.status());
   o.device_memory = *budget;
@@ -935,6 +937,10 @@ int run(int argc, char** argv) {
   bench_cmd
       ->add_option("--head-chunk", bnf.head_chunk,
                    "tokens per chunk of the fused LM head; 0 = full logits")
+      ->capture_default_str();
+  bench_cmd
+      ->add_option("--pad-rows", bnf.pad_rows,
+                   "pad the MLP activations' rows off 4 KiB multiples (true/false)")
       ->capture_default_str();
   bench_cmd->add_flag("--breakdown", bnf.breakdown,
                       "time every kernel call by kind (gemm, attention, norm, ...)");

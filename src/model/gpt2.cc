@@ -83,6 +83,10 @@ ParamTable gpt2_param_table(const Gpt2Config& c) {
   return t;
 }
 
+int64_t ExecOptions::mlp_row_stride(int64_t four_c) const {
+  return pad_rows ? cpu::activation_row_stride(four_c) : four_c;
+}
+
 std::string_view recompute_name(Recompute r) {
   switch (r) {
     case Recompute::kNone:
@@ -107,6 +111,8 @@ ActivationTable gpt2_activation_table(const Gpt2Config& c, int B, int T, bool tr
   const int64_t C = c.n_embd, NH = c.n_head, V = c.vocab_size;
   const Category A = Category::kActivations;
   const bool tiled = options.tiled_attention;
+  // The MLP's 4C-wide activations get padded rows (cpu::activation_row_stride).
+  const int64_t ld4 = options.mlp_row_stride(4 * C);
   auto att_shape = [&]() { return tiled ? Shape{B, NH, T} : Shape{B, NH, T, T}; };
   // Every buffer of one block, named by `prefix`, tagged `cat`.
   auto block = [&](const std::string& p, Category cat, bool with_output) {
@@ -121,8 +127,8 @@ ActivationTable gpt2_activation_table(const Gpt2Config& c, int B, int T, bool tr
     L.ln2 = add(p + "ln2", {B, T, C}, cat);
     L.ln2_mean = add(p + "ln2_mean", {B, T}, cat);
     L.ln2_rstd = add(p + "ln2_rstd", {B, T}, cat);
-    L.fch = add(p + "fch", {B, T, 4 * C}, cat);
-    L.fch_gelu = add(p + "fch_gelu", {B, T, 4 * C}, cat);
+    L.fch = add(p + "fch", {B, T, ld4}, cat);
+    L.fch_gelu = add(p + "fch_gelu", {B, T, ld4}, cat);
     L.residual3 = with_output ? add(p + "residual3", {B, T, C}, cat) : SIZE_MAX;
     return L;
   };
@@ -155,7 +161,7 @@ ActivationTable gpt2_activation_table(const Gpt2Config& c, int B, int T, bool tr
   t.ids.dresidual = add("d_residual", {B, T, C}, W);
   t.ids.d_c = add("d_c", {B, T, C}, W);
   t.ids.d_3c = add("d_3c", {B, T, 3 * C}, W);
-  t.ids.d_4c = add("d_4c", {B, T, 4 * C}, W);
+  t.ids.d_4c = add("d_4c", {B, T, ld4}, W);
   t.ids.att_scratch =
       add("attention_backward_scratch",
           {int64_t(tiled ? cpu::attention_tiled_backward_scratch_floats(B, T, c.n_embd, c.n_head)
@@ -175,7 +181,7 @@ ActivationTable gpt2_activation_table(const Gpt2Config& c, int B, int T, bool tr
   if (any_selective && !rc) {
     rc_ln1 = add("recompute.ln1", {B, T, C}, Category::kRecompute);
     rc_ln2 = add("recompute.ln2", {B, T, C}, Category::kRecompute);
-    rc_gelu = add("recompute.fch_gelu", {B, T, 4 * C}, Category::kRecompute);
+    rc_gelu = add("recompute.fch_gelu", {B, T, ld4}, Category::kRecompute);
   }
   for (int l = 0; l < c.n_layer; l++) {
     Gpt2ActivationIds::Layer L = t.ids.fwd[size_t(l)];
@@ -303,6 +309,7 @@ const float* Gpt2::logits() const {
 void Gpt2::block_forward(int l, const Gpt2ActivationIds::Layer& s, const float* x,
                          bool with_output) {
   const int B = B_, T = T_used_, C = config_.n_embd, NH = config_.n_head, N = B * T;
+  const int64_t ld4 = acts_->options.mlp_row_stride(4 * C);
   const memory::Arena& a = *arena_;
   const LayerParams w = layer_params(params_, l);
   timed(OpKind::kNorm, [&] {
@@ -334,14 +341,14 @@ void Gpt2::block_forward(int l, const Gpt2ActivationIds::Layer& s, const float* 
   });
   timed(OpKind::kGemm, [&] {
     cpu::matmul_forward(a.f32(s.fch), a.f32(s.ln2), w.fc_w, w.fc_b, N, C, 4 * C,
-                        cpu::WeightLayout::kInOut);
+                        cpu::WeightLayout::kInOut, {.inp = 0, .out = ld4});
   });
   timed(OpKind::kElementwise,
-        [&] { cpu::gelu_forward(a.f32(s.fch_gelu), a.f32(s.fch), int64_t(N) * 4 * C); });
+        [&] { cpu::gelu_forward(a.f32(s.fch_gelu), a.f32(s.fch), int64_t(N) * ld4); });
   if (!with_output) return;
   timed(OpKind::kGemm, [&] {
     cpu::matmul_forward(a.f32(s.residual3), a.f32(s.fch_gelu), w.fcproj_w, w.fcproj_b, N, 4 * C, C,
-                        cpu::WeightLayout::kInOut);
+                        cpu::WeightLayout::kInOut, {.inp = ld4, .out = 0});
   });
   timed(OpKind::kElementwise, [&] {
     cpu::residual_forward(a.f32(s.residual3), a.f32(s.residual3), a.f32(s.residual2),
@@ -418,6 +425,7 @@ void Gpt2::backward(const int32_t* inputs, const int32_t* targets, float dloss) 
   float* dc = a.f32(id.d_c);
   float* d3c = a.f32(id.d_3c);
   float* d4c = a.f32(id.d_4c);
+  const int64_t ld4 = acts_->options.mlp_row_stride(4 * C);
 
   // Loss and LM head into dc = d(lnf).
   if (id.logits == SIZE_MAX) {
@@ -457,18 +465,18 @@ void Gpt2::backward(const int32_t* inputs, const int32_t* targets, float dloss) 
                                a.f32(s.residual2), w.ln2_w, w.ln2_b, N, C);
       });
       timed(OpKind::kElementwise,
-            [&] { cpu::gelu_forward(a.f32(s.fch_gelu), a.f32(s.fch), int64_t(N) * 4 * C); });
+            [&] { cpu::gelu_forward(a.f32(s.fch_gelu), a.f32(s.fch), int64_t(N) * ld4); });
     }
     // MLP: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2)))).
     timed(OpKind::kGemm, [&] {
       cpu::matmul_backward(d4c, g.fcproj_w, g.fcproj_b, dres, a.f32(s.fch_gelu), w.fcproj_w, N,
-                           4 * C, C, cpu::WeightLayout::kInOut);
+                           4 * C, C, cpu::WeightLayout::kInOut, {.inp = ld4, .out = 0});
     });
     timed(OpKind::kElementwise,
-          [&] { cpu::gelu_backward(d4c, a.f32(s.fch), d4c, int64_t(N) * 4 * C); });
+          [&] { cpu::gelu_backward(d4c, a.f32(s.fch), d4c, int64_t(N) * ld4); });
     timed(OpKind::kGemm, [&] {
       cpu::matmul_backward(dc, g.fc_w, g.fc_b, d4c, a.f32(s.ln2), w.fc_w, N, C, 4 * C,
-                           cpu::WeightLayout::kInOut);
+                           cpu::WeightLayout::kInOut, {.inp = 0, .out = ld4});
     });
     timed(OpKind::kNorm, [&] {
       cpu::layernorm_backward(dres, g.ln2_w, g.ln2_b, dc, a.f32(s.residual2), w.ln2_w,

@@ -48,10 +48,14 @@ std::string_view recompute_name(Recompute r);
 // How a micro-batch is executed: choices that change memory and time, never the mathematics
 // (each has an invariance test against the plain path).
 struct ExecOptions {
+  // The row stride of the MLP's 4C-wide activations for these options.
+  int64_t mlp_row_stride(int64_t four_c) const;
+
   bool tiled_attention = true;  // online-softmax attention: no T x T probabilities are kept
   int head_chunk = 0;  // > 0: fused LM head + cross-entropy over chunks of this many tokens
                        // (the B x T x V logits never exist); 0: full logits buffer
   std::vector<Recompute> recompute;  // per block; empty means kNone everywhere
+  bool pad_rows = true;  // pad the 4C-wide activations' rows off 4 KiB multiples (speed only)
 
   bool operator==(const ExecOptions&) const = default;
   Recompute recompute_at(int layer) const {

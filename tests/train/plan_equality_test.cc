@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 #include <random>
 
@@ -103,7 +104,7 @@ TEST(PlanEquality, MeasuredPeakEqualsPlannedPeak) {
 TEST(PlanEquality, TheStepRegionReusesMemory) {
   // Backward workspaces reuse the logits' memory once the LM head's backward is done.
   model::Gpt2Config c = small_config(4, 128, 4, 5000, 128);
-  Result<plan::MemoryPlan> mp = plan::plan_training_memory(c, plan::Policy{4, 1, 128, "fp32"});
+  Result<plan::MemoryPlan> mp = plan::plan_training_memory(c, plan::Policy{4, 1, 128, "fp32", {}});
   ASSERT_TRUE(mp.is_ok());
   uint64_t sum = 0;
   for (const auto& b : mp->step.buffers) sum += (b.bytes() + 63) / 64 * 64;
@@ -143,13 +144,40 @@ std::pair<std::vector<float>, double> run_once(const model::Gpt2Config& c,
 
 TEST(PlanEquality, PlannedOffsetsGiveBitIdenticalGradients) {
   model::Gpt2Config c = small_config(3, 64, 4, 300, 64);
-  Result<plan::MemoryPlan> mp = plan::plan_training_memory(c, plan::Policy{2, 1, 32, "fp32"});
+  Result<plan::MemoryPlan> mp = plan::plan_training_memory(c, plan::Policy{2, 1, 32, "fp32", {}});
   ASSERT_TRUE(mp.is_ok());
   auto planned = run_once(c, *mp, mp->step.layout);
   auto plain = run_once(c, *mp, memory::sequential_layout(mp->step.buffers));
   EXPECT_EQ(planned.second, plain.second);
   ASSERT_EQ(planned.first.size(), plain.first.size());
   EXPECT_EQ(0, std::memcmp(planned.first.data(), plain.first.data(), planned.first.size() * 4));
+}
+
+// Padding the MLP rows off 4 KiB multiples (C = 256: 4C = 1024 floats = 4 KiB) is a layout
+// choice only: the same loss and gradients as dense rows, to the rounding of a different GEMM
+// blocking.
+TEST(PlanEquality, PaddedMlpRowsMatchDenseRows) {
+  model::Gpt2Config c = small_config(2, 256, 4, 300, 64);
+  model::ExecOptions padded, dense;
+  dense.pad_rows = false;
+  Result<plan::MemoryPlan> mp_pad =
+      plan::plan_training_memory(c, plan::Policy{2, 1, 32, "fp32", padded});
+  Result<plan::MemoryPlan> mp_dense =
+      plan::plan_training_memory(c, plan::Policy{2, 1, 32, "fp32", dense});
+  ASSERT_TRUE(mp_pad.is_ok() && mp_dense.is_ok());
+  const auto& fch = mp_pad->step.buffers[mp_pad->activations.ids.fwd[0].fch];
+  EXPECT_EQ(fch.shape[2], 1024 + 16);  // padded
+  EXPECT_EQ(mp_dense->step.buffers[mp_dense->activations.ids.fwd[0].fch].shape[2], 1024);
+  auto a = run_once(c, *mp_pad, mp_pad->step.layout);
+  auto b = run_once(c, *mp_dense, mp_dense->step.layout);
+  EXPECT_NEAR(a.second, b.second, 1e-6 * std::fabs(b.second));
+  double worst = 0, scale = 0;
+  for (size_t i = 0; i < a.first.size(); i++) {
+    worst = std::max(worst, double(std::fabs(a.first[i] - b.first[i])));
+    scale = std::max(scale, double(std::fabs(b.first[i])));
+  }
+  EXPECT_LE(worst, 1e-5 * scale);
+  EXPECT_GT(scale, 0);
 }
 
 }  // namespace

@@ -195,30 +195,37 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
 
 // ---- matmul --------------------------------------------------------------------------------
 
+int64_t activation_row_stride(int64_t cols) {
+  return (cols * int64_t(sizeof(float))) % 4096 == 0 ? cols + 16 : cols;
+}
+
 void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N,
-                    int IC, int OC, WeightLayout layout) {
+                    int IC, int OC, WeightLayout layout, MatmulStrides st) {
+  const int ldi = int(st.inp ? st.inp : IC), ldo = int(st.out ? st.out : OC);
   if (layout == WeightLayout::kInOut) {
-    gemm(false, false, N, OC, IC, inp, IC, weight, OC, out, OC, bias, false);
+    gemm(false, false, N, OC, IC, inp, ldi, weight, OC, out, ldo, bias, false);
   } else {
-    gemm(false, true, N, OC, IC, inp, IC, weight, IC, out, OC, bias, false);
+    gemm(false, true, N, OC, IC, inp, ldi, weight, IC, out, ldo, bias, false);
   }
 }
 
 void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                     const float* weight, int N, int IC, int OC, WeightLayout layout) {
+                     const float* weight, int N, int IC, int OC, WeightLayout layout,
+                     MatmulStrides st) {
   const bool in_out = layout == WeightLayout::kInOut;
+  const int ldi = int(st.inp ? st.inp : IC), ldo = int(st.out ? st.out : OC);
   if (dinp != nullptr) {  // dinp[N,IC] = dout[N,OC] x weight^T
     if (in_out) {
-      gemm(false, true, N, IC, OC, dout, OC, weight, OC, dinp, IC, nullptr, false);
+      gemm(false, true, N, IC, OC, dout, ldo, weight, OC, dinp, ldi, nullptr, false);
     } else {
-      gemm(false, false, N, IC, OC, dout, OC, weight, IC, dinp, IC, nullptr, false);
+      gemm(false, false, N, IC, OC, dout, ldo, weight, IC, dinp, ldi, nullptr, false);
     }
   }
   if (dweight != nullptr) {  // accumulated through oneDNN's sum post-op
     if (in_out) {            // dweight[IC,OC] += inp^T x dout
-      gemm(true, false, IC, OC, N, inp, IC, dout, OC, dweight, OC, nullptr, true);
+      gemm(true, false, IC, OC, N, inp, ldi, dout, ldo, dweight, OC, nullptr, true);
     } else {  // dweight[OC,IC] += dout^T x inp
-      gemm(true, false, OC, IC, N, dout, OC, inp, IC, dweight, IC, nullptr, true);
+      gemm(true, false, OC, IC, N, dout, ldo, inp, ldi, dweight, IC, nullptr, true);
     }
   }
   if (dbias != nullptr) {
@@ -226,7 +233,7 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
     {
       int64_t c0, c1;
       thread_range(OC, 16, &c0, &c1);
-      add_column_sums(dbias, dout, N, OC, c0, c1);
+      add_column_sums(dbias, dout, N, ldo, c0, c1);
     }
   }
 }

@@ -41,13 +41,27 @@ enum class WeightLayout {
   kInOut,  // weight[IC, OC] row-major: Hugging Face GPT-2 Conv1D; out = inp @ weight
   kOutIn,  // weight[OC, IC] row-major: torch.nn.Linear and tied LM head; out = inp @ weight^T
 };
+// Row strides, in floats, of the activation operands when their rows are padded (see
+// activation_row_stride); 0 means dense (the row length). `inp` is the stride of inp and dinp,
+// `out` of out and dout.
+struct MatmulStrides {
+  int64_t inp = 0;
+  int64_t out = 0;
+};
 // out[N,OC] = inp[N,IC] x weight (+ bias[OC] if bias is not null).
 void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N,
-                    int IC, int OC, WeightLayout layout);
+                    int IC, int OC, WeightLayout layout, MatmulStrides strides = {});
 // dinp[N,IC] = dout x weight^T (overwritten; skipped if dinp is null);
 // dweight += inp^T x dout in weight's layout; dbias[OC] += column sums of dout (if not null).
 void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                     const float* weight, int N, int IC, int OC, WeightLayout layout);
+                     const float* weight, int N, int IC, int OC, WeightLayout layout,
+                     MatmulStrides strides = {});
+
+// The row stride to give an activation of `cols` floats per row: `cols`, or `cols + 16` when
+// rows `cols` floats apart would start a multiple of 4 KiB apart. Such strides make the loads of
+// successive rows compete for the same cache sets (4K aliasing): GPT-2's 3072-wide MLP GEMMs ran
+// 2.4-2.6x slower with them on the development machine (docs/gemm.md).
+int64_t activation_row_stride(int64_t cols);
 
 // ---- causal multi-head self-attention (plain: keeps the T x T probabilities) -----------------
 // qkv[B,T,3C] holds q, k, v side by side (as GPT-2's c_attn output); head h uses channels
