@@ -87,6 +87,7 @@ struct Variant {
   int head_chunk;
   std::vector<model::Recompute> recompute;  // for the fixture's two blocks
 };
+void PrintTo(const Variant& v, std::ostream* os) { *os << v.name; }
 using R = model::Recompute;
 const Variant kVariants[] = {
     {"plain", false, 0, {}},

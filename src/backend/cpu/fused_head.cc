@@ -15,18 +15,6 @@
 namespace headroom::cpu {
 namespace {
 
-// max and sum_i exp(x_i - max) of one row, as cross_entropy_forward computes them.
-inline void softmax_stats(const float* x, int V, float* maxv, float* sum) {
-  float m = -INFINITY;
-#pragma omp simd reduction(max : m)
-  for (int i = 0; i < V; ++i) m = std::max(m, x[i]);
-  float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-  for (int i = 0; i < V; ++i) s += fast_exp(x[i] - m);
-  *maxv = m;
-  *sum = s;
-}
-
 // logits[n, V] = x[n, C] x wte[V, C]^T (the kOutIn matmul_forward).
 inline void chunk_logits(float* logits, const float* x, const float* wte, int n, int C, int V) {
   gemm(false, true, n, V, C, x, C, wte, C, logits, V, nullptr, false);
@@ -56,7 +44,7 @@ void lm_head_ce_forward(float* losses, float* lse, const float* x, const float* 
       HR_CHECK(target >= -1 && target < V);
       const float* z = scratch + int64_t{r} * V;
       float m, s;
-      softmax_stats(z, V, &m, &s);
+      softmax_row_stats(z, V, &m, &s);
       // The same double-precision sum as cross_entropy_forward, so the losses agree to rounding.
       const double l = std::log(static_cast<double>(s)) + m;
       lse[row] = static_cast<float>(l);
@@ -111,7 +99,7 @@ void lm_head_ce_forward_backward(float* losses, float* dx, float* dwte, const fl
         continue;
       }
       float m, s;
-      softmax_stats(z, V, &m, &s);
+      softmax_row_stats(z, V, &m, &s);
       losses[c0 + r] = static_cast<float>(std::log(static_cast<double>(s)) + m - z[target]);
       const float k = dloss / s;  // as cross_entropy_backward
 #pragma omp simd

@@ -378,20 +378,6 @@ void residual_backward(float* da, float* db, const float* dout, int64_t n) {
 
 // ---- cross-entropy -------------------------------------------------------------------------
 
-namespace {
-// max and sum_i exp(x_i - max) of one row.
-inline void softmax_stats(const float* x, int V, float* maxv, float* sum) {
-  float m = -INFINITY;
-#pragma omp simd reduction(max : m)
-  for (int i = 0; i < V; ++i) m = std::max(m, x[i]);
-  float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-  for (int i = 0; i < V; ++i) s += fast_exp(x[i] - m);
-  *maxv = m;
-  *sum = s;
-}
-}  // namespace
-
 void cross_entropy_forward(float* losses, const float* logits, const int32_t* targets, int N,
                            int V) {
 #pragma omp parallel for schedule(static)
@@ -404,7 +390,7 @@ void cross_entropy_forward(float* losses, const float* logits, const int32_t* ta
     }
     const float* x = logits + n * V;
     float m, s;
-    softmax_stats(x, V, &m, &s);
+    softmax_row_stats(x, V, &m, &s);
     losses[n] = static_cast<float>(std::log(static_cast<double>(s)) + m - x[target]);
   }
 }
@@ -424,7 +410,7 @@ void cross_entropy_backward(float* dlogits, const float* logits, const int32_t* 
       continue;
     }
     float m, s;
-    softmax_stats(x, V, &m, &s);
+    softmax_row_stats(x, V, &m, &s);
     const float k = dloss / s;
 #pragma omp simd
     for (int i = 0; i < V; ++i) d[i] = fast_exp(x[i] - m) * k;
