@@ -15,12 +15,18 @@ enum class DType : uint8_t { kF32, kBF16, kF16, kI32, kU16, kI64 };
 
 constexpr size_t dtype_size(DType t) {
   switch (t) {
-    case DType::kF32: return 4;
-    case DType::kBF16: return 2;
-    case DType::kF16: return 2;
-    case DType::kI32: return 4;
-    case DType::kU16: return 2;
-    case DType::kI64: return 8;
+    case DType::kF32:
+      return 4;
+    case DType::kBF16:
+      return 2;
+    case DType::kF16:
+      return 2;
+    case DType::kI32:
+      return 4;
+    case DType::kU16:
+      return 2;
+    case DType::kI64:
+      return 8;
   }
   return 0;
 }
@@ -51,8 +57,9 @@ inline float f32_from_bits(uint32_t u) {
 
 inline uint16_t f32_to_bf16_bits(float f) {
   uint32_t u = f32_bits(f);
-  if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu)) return uint16_t((u >> 16) | 0x40);  // NaN
-  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
+  if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu))
+    return uint16_t((u >> 16) | 0x40);  // NaN
+  u += 0x7fffu + ((u >> 16) & 1u);      // round to nearest even
   return uint16_t(u >> 16);
 }
 inline float bf16_bits_to_f32(uint16_t b) { return f32_from_bits(uint32_t(b) << 16); }

@@ -14,7 +14,8 @@ void set_log_level(LogLevel level) { g_level.store(static_cast<int>(level)); }
 LogLevel log_level() { return static_cast<LogLevel>(g_level.load()); }
 
 void log_write(LogLevel level, std::string_view message) {
-  const char* prefix = level == LogLevel::kWarn ? "warning: " : (level == LogLevel::kError ? "error: " : "");
+  const char* prefix =
+      level == LogLevel::kWarn ? "warning: " : (level == LogLevel::kError ? "error: " : "");
   std::fprintf(stderr, "%s%.*s\n", prefix, static_cast<int>(message.size()), message.data());
 }
 

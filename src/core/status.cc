@@ -5,14 +5,22 @@ namespace headroom {
 
 std::string_view status_code_name(StatusCode code) {
   switch (code) {
-    case StatusCode::kOk: return "OK";
-    case StatusCode::kInvalidArgument: return "InvalidArgument";
-    case StatusCode::kNotFound: return "NotFound";
-    case StatusCode::kIoError: return "IoError";
-    case StatusCode::kCorrupt: return "Corrupt";
-    case StatusCode::kOutOfMemory: return "OutOfMemory";
-    case StatusCode::kUnsupported: return "Unsupported";
-    case StatusCode::kInternal: return "Internal";
+    case StatusCode::kOk:
+      return "OK";
+    case StatusCode::kInvalidArgument:
+      return "InvalidArgument";
+    case StatusCode::kNotFound:
+      return "NotFound";
+    case StatusCode::kIoError:
+      return "IoError";
+    case StatusCode::kCorrupt:
+      return "Corrupt";
+    case StatusCode::kOutOfMemory:
+      return "OutOfMemory";
+    case StatusCode::kUnsupported:
+      return "Unsupported";
+    case StatusCode::kInternal:
+      return "Internal";
   }
   return "Unknown";
 }

@@ -31,7 +31,9 @@ class [[nodiscard]] Status {
   Status(StatusCode code, std::string message) : code_(code), message_(std::move(message)) {}
 
   static Status ok() { return Status(); }
-  static Status invalid_argument(std::string m) { return {StatusCode::kInvalidArgument, std::move(m)}; }
+  static Status invalid_argument(std::string m) {
+    return {StatusCode::kInvalidArgument, std::move(m)};
+  }
   static Status not_found(std::string m) { return {StatusCode::kNotFound, std::move(m)}; }
   static Status io_error(std::string m) { return {StatusCode::kIoError, std::move(m)}; }
   static Status corrupt(std::string m) { return {StatusCode::kCorrupt, std::move(m)}; }
@@ -58,7 +60,7 @@ class [[nodiscard]] Status {
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : value_(std::move(value)) {}  // NOLINT: implicit by design
+  Result(T value) : value_(std::move(value)) {}         // NOLINT: implicit by design
   Result(Status status) : status_(std::move(status)) {  // NOLINT: implicit by design
     assert(!status_.is_ok() && "Result constructed from an OK status without a value");
     if (status_.is_ok()) status_ = Status::internal("Result built from OK status without value");
@@ -87,10 +89,10 @@ class [[nodiscard]] Result {
 #define HR_CONCAT(a, b) HR_CONCAT_INNER(a, b)
 
 // Returns the status from the enclosing function if it is not OK.
-#define HR_RETURN_IF_ERROR(expr)                     \
-  do {                                               \
-    ::headroom::Status hr_status_ = (expr);          \
-    if (!hr_status_.is_ok()) return hr_status_;      \
+#define HR_RETURN_IF_ERROR(expr)                \
+  do {                                          \
+    ::headroom::Status hr_status_ = (expr);     \
+    if (!hr_status_.is_ok()) return hr_status_; \
   } while (0)
 
 // HR_ASSIGN_OR_RETURN(auto x, make_x()); declares x from a Result or returns its status.

@@ -17,7 +17,8 @@ Result<uint64_t> parse_bytes(std::string_view text) {
   while (i < s.size() && std::isspace(static_cast<unsigned char>(s[i]))) i++;
   size_t start = i;
   bool dot = false;
-  while (i < s.size() && (std::isdigit(static_cast<unsigned char>(s[i])) || (s[i] == '.' && !dot))) {
+  while (i < s.size() &&
+         (std::isdigit(static_cast<unsigned char>(s[i])) || (s[i] == '.' && !dot))) {
     if (s[i] == '.') dot = true;
     i++;
   }
@@ -32,16 +33,26 @@ Result<uint64_t> parse_bytes(std::string_view text) {
   while (i < s.size() && std::isspace(static_cast<unsigned char>(s[i]))) i++;
   if (i != s.size()) return bad("has trailing text");
   double mult;
-  if (unit.empty() || unit == "b") mult = 1;
-  else if (unit == "k" || unit == "kib") mult = double(kKiB);
-  else if (unit == "m" || unit == "mib") mult = double(kMiB);
-  else if (unit == "g" || unit == "gib") mult = double(kGiB);
-  else if (unit == "t" || unit == "tib") mult = double(kGiB) * 1024.0;
-  else if (unit == "kb") mult = 1e3;
-  else if (unit == "mb") mult = 1e6;
-  else if (unit == "gb") mult = 1e9;
-  else if (unit == "tb") mult = 1e12;
-  else return bad("has an unknown unit");
+  if (unit.empty() || unit == "b")
+    mult = 1;
+  else if (unit == "k" || unit == "kib")
+    mult = double(kKiB);
+  else if (unit == "m" || unit == "mib")
+    mult = double(kMiB);
+  else if (unit == "g" || unit == "gib")
+    mult = double(kGiB);
+  else if (unit == "t" || unit == "tib")
+    mult = double(kGiB) * 1024.0;
+  else if (unit == "kb")
+    mult = 1e3;
+  else if (unit == "mb")
+    mult = 1e6;
+  else if (unit == "gb")
+    mult = 1e9;
+  else if (unit == "tb")
+    mult = 1e12;
+  else
+    return bad("has an unknown unit");
   double bytes = value * mult;
   if (!std::isfinite(bytes) || bytes >= 1.8e19) return bad("is too large");
   return static_cast<uint64_t>(std::llround(bytes));

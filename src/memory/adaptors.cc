@@ -9,19 +9,32 @@ namespace headroom::memory {
 
 std::string_view category_name(Category c) {
   switch (c) {
-    case Category::kWeights: return "weights";
-    case Category::kGrads: return "grads";
-    case Category::kOptimizer: return "optimizer";
-    case Category::kMaster: return "master";
-    case Category::kActivations: return "activations";
-    case Category::kRecompute: return "recompute";
-    case Category::kWorkspace: return "workspace";
-    case Category::kLogits: return "logits";
-    case Category::kComm: return "comm";
-    case Category::kStaging: return "staging";
-    case Category::kOffload: return "offload";
-    case Category::kOther: return "other";
-    case Category::kCount: break;
+    case Category::kWeights:
+      return "weights";
+    case Category::kGrads:
+      return "grads";
+    case Category::kOptimizer:
+      return "optimizer";
+    case Category::kMaster:
+      return "master";
+    case Category::kActivations:
+      return "activations";
+    case Category::kRecompute:
+      return "recompute";
+    case Category::kWorkspace:
+      return "workspace";
+    case Category::kLogits:
+      return "logits";
+    case Category::kComm:
+      return "comm";
+    case Category::kStaging:
+      return "staging";
+    case Category::kOffload:
+      return "offload";
+    case Category::kOther:
+      return "other";
+    case Category::kCount:
+      break;
   }
   return "?";
 }
@@ -32,10 +45,10 @@ Result<void*> LimitResource::do_allocate(size_t bytes, size_t alignment, Categor
     uint64_t used = in_use_.load();
     uint64_t budget = budget_.load();
     if (used + bytes > budget) {
-      return Status::out_of_memory(fmt::format(
-          "cannot allocate {} for {}: {} of the {} device budget in use, {} free", format_bytes(bytes),
-          category_name(category), format_bytes(used), format_bytes(budget),
-          format_bytes(budget > used ? budget - used : 0)));
+      return Status::out_of_memory(
+          fmt::format("cannot allocate {} for {}: {} of the {} device budget in use, {} free",
+                      format_bytes(bytes), category_name(category), format_bytes(used),
+                      format_bytes(budget), format_bytes(budget > used ? budget - used : 0)));
     }
     in_use_.fetch_add(bytes);
   }

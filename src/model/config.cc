@@ -79,8 +79,8 @@ Result<Gpt2Config> preset_config(const std::string& name) {
   }
   std::string names;
   for (const Preset& p : kPresets) names += std::string(names.empty() ? "" : ", ") + p.name;
-  return Status::not_found(fmt::format(
-      "unknown model '{}': use one of {} or the path of a config.json", name, names));
+  return Status::not_found(
+      fmt::format("unknown model '{}': use one of {} or the path of a config.json", name, names));
 }
 
 Result<Gpt2Config> parse_config_json(const std::string& text, const std::string& source) {
@@ -124,9 +124,9 @@ Result<Gpt2Config> parse_config_json(const std::string& text, const std::string&
   if (j.contains("activation_function") && j["activation_function"].is_string()) {
     std::string act = j["activation_function"];
     if (act != "gelu_new" && act != "gelu_pytorch_tanh") {
-      return Status::unsupported(fmt::format(
-          "{}: activation_function '{}' is not supported (gelu_new, the tanh GELU, is)", source,
-          act));
+      return Status::unsupported(
+          fmt::format("{}: activation_function '{}' is not supported (gelu_new, the tanh GELU, is)",
+                      source, act));
     }
   }
   Status s = c.validate();

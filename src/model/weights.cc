@@ -19,7 +19,8 @@ Status write_text_atomically(const std::string& path, const std::string& text) {
   std::string tmp = path + ".tmp." + std::to_string(getpid());
   {
     std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (!f) return Status::io_error(fmt::format("cannot write '{}': {}", tmp, std::strerror(errno)));
+    if (!f)
+      return Status::io_error(fmt::format("cannot write '{}': {}", tmp, std::strerror(errno)));
     f << text;
     f.flush();
     if (!f) {
@@ -47,13 +48,14 @@ Status save_pretrained(const std::string& dir, const Gpt2Config& config, const P
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) {
-    return Status::io_error(fmt::format("cannot create output directory '{}': {}", dir, ec.message()));
+    return Status::io_error(
+        fmt::format("cannot create output directory '{}': {}", dir, ec.message()));
   }
   std::vector<SafetensorsTensor> tensors;
   tensors.reserve(table.params.size());
   for (const ParamDesc& p : table.params) {
-    tensors.push_back({p.name, DType::kF32, p.shape, params + p.offset,
-                       size_t(p.shape.numel()) * sizeof(float)});
+    tensors.push_back(
+        {p.name, DType::kF32, p.shape, params + p.offset, size_t(p.shape.numel()) * sizeof(float)});
   }
   HR_RETURN_IF_ERROR(write_safetensors(dir + "/model.safetensors", tensors, {{"format", "pt"}}));
   return write_text_atomically(dir + "/config.json", config.to_json());
@@ -70,9 +72,9 @@ Status load_weights(const std::string& path, const ParamTable& table, float* par
           p.name));
     }
     if (!(t->shape == p.shape)) {
-      return Status::invalid_argument(fmt::format("{}: tensor '{}' has shape {}, the config needs {}",
-                                                  path, p.name, t->shape.to_string(),
-                                                  p.shape.to_string()));
+      return Status::invalid_argument(
+          fmt::format("{}: tensor '{}' has shape {}, the config needs {}", path, p.name,
+                      t->shape.to_string(), p.shape.to_string()));
     }
     float* dst = params + p.offset;
     const int64_t n = p.shape.numel();
@@ -90,9 +92,10 @@ Status load_weights(const std::string& path, const ParamTable& table, float* par
         }
         break;
       default:
-        return Status::unsupported(fmt::format("{}: tensor '{}' has dtype {}; weights must be F32, "
-                                               "BF16 or F16",
-                                               path, p.name, dtype_safetensors_name(t->dtype)));
+        return Status::unsupported(
+            fmt::format("{}: tensor '{}' has dtype {}; weights must be F32, "
+                        "BF16 or F16",
+                        path, p.name, dtype_safetensors_name(t->dtype)));
     }
   }
   return Status::ok();

@@ -11,8 +11,7 @@ ProgressBar::ProgressBar(std::FILE* stream, int width)
 void ProgressBar::update(long done, long total, const std::string& text) {
   auto now = std::chrono::steady_clock::now();
   const bool end = done >= total;
-  if (!tty_ && printed_once_ && !end &&
-      now - last_ < std::chrono::seconds(5)) {
+  if (!tty_ && printed_once_ && !end && now - last_ < std::chrono::seconds(5)) {
     return;  // in a log file, one line every few seconds is plenty
   }
   last_ = now;

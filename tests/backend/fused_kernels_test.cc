@@ -15,41 +15,14 @@
 #include <vector>
 
 #include "backend/cpu/kernels.h"
+#include "kernel_test_util.h"
 
 namespace headroom::cpu {
 namespace {
 
-using VecD = std::vector<double>;
-using VecF = std::vector<float>;
-
-VecF rand_vec(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> dist(lo, hi);
-  VecF v(n);
-  for (auto& x : v) x = dist(rng);
-  return v;
-}
+using namespace headroom::cpu::testing;  // NOLINT: test helpers
 
 // Expect |actual - expected| <= atol + rtol * |expected| everywhere; report the first misses.
-template <typename E>
-void expect_close(const VecF& actual, const std::vector<E>& expected, double atol, double rtol,
-                  const std::string& what) {
-  ASSERT_EQ(actual.size(), expected.size()) << what;
-  int misses = 0;
-  double worst = 0.0;
-  for (size_t i = 0; i < actual.size(); ++i) {
-    const double err = std::abs(actual[i] - static_cast<double>(expected[i]));
-    worst = std::max(worst, err);
-    if (!(err <= atol + rtol * std::abs(static_cast<double>(expected[i])))) {
-      if (++misses <= 5) {
-        ADD_FAILURE() << what << "[" << i << "]: got " << actual[i] << ", want " << expected[i]
-                      << " (err " << err << ")";
-      }
-    }
-  }
-  EXPECT_EQ(misses, 0) << what << ": " << misses << " of " << actual.size()
-                       << " outside tolerance, worst abs err " << worst;
-}
 
 // Runs f with `threads` OpenMP threads, restoring the previous setting.
 template <typename F>
@@ -140,36 +113,6 @@ TEST(AttentionTiled, PartialSecondBlock) { check_tiled_vs_plain({2, 65, 48, 3});
 TEST(AttentionTiled, NotAMultipleOfTheBlock) { check_tiled_vs_plain({1, 100, 80, 4}); }  // HS=20
 TEST(AttentionTiled, LongGpt2Head) { check_tiled_vs_plain({1, 300, 256, 4}); }           // HS = 64
 TEST(AttentionTiled, WideHead) { check_tiled_vs_plain({1, 130, 144, 1}); }               // HS = 144
-
-// A double reference of the attention forward, for the finite-difference check below.
-VecD attention_ref(const VecD& qkv, int B, int T, int C, int NH) {
-  const int HS = C / NH;
-  const int64_t C3 = 3 * C;
-  const double scale = 1.0 / std::sqrt(static_cast<double>(HS));
-  VecD out(size_t{1} * B * T * C, 0.0);
-  for (int b = 0; b < B; ++b) {
-    for (int h = 0; h < NH; ++h) {
-      const double* base = qkv.data() + int64_t{b} * T * C3 + h * HS;
-      for (int t = 0; t < T; ++t) {
-        VecD p(t + 1);
-        double mx = -INFINITY;
-        for (int u = 0; u <= t; ++u) {
-          double d = 0.0;
-          for (int i = 0; i < HS; ++i) d += base[t * C3 + i] * base[u * C3 + C + i];
-          p[u] = d * scale;
-          mx = std::max(mx, p[u]);
-        }
-        double sum = 0.0;
-        for (double& v : p) sum += (v = std::exp(v - mx));
-        double* o = out.data() + (int64_t{b} * T + t) * C + h * HS;
-        for (int u = 0; u <= t; ++u) {
-          for (int i = 0; i < HS; ++i) o[i] += p[u] / sum * base[u * C3 + 2 * C + i];
-        }
-      }
-    }
-  }
-  return out;
-}
 
 // The gradient of L = sum(out * dout) against central differences of the double reference
 // (h = 1e-5: truncation and cancellation errors below 1e-9, so the tolerance is the kernel's
