@@ -32,7 +32,7 @@ SearchRequest request(uint64_t memory, int global) {
 }
 
 TEST(MemoryPlan, LifetimesFollowTheSchedule) {
-  Result<MemoryPlan> mp = plan_training_memory(gpt2_124m(), Policy{2, 1, 64, "fp32"});
+  Result<MemoryPlan> mp = plan_training_memory(gpt2_124m(), Policy{2, 1, 64, "fp32", {}});
   ASSERT_TRUE(mp.is_ok());
   const auto& ids = mp->activations.ids;
   // Block 0's saved activations live from its forward to its backward (the last block op).
@@ -51,9 +51,9 @@ TEST(MemoryPlan, LifetimesFollowTheSchedule) {
 }
 
 TEST(MemoryPlan, RejectsImpossiblePolicies) {
-  EXPECT_FALSE(plan_training_memory(gpt2_124m(), Policy{1, 1, 4096, "fp32"}).is_ok());
-  EXPECT_FALSE(plan_training_memory(gpt2_124m(), Policy{0, 1, 64, "fp32"}).is_ok());
-  EXPECT_EQ(plan_training_memory(gpt2_124m(), Policy{1, 1, 64, "fp8"}).status().code(),
+  EXPECT_FALSE(plan_training_memory(gpt2_124m(), Policy{1, 1, 4096, "fp32", {}}).is_ok());
+  EXPECT_FALSE(plan_training_memory(gpt2_124m(), Policy{0, 1, 64, "fp32", {}}).is_ok());
+  EXPECT_EQ(plan_training_memory(gpt2_124m(), Policy{1, 1, 64, "fp8", {}}).status().code(),
             StatusCode::kUnsupported);
 }
 

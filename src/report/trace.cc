@@ -1,0 +1,335 @@
+// trace.json in the Chrome trace event format, streamed, plus the helpers that all three writers
+// share (JSON text, atomic files, the timeline). See docs/notes/report.md.
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <iterator>
+#include <unordered_map>
+
+#include "report/profile.h"
+
+namespace headroom::report {
+
+namespace detail {
+
+void append_json_string(std::string& out, const std::string& s) {
+  out.push_back('"');
+  for (unsigned char c : s) {
+    switch (c) {
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      // Inside an HTML <script> element "</script>" or "<!--" would end or confuse the element.
+      case '<':
+        out += "\\u003c";
+        break;
+      case '>':
+        out += "\\u003e";
+        break;
+      case '&':
+        out += "\\u0026";
+        break;
+      default:
+        if (c < 0x20) {
+          fmt::format_to(std::back_inserter(out), "\\u{:04x}", c);
+        } else {
+          out.push_back(static_cast<char>(c));
+        }
+    }
+  }
+  out.push_back('"');
+}
+
+void append_json_number(std::string& out, double v) {
+  if (!std::isfinite(v)) {
+    out += "null";
+    return;
+  }
+  fmt::format_to(std::back_inserter(out), "{}", v);
+}
+
+AtomicFileWriter::AtomicFileWriter(std::string path)
+    : path_(std::move(path)), tmp_(fmt::format("{}.tmp.{}", path_, ::getpid())) {}
+
+AtomicFileWriter::~AtomicFileWriter() {
+  if (file_ != nullptr) std::fclose(file_);
+  if (!committed_) std::remove(tmp_.c_str());
+}
+
+Status AtomicFileWriter::open() {
+  file_ = std::fopen(tmp_.c_str(), "wb");
+  if (file_ == nullptr) {
+    return Status::io_error(fmt::format("cannot write '{}': cannot create '{}': {}", path_, tmp_,
+                                        std::strerror(errno)));
+  }
+  // A large buffer: the trace of 10^6 spans is ~200 MB, written in few system calls.
+  std::setvbuf(file_, nullptr, _IOFBF, 1 << 20);
+  return Status::ok();
+}
+
+void AtomicFileWriter::write(std::string& buf) {
+  if (!failed_ && file_ != nullptr && !buf.empty()) {
+    if (std::fwrite(buf.data(), 1, buf.size(), file_) != buf.size()) {
+      failed_ = true;
+      saved_errno_ = errno;
+    }
+  }
+  buf.clear();
+}
+
+Status AtomicFileWriter::commit() {
+  if (file_ == nullptr) return Status::internal(fmt::format("'{}': commit before open", path_));
+  if (!failed_ && std::fflush(file_) != 0) {
+    failed_ = true;
+    saved_errno_ = errno;
+  }
+  // fsync so that the rename never exposes a file whose data is not on disk yet.
+  if (!failed_ && ::fsync(::fileno(file_)) != 0) {
+    failed_ = true;
+    saved_errno_ = errno;
+  }
+  if (std::fclose(file_) != 0 && !failed_) {
+    failed_ = true;
+    saved_errno_ = errno;
+  }
+  file_ = nullptr;
+  if (failed_) {
+    return Status::io_error(
+        fmt::format("cannot write '{}': {}", path_, std::strerror(saved_errno_)));
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp_, path_, ec);
+  if (ec) {
+    return Status::io_error(
+        fmt::format("cannot rename '{}' to '{}': {}", tmp_, path_, ec.message()));
+  }
+  committed_ = true;
+  return Status::ok();
+}
+
+uint64_t sample_total(const MemorySample& s) {
+  uint64_t total = 0;
+  for (uint64_t b : s.bytes) total += b;
+  return total;
+}
+
+long peak_sample(const std::vector<MemorySample>& samples) {
+  long best = -1;
+  uint64_t best_total = 0;
+  for (size_t i = 0; i < samples.size(); ++i) {
+    uint64_t t = sample_total(samples[i]);
+    if (best < 0 || t > best_total) {
+      best = static_cast<long>(i);
+      best_total = t;
+    }
+  }
+  return best;
+}
+
+const std::vector<MemorySample>& resolve_timeline(const Profile& profile,
+                                                  std::vector<std::string>* categories,
+                                                  std::vector<MemorySample>* storage) {
+  if (!profile.memory.empty() || profile.allocs.empty()) {
+    *categories = profile.memory_categories;
+    return profile.memory;
+  }
+  *storage = memory_timeline_from_events(profile.allocs, categories);
+  return *storage;
+}
+
+}  // namespace detail
+
+std::vector<size_t> downsample_indices(const std::vector<double>& totals, size_t max_points) {
+  const size_t n = totals.size();
+  std::vector<size_t> keep;
+  if (n <= max_points || max_points < 4) {
+    keep.resize(n);
+    for (size_t i = 0; i < n; ++i) keep[i] = i;
+    return keep;
+  }
+  // Two samples per bucket, and the first and last sample may add two more: leave room for them.
+  const size_t buckets = (max_points - 2) / 2;
+  keep.reserve(2 * buckets + 2);
+  keep.push_back(0);
+  for (size_t b = 0; b < buckets; ++b) {
+    const size_t lo = b * n / buckets, hi = (b + 1) * n / buckets;
+    if (lo >= hi) continue;
+    size_t imin = lo, imax = lo;
+    for (size_t i = lo + 1; i < hi; ++i) {
+      if (totals[i] < totals[imin]) imin = i;
+      if (totals[i] > totals[imax]) imax = i;  // first maximum: ties keep the earliest
+    }
+    keep.push_back(std::min(imin, imax));
+    keep.push_back(std::max(imin, imax));
+  }
+  keep.push_back(n - 1);
+  std::sort(keep.begin(), keep.end());
+  keep.erase(std::unique(keep.begin(), keep.end()), keep.end());
+  return keep;
+}
+
+std::vector<MemorySample> memory_timeline_from_events(const std::vector<AllocEvent>& events,
+                                                      std::vector<std::string>* categories) {
+  categories->clear();
+  std::vector<const AllocEvent*> order(events.size());
+  for (size_t i = 0; i < events.size(); ++i) order[i] = &events[i];
+  std::stable_sort(order.begin(), order.end(),
+                   [](const AllocEvent* a, const AllocEvent* b) { return a->t_us < b->t_us; });
+  std::unordered_map<std::string, size_t> column;
+  std::vector<uint64_t> current;
+  std::vector<MemorySample> out;
+  out.reserve(events.size());
+  for (const AllocEvent* e : order) {
+    auto [it, inserted] = column.emplace(e->category, categories->size());
+    if (inserted) {
+      categories->push_back(e->category);
+      current.push_back(0);
+    }
+    uint64_t& c = current[it->second];
+    // A free of more than is live means a missing alloc event; clamp rather than wrap around.
+    c = e->alloc ? c + e->bytes : (e->bytes > c ? 0 : c - e->bytes);
+    out.push_back({e->t_us, current});
+  }
+  for (auto& s : out) s.bytes.resize(categories->size(), 0);
+  return out;
+}
+
+std::map<std::string, double> time_by_category_ms(const std::vector<Span>& spans) {
+  std::map<std::string, double> out;
+  for (const Span& s : spans) out[s.category] += s.dur_us / 1000.0;
+  return out;
+}
+
+namespace {
+
+constexpr size_t kFlushBytes = 1 << 20;
+
+// Microseconds with nanosecond resolution; non-finite values (a bug upstream) as 0 so the file
+// stays valid JSON.
+void append_us(std::string& out, double us) {
+  if (!std::isfinite(us)) us = 0;
+  fmt::format_to(std::back_inserter(out), "{:.3f}", us);
+}
+
+}  // namespace
+
+Status write_trace_json(const Profile& profile, const std::string& path) {
+  detail::AtomicFileWriter file(path);
+  HR_RETURN_IF_ERROR(file.open());
+  std::string buf;
+  buf.reserve(kFlushBytes + 4096);
+  using detail::append_json_string;
+
+  buf += "{\"displayTimeUnit\":\"ms\",\"otherData\":{\"title\":";
+  append_json_string(buf, profile.title);
+  buf += ",\"model\":";
+  append_json_string(buf, profile.model);
+  buf += ",\"device\":";
+  append_json_string(buf, profile.device);
+  buf += ",\"run\":";
+  append_json_string(buf, profile.run);
+  buf += "},\n\"traceEvents\":[\n";
+
+  // Metadata: the process and one name per thread that appears.
+  buf += "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":1,\"tid\":0,\"args\":{\"name\":";
+  append_json_string(buf, profile.title);
+  buf += "}}";
+  std::map<int, std::string> threads = profile.thread_names;
+  if (threads.empty()) {
+    threads = {{kThreadCompute, "compute"}, {kThreadCopy, "copy"}, {kThreadData, "data loader"}};
+  }
+  for (const Span& s : profile.spans) {
+    if (!threads.count(s.thread)) threads[s.thread] = fmt::format("thread {}", s.thread);
+  }
+  for (const auto& [tid, name] : threads) {
+    fmt::format_to(std::back_inserter(buf),
+                   ",\n{{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":{},\"args\":{{"
+                   "\"name\":",
+                   tid);
+    append_json_string(buf, name);
+    fmt::format_to(std::back_inserter(buf),
+                   "}}}},\n{{\"name\":\"thread_sort_index\",\"ph\":\"M\",\"pid\":1,\"tid\":{},"
+                   "\"args\":{{\"sort_index\":{}}}}}",
+                   tid, tid);
+  }
+
+  for (const Span& s : profile.spans) {
+    buf += ",\n{\"name\":";
+    append_json_string(buf, s.name);
+    buf += ",\"cat\":";
+    append_json_string(buf, s.category);
+    buf += ",\"ph\":\"X\",\"ts\":";
+    append_us(buf, s.start_us);
+    buf += ",\"dur\":";
+    append_us(buf, s.dur_us);
+    fmt::format_to(std::back_inserter(buf), ",\"pid\":1,\"tid\":{},\"args\":{{", s.thread);
+    const char* sep = "";
+    if (s.step >= 0) {
+      fmt::format_to(std::back_inserter(buf), "\"step\":{}", s.step);
+      sep = ",";
+    }
+    if (s.micro_batch >= 0) {
+      fmt::format_to(std::back_inserter(buf), "{}\"micro_batch\":{}", sep, s.micro_batch);
+      sep = ",";
+    }
+    if (s.layer >= 0) fmt::format_to(std::back_inserter(buf), "{}\"layer\":{}", sep, s.layer);
+    buf += "}}";
+    if (buf.size() >= kFlushBytes) file.write(buf);
+  }
+
+  // One counter event per sample, one argument per category: chrome://tracing stacks them,
+  // Perfetto shows one track per category.
+  std::vector<std::string> categories;
+  std::vector<MemorySample> derived;
+  const auto& samples = detail::resolve_timeline(profile, &categories, &derived);
+  std::vector<std::string> keys;
+  for (const auto& c : categories) {
+    std::string k;
+    append_json_string(k, c);
+    keys.push_back(std::move(k));
+  }
+  for (const MemorySample& m : samples) {
+    buf += ",\n{\"name\":\"device memory\",\"cat\":\"memory\",\"ph\":\"C\",\"ts\":";
+    append_us(buf, m.t_us);
+    buf += ",\"pid\":1,\"tid\":0,\"args\":{";
+    for (size_t i = 0; i < keys.size(); ++i) {
+      if (i) buf.push_back(',');
+      buf += keys[i];
+      fmt::format_to(std::back_inserter(buf), ":{}", i < m.bytes.size() ? m.bytes[i] : 0);
+    }
+    buf += "}}";
+    if (buf.size() >= kFlushBytes) file.write(buf);
+  }
+
+  for (const Marker& mk : profile.markers) {
+    buf += ",\n{\"name\":";
+    append_json_string(buf, mk.name);
+    buf += ",\"cat\":\"marker\",\"ph\":\"i\",\"s\":\"g\",\"ts\":";
+    append_us(buf, mk.t_us);
+    buf += ",\"pid\":1,\"tid\":0,\"args\":{\"detail\":";
+    append_json_string(buf, mk.detail);
+    buf += "}}";
+  }
+  buf += "\n]}\n";
+  file.write(buf);
+  return file.commit();
+}
+
+}  // namespace headroom::report
