@@ -25,6 +25,7 @@
 #include "model/weights.h"
 #include "plan/calibrate.h"
 #include "plan/search.h"
+#include "report/profile.h"
 #include "report/progress.h"
 #include "train/generate.h"
 #include "train/trainer.h"
@@ -109,6 +110,8 @@ struct TrainFlags {
   uint64_t seed = 1337;
   std::string out = "out";
   std::string log_json;
+  std::string profile;                       // --profile DIR
+  std::optional<plan::SearchResult> search;  // the auto plan's search, for the report
   float lr = 0;
   int warmup = -1;
   int eval_every = 0;
@@ -197,12 +200,14 @@ Status resolve_train_options(TrainFlags& f, train::TrainOptions* o) {
     req.global_batch = global;
     if (f.batch > 0) req.micro_batch = f.batch;
     HR_ASSIGN_OR_RETURN(req.recompute, parse_recompute(f.recompute));
+    req.sweep = !f.profile.empty();  // the report shows memory versus micro-batch
     HR_ASSIGN_OR_RETURN(plan::SearchResult res, plan::search_plan(req));
     if (!res.chosen) {
       return Status::out_of_memory(
           fmt::format("no plan for {} at seq {} and global batch {} fits the {} device budget.\n{}",
                       f.model, o->seq, global, format_bytes(o->device_memory), res.advice));
     }
+    f.search = res;
     o->micro_batch = res.chosen->policy.micro_batch;
     o->exec = res.chosen->policy.exec;
     o->accumulation = res.chosen->policy.accumulation;
@@ -377,11 +382,172 @@ json step_json(const train::StepStats& s) {
   return j;
 }
 
+report::PlanCandidate plan_candidate(const plan::Candidate& c) {
+  report::PlanCandidate p;
+  p.micro_batch = c.policy.micro_batch;
+  p.accumulation = c.policy.accumulation;
+  p.precision = c.policy.precision;
+  p.techniques = plan::describe_exec(c.policy.exec);
+  p.peak_bytes = c.peak_bytes;
+  p.lower_bound_bytes = c.lower_bound_bytes;
+  p.predicted_tokens_per_s = c.cost.tokens_per_s;
+  for (size_t i = 0; i < c.by_category.size(); i++) {
+    if (c.by_category[i]) {
+      p.by_category[std::string(memory::category_name(memory::Category(i)))] = c.by_category[i];
+    }
+  }
+  return p;
+}
+
+// `--profile DIR`: trace.json, memory.json and report.html from what the run recorded. The
+// memory timeline is the plan's buffers at the times their ops actually ran (the measured peak
+// equals the plan's; docs/notes/report.md).
+Status write_profile(const std::string& dir, const TrainFlags& f, const train::TrainOptions& o,
+                     const train::TrainResult& r) {
+  const train::ProfileRecord& rec = *r.profile;
+  const plan::MemoryPlan& mp = rec.plan;
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec)
+    return Status::io_error(
+        fmt::format("cannot create --profile directory '{}': {}", dir, ec.message()));
+  HR_ASSIGN_OR_RETURN(report::ChartLib lib, report::load_chart_lib());
+
+  report::Profile p;
+  p.title = "headroom profile: " + o.model_name;
+  p.model = fmt::format("{} ({:.1f}M parameters), {} layers, d_model {}", o.model_name,
+                        double(mp.params.num_parameters) / 1e6, o.config.n_layer, o.config.n_embd);
+  p.device = fmt::format("cpu, budget {}", format_bytes(o.device_memory));
+  p.run = fmt::format("seq {}, micro-batch {} x {} accumulation, fp32, {}, {} steps", o.seq,
+                      o.micro_batch, o.accumulation, plan::describe_exec(o.exec), o.steps);
+  auto cat = [](memory::Category c) { return std::string(memory::category_name(c)); };
+  auto op_name = [&](int op) {
+    return op >= 0 && op < int(mp.ops.size()) ? mp.ops[size_t(op)].name : std::string("?");
+  };
+  // Spans: trainer phases, ops, kernels.
+  for (const auto& sp : rec.spans) {
+    if (sp.kind == "micro_batch") continue;  // the ops below cover it
+    p.spans.push_back({sp.name, sp.kind,
+                       sp.kind == "data" ? report::kThreadData : report::kThreadCompute,
+                       sp.start_us, sp.dur_us, sp.step, sp.micro_batch, -1});
+  }
+  for (const auto& op : rec.ops) {
+    p.spans.push_back(
+        {op_name(op.op), "op", report::kThreadCompute, op.start_us, op.dur_us, -1, -1,
+         op.op >= 0 && op.op < int(mp.ops.size()) ? mp.ops[size_t(op.op)].layer : -1});
+  }
+  std::map<std::string, double> by_kind;
+  for (const auto& k : rec.kernels) {
+    std::string kind(model::op_kind_name(k.kind));
+    p.spans.push_back({kind, kind, report::kThreadCompute, k.start_us, k.dur_us, -1, -1, -1});
+    by_kind[kind] += k.dur_us / 1e3;
+  }
+  for (const auto& sp : rec.spans) {
+    if (sp.kind == "optimizer" || sp.kind == "data") by_kind[sp.kind] += sp.dur_us / 1e3;
+  }
+  for (auto& [k, ms] : by_kind) p.time_by_category_ms[k] = ms / double(o.steps);
+
+  // Memory: persistent regions from the start, each step buffer from its first op to its last.
+  for (const plan::Region& reg : mp.persistent) {
+    for (size_t i = 0; i < reg.buffers.size(); i++) {
+      p.allocs.push_back({0.0, reg.buffers[i].name, cat(reg.buffers[i].category),
+                          reg.buffers[i].bytes(), reg.layout.offsets[i], true, "start"});
+    }
+  }
+  const size_t nops = mp.ops.size();
+  for (const auto& mb : rec.spans) {
+    if (mb.kind != "micro_batch") continue;
+    std::vector<std::pair<double, double>> at(nops, {-1, -1});
+    for (const auto& op : rec.ops) {
+      if (op.op >= 0 && size_t(op.op) < nops && op.start_us >= mb.start_us &&
+          op.start_us <= mb.start_us + mb.dur_us) {
+        at[size_t(op.op)] = {op.start_us, op.start_us + op.dur_us};
+      }
+    }
+    // Times rounded to 10 ns, so that one op's end and the next op's start compare equal.
+    auto q = [](double t) { return std::round(t * 100.0) / 100.0; };
+    for (size_t i = 0; i < mp.step.buffers.size(); i++) {
+      const auto& b = mp.step.buffers[i];
+      auto first = at[size_t(mp.first_op[i])], last = at[size_t(mp.last_op[i])];
+      first.first = q(first.first);
+      last.second = q(last.second);
+      if (first.first < 0 || last.second < 0) continue;
+      p.allocs.push_back({first.first, b.name, cat(b.category), b.bytes(),
+                          mp.step.layout.offsets[i], true, op_name(mp.first_op[i])});
+      p.allocs.push_back({last.second, b.name, cat(b.category), b.bytes(),
+                          mp.step.layout.offsets[i], false, op_name(mp.last_op[i])});
+    }
+  }
+  // At equal times frees go first: one op's end is the next op's start.
+  std::stable_sort(p.allocs.begin(), p.allocs.end(), [](const auto& a, const auto& b) {
+    return a.t_us < b.t_us || (a.t_us == b.t_us && !a.alloc && b.alloc);
+  });
+  // The timeline shows the last step.
+  for (const auto& sp : rec.spans) {
+    if (sp.step != o.steps - 1) continue;
+    if (p.window_start_us == 0 || sp.start_us < p.window_start_us) p.window_start_us = sp.start_us;
+    p.window_end_us = std::max(p.window_end_us, sp.start_us + sp.dur_us);
+  }
+  // What was live at the peak op.
+  for (const plan::Region& reg : mp.persistent) {
+    for (size_t i = 0; i < reg.buffers.size(); i++) {
+      p.live_at_peak.push_back({reg.buffers[i].name, cat(reg.buffers[i].category),
+                                reg.buffers[i].bytes(), reg.layout.offsets[i]});
+    }
+  }
+  for (size_t i = 0; i < mp.step.buffers.size(); i++) {
+    if (mp.first_op[i] <= mp.peak_op && mp.peak_op <= mp.last_op[i]) {
+      const auto& b = mp.step.buffers[i];
+      p.live_at_peak.push_back({b.name, cat(b.category), b.bytes(), mp.step.layout.offsets[i]});
+    }
+  }
+  p.peak_bytes = r.device_bytes_peak;
+  p.planned_peak_bytes = mp.peak_bytes;
+  p.arena_bytes = mp.peak_bytes;
+  p.lower_bound_bytes = mp.lower_bound_bytes;
+  p.budget_bytes = o.device_memory;
+  if (f.search && f.search->chosen) {
+    p.plan.chosen = plan_candidate(*f.search->chosen);
+    for (size_t i = 1; i < f.search->candidates.size() && i < 6; i++) {
+      p.plan.runners_up.push_back(plan_candidate(f.search->candidates[i]));
+    }
+    p.plan.planning_ms = f.search->planning_ms;
+    for (const plan::Candidate& c : f.search->sweep) {
+      report::SweepRow row;
+      row.micro_batch = c.policy.micro_batch;
+      row.planned_peak = c.peak_bytes;
+      row.predicted_tokens_per_s = c.cost.tokens_per_s;
+      row.fits = c.fits;
+      if (c.policy.micro_batch == o.micro_batch) {
+        row.measured_peak = r.device_bytes_peak;
+        row.measured_tokens_per_s = r.tokens_per_s;
+      }
+      p.sweep.push_back(row);
+    }
+  } else {
+    p.plan.chosen.micro_batch = o.micro_batch;
+    p.plan.chosen.accumulation = o.accumulation;
+    p.plan.chosen.precision = "fp32";
+    p.plan.chosen.techniques = plan::describe_exec(o.exec);
+    p.plan.chosen.peak_bytes = mp.peak_bytes;
+    p.plan.chosen.lower_bound_bytes = mp.lower_bound_bytes;
+  }
+  HR_RETURN_IF_ERROR(report::write_trace_json(p, dir + "/trace.json"));
+  HR_RETURN_IF_ERROR(report::write_memory_json(p, dir + "/memory.json"));
+  return report::write_html_report(p, dir + "/report.html", lib.js);
+}
+
 int run_train(TrainFlags& f) {
   set_threads(f.threads);
   train::TrainOptions o;
   if (Status s = resolve_train_options(f, &o); !s.is_ok()) return fail(s);
   o.out_dir = f.out;
+  o.profile = !f.profile.empty();
+  if (o.profile) {
+    // Fail before training, not after, when the report cannot be written.
+    Result<report::ChartLib> lib = report::load_chart_lib();
+    if (!lib.is_ok()) return fail(lib.status());
+  }
 
   std::ofstream log;
   if (!f.log_json.empty()) {
@@ -443,6 +609,15 @@ int run_train(TrainFlags& f) {
   Result<train::TrainResult> r = train::run_training(o, cb);
   bar.finish();
   if (!r.is_ok()) return fail(r.status());
+  if (o.profile) {
+    if (Status s = write_profile(f.profile, f, o, *r); !s.is_ok()) return fail(s);
+    if (!f.json) {
+      std::fprintf(stderr,
+                   "profile: %s/trace.json (Perfetto, chrome://tracing), %s/report.html, "
+                   "%s/memory.json\n",
+                   f.profile.c_str(), f.profile.c_str(), f.profile.c_str());
+    }
+  }
   if (f.json) {
     json j = {{"final_loss", r->final_loss},
               {"tokens_per_s", r->tokens_per_s},
@@ -879,6 +1054,8 @@ int run(int argc, char** argv) {
   train_cmd
       ->add_option("--sample-tokens", tf.sample_tokens, "tokens to sample at the end (0: none)")
       ->capture_default_str();
+  train_cmd->add_option("--profile", tf.profile,
+                        "write trace.json, memory.json and report.html of the run to DIR");
   train_cmd->add_flag("--json", tf.json, "print the result as JSON instead of the progress bar");
 
   GenerateFlags gf;

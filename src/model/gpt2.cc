@@ -297,8 +297,25 @@ void Gpt2::timed(OpKind kind, F&& f) {
   }
   auto t0 = std::chrono::steady_clock::now();
   f();
-  times_->ms[size_t(kind)] +=
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  auto t1 = std::chrono::steady_clock::now();
+  times_->ms[size_t(kind)] += std::chrono::duration<double, std::milli>(t1 - t0).count();
+  if (times_->record) {
+    using us = std::chrono::duration<double, std::micro>;
+    times_->kernels.push_back(
+        {kind, cur_op_, us(t0 - times_->origin).count(), us(t1 - t0).count()});
+  }
+}
+
+void Gpt2::op_boundary(int next) {
+  if (!times_ || !times_->record) return;
+  auto now = std::chrono::steady_clock::now();
+  using us = std::chrono::duration<double, std::micro>;
+  if (cur_op_ >= 0) {
+    times_->ops.push_back(
+        {cur_op_, us(cur_op_start_ - times_->origin).count(), us(now - cur_op_start_).count()});
+  }
+  cur_op_ = next;
+  cur_op_start_ = now;
 }
 
 const float* Gpt2::logits() const {
@@ -369,13 +386,17 @@ double Gpt2::forward(const int32_t* inputs, const int32_t* targets, int64_t* val
   const float* wte = params_ + table_->params[0].offset;
   const float* wpe = params_ + table_->params[1].offset;
 
+  // Op indices follow gpt2_step_ops: embedding, blocks, head; then backward.
+  op_boundary(0);
   timed(OpKind::kEmbedding,
         [&] { cpu::embedding_forward(a.f32(id.encoded), inputs, wte, wpe, B, T, C); });
   const float* x = a.f32(id.encoded);
   for (int l = 0; l < L; l++) {
+    op_boundary(1 + l);
     block_forward(l, id.fwd[size_t(l)], x, true);
     x = a.f32(id.fwd[size_t(l)].residual3);
   }
+  op_boundary(L + 1);
   const size_t np = table_->params.size();
   const float* lnf_w = params_ + table_->params[np - 2].offset;
   const float* lnf_b = params_ + table_->params[np - 1].offset;
@@ -394,7 +415,10 @@ double Gpt2::forward(const int32_t* inputs, const int32_t* targets, int64_t* val
       cpu::matmul_forward(a.f32(id.logits), a.f32(id.lnf), wte, nullptr, N, C, V,
                           cpu::WeightLayout::kOutIn);
     });
-    if (!targets) return 0.0;
+    if (!targets) {
+      op_boundary(-1);
+      return 0.0;
+    }
     timed(OpKind::kLoss,
           [&] { cpu::cross_entropy_forward(losses, a.f32(id.logits), targets, N, V); });
   }
@@ -407,6 +431,7 @@ double Gpt2::forward(const int32_t* inputs, const int32_t* targets, int64_t* val
     }
   }
   if (valid) *valid = count;
+  op_boundary(-1);
   return sum;
 }
 
@@ -428,6 +453,7 @@ void Gpt2::backward(const int32_t* inputs, const int32_t* targets, float dloss) 
   const int64_t ld4 = acts_->options.mlp_row_stride(4 * C);
 
   // Loss and LM head into dc = d(lnf).
+  op_boundary(L + 2);
   if (id.logits == SIZE_MAX) {
     timed(OpKind::kLoss, [&] {
       cpu::lm_head_ce_backward(dc, dwte, a.f32(id.lnf), wte, targets, a.f32(id.head_lse), N, C, V,
@@ -453,6 +479,7 @@ void Gpt2::backward(const int32_t* inputs, const int32_t* targets, float dloss) 
   });
   // dres now holds the gradient of the last block's output; walk the blocks backwards.
   for (int l = L - 1; l >= 0; l--) {
+    op_boundary(L + 3 + (L - 1 - l));
     const LayerParams w = layer_params(params_, l);
     const LayerParams g = layer_params(grads_, l);
     const Gpt2ActivationIds::Layer& s = id.bwd[size_t(l)];
@@ -511,7 +538,9 @@ void Gpt2::backward(const int32_t* inputs, const int32_t* targets, float dloss) 
                               a.f32(s.ln1_rstd), N, C);
     });
   }
+  op_boundary(2 * L + 3);
   timed(OpKind::kEmbedding, [&] { cpu::embedding_backward(dwte, dwpe, dres, inputs, B, T, C); });
+  op_boundary(-1);
 }
 
 }  // namespace headroom::model

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <array>
+#include <chrono>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -116,8 +117,23 @@ void gpt2_init_params(const Gpt2Config& c, const ParamTable& table, float* param
 // Time spent per kind of op, for `headroom bench --breakdown` (milliseconds, accumulated).
 enum class OpKind { kGemm, kAttention, kNorm, kElementwise, kLoss, kEmbedding, kCount };
 std::string_view op_kind_name(OpKind k);
+// With `record`, also every kernel call and every op of gpt2_step_ops (op = its index there),
+// in microseconds since `origin` (for `headroom train --profile`).
+struct KernelSpan {
+  OpKind kind;
+  int op;
+  double start_us, dur_us;
+};
+struct OpSpan {
+  int op;
+  double start_us, dur_us;
+};
 struct OpTimes {
   std::array<double, size_t(OpKind::kCount)> ms{};
+  bool record = false;
+  std::chrono::steady_clock::time_point origin;
+  std::vector<KernelSpan> kernels;
+  std::vector<OpSpan> ops;
 };
 
 // Forward and backward over bound buffers. Not thread-safe (the kernels use OpenMP inside).
@@ -158,6 +174,8 @@ class Gpt2 {
   // Runs block l's forward from input x into the buffers `s`; with_output == false stops before
   // the MLP projection (a recomputation does not need the block's output).
   void block_forward(int l, const Gpt2ActivationIds::Layer& s, const float* x, bool with_output);
+  // Ends the current op's span and starts op `next` (-1: none), when recording.
+  void op_boundary(int next);
 
   Gpt2Config config_;
   const ParamTable* table_;
@@ -168,6 +186,8 @@ class Gpt2 {
   int B_ = 0, T_ = 0;
   int T_used_ = 0;  // the T of the last forward (<= T_), for inference on shorter prompts
   OpTimes* times_ = nullptr;
+  int cur_op_ = -1;
+  std::chrono::steady_clock::time_point cur_op_start_;
 };
 
 }  // namespace headroom::model

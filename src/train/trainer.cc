@@ -115,7 +115,24 @@ Result<TrainResult> run_training(const TrainOptions& o, const TrainCallbacks& cb
   net.bind_params(params, grads);
   net.bind_activations(&act_arena, &mp.activations, B, T);
   model::OpTimes op_times;
-  if (o.breakdown) net.set_op_times(&op_times);
+  const Clock::time_point run_start = Clock::now();
+  std::optional<ProfileRecord> rec;
+  if (o.profile) {
+    rec.emplace();
+    rec->plan = mp;
+    op_times.record = true;
+    op_times.origin = run_start;
+  }
+  if (o.breakdown || o.profile) net.set_op_times(&op_times);
+  auto us_since_start = [&](Clock::time_point t) {
+    return std::chrono::duration<double, std::micro>(t - run_start).count();
+  };
+  auto record = [&](const char* name, const char* kind, Clock::time_point t0, int step, int mb) {
+    if (rec) {
+      rec->spans.push_back({name, kind, us_since_start(t0),
+                            us_since_start(Clock::now()) - us_since_start(t0), step, mb});
+    }
+  };
   int32_t* inputs = static_cast<int32_t*>(staging.data(0));
   int32_t* targets = static_cast<int32_t*>(staging.data(1));
   const uint64_t planned = mp.peak_bytes;
@@ -160,19 +177,23 @@ Result<TrainResult> run_training(const TrainOptions& o, const TrainCallbacks& cb
       for (int64_t i = 0; i < int64_t(B) * T; i++) step_valid += tg[i] >= 0;
     }
     const double data_ms = ms_since(td);
+    record("load micro-batches", "data", td, step, -1);
     const float dloss = step_valid ? 1.0f / float(step_valid) : 0.0f;
     double loss_sum = 0;
     for (int k = 0; k < K; k++) {
       const int32_t* in = inputs + int64_t(k) * B * T;
       const int32_t* tg = targets + int64_t(k) * B * T;
+      auto tm = Clock::now();
       loss_sum += net.forward(in, tg);
       net.backward(in, tg, dloss);
+      record("micro-batch", "micro_batch", tm, step, k);
     }
     const float lr = cosine_lr(step, o.steps, o.warmup_steps, o.adamw.lr, o.min_lr_ratio);
     auto topt = Clock::now();
     const double norm = adamw_step(table, params, grads, m, v, o.adamw, lr, step + 1);
     cpu::zero(grads, table.total_floats);
     const double optimizer_ms = ms_since(topt);
+    record("adamw", "optimizer", topt, step, -1);
 
     StepStats s;
     s.step = step + 1;
@@ -186,12 +207,16 @@ Result<TrainResult> run_training(const TrainOptions& o, const TrainCallbacks& cb
     s.data_wait_ms = data_ms;
     s.optimizer_ms = optimizer_ms;
     s.op_ms = op_times;
-    op_times = model::OpTimes{};
+    op_times.ms = {};
     // The step's time excludes validation, which is reported on its own line.
     s.step_ms = ms_since(t0);
     s.tokens_per_s = double(s.tokens) / (s.step_ms / 1000.0);
     const bool last = step + 1 == o.steps;
-    if ((o.eval_every > 0 && (step + 1) % o.eval_every == 0) || last) s.val_loss = evaluate();
+    if ((o.eval_every > 0 && (step + 1) % o.eval_every == 0) || last) {
+      auto tv = Clock::now();
+      s.val_loss = evaluate();
+      record("validation", "validation", tv, step, -1);
+    }
     memory::MemoryStats ms = tracking.stats();
     s.device_bytes_in_use = ms.current;
     s.device_bytes_peak = ms.peak;
@@ -211,6 +236,11 @@ Result<TrainResult> run_training(const TrainOptions& o, const TrainCallbacks& cb
     result.tokens_per_s = tps[tps.size() / 2];
   }
   result.memory = tracking.stats();
+  if (rec) {
+    rec->kernels = std::move(op_times.kernels);
+    rec->ops = std::move(op_times.ops);
+    result.profile = std::move(rec);
+  }
   result.device_bytes_peak = result.memory.peak;
   if (!o.out_dir.empty()) {
     HR_RETURN_IF_ERROR(model::save_pretrained(o.out_dir, cfg, table, params));

@@ -12,6 +12,7 @@
 #include "memory/adaptors.h"
 #include "model/config.h"
 #include "model/gpt2.h"
+#include "plan/memory_plan.h"
 #include "train/optimizer.h"
 
 namespace headroom::train {
@@ -36,6 +37,7 @@ struct TrainOptions {
   int eval_batches = 4;
   std::string out_dir;     // where the model is saved at the end; empty = not saved
   bool breakdown = false;  // time every kernel call by kind (StepStats::op_ms)
+  bool profile = false;    // record every kernel, op and step span (TrainResult::profile)
 };
 
 // Everything reported for one optimizer step (the --log-json fields).
@@ -70,12 +72,27 @@ struct SetupInfo {
   int64_t val_tokens = 0;
 };
 
+// What `--profile` records, in microseconds since the run started.
+struct ProfileRecord {
+  struct Span {
+    std::string name;
+    std::string kind;  // "data", "micro_batch", "optimizer", "validation"
+    double start_us, dur_us;
+    int step, micro_batch;
+  };
+  std::vector<Span> spans;
+  std::vector<model::KernelSpan> kernels;
+  std::vector<model::OpSpan> ops;  // op = index into plan.ops (validation runs ops 0..L+1)
+  plan::MemoryPlan plan;
+};
+
 struct TrainResult {
   double final_loss = 0;
   std::optional<double> final_val_loss;
   double tokens_per_s = 0;  // median over steps after the first
   uint64_t device_bytes_peak = 0;
   memory::MemoryStats memory;
+  std::optional<ProfileRecord> profile;  // with TrainOptions::profile
 };
 
 struct TrainCallbacks {

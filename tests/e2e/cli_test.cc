@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 
 namespace {
@@ -238,6 +239,40 @@ TEST_F(Cli, TightBudgetTrainsWithRecomputationAndTheSameLoss) {
   for (size_t i = 0; i < 3; i++) {
     // Recomputation is bit-identical; the fused head's chunked sums differ by rounding only.
     EXPECT_NEAR(roomy[i], tight[i], 1e-4 * roomy[i]) << "step " << i;
+  }
+}
+
+TEST_F(Cli, ProfileWritesTraceMemoryJsonAndReport) {
+  std::string data = corpus();
+  Outcome t = run("train --model gpt2-tiny --data " + data +
+                  " --seq 32 --batch 4 --steps 3 --sample-tokens 0 --out " + path("m") +
+                  " --profile " + path("prof"));
+  ASSERT_EQ(t.code, 0) << t.out;
+  std::ifstream tf(path("prof/trace.json"));
+  auto trace = nlohmann::json::parse(tf);
+  const auto& events = trace.is_object() ? trace["traceEvents"] : trace;
+  std::set<std::string> phases, categories;
+  for (const auto& e : events) {
+    phases.insert(e["ph"].get<std::string>());
+    if (e["ph"] == "X") categories.insert(e["cat"].get<std::string>());
+  }
+  for (const char* ph : {"X", "C", "M"}) EXPECT_TRUE(phases.count(ph)) << ph;
+  for (const char* c : {"gemm", "attention", "optimizer", "op", "data"}) {
+    EXPECT_TRUE(categories.count(c)) << c;
+  }
+  std::ifstream mf(path("prof/memory.json"));
+  auto mem = nlohmann::json::parse(mf);
+  // The timeline, built from the plan's buffers at the times their ops ran, peaks exactly at
+  // the planned peak, which is also the measured one.
+  EXPECT_EQ(mem["peak_bytes"], mem["planned_peak_bytes"]);
+  EXPECT_EQ(mem["timeline_peak"]["bytes"], mem["planned_peak_bytes"]);
+  std::ifstream hf(path("prof/report.html"));
+  std::string html((std::istreambuf_iterator<char>(hf)), std::istreambuf_iterator<char>());
+  EXPECT_NE(html.find("<html"), std::string::npos);
+  // Self-contained: no script, style or image is fetched (the inlined library's licence comment
+  // may name its web site).
+  for (const char* fetch : {"src=\"http", "href=\"http", "<script src", "@import"}) {
+    EXPECT_EQ(html.find(fetch), std::string::npos) << fetch;
   }
 }
 
