@@ -27,6 +27,7 @@
 #include "plan/search.h"
 #include "report/profile.h"
 #include "report/progress.h"
+#include "train/checkpoint.h"
 #include "train/generate.h"
 #include "train/trainer.h"
 
@@ -110,7 +111,10 @@ struct TrainFlags {
   uint64_t seed = 1337;
   std::string out = "out";
   std::string log_json;
-  std::string profile;                       // --profile DIR
+  std::string profile;  // --profile DIR
+  int save_every = 0;
+  int keep_checkpoints = 3;
+  std::string resume;
   std::optional<plan::SearchResult> search;  // the auto plan's search, for the report
   float lr = 0;
   int warmup = -1;
@@ -172,6 +176,16 @@ Result<std::optional<model::Recompute>> parse_recompute(const std::string& flag)
 }
 
 Status resolve_train_options(TrainFlags& f, train::TrainOptions* o) {
+  if (!f.resume.empty()) {
+    // Continue with the checkpoint's model, data and batch shape unless flags say otherwise
+    // (the trainer refuses a shape that differs: the continuation would not be exact).
+    HR_ASSIGN_OR_RETURN(train::LoadedCheckpoint ck, train::find_checkpoint(f.resume));
+    if (f.model == "gpt2-tiny") f.model = ck.dir;  // the default: take the checkpoint's config
+    if (f.data.empty()) f.data = ck.state.data;
+    if (f.seq == 0) f.seq = ck.state.seq;
+    if (f.batch == 0) f.batch = ck.state.micro_batch;
+    if (f.global_batch == 0) f.global_batch = ck.state.micro_batch * ck.state.accumulation;
+  }
   HR_ASSIGN_OR_RETURN(o->config, model::resolve_model(f.model));
   o->model_name = f.model;
   if (f.device != "cpu") {
@@ -542,6 +556,13 @@ int run_train(TrainFlags& f) {
   train::TrainOptions o;
   if (Status s = resolve_train_options(f, &o); !s.is_ok()) return fail(s);
   o.out_dir = f.out;
+  o.save_every = f.save_every;
+  o.keep_checkpoints = f.keep_checkpoints;
+  o.resume = f.resume;
+  if (f.save_every < 0 || f.keep_checkpoints < 0) {
+    return fail(
+        Status::invalid_argument("--save-every and --keep-checkpoints must not be negative"));
+  }
   o.profile = !f.profile.empty();
   if (o.profile) {
     // Fail before training, not after, when the report cannot be written.
@@ -588,6 +609,8 @@ int run_train(TrainFlags& f) {
                                    format_bytes(s.device_budget));
     if (s.val_loss)
       bar.println(fmt::format("step {}: validation loss {:.4f}", s.step, *s.val_loss));
+    if (!s.checkpoint.empty())
+      bar.println(fmt::format("step {}: checkpoint {}", s.step, s.checkpoint));
     bar.update(s.step, s.steps, text);
   };
   std::string sample_text;
@@ -1054,6 +1077,17 @@ int run(int argc, char** argv) {
   train_cmd
       ->add_option("--sample-tokens", tf.sample_tokens, "tokens to sample at the end (0: none)")
       ->capture_default_str();
+  train_cmd
+      ->add_option("--save-every", tf.save_every,
+                   "write a checkpoint to OUT/checkpoints/step-NNNNNN every N steps and at "
+                   "the end (0: none)")
+      ->capture_default_str();
+  train_cmd
+      ->add_option("--keep-checkpoints", tf.keep_checkpoints, "newest checkpoints kept (0: all)")
+      ->capture_default_str();
+  train_cmd->add_option("--resume", tf.resume,
+                        "continue exactly from a checkpoint directory, or from OUT (its newest "
+                        "checkpoint); --steps is the run's total");
   train_cmd->add_option("--profile", tf.profile,
                         "write trace.json, memory.json and report.html of the run to DIR");
   train_cmd->add_flag("--json", tf.json, "print the result as JSON instead of the progress bar");

@@ -9,6 +9,7 @@
 #include <cmath>
 
 #include "backend/cpu/kernels.h"
+#include "core/log.h"
 #include "core/units.h"
 #include "data/batcher.h"
 #include "data/token_file.h"
@@ -17,6 +18,7 @@
 #include "model/gpt2.h"
 #include "model/weights.h"
 #include "plan/memory_plan.h"
+#include "train/checkpoint.h"
 
 namespace headroom::train {
 
@@ -110,6 +112,49 @@ Result<TrainResult> run_training(const TrainOptions& o, const TrainCallbacks& cb
   cpu::zero(grads, table.total_floats);
   cpu::zero(m, table.total_floats);
   cpu::zero(v, table.total_floats);
+  int start_step = 0;
+  if (!o.resume.empty()) {
+    HR_ASSIGN_OR_RETURN(LoadedCheckpoint ck, find_checkpoint(o.resume));
+    const TrainerState& st = ck.state;
+    if (ck.config.to_json() != cfg.to_json()) {
+      return Status::invalid_argument(
+          fmt::format("{}: the checkpoint's model (config.json) differs from --model {}", ck.dir,
+                      o.model_name));
+    }
+    if (st.micro_batch != B || st.accumulation != K || st.seq != T) {
+      return Status::invalid_argument(fmt::format(
+          "{}: the checkpoint ran micro-batch {} x {} accumulation at seq {}, this run {} x {} at "
+          "seq {}; resume with --batch {} --global-batch {} --seq {} for an exact continuation",
+          ck.dir, st.micro_batch, st.accumulation, st.seq, B, K, T, st.micro_batch,
+          st.micro_batch * st.accumulation, st.seq));
+    }
+    if (!train_batches.valid_position(st.data_position)) {
+      return Status::corrupt(fmt::format("{}: data_position {} is outside the training data of {}",
+                                         ck.dir, st.data_position, o.data));
+    }
+    if (st.step >= o.steps) {
+      return Status::invalid_argument(
+          fmt::format("{} is at step {}, and --steps is {}: nothing left to do (raise --steps)",
+                      ck.dir, st.step, o.steps));
+    }
+    HR_RETURN_IF_ERROR(load_checkpoint(ck, table, params, m, v));
+    train_batches.set_position(st.data_position);
+    start_step = st.step;
+    log_info("resumed from {} at step {}", ck.dir, st.step);
+  }
+  auto checkpoint = [&](int steps_done) -> Result<std::string> {
+    if (o.out_dir.empty()) {
+      return Status::invalid_argument("--save-every needs an output directory (--out)");
+    }
+    TrainerState st{steps_done, train_batches.position(),
+                    o.steps,    o.warmup_steps,
+                    o.adamw.lr, o.min_lr_ratio,
+                    B,          K,
+                    T,          o.seed,
+                    o.data};
+    return save_checkpoint(o.out_dir + "/checkpoints", {&cfg, &table, params, m, v, st},
+                           o.keep_checkpoints);
+  };
 
   model::Gpt2 net(cfg, &table);
   net.bind_params(params, grads);
@@ -163,7 +208,7 @@ Result<TrainResult> run_training(const TrainOptions& o, const TrainCallbacks& cb
 
   TrainResult result;
   std::vector<double> tps;
-  for (int step = 0; step < o.steps; step++) {
+  for (int step = start_step; step < o.steps; step++) {
     auto t0 = Clock::now();
     tracking.reset_peak();
     // Fetch the whole step's micro-batches first, so the loss is normalised by the valid tokens
@@ -226,10 +271,17 @@ Result<TrainResult> run_training(const TrainOptions& o, const TrainCallbacks& cb
       return Status::internal(
           fmt::format("loss became {} at step {} (lr {}); try a lower --lr", s.loss, s.step, lr));
     }
-    if (step > 0) tps.push_back(s.tokens_per_s);
+    if (o.save_every > 0 && ((step + 1) % o.save_every == 0 || step + 1 == o.steps)) {
+      HR_ASSIGN_OR_RETURN(s.checkpoint, checkpoint(step + 1));
+    }
+    if (step > start_step) tps.push_back(s.tokens_per_s);
     result.final_loss = s.loss;
     if (s.val_loss) result.final_val_loss = s.val_loss;
     if (cb.on_step) cb.on_step(s);
+    if (cb.should_stop && cb.should_stop(s)) {
+      result.stopped = true;
+      break;
+    }
   }
   if (!tps.empty()) {
     std::nth_element(tps.begin(), tps.begin() + tps.size() / 2, tps.end());
@@ -242,6 +294,7 @@ Result<TrainResult> run_training(const TrainOptions& o, const TrainCallbacks& cb
     result.profile = std::move(rec);
   }
   result.device_bytes_peak = result.memory.peak;
+  if (result.stopped) return result;
   if (!o.out_dir.empty()) {
     HR_RETURN_IF_ERROR(model::save_pretrained(o.out_dir, cfg, table, params));
   }

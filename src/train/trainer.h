@@ -35,14 +35,18 @@ struct TrainOptions {
   double val_fraction = 0.05;
   int eval_every = 0;  // steps between validation runs; 0 = only at the end
   int eval_batches = 4;
-  std::string out_dir;     // where the model is saved at the end; empty = not saved
-  bool breakdown = false;  // time every kernel call by kind (StepStats::op_ms)
-  bool profile = false;    // record every kernel, op and step span (TrainResult::profile)
+  std::string out_dir;       // where the model is saved at the end; empty = not saved
+  bool breakdown = false;    // time every kernel call by kind (StepStats::op_ms)
+  bool profile = false;      // record every kernel, op and step span (TrainResult::profile)
+  int save_every = 0;        // steps between checkpoints (and one at the end); 0 = none
+  int keep_checkpoints = 3;  // newest checkpoints kept in out_dir/checkpoints; 0 = all
+  std::string resume;        // a checkpoint directory, or a run's out directory (its newest)
 };
 
 // Everything reported for one optimizer step (the --log-json fields).
 struct StepStats {
-  int step = 0;  // 1-based
+  std::string checkpoint;  // the checkpoint written after this step, if any
+  int step = 0;            // 1-based
   int steps = 0;
   double loss = 0;
   float lr = 0;
@@ -87,6 +91,7 @@ struct ProfileRecord {
 };
 
 struct TrainResult {
+  bool stopped = false;  // should_stop ended the run early
   double final_loss = 0;
   std::optional<double> final_val_loss;
   double tokens_per_s = 0;  // median over steps after the first
@@ -98,6 +103,9 @@ struct TrainResult {
 struct TrainCallbacks {
   std::function<void(const SetupInfo&)> on_setup;
   std::function<void(const StepStats&)> on_step;
+  // Asked after each step (after its checkpoint, if any): true ends the run there, as an
+  // interruption would (no final save, no on_finish). For tests of resume, and signals.
+  std::function<bool(const StepStats&)> should_stop;
   // Called after training with the final weights, before they are released (for sampling).
   // `device` serves allocations from the run's budget (the step region is released by then).
   std::function<Status(const model::Gpt2Config&, const float* params,

@@ -276,6 +276,29 @@ TEST_F(Cli, ProfileWritesTraceMemoryJsonAndReport) {
   }
 }
 
+TEST_F(Cli, SaveEveryThenResumeFromTheRunDirectory) {
+  std::string data = corpus();
+  Outcome a = run("train --data " + data + " --seq 32 --batch 2 --global-batch 4 --steps 6 " +
+                  "--save-every 3 --sample-tokens 0 --out " + path("run"));
+  ASSERT_EQ(a.code, 0) << a.out;
+  EXPECT_TRUE(fs::exists(path("run/checkpoints/step-000003/model.safetensors")));
+  EXPECT_TRUE(fs::exists(path("run/checkpoints/step-000006/optimizer.safetensors")));
+  // The checkpoint supplies the data, shape and model; --steps is the run's total.
+  Outcome b = run("train --resume " + path("run") + " --steps 8 --sample-tokens 0 --out " +
+                  path("run") + " --log-json " + path("resumed.jsonl"));
+  ASSERT_EQ(b.code, 0) << b.out;
+  EXPECT_NE(b.out.find("resumed from"), std::string::npos) << b.out;
+  std::ifstream f(path("resumed.jsonl"));
+  std::string line;
+  std::vector<int> steps;
+  while (std::getline(f, line)) steps.push_back(nlohmann::json::parse(line)["step"]);
+  EXPECT_EQ(steps, (std::vector<int>{7, 8}));
+
+  Outcome c = run("train --resume " + path("nowhere") + " --steps 8");
+  EXPECT_EQ(c.code, 1);
+  EXPECT_NE(c.out.find("nowhere"), std::string::npos) << c.out;
+}
+
 TEST_F(Cli, PlanSaysWhatIsMissingWhenNothingFits) {
   write("gpt7b.json", R"({"n_layer": 32, "n_head": 32, "n_embd": 4096, "vocab_size": 50257,
                           "n_positions": 4096})");

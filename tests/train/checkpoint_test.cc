@@ -1,0 +1,164 @@
+// Checkpoints resume exactly: 20 steps straight and 10 + resume + 10 give bit-identical weights
+// and the same logged losses; a corrupt checkpoint is refused with the file named; only the
+// newest K are kept and no temporary directory is left behind.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <random>
+
+#include "data/token_file.h"
+#include "model/gpt2.h"
+#include "train/trainer.h"
+
+namespace headroom {
+namespace {
+
+namespace fs = std::filesystem;
+
+model::Gpt2Config tiny() {
+  model::Gpt2Config c;
+  c.n_layer = 2;
+  c.n_embd = 64;
+  c.n_head = 4;
+  c.vocab_size = 211;
+  c.n_positions = 32;
+  return c;
+}
+
+class Checkpoints : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::path(testing::TempDir()) /
+           ("headroom_ckpt_" + std::to_string(getpid()) + "_" +
+            testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    data_ = (dir_ / "data.tok").string();
+    std::mt19937 rng(5);
+    std::vector<int32_t> toks(30000);
+    for (auto& t : toks) t = int32_t(rng() % 210u);
+    ASSERT_TRUE(data::write_token_file(data_, toks, 211, 210, 1).is_ok());
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  train::TrainOptions options(const std::string& out) {
+    train::TrainOptions o;
+    o.config = tiny();
+    o.model_name = "tiny";
+    o.data = data_;
+    o.seq = 16;
+    o.micro_batch = 2;
+    o.accumulation = 2;
+    o.steps = 20;
+    o.warmup_steps = 3;
+    o.device_memory = uint64_t(1) << 30;
+    o.eval_every = 0;
+    o.out_dir = (dir_ / out).string();
+    return o;
+  }
+  // Runs `o`; collects the losses and the final parameters; stops after `stop_after` steps.
+  Result<train::TrainResult> run(const train::TrainOptions& o, std::vector<double>* losses,
+                                 std::vector<float>* params, int stop_after = 0) {
+    train::TrainCallbacks cb;
+    cb.on_step = [&](const train::StepStats& s) { losses->push_back(s.loss); };
+    if (stop_after)
+      cb.should_stop = [&](const train::StepStats& s) { return s.step == stop_after; };
+    cb.on_finish = [&](const model::Gpt2Config& c, const float* p, memory::MemoryResource*) {
+      params->assign(p, p + model::gpt2_param_table(c).total_floats);
+      return Status::ok();
+    };
+    return train::run_training(o, cb);
+  }
+  fs::path dir_;
+  std::string data_;
+};
+
+TEST_F(Checkpoints, ResumeIsBitIdentical) {
+  std::vector<double> straight_losses, first, second;
+  std::vector<float> straight, resumed, unused;
+  ASSERT_TRUE(run(options("straight"), &straight_losses, &straight).is_ok());
+
+  train::TrainOptions a = options("interrupted");
+  a.save_every = 10;
+  Result<train::TrainResult> r1 = run(a, &first, &unused, /*stop_after=*/10);
+  ASSERT_TRUE(r1.is_ok()) << r1.status().to_string();
+  EXPECT_TRUE(r1->stopped);
+  ASSERT_TRUE(fs::exists(dir_ / "interrupted/checkpoints/step-000010/trainer_state.json"));
+
+  train::TrainOptions b = options("interrupted");
+  b.save_every = 10;
+  b.resume = (dir_ / "interrupted").string();  // the run's directory: its newest checkpoint
+  Result<train::TrainResult> r2 = run(b, &second, &resumed);
+  ASSERT_TRUE(r2.is_ok()) << r2.status().to_string();
+
+  ASSERT_EQ(straight_losses.size(), 20u);
+  ASSERT_EQ(first.size(), 10u);
+  ASSERT_EQ(second.size(), 10u);
+  for (size_t i = 0; i < 10; i++) {
+    EXPECT_EQ(first[i], straight_losses[i]) << i;
+    EXPECT_EQ(second[i], straight_losses[10 + i]) << 10 + i;
+  }
+  ASSERT_EQ(resumed.size(), straight.size());
+  EXPECT_EQ(0, std::memcmp(resumed.data(), straight.data(), straight.size() * sizeof(float)));
+}
+
+TEST_F(Checkpoints, KeepsTheNewestAndLeavesNoTemporaries) {
+  train::TrainOptions o = options("run");
+  o.steps = 9;
+  o.save_every = 2;
+  o.keep_checkpoints = 2;
+  std::vector<double> l;
+  std::vector<float> p;
+  ASSERT_TRUE(run(o, &l, &p).is_ok());
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir_ / "run/checkpoints")) {
+    names.push_back(e.path().filename().string());
+  }
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"step-000008", "step-000009"}));
+}
+
+TEST_F(Checkpoints, CorruptOrMismatchedCheckpointsAreRefused) {
+  train::TrainOptions o = options("run");
+  o.steps = 4;
+  o.save_every = 2;
+  o.keep_checkpoints = 0;
+  std::vector<double> l;
+  std::vector<float> p;
+  ASSERT_TRUE(run(o, &l, &p).is_ok());
+  const fs::path ck = dir_ / "run/checkpoints/step-000002";
+
+  train::TrainOptions r = options("run");
+  r.steps = 8;
+  r.resume = ck.string();
+  // A different batch shape would not continue exactly: refused, and the flags to use named.
+  r.micro_batch = 4;
+  r.accumulation = 1;
+  Result<train::TrainResult> shape = run(r, &l, &p);
+  ASSERT_FALSE(shape.is_ok());
+  EXPECT_NE(shape.status().message().find("--batch 2"), std::string::npos)
+      << shape.status().message();
+
+  // A truncated optimizer file: the error names it.
+  r.micro_batch = 2;
+  r.accumulation = 2;
+  fs::resize_file(ck / "optimizer.safetensors", fs::file_size(ck / "optimizer.safetensors") / 2);
+  Result<train::TrainResult> cut = run(r, &l, &p);
+  ASSERT_FALSE(cut.is_ok());
+  EXPECT_NE(cut.status().message().find("optimizer.safetensors"), std::string::npos)
+      << cut.status().message();
+  // The newer checkpoint is untouched and still resumes.
+  r.resume = (dir_ / "run/checkpoints/step-000004").string();
+  EXPECT_TRUE(run(r, &l, &p).is_ok());
+
+  // Already at the end: nothing to do, said plainly.
+  r.steps = 4;
+  Result<train::TrainResult> done = run(r, &l, &p);
+  ASSERT_FALSE(done.is_ok());
+  EXPECT_NE(done.status().message().find("raise --steps"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace headroom
