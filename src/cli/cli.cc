@@ -645,6 +645,8 @@ int run_train(TrainFlags& f) {
     json j = {{"final_loss", r->final_loss},
               {"tokens_per_s", r->tokens_per_s},
               {"device_bytes_peak", r->device_bytes_peak},
+              {"planned_peak_bytes", r->planned_peak_bytes},
+              {"lower_bound_bytes", r->lower_bound_bytes},
               {"out", o.out_dir},
               {"sample", sample_text}};
     if (r->final_val_loss) j["final_val_loss"] = *r->final_val_loss;
@@ -653,8 +655,15 @@ int run_train(TrainFlags& f) {
   }
   std::fprintf(stderr, "done: loss %.4f", r->final_loss);
   if (r->final_val_loss) std::fprintf(stderr, ", validation loss %.4f", *r->final_val_loss);
-  std::fprintf(stderr, ", median %.0f tokens/s, peak device memory %s\n", r->tokens_per_s,
-               format_bytes(r->device_bytes_peak).c_str());
+  std::fprintf(stderr, ", median %.0f tokens/s\n", r->tokens_per_s);
+  std::fprintf(
+      stderr,
+      "device memory: peak %s measured, %s planned, lower bound %s (fragmentation "
+      "%.3fx), budget %s\n%s",
+      format_bytes(r->device_bytes_peak).c_str(), format_bytes(r->planned_peak_bytes).c_str(),
+      format_bytes(r->lower_bound_bytes).c_str(),
+      r->lower_bound_bytes ? double(r->planned_peak_bytes) / double(r->lower_bound_bytes) : 1.0,
+      format_bytes(o.device_memory).c_str(), r->memory.table().c_str());
   std::fprintf(stderr, "model saved to %s/ (config.json, model.safetensors)\n", o.out_dir.c_str());
   if (!sample_text.empty()) std::printf("sample:\n%s\n", sample_text.c_str());
   return 0;

@@ -294,6 +294,8 @@ Result<TrainResult> run_training(const TrainOptions& o, const TrainCallbacks& cb
     result.profile = std::move(rec);
   }
   result.device_bytes_peak = result.memory.peak;
+  result.planned_peak_bytes = mp.peak_bytes;
+  result.lower_bound_bytes = mp.lower_bound_bytes;
   if (result.stopped) return result;
   if (!o.out_dir.empty()) {
     HR_RETURN_IF_ERROR(model::save_pretrained(o.out_dir, cfg, table, params));

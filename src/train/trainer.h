@@ -96,6 +96,8 @@ struct TrainResult {
   std::optional<double> final_val_loss;
   double tokens_per_s = 0;  // median over steps after the first
   uint64_t device_bytes_peak = 0;
+  uint64_t planned_peak_bytes = 0;
+  uint64_t lower_bound_bytes = 0;  // most planned bytes live at one moment
   memory::MemoryStats memory;
   std::optional<ProfileRecord> profile;  // with TrainOptions::profile
 };
