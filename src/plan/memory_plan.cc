@@ -27,7 +27,7 @@ Result<MemoryPlan> plan_training_memory(const model::Gpt2Config& config, const P
         fmt::format("sequence length {} must be between 1 and the model's n_positions ({})", p.seq,
                     config.n_positions));
   }
-  if (p.micro_batch <= 0 || p.accumulation <= 0) {
+  if (p.micro_batch <= 0 || p.accumulation <= 0 || p.prefetch_depth <= 0) {
     return Status::invalid_argument(fmt::format(
         "micro-batch {} and accumulation {} must be positive", p.micro_batch, p.accumulation));
   }
@@ -59,10 +59,19 @@ Result<MemoryPlan> plan_training_memory(const model::Gpt2Config& config, const P
       single_region("optimizer", Category::kOptimizer,
                     {{"adam_m", DType::kF32, Shape{P}, Category::kOptimizer},
                      {"adam_v", DType::kF32, Shape{P}, Category::kOptimizer}}));
-  plan.persistent.push_back(
-      single_region("staging", Category::kStaging,
-                    {{"input_ids", DType::kI32, Shape{tokens}, Category::kStaging},
-                     {"targets", DType::kI32, Shape{tokens}, Category::kStaging}}));
+  // Token staging: `prefetch_depth` slots of a whole step's micro-batches (the loader fills one
+  // while the step runs on another), and one micro-batch for validation.
+  std::vector<BufferDesc> staging;
+  for (int d = 0; d < p.prefetch_depth; d++) {
+    staging.push_back(
+        {"input_ids." + std::to_string(d), DType::kI32, Shape{tokens}, Category::kStaging});
+    staging.push_back(
+        {"targets." + std::to_string(d), DType::kI32, Shape{tokens}, Category::kStaging});
+  }
+  const int64_t mb_tokens = int64_t(p.micro_batch) * p.seq;
+  staging.push_back({"val_input_ids", DType::kI32, Shape{mb_tokens}, Category::kStaging});
+  staging.push_back({"val_targets", DType::kI32, Shape{mb_tokens}, Category::kStaging});
+  plan.persistent.push_back(single_region("staging", Category::kStaging, std::move(staging)));
 
   if (same_shape && same_shape->policy.micro_batch == p.micro_batch &&
       same_shape->policy.seq == p.seq && same_shape->policy.exec == p.exec &&

@@ -22,6 +22,7 @@ struct Policy {
   int seq = 1;           // T
   std::string precision = "fp32";
   model::ExecOptions exec;  // attention kernel, LM head, recomputation per block
+  int prefetch_depth = 2;   // steps of token ids the loader prepares ahead
 };
 
 // A block of memory that the trainer allocates as one arena.

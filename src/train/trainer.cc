@@ -12,6 +12,7 @@
 #include "core/log.h"
 #include "core/units.h"
 #include "data/batcher.h"
+#include "data/prefetcher.h"
 #include "data/token_file.h"
 #include "memory/arena.h"
 #include "memory/host_resource.h"
@@ -142,16 +143,13 @@ Result<TrainResult> run_training(const TrainOptions& o, const TrainCallbacks& cb
     start_step = st.step;
     log_info("resumed from {} at step {}", ck.dir, st.step);
   }
-  auto checkpoint = [&](int steps_done) -> Result<std::string> {
+  auto checkpoint = [&](int steps_done, int64_t data_position) -> Result<std::string> {
     if (o.out_dir.empty()) {
       return Status::invalid_argument("--save-every needs an output directory (--out)");
     }
-    TrainerState st{steps_done, train_batches.position(),
-                    o.steps,    o.warmup_steps,
-                    o.adamw.lr, o.min_lr_ratio,
-                    B,          K,
-                    T,          o.seed,
-                    o.data};
+    TrainerState st{steps_done, data_position,  o.steps, o.warmup_steps,
+                    o.adamw.lr, o.min_lr_ratio, B,       K,
+                    T,          o.seed,         o.data};
     return save_checkpoint(o.out_dir + "/checkpoints", {&cfg, &table, params, m, v, st},
                            o.keep_checkpoints);
   };
@@ -178,8 +176,9 @@ Result<TrainResult> run_training(const TrainOptions& o, const TrainCallbacks& cb
                             us_since_start(Clock::now()) - us_since_start(t0), step, mb});
     }
   };
-  int32_t* inputs = static_cast<int32_t*>(staging.data(0));
-  int32_t* targets = static_cast<int32_t*>(staging.data(1));
+  const int depth = mp.policy.prefetch_depth;
+  int32_t* val_inputs = static_cast<int32_t*>(staging.data(size_t(2 * depth)));
+  int32_t* val_targets = static_cast<int32_t*>(staging.data(size_t(2 * depth + 1)));
   const uint64_t planned = mp.peak_bytes;
 
   if (cb.on_setup) {
@@ -198,9 +197,9 @@ Result<TrainResult> run_training(const TrainOptions& o, const TrainCallbacks& cb
     double sum = 0;
     int64_t count = 0;
     for (int i = 0; i < o.eval_batches; i++) {
-      val_batches->next(inputs, targets);
+      val_batches->next(val_inputs, val_targets);
       int64_t valid = 0;
-      sum += net.forward(inputs, targets, &valid);
+      sum += net.forward(val_inputs, val_targets, &valid);
       count += valid;
     }
     return count ? std::optional<double>(sum / double(count)) : std::nullopt;
@@ -208,21 +207,29 @@ Result<TrainResult> run_training(const TrainOptions& o, const TrainCallbacks& cb
 
   TrainResult result;
   std::vector<double> tps;
+  // The loader thread fills the next steps' micro-batches into the staging slots while this
+  // thread computes; the slot's tag is the data position after it (what a checkpoint saves).
+  // Declared after the arenas, so it stops before they are released.
+  data::Prefetcher loader(depth, [&](int slot) {
+    int32_t* in = static_cast<int32_t*>(staging.data(size_t(2 * slot)));
+    int32_t* tg = static_cast<int32_t*>(staging.data(size_t(2 * slot + 1)));
+    for (int k = 0; k < K; k++)
+      train_batches.next(in + int64_t(k) * B * T, tg + int64_t(k) * B * T);
+    return train_batches.position();
+  });
   for (int step = start_step; step < o.steps; step++) {
     auto t0 = Clock::now();
     tracking.reset_peak();
-    // Fetch the whole step's micro-batches first, so the loss is normalised by the valid tokens
-    // of the whole optimizer step (not per micro-batch).
+    // The whole step's micro-batches are there before the first forward, so the loss is
+    // normalised by the valid tokens of the whole optimizer step (not per micro-batch).
     auto td = Clock::now();
+    const data::Prefetcher::Ready batch = loader.acquire();
+    const double data_ms = batch.waited_ms;
+    record("wait for data", "data", td, step, -1);
+    const int32_t* inputs = static_cast<const int32_t*>(staging.data(size_t(2 * batch.slot)));
+    const int32_t* targets = static_cast<const int32_t*>(staging.data(size_t(2 * batch.slot + 1)));
     int64_t step_valid = 0;
-    for (int k = 0; k < K; k++) {
-      int32_t* in = inputs + int64_t(k) * B * T;
-      int32_t* tg = targets + int64_t(k) * B * T;
-      train_batches.next(in, tg);
-      for (int64_t i = 0; i < int64_t(B) * T; i++) step_valid += tg[i] >= 0;
-    }
-    const double data_ms = ms_since(td);
-    record("load micro-batches", "data", td, step, -1);
+    for (int64_t i = 0; i < int64_t(K) * B * T; i++) step_valid += targets[i] >= 0;
     const float dloss = step_valid ? 1.0f / float(step_valid) : 0.0f;
     double loss_sum = 0;
     for (int k = 0; k < K; k++) {
@@ -233,6 +240,7 @@ Result<TrainResult> run_training(const TrainOptions& o, const TrainCallbacks& cb
       net.backward(in, tg, dloss);
       record("micro-batch", "micro_batch", tm, step, k);
     }
+    loader.release(batch.slot);
     const float lr = cosine_lr(step, o.steps, o.warmup_steps, o.adamw.lr, o.min_lr_ratio);
     auto topt = Clock::now();
     const double norm = adamw_step(table, params, grads, m, v, o.adamw, lr, step + 1);
@@ -272,7 +280,7 @@ Result<TrainResult> run_training(const TrainOptions& o, const TrainCallbacks& cb
           fmt::format("loss became {} at step {} (lr {}); try a lower --lr", s.loss, s.step, lr));
     }
     if (o.save_every > 0 && ((step + 1) % o.save_every == 0 || step + 1 == o.steps)) {
-      HR_ASSIGN_OR_RETURN(s.checkpoint, checkpoint(step + 1));
+      HR_ASSIGN_OR_RETURN(s.checkpoint, checkpoint(step + 1, batch.tag));
     }
     if (step > start_step) tps.push_back(s.tokens_per_s);
     result.final_loss = s.loss;
