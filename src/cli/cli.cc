@@ -659,11 +659,11 @@ int run_train(TrainFlags& f) {
   std::fprintf(
       stderr,
       "device memory: peak %s measured, %s planned, lower bound %s (fragmentation "
-      "%.3fx), budget %s\n%s",
+      "%.3fx), budget %s\n",
       format_bytes(r->device_bytes_peak).c_str(), format_bytes(r->planned_peak_bytes).c_str(),
       format_bytes(r->lower_bound_bytes).c_str(),
       r->lower_bound_bytes ? double(r->planned_peak_bytes) / double(r->lower_bound_bytes) : 1.0,
-      format_bytes(o.device_memory).c_str(), r->memory.table().c_str());
+      format_bytes(o.device_memory).c_str());
   std::fprintf(stderr, "model saved to %s/ (config.json, model.safetensors)\n", o.out_dir.c_str());
   if (!sample_text.empty()) std::printf("sample:\n%s\n", sample_text.c_str());
   return 0;
