@@ -115,6 +115,7 @@ struct TrainFlags {
   int save_every = 0;
   int keep_checkpoints = 3;
   std::string resume;
+  CLI::Option* model_option = nullptr;       // to tell a given --model from the default
   std::optional<plan::SearchResult> search;  // the auto plan's search, for the report
   float lr = 0;
   int warmup = -1;
@@ -127,10 +128,10 @@ struct TrainFlags {
 };
 
 void add_train_flags(CLI::App* app, TrainFlags& f) {
-  app->add_option("--model", f.model,
-                  "preset (gpt2-tiny, gpt2, gpt2-medium, gpt2-large, gpt2-xl), "
-                  "a config.json, or a directory holding one")
-      ->capture_default_str();
+  f.model_option = app->add_option("--model", f.model,
+                                   "preset (gpt2-tiny, gpt2, gpt2-medium, gpt2-large, gpt2-xl), "
+                                   "a config.json, or a directory holding one")
+                       ->capture_default_str();
   app->add_option("--data", f.data,
                   "token file from `headroom prepare` (default: Debian's fortunes, prepared once)");
   app->add_option("--seq", f.seq, "sequence length T (default: min(128, n_positions))");
@@ -180,7 +181,7 @@ Status resolve_train_options(TrainFlags& f, train::TrainOptions* o) {
     // Continue with the checkpoint's model, data and batch shape unless flags say otherwise
     // (the trainer refuses a shape that differs: the continuation would not be exact).
     HR_ASSIGN_OR_RETURN(train::LoadedCheckpoint ck, train::find_checkpoint(f.resume));
-    if (f.model == "gpt2-tiny") f.model = ck.dir;  // the default: take the checkpoint's config
+    if (!f.model_option || f.model_option->count() == 0) f.model = ck.dir;  // its config
     if (f.data.empty()) f.data = ck.state.data;
     if (f.seq == 0) f.seq = ck.state.seq;
     if (f.batch == 0) f.batch = ck.state.micro_batch;
