@@ -334,9 +334,36 @@ Result<SearchResult> search_plan(const SearchRequest& r) {
       res.advice = advise(r, mp);
     } else {
       res.advice = fmt::format(
-          "no micro-batch that divides the per-device batch {} fits{}; the largest that fits is {}",
-          per_device, r.micro_batch ? fmt::format(" (--batch {} was given)", *r.micro_batch) : "",
+          "nothing fits with the constraints given{}{}; the largest micro-batch that fits is {}.\n",
+          r.micro_batch ? fmt::format(" (--batch {})", *r.micro_batch) : "",
+          r.recompute ? fmt::format(" (--recompute {})", model::recompute_name(*r.recompute)) : "",
           res.max_micro_batch);
+      // Concrete alternatives: the same search with one constraint lifted at a time.
+      auto alternative = [&](SearchRequest relaxed, const std::string& change) -> Status {
+        relaxed.sweep = false;
+        HR_ASSIGN_OR_RETURN(SearchResult alt, search_plan(relaxed));
+        if (alt.chosen) {
+          const Candidate& c = *alt.chosen;
+          res.advice += fmt::format(
+              "  - {}: micro-batch {} x {} accumulation with {} fits (peak {}, predicted {:.0f} "
+              "tokens/s)\n",
+              change, c.policy.micro_batch, c.policy.accumulation, describe_exec(c.policy.exec),
+              format_bytes(c.peak_bytes), c.cost.tokens_per_s);
+        }
+        return Status::ok();
+      };
+      if (r.recompute) {
+        SearchRequest relaxed = r;
+        relaxed.recompute.reset();
+        HR_RETURN_IF_ERROR(alternative(relaxed, "--recompute auto"));
+      }
+      if (r.micro_batch) {
+        SearchRequest relaxed = r;
+        relaxed.micro_batch.reset();
+        HR_RETURN_IF_ERROR(alternative(
+            relaxed, fmt::format("micro-batch {} -> the planner's choice (leave out --batch)",
+                                 *r.micro_batch)));
+      }
     }
   }
   res.planning_ms =

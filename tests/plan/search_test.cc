@@ -90,11 +90,15 @@ TEST(Search, RecomputationOnlyWhenItPaysOrIsNeeded) {
   ASSERT_TRUE(t.is_ok() && t->chosen);
   EXPECT_NE(recompute_summary(t->chosen->policy.exec), "none");
   EXPECT_LE(t->chosen->peak_bytes, 3 * kGiB);
-  // The same with recomputation forbidden does not fit.
+  // The same with recomputation forbidden does not fit, and the advice names what would.
   tight.recompute = model::Recompute::kNone;
   Result<SearchResult> none = search_plan(tight);
   ASSERT_TRUE(none.is_ok());
   EXPECT_FALSE(none->chosen);
+  EXPECT_NE(none->advice.find("--recompute auto: micro-batch 32 x 1"), std::string::npos)
+      << none->advice;
+  EXPECT_NE(none->advice.find("micro-batch 32 -> the planner's choice"), std::string::npos)
+      << none->advice;
 }
 
 TEST(Search, LargestMicroBatchIsExact) {
