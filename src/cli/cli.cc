@@ -896,6 +896,7 @@ struct BenchFlags {
   int head_chunk = 0;
   std::string attention = "tiled";
   bool pad_rows = true;
+  bool record = false;
 };
 
 int run_bench(BenchFlags& bf) {
@@ -933,6 +934,7 @@ int run_bench(BenchFlags& bf) {
   if (bf.head_chunk < 0) return fail(Status::invalid_argument("--head-chunk must be >= 0"));
   o.exec.head_chunk = bf.head_chunk;
   o.exec.pad_rows = bf.pad_rows;
+  o.profile = bf.record;
   Result<uint64_t> budget = device_budget(f.device_memory);
   if (!budget.is_ok()) return fail(budget.status());
   o.device_memory = *budget;
@@ -1163,6 +1165,9 @@ int run(int argc, char** argv) {
       ->add_option("--pad-rows", bnf.pad_rows,
                    "pad the MLP activations' rows off 4 KiB multiples (true/false)")
       ->capture_default_str();
+  bench_cmd->add_flag("--record", bnf.record,
+                      "record every kernel, op and step span as --profile does (to measure "
+                      "the recording's cost)");
   bench_cmd->add_flag("--breakdown", bnf.breakdown,
                       "time every kernel call by kind (gemm, attention, norm, ...)");
   bench_cmd->add_flag("--json", bnf.t.json,
