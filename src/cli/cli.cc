@@ -186,6 +186,9 @@ Status resolve_train_options(TrainFlags& f, train::TrainOptions* o) {
     if (f.seq == 0) f.seq = ck.state.seq;
     if (f.batch == 0) f.batch = ck.state.micro_batch;
     if (f.global_batch == 0) f.global_batch = ck.state.micro_batch * ck.state.accumulation;
+    // The schedule too: its defaults depend on --steps, which a resume may raise.
+    if (f.lr == 0) f.lr = ck.state.lr;
+    if (f.warmup < 0) f.warmup = ck.state.warmup_steps;
   }
   HR_ASSIGN_OR_RETURN(o->config, model::resolve_model(f.model));
   o->model_name = f.model;

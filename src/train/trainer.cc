@@ -138,6 +138,12 @@ Result<TrainResult> run_training(const TrainOptions& o, const TrainCallbacks& cb
           fmt::format("{} is at step {}, and --steps is {}: nothing left to do (raise --steps)",
                       ck.dir, st.step, o.steps));
     }
+    if (st.total_steps != o.steps || st.lr != o.adamw.lr || st.warmup_steps != o.warmup_steps) {
+      log_warn(
+          "{}: the learning-rate schedule differs from the checkpointed run's ({} steps, lr {}, "
+          "warmup {} now; {}, {}, {} then): the continuation follows the new schedule",
+          ck.dir, o.steps, o.adamw.lr, o.warmup_steps, st.total_steps, st.lr, st.warmup_steps);
+    }
     HR_RETURN_IF_ERROR(load_checkpoint(ck, table, params, m, v));
     train_batches.set_position(st.data_position);
     start_step = st.step;
