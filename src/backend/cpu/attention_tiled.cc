@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "backend/cpu/bf16.h"
 #include "backend/cpu/fast_math.h"
 #include "backend/cpu/fused_kernels.h"
 #include "core/check.h"
@@ -252,17 +253,113 @@ void backward_head(float* dq, float* dk, float* dv, const float* q, const float*
   }
 }
 
-}  // namespace
+// bf16 storage: each task first widens the rows it reads into fp32 copies in its slot, runs the
+// fp32 code above on them, and rounds its output once. The copies hold `rows` rows of one head.
+size_t forward_widen_floats(int T, int HS) { return size_t{1} * T * 3 * HS + size_t{kB} * HS; }
+size_t backward_widen_floats(int T, int HS) { return size_t{1} * T * 8 * HS; }
 
-size_t attention_tiled_scratch_floats(int B, int T, int C, int NH) {
-  const int64_t tasks = int64_t{B} * NH * num_blocks(T);
-  const int64_t slots = std::min<int64_t>(tasks, kAttentionMaxWorkers);
-  return static_cast<size_t>(slots) * forward_slot_floats(C / NH);
+// dst[r*ld_dst + c] = src[r*ld_src + c] as float, for r < rows, c < cols.
+void widen(float* dst, int64_t ld_dst, const bf16_t* src, int64_t ld_src, int64_t rows, int cols) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* d = dst + r * ld_dst;
+    const bf16_t* s = src + r * ld_src;
+#pragma omp simd
+    for (int c = 0; c < cols; ++c) d[c] = to_f32(s[c]);
+  }
+}
+void narrow(bf16_t* dst, int64_t ld_dst, const float* src, int64_t ld_src, int64_t rows, int cols) {
+  for (int64_t r = 0; r < rows; ++r) {
+    bf16_t* d = dst + r * ld_dst;
+    const float* s = src + r * ld_src;
+#pragma omp simd
+    for (int c = 0; c < cols; ++c) d[c] = from_f32<bf16_t>(s[c]);
+  }
 }
 
-size_t attention_tiled_backward_scratch_floats(int B, int T, int C, int NH) {
+}  // namespace
+
+size_t attention_tiled_scratch_floats(int B, int T, int C, int NH, DType storage) {
+  const int64_t tasks = int64_t{B} * NH * num_blocks(T);
+  const int64_t slots = std::min<int64_t>(tasks, kAttentionMaxWorkers);
+  size_t slot = forward_slot_floats(C / NH);
+  if (storage == DType::kBF16) slot += forward_widen_floats(T, C / NH);
+  return static_cast<size_t>(slots) * slot;
+}
+
+size_t attention_tiled_backward_scratch_floats(int B, int T, int C, int NH, DType storage) {
   const int64_t slots = std::min<int64_t>(int64_t{B} * NH, kAttentionMaxWorkers);
-  return static_cast<size_t>(slots) * backward_slot_floats(C / NH);
+  size_t slot = backward_slot_floats(C / NH);
+  if (storage == DType::kBF16) slot += backward_widen_floats(T, C / NH);
+  return static_cast<size_t>(slots) * slot;
+}
+
+void attention_tiled_forward(bf16_t* out, float* lse, const bf16_t* qkv, int B, int T, int C,
+                             int NH, float* scratch) {
+  HR_CHECK(NH > 0 && C % NH == 0 && T >= 1);
+  const int HS = C / NH;
+  const int64_t C3 = int64_t{3} * C, H3 = int64_t{3} * HS;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
+  const int nb = num_blocks(T);
+  const int BH = B * NH;
+  const int tasks = BH * nb;
+  const int slots = std::min(tasks, kAttentionMaxWorkers);
+  const size_t slot_floats = forward_slot_floats(HS) + forward_widen_floats(T, HS);
+#pragma omp parallel num_threads(workers_for(slots))
+  {
+    float* slot = scratch + omp_get_thread_num() * slot_floats;
+    float* rows = slot + forward_slot_floats(HS);  // [i0 + nq, 3 HS]: q | k | v of the head
+    float* o = rows + int64_t{T} * H3;             // [nq, HS]
+#pragma omp for schedule(dynamic, 1)
+    for (int task = 0; task < tasks; ++task) {
+      const int ib = nb - 1 - task / BH;
+      const int bh = task % BH;
+      const int b = bh / NH, h = bh % NH;
+      const int64_t i0 = int64_t{ib} * kB;
+      const int nq = std::min<int64_t>(kB, T - i0);
+      const bf16_t* base = qkv + int64_t{b} * T * C3 + int64_t{h} * HS;
+      for (int part = 0; part < 3; ++part) {
+        widen(rows + part * HS, H3, base + part * C, C3, i0 + nq, HS);
+      }
+      forward_block(o, lse + int64_t{bh} * T + i0, rows + i0 * H3, rows + HS, rows + 2 * HS, H3, HS,
+                    HS, ib, nq, scale, slot);
+      narrow(out + (int64_t{b} * T + i0) * C + int64_t{h} * HS, C, o, HS, nq, HS);
+    }
+  }
+}
+
+void attention_tiled_backward(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qkv,
+                              const bf16_t* out, const float* lse, int B, int T, int C, int NH,
+                              float* scratch) {
+  HR_CHECK(NH > 0 && C % NH == 0 && T >= 1);
+  const int HS = C / NH;
+  const int64_t C3 = int64_t{3} * C, H3 = int64_t{3} * HS, H2 = int64_t{2} * HS;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
+  const int BH = B * NH;
+  const int slots = std::min(BH, kAttentionMaxWorkers);
+  const size_t slot_floats = backward_slot_floats(HS) + backward_widen_floats(T, HS);
+#pragma omp parallel num_threads(workers_for(slots))
+  {
+    float* slot = scratch + omp_get_thread_num() * slot_floats;
+    float* rows = slot + backward_slot_floats(HS);  // [T, 3 HS]: q | k | v
+    float* ys = rows + int64_t{T} * H3;             // [T, 2 HS]: dout | out
+    float* drows = ys + int64_t{T} * H2;            // [T, 3 HS]: dq | dk | dv
+#pragma omp for schedule(dynamic, 1)
+    for (int bh = 0; bh < BH; ++bh) {
+      const int b = bh / NH, h = bh % NH;
+      const int64_t off3 = int64_t{b} * T * C3 + int64_t{h} * HS;
+      const int64_t off1 = int64_t{b} * T * C + int64_t{h} * HS;
+      for (int part = 0; part < 3; ++part) {
+        widen(rows + part * HS, H3, qkv + off3 + part * C, C3, T, HS);
+      }
+      widen(ys, H2, dout + off1, C, T, HS);
+      widen(ys + HS, H2, out + off1, C, T, HS);
+      backward_head(drows, drows + HS, drows + 2 * HS, rows, rows + HS, rows + 2 * HS, ys, ys + HS,
+                    lse + int64_t{bh} * T, H3, H2, T, HS, scale, slot);
+      for (int part = 0; part < 3; ++part) {
+        narrow(dqkv + off3 + part * C, C3, drows + part * HS, H3, T, HS);
+      }
+    }
+  }
 }
 
 void attention_tiled_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH,

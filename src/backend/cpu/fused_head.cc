@@ -7,32 +7,48 @@
 #include <algorithm>
 #include <cmath>
 
+#include "backend/cpu/bf16.h"
 #include "backend/cpu/fast_math.h"
 #include "backend/cpu/fused_kernels.h"
 #include "backend/cpu/gemm.h"
+#include "backend/cpu/kernels.h"
 #include "core/check.h"
 
 namespace headroom::cpu {
 namespace {
 
-// logits[n, V] = x[n, C] x wte[V, C]^T (the kOutIn matmul_forward).
+// logits[n, V] = x[n, C] x wte[V, C]^T (the kOutIn matmul_forward); fp32 logits.
 inline void chunk_logits(float* logits, const float* x, const float* wte, int n, int C, int V) {
   gemm(false, true, n, V, C, x, C, wte, C, logits, V, nullptr, false);
 }
+inline void chunk_logits(float* logits, const bf16_t* x, const bf16_t* wte, int n, int C, int V) {
+  gemm_ex(false, true, n, V, C, DType::kBF16, x, C, wte, C, DType::kF32, logits, V, nullptr, false);
+}
 
 // dx[n, C] = dlogits x wte; dwte += dlogits^T x x (the kOutIn matmul_backward).
-inline void chunk_backward(float* dx, float* dwte, const float* dlogits, const float* x,
-                           const float* wte, int n, int C, int V) {
+inline void chunk_backward(float* dx, float* dwte, float* dlogits, const float* x, const float* wte,
+                           int n, int C, int V) {
   if (dx != nullptr) gemm(false, false, n, C, V, dlogits, V, wte, C, dx, C, nullptr, false);
   if (dwte != nullptr) gemm(true, false, V, C, n, dlogits, V, x, C, dwte, C, nullptr, true);
 }
+// bf16: dlogits is rounded to bf16 in place first (row stride 2V as bf16), as autocast feeds the
+// bf16 GEMMs; dwte accumulates in fp32.
+inline void chunk_backward(bf16_t* dx, float* dwte, float* dlogits, const bf16_t* x,
+                           const bf16_t* wte, int n, int C, int V) {
+  round_rows_to_bf16_inplace(dlogits, n, V, V);
+  const auto* d = reinterpret_cast<const bf16_t*>(dlogits);
+  const DType bf = DType::kBF16;
+  if (dx != nullptr) {
+    gemm_ex(false, false, n, C, V, bf, d, 2 * V, wte, C, bf, dx, C, nullptr, false);
+  }
+  if (dwte != nullptr) {
+    gemm_ex(true, false, V, C, n, bf, d, 2 * V, x, C, DType::kF32, dwte, C, nullptr, true);
+  }
+}
 
-}  // namespace
-
-size_t lm_head_ce_scratch_floats(int chunk, int V) { return size_t{1} * chunk * V; }
-
-void lm_head_ce_forward(float* losses, float* lse, const float* x, const float* wte,
-                        const int32_t* targets, int N, int C, int V, int chunk, float* scratch) {
+template <typename T>
+void lm_head_ce_forward_t(float* losses, float* lse, const T* x, const T* wte,
+                          const int32_t* targets, int N, int C, int V, int chunk, float* scratch) {
   HR_CHECK(chunk >= 1 && V >= 1);
   for (int c0 = 0; c0 < N; c0 += chunk) {
     const int n = std::min(chunk, N - c0);
@@ -53,13 +69,14 @@ void lm_head_ce_forward(float* losses, float* lse, const float* x, const float* 
   }
 }
 
-void lm_head_ce_backward(float* dx, float* dwte, const float* x, const float* wte,
-                         const int32_t* targets, const float* lse, int N, int C, int V, int chunk,
-                         float dloss, float* scratch) {
+template <typename T>
+void lm_head_ce_backward_t(T* dx, float* dwte, const T* x, const T* wte, const int32_t* targets,
+                           const float* lse, int N, int C, int V, int chunk, float dloss,
+                           float* scratch) {
   HR_CHECK(chunk >= 1 && V >= 1);
   for (int c0 = 0; c0 < N; c0 += chunk) {
     const int n = std::min(chunk, N - c0);
-    const float* xc = x + int64_t{c0} * C;
+    const T* xc = x + int64_t{c0} * C;
     chunk_logits(scratch, xc, wte, n, C, V);
 #pragma omp parallel for schedule(static)
     for (int r = 0; r < n; ++r) {
@@ -78,6 +95,30 @@ void lm_head_ce_backward(float* dx, float* dwte, const float* x, const float* wt
     }
     chunk_backward(dx == nullptr ? nullptr : dx + int64_t{c0} * C, dwte, scratch, xc, wte, n, C, V);
   }
+}
+
+}  // namespace
+
+size_t lm_head_ce_scratch_floats(int chunk, int V) { return size_t{1} * chunk * V; }
+
+void lm_head_ce_forward(float* losses, float* lse, const float* x, const float* wte,
+                        const int32_t* targets, int N, int C, int V, int chunk, float* scratch) {
+  lm_head_ce_forward_t(losses, lse, x, wte, targets, N, C, V, chunk, scratch);
+}
+void lm_head_ce_forward(float* losses, float* lse, const bf16_t* x, const bf16_t* wte,
+                        const int32_t* targets, int N, int C, int V, int chunk, float* scratch) {
+  lm_head_ce_forward_t(losses, lse, x, wte, targets, N, C, V, chunk, scratch);
+}
+
+void lm_head_ce_backward(float* dx, float* dwte, const float* x, const float* wte,
+                         const int32_t* targets, const float* lse, int N, int C, int V, int chunk,
+                         float dloss, float* scratch) {
+  lm_head_ce_backward_t(dx, dwte, x, wte, targets, lse, N, C, V, chunk, dloss, scratch);
+}
+void lm_head_ce_backward(bf16_t* dx, float* dwte, const bf16_t* x, const bf16_t* wte,
+                         const int32_t* targets, const float* lse, int N, int C, int V, int chunk,
+                         float dloss, float* scratch) {
+  lm_head_ce_backward_t(dx, dwte, x, wte, targets, lse, N, C, V, chunk, dloss, scratch);
 }
 
 void lm_head_ce_forward_backward(float* losses, float* dx, float* dwte, const float* x,

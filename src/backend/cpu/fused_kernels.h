@@ -8,6 +8,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "core/dtype.h"
+
 namespace headroom::cpu {
 
 // ---- tiled causal self-attention (FlashAttention-2 style, online softmax) -------------------
@@ -28,16 +30,28 @@ inline constexpr int kAttentionMaxWorkers = 64;
 // B*NH*T*T probabilities). scratch: attention_tiled_scratch_floats(B,T,C,NH) floats.
 void attention_tiled_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH,
                              float* scratch);
-// min(B*NH*ceil(T/64), 64) slots of HS*64 + 64*64 + 64 floats (HS = 64: 33 KB a slot).
-size_t attention_tiled_scratch_floats(int B, int T, int C, int NH);
+// min(B*NH*ceil(T/64), 64) slots of HS*64 + 64*64 + 64 floats (HS = 64: 33 KB a slot); with bf16
+// storage each slot also holds fp32 copies of the head's rows (T*3*HS + 64*HS floats).
+size_t attention_tiled_scratch_floats(int B, int T, int C, int NH, DType storage = DType::kF32);
 
 // dqkv[B,T,3C] overwritten with the gradient of sum(out * dout). Recomputes the probabilities
 // block by block from q, k and lse; out is the forward's output (for D_t = dout_t . out_t).
 // scratch: attention_tiled_backward_scratch_floats(B,T,C,NH) floats.
 void attention_tiled_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
                               const float* lse, int B, int T, int C, int NH, float* scratch);
-// min(B*NH, 64) slots of 2*HS*64 + 2*64*64 + 64 floats (HS = 64: 66 KB a slot).
-size_t attention_tiled_backward_scratch_floats(int B, int T, int C, int NH);
+// min(B*NH, 64) slots of 2*HS*64 + 2*64*64 + 64 floats (HS = 64: 66 KB a slot); with bf16
+// storage each slot also holds fp32 copies of the head's rows (T*8*HS floats).
+size_t attention_tiled_backward_scratch_floats(int B, int T, int C, int NH,
+                                               DType storage = DType::kF32);
+
+// bf16 storage (qkv, out, dout, dqkv; lse stays fp32): each task widens the rows it reads to
+// fp32 in its scratch slot, computes as above and rounds its outputs once. Scratch sizes from
+// the functions above with DType::kBF16.
+void attention_tiled_forward(bf16_t* out, float* lse, const bf16_t* qkv, int B, int T, int C,
+                             int NH, float* scratch);
+void attention_tiled_backward(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qkv,
+                              const bf16_t* out, const float* lse, int B, int T, int C, int NH,
+                              float* scratch);
 
 // ---- LM head fused with cross-entropy, chunked over tokens ----------------------------------
 // logits[n,:] = x[n,:] x wte^T (wte[V,C], the tied embedding, kOutIn layout) are computed for
@@ -56,6 +70,15 @@ void lm_head_ce_forward(float* losses, float* lse, const float* x, const float* 
 // (OVERWRITTEN; skipped if dx is null) and dwte[V,C] += dlogits^T x x[rows] (ACCUMULATES; skipped
 // if dwte is null). Costs one extra LM-head GEMM (the recompute) over the unfused path.
 void lm_head_ce_backward(float* dx, float* dwte, const float* x, const float* wte,
+                         const int32_t* targets, const float* lse, int N, int C, int V, int chunk,
+                         float dloss, float* scratch);
+
+// bf16 storage (x, wte: the bf16 copy of the tied embedding; dx): bf16 GEMMs into fp32 logits,
+// the loss and softmax in fp32, dlogits rounded to bf16 for the backward GEMMs (as autocast);
+// dwte (fp32) accumulates.
+void lm_head_ce_forward(float* losses, float* lse, const bf16_t* x, const bf16_t* wte,
+                        const int32_t* targets, int N, int C, int V, int chunk, float* scratch);
+void lm_head_ce_backward(bf16_t* dx, float* dwte, const bf16_t* x, const bf16_t* wte,
                          const int32_t* targets, const float* lse, int N, int C, int V, int chunk,
                          float dloss, float* scratch);
 

@@ -24,6 +24,7 @@ namespace {
 struct GemmKey {
   int M, N, K, lda, ldb, ldc, threads;
   bool trans_a, trans_b, has_bias, accumulate;
+  DType ab_type, c_type;
   bool operator==(const GemmKey&) const = default;
 };
 
@@ -32,7 +33,8 @@ struct GemmKeyHash {
     uint64_t h = 1469598103934665603ull;
     auto mix = [&h](uint64_t v) { h = (h ^ v) * 1099511628211ull; };
     for (int v : {k.M, k.N, k.K, k.lda, k.ldb, k.ldc, k.threads}) mix(static_cast<uint32_t>(v));
-    mix((k.trans_a ? 1 : 0) | (k.trans_b ? 2 : 0) | (k.has_bias ? 4 : 0) | (k.accumulate ? 8 : 0));
+    mix((k.trans_a ? 1 : 0) | (k.trans_b ? 2 : 0) | (k.has_bias ? 4 : 0) | (k.accumulate ? 8 : 0) |
+        (uint32_t(k.ab_type) << 4) | (uint32_t(k.c_type) << 8));
     return static_cast<size_t>(h);
   }
 };
@@ -60,11 +62,11 @@ class GemmCache {
     return cache;
   }
 
-  void run(const GemmKey& key, const float* A, const float* B, float* C, const float* bias) {
+  void run(const GemmKey& key, const void* A, const void* B, void* C, const float* bias) {
     std::lock_guard<std::mutex> lock(mu_);
     GemmEntry& e = entry(key);
-    e.src.set_data_handle(const_cast<float*>(A));
-    e.wei.set_data_handle(const_cast<float*>(B));
+    e.src.set_data_handle(const_cast<void*>(A));
+    e.wei.set_data_handle(const_cast<void*>(B));
     e.dst.set_data_handle(C);
     if (key.has_bias) e.bias.set_data_handle(const_cast<float*>(bias));
     if (e.scratch_bytes > 0) e.scratch.set_data_handle(scratch_.get());
@@ -107,13 +109,14 @@ class GemmCache {
     using dims = dnnl::memory::dims;
     using dt = dnnl::memory::data_type;
     // A row-major [R, C] matrix stored with leading dimension ld, or its transpose view.
-    auto md = [](int64_t rows, int64_t cols, int64_t ld, bool trans) {
+    auto to_dt = [](DType t) { return t == DType::kBF16 ? dt::bf16 : dt::f32; };
+    auto md = [](int64_t rows, int64_t cols, int64_t ld, bool trans, dt type) {
       dims strides = trans ? dims{1, ld} : dims{ld, 1};
-      return dnnl::memory::desc(dims{rows, cols}, dt::f32, strides);
+      return dnnl::memory::desc(dims{rows, cols}, type, strides);
     };
-    dnnl::memory::desc src_md = md(k.M, k.K, k.lda, k.trans_a);
-    dnnl::memory::desc wei_md = md(k.K, k.N, k.ldb, k.trans_b);
-    dnnl::memory::desc dst_md = md(k.M, k.N, k.ldc, false);
+    dnnl::memory::desc src_md = md(k.M, k.K, k.lda, k.trans_a, to_dt(k.ab_type));
+    dnnl::memory::desc wei_md = md(k.K, k.N, k.ldb, k.trans_b, to_dt(k.ab_type));
+    dnnl::memory::desc dst_md = md(k.M, k.N, k.ldc, false, to_dt(k.c_type));
     dnnl::memory::desc bias_md(dims{1, k.N}, dt::f32, dims{k.N, 1});
 
     dnnl::primitive_attr attr;
@@ -161,26 +164,38 @@ class GemmCache {
 };
 
 GemmKey make_key(bool trans_a, bool trans_b, int M, int N, int K, int lda, int ldb, int ldc,
-                 bool has_bias, bool accumulate) {
+                 bool has_bias, bool accumulate, DType ab_type, DType c_type) {
   HR_CHECK(M > 0 && N > 0 && K > 0);
+  HR_CHECK((ab_type == DType::kF32 || ab_type == DType::kBF16) &&
+           (c_type == DType::kF32 || c_type == DType::kBF16));
   HR_CHECK(lda >= (trans_a ? M : K) && ldb >= (trans_b ? K : N) && ldc >= N);
   // Inside a parallel region oneDNN (OpenMP runtime) runs on the calling thread only.
   int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
-  return GemmKey{M, N, K, lda, ldb, ldc, threads, trans_a, trans_b, has_bias, accumulate};
+  return GemmKey{M,       N,       K,        lda,        ldb,     ldc,   threads,
+                 trans_a, trans_b, has_bias, accumulate, ab_type, c_type};
 }
 
 }  // namespace
 
 void gemm(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda, const float* B,
           int ldb, float* C, int ldc, const float* bias, bool accumulate) {
-  GemmKey key = make_key(trans_a, trans_b, M, N, K, lda, ldb, ldc, bias != nullptr, accumulate);
+  GemmKey key = make_key(trans_a, trans_b, M, N, K, lda, ldb, ldc, bias != nullptr, accumulate,
+                         DType::kF32, DType::kF32);
+  GemmCache::get().run(key, A, B, C, bias);
+}
+
+void gemm_ex(bool trans_a, bool trans_b, int M, int N, int K, DType ab_type, const void* A, int lda,
+             const void* B, int ldb, DType c_type, void* C, int ldc, const float* bias,
+             bool accumulate) {
+  GemmKey key = make_key(trans_a, trans_b, M, N, K, lda, ldb, ldc, bias != nullptr, accumulate,
+                         ab_type, c_type);
   GemmCache::get().run(key, A, B, C, bias);
 }
 
 const char* gemm_impl_name(bool trans_a, bool trans_b, int M, int N, int K, int lda, int ldb,
-                           int ldc, bool has_bias, bool accumulate) {
+                           int ldc, bool has_bias, bool accumulate, DType ab_type, DType c_type) {
   return GemmCache::get().impl_name(
-      make_key(trans_a, trans_b, M, N, K, lda, ldb, ldc, has_bias, accumulate));
+      make_key(trans_a, trans_b, M, N, K, lda, ldb, ldc, has_bias, accumulate, ab_type, c_type));
 }
 
 size_t gemm_scratchpad_bytes() { return GemmCache::get().scratch_bytes(); }

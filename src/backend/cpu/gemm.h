@@ -4,6 +4,8 @@
 
 #include <cstddef>
 
+#include "core/dtype.h"
+
 namespace headroom::cpu {
 
 // C[M,N] = op(A)[M,K] x op(B)[K,N] (+ bias[N]), or C += ... when accumulate is true.
@@ -16,10 +18,18 @@ namespace headroom::cpu {
 void gemm(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda, const float* B,
           int ldb, float* C, int ldc, const float* bias, bool accumulate);
 
+// The same with element types per operand: A and B f32 or bf16 (both the same), C f32 or bf16;
+// the bias is f32 and accumulation happens in f32 inside the primitive (C += is rounded once into
+// C's type). bf16 x bf16 runs on AMX / AVX512-BF16 where the CPU has them.
+void gemm_ex(bool trans_a, bool trans_b, int M, int N, int K, DType ab_type, const void* A, int lda,
+             const void* B, int ldb, DType c_type, void* C, int ldc, const float* bias,
+             bool accumulate);
+
 // The oneDNN implementation chosen for a shape (e.g. "brg:avx512_core"), for benchmarks and
 // docs. Creates and caches the primitive if needed.
 const char* gemm_impl_name(bool trans_a, bool trans_b, int M, int N, int K, int lda, int ldb,
-                           int ldc, bool has_bias, bool accumulate);
+                           int ldc, bool has_bias, bool accumulate, DType ab_type = DType::kF32,
+                           DType c_type = DType::kF32);
 
 // Bytes held by the one shared oneDNN scratchpad (user mode; sized to the largest cached
 // primitive, grown only when a new primitive is created), and the number of cached primitives.

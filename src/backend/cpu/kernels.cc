@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "backend/cpu/bf16.h"
 #include "backend/cpu/fast_math.h"
 #include "backend/cpu/gemm.h"
 #include "core/check.h"
@@ -39,15 +40,16 @@ inline void thread_range(int64_t n, int64_t align, int64_t* begin, int64_t* end)
 }
 
 // sum over rows r of x[r*ld + c] for c in [c0, c1) added to acc_out[c]; rows in order.
-inline void add_column_sums(float* acc_out, const float* x, int64_t rows, int64_t ld, int64_t c0,
+template <typename T>
+inline void add_column_sums(float* acc_out, const T* x, int64_t rows, int64_t ld, int64_t c0,
                             int64_t c1) {
   for (int64_t cb = c0; cb < c1; cb += kColBlock) {
     const int64_t w = std::min<int64_t>(kColBlock, c1 - cb);
     float acc[kColBlock] = {};
     for (int64_t r = 0; r < rows; ++r) {
-      const float* xr = x + r * ld + cb;
+      const T* xr = x + r * ld + cb;
 #pragma omp simd
-      for (int64_t j = 0; j < w; ++j) acc[j] += xr[j];
+      for (int64_t j = 0; j < w; ++j) acc[j] += to_f32(xr[j]);
     }
 #pragma omp simd
     for (int64_t j = 0; j < w; ++j) acc_out[cb + j] += acc[j];
@@ -109,8 +111,10 @@ void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32
 
 // ---- layernorm -----------------------------------------------------------------------------
 
-void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
-                       const float* bias, int N, int C) {
+namespace {
+template <typename TOut>
+void layernorm_forward_t(TOut* out, float* mean, float* rstd, const float* inp, const float* weight,
+                         const float* bias, int N, int C) {
   constexpr float kEps = 1e-5f;
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
@@ -123,33 +127,34 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, c
 #pragma omp simd reduction(+ : v)
     for (int c = 0; c < C; ++c) v += (x[c] - m) * (x[c] - m);
     const float r = 1.0f / std::sqrt(v / C + kEps);
-    float* o = out + n * C;
+    TOut* o = out + n * C;
     if (bias != nullptr) {
 #pragma omp simd
-      for (int c = 0; c < C; ++c) o[c] = (x[c] - m) * r * weight[c] + bias[c];
+      for (int c = 0; c < C; ++c) o[c] = from_f32<TOut>((x[c] - m) * r * weight[c] + bias[c]);
     } else {
 #pragma omp simd
-      for (int c = 0; c < C; ++c) o[c] = (x[c] - m) * r * weight[c];
+      for (int c = 0; c < C; ++c) o[c] = from_f32<TOut>((x[c] - m) * r * weight[c]);
     }
     mean[n] = m;
     rstd[n] = r;
   }
 }
 
-void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                        const float* inp, const float* weight, const float* mean, const float* rstd,
-                        int N, int C) {
+template <typename TD>
+void layernorm_backward_t(float* dinp, float* dweight, float* dbias, const TD* dout,
+                          const float* inp, const float* weight, const float* mean,
+                          const float* rstd, int N, int C) {
   // Input gradient: rows are independent.
   if (dinp != nullptr) {
 #pragma omp parallel for schedule(static)
     for (int64_t n = 0; n < N; ++n) {
       const float* x = inp + n * C;
-      const float* dy = dout + n * C;
+      const TD* dy = dout + n * C;
       const float m = mean[n], r = rstd[n];
       float sum_dn = 0.0f, sum_dn_n = 0.0f;
 #pragma omp simd reduction(+ : sum_dn, sum_dn_n)
       for (int c = 0; c < C; ++c) {
-        const float dn = dy[c] * weight[c];
+        const float dn = to_f32(dy[c]) * weight[c];
         sum_dn += dn;
         sum_dn_n += dn * (x[c] - m) * r;
       }
@@ -158,7 +163,7 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
 #pragma omp simd
       for (int c = 0; c < C; ++c) {
         const float norm = (x[c] - m) * r;
-        dx[c] += (dy[c] * weight[c] - mean_dn - norm * mean_dn_n) * r;
+        dx[c] += (to_f32(dy[c]) * weight[c] - mean_dn - norm * mean_dn_n) * r;
       }
     }
   }
@@ -173,12 +178,13 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
       float acc_w[kColBlock] = {}, acc_b[kColBlock] = {};
       for (int64_t n = 0; n < N; ++n) {
         const float* x = inp + n * C + cb;
-        const float* dy = dout + n * C + cb;
+        const TD* dy = dout + n * C + cb;
         const float m = mean[n], r = rstd[n];
 #pragma omp simd
         for (int64_t j = 0; j < w; ++j) {
-          acc_w[j] += dy[j] * ((x[j] - m) * r);
-          acc_b[j] += dy[j];
+          const float d = to_f32(dy[j]);
+          acc_w[j] += d * ((x[j] - m) * r);
+          acc_b[j] += d;
         }
       }
       if (dweight != nullptr) {
@@ -193,39 +199,75 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
   }
 }
 
+}  // namespace
+
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                       const float* bias, int N, int C) {
+  layernorm_forward_t(out, mean, rstd, inp, weight, bias, N, C);
+}
+void layernorm_forward(bf16_t* out, float* mean, float* rstd, const float* inp, const float* weight,
+                       const float* bias, int N, int C) {
+  layernorm_forward_t(out, mean, rstd, inp, weight, bias, N, C);
+}
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                        const float* inp, const float* weight, const float* mean, const float* rstd,
+                        int N, int C) {
+  layernorm_backward_t(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
+}
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const bf16_t* dout,
+                        const float* inp, const float* weight, const float* mean, const float* rstd,
+                        int N, int C) {
+  layernorm_backward_t(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
+}
+
 // ---- matmul --------------------------------------------------------------------------------
 
 int64_t activation_row_stride(int64_t cols) {
   return (cols * int64_t(sizeof(float))) % 4096 == 0 ? cols + 16 : cols;
 }
 
-void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N,
-                    int IC, int OC, WeightLayout layout, MatmulStrides st) {
-  const int ldi = int(st.inp ? st.inp : IC), ldo = int(st.out ? st.out : OC);
-  if (layout == WeightLayout::kInOut) {
-    gemm(false, false, N, OC, IC, inp, ldi, weight, OC, out, ldo, bias, false);
+namespace {
+// Operand types: A and B of type TA (f32 or bf16), C of type TC.
+template <typename TA, typename TC>
+void mm(bool ta, bool tb, int M, int N, int K, const TA* A, int lda, const TA* B, int ldb, TC* C,
+        int ldc, const float* bias, bool accumulate) {
+  if constexpr (std::is_same_v<TA, float> && std::is_same_v<TC, float>) {
+    gemm(ta, tb, M, N, K, A, lda, B, ldb, C, ldc, bias, accumulate);
   } else {
-    gemm(false, true, N, OC, IC, inp, ldi, weight, IC, out, ldo, bias, false);
+    gemm_ex(ta, tb, M, N, K, dtype_of<TA>(), A, lda, B, ldb, dtype_of<TC>(), C, ldc, bias,
+            accumulate);
   }
 }
 
-void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                     const float* weight, int N, int IC, int OC, WeightLayout layout,
-                     MatmulStrides st) {
+template <typename TA, typename TO>
+void matmul_forward_t(TO* out, const TA* inp, const TA* weight, const float* bias, int N, int IC,
+                      int OC, WeightLayout layout, MatmulStrides st) {
+  const int ldi = int(st.inp ? st.inp : IC), ldo = int(st.out ? st.out : OC);
+  if (layout == WeightLayout::kInOut) {
+    mm(false, false, N, OC, IC, inp, ldi, weight, OC, out, ldo, bias, false);
+  } else {
+    mm(false, true, N, OC, IC, inp, ldi, weight, IC, out, ldo, bias, false);
+  }
+}
+
+template <typename T>
+void matmul_backward_t(T* dinp, float* dweight, float* dbias, const T* dout, const T* inp,
+                       const T* weight, int N, int IC, int OC, WeightLayout layout,
+                       MatmulStrides st) {
   const bool in_out = layout == WeightLayout::kInOut;
   const int ldi = int(st.inp ? st.inp : IC), ldo = int(st.out ? st.out : OC);
   if (dinp != nullptr) {  // dinp[N,IC] = dout[N,OC] x weight^T
     if (in_out) {
-      gemm(false, true, N, IC, OC, dout, ldo, weight, OC, dinp, ldi, nullptr, false);
+      mm(false, true, N, IC, OC, dout, ldo, weight, OC, dinp, ldi, nullptr, false);
     } else {
-      gemm(false, false, N, IC, OC, dout, ldo, weight, IC, dinp, ldi, nullptr, false);
+      mm(false, false, N, IC, OC, dout, ldo, weight, IC, dinp, ldi, nullptr, false);
     }
   }
-  if (dweight != nullptr) {  // accumulated through oneDNN's sum post-op
+  if (dweight != nullptr) {  // accumulated (in fp32) through oneDNN's sum post-op
     if (in_out) {            // dweight[IC,OC] += inp^T x dout
-      gemm(true, false, IC, OC, N, inp, ldi, dout, ldo, dweight, OC, nullptr, true);
+      mm(true, false, IC, OC, N, inp, ldi, dout, ldo, dweight, OC, nullptr, true);
     } else {  // dweight[OC,IC] += dout^T x inp
-      gemm(true, false, OC, IC, N, dout, ldo, inp, ldi, dweight, IC, nullptr, true);
+      mm(true, false, OC, IC, N, dout, ldo, inp, ldi, dweight, IC, nullptr, true);
     }
   }
   if (dbias != nullptr) {
@@ -236,6 +278,30 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
       add_column_sums(dbias, dout, N, ldo, c0, c1);
     }
   }
+}
+}  // namespace
+
+void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N,
+                    int IC, int OC, WeightLayout layout, MatmulStrides st) {
+  matmul_forward_t(out, inp, weight, bias, N, IC, OC, layout, st);
+}
+void matmul_forward(float* out, const bf16_t* inp, const bf16_t* weight, const float* bias, int N,
+                    int IC, int OC, WeightLayout layout, MatmulStrides st) {
+  matmul_forward_t(out, inp, weight, bias, N, IC, OC, layout, st);
+}
+void matmul_forward(bf16_t* out, const bf16_t* inp, const bf16_t* weight, const float* bias, int N,
+                    int IC, int OC, WeightLayout layout, MatmulStrides st) {
+  matmul_forward_t(out, inp, weight, bias, N, IC, OC, layout, st);
+}
+void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                     const float* weight, int N, int IC, int OC, WeightLayout layout,
+                     MatmulStrides st) {
+  matmul_backward_t(dinp, dweight, dbias, dout, inp, weight, N, IC, OC, layout, st);
+}
+void matmul_backward(bf16_t* dinp, float* dweight, float* dbias, const bf16_t* dout,
+                     const bf16_t* inp, const bf16_t* weight, int N, int IC, int OC,
+                     WeightLayout layout, MatmulStrides st) {
+  matmul_backward_t(dinp, dweight, dbias, dout, inp, weight, N, IC, OC, layout, st);
 }
 
 // ---- attention -----------------------------------------------------------------------------
@@ -335,26 +401,65 @@ void attention_backward(float* dqkv, float* scratch, const float* dout, const fl
 namespace {
 constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
 constexpr float kGeluCube = 0.044715f;
-}  // namespace
 
-void gelu_forward(float* out, const float* inp, int64_t n) {
+template <typename T>
+void gelu_forward_t(T* out, const T* inp, int64_t n) {
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) {
-    const float x = inp[i];
+    const float x = to_f32(inp[i]);
     const float u = kGeluScale * (x + kGeluCube * x * x * x);
-    out[i] = 0.5f * x * (1.0f + fast_tanh(u));
+    out[i] = from_f32<T>(0.5f * x * (1.0f + fast_tanh(u)));
   }
 }
 
-void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) {
+template <typename T>
+void gelu_backward_t(T* dinp, const T* inp, const T* dout, int64_t n) {
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) {
-    const float x = inp[i];
+    const float x = to_f32(inp[i]);
     const float u = kGeluScale * (x + kGeluCube * x * x * x);
     const float th = fast_tanh(u);
     const float du = kGeluScale * (1.0f + 3.0f * kGeluCube * x * x);
     const float grad = 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * du;
-    dinp[i] = grad * dout[i];
+    dinp[i] = from_f32<T>(grad * to_f32(dout[i]));
+  }
+}
+}  // namespace
+
+void gelu_forward(float* out, const float* inp, int64_t n) { gelu_forward_t(out, inp, n); }
+void gelu_forward(bf16_t* out, const bf16_t* inp, int64_t n) { gelu_forward_t(out, inp, n); }
+void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) {
+  gelu_backward_t(dinp, inp, dout, n);
+}
+void gelu_backward(bf16_t* dinp, const bf16_t* inp, const bf16_t* dout, int64_t n) {
+  gelu_backward_t(dinp, inp, dout, n);
+}
+
+// ---- casts ---------------------------------------------------------------------------------
+
+void cast_to_bf16(bf16_t* out, const float* inp, int64_t n) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) out[i] = from_f32<bf16_t>(inp[i]);
+}
+
+void round_rows_to_bf16_inplace(float* x, int64_t rows, int64_t cols, int64_t ld) {
+  // Within a row, bf16 element j lands on bytes [2j, 2j+2), inside float j/2, which this pass
+  // has already read: in order, blocks of 16 are read whole before they are written.
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = x + r * ld;
+    bf16_t* out = reinterpret_cast<bf16_t*>(row);
+    int64_t j = 0;
+    for (; j + 16 <= cols; j += 16) {
+      bf16_t tmp[16];
+#pragma omp simd
+      for (int k = 0; k < 16; ++k) tmp[k] = from_f32<bf16_t>(row[j + k]);
+      std::memcpy(out + j, tmp, sizeof(tmp));
+    }
+    for (; j < cols; ++j) {
+      const bf16_t v = from_f32<bf16_t>(row[j]);
+      std::memcpy(out + j, &v, sizeof(v));
+    }
   }
 }
 
@@ -437,9 +542,9 @@ inline void adamw_one(float& param, float grad, float& m, float& v, float b1, fl
 // -Wmaybe-uninitialized in GCC 12's header). Same operations in the same order as adamw_one;
 // the compiler may contract the scalar tail into FMAs, but thread ranges are multiples of 16,
 // so the vector/scalar split depends on n only, never on the thread count.
-void adamw_range(float* params, const float* grads, float* m, float* v, int64_t i0, int64_t i1,
-                 float b1, float b2, float eps, float gs, float step_size, float bc2_sqrt,
-                 float decay) {
+void adamw_range(float* params, const float* grads, float* m, float* v, bf16_t* copy, int64_t i0,
+                 int64_t i1, float b1, float b2, float eps, float gs, float step_size,
+                 float bc2_sqrt, float decay) {
   int64_t i = i0;
 #if defined(__AVX512F__)
   const __m512 vb1 = _mm512_set1_ps(b1), vb2 = _mm512_set1_ps(b2), veps = _mm512_set1_ps(eps),
@@ -456,18 +561,22 @@ void adamw_range(float* params, const float* grads, float* m, float* v, int64_t 
     _mm512_storeu_ps(v + i, vi);
     const __m512 denom = _mm512_add_ps(_mm512_div_ps(_mm512_maskz_sqrt_ps(0xFFFF, vi), vbc), veps);
     const __m512 upd = _mm512_mul_ps(vss, _mm512_div_ps(mi, denom));
-    _mm512_storeu_ps(params + i,
-                     _mm512_sub_ps(_mm512_mul_ps(_mm512_loadu_ps(params + i), vdecay), upd));
+    const __m512 np = _mm512_sub_ps(_mm512_mul_ps(_mm512_loadu_ps(params + i), vdecay), upd);
+    _mm512_storeu_ps(params + i, np);
+    if (copy != nullptr) {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(copy + i), cvt_ps_bf16(np));
+    }
   }
 #endif
   for (; i < i1; ++i) {
     adamw_one(params[i], grads[i], m[i], v[i], b1, b2, eps, gs, step_size, bc2_sqrt, decay);
+    if (copy != nullptr) copy[i] = from_f32<bf16_t>(params[i]);
   }
 }
 }  // namespace
 
 void adamw_update(float* params, const float* grads, float* m, float* v, int64_t n,
-                  const AdamWParams& p) {
+                  const AdamWParams& p, bf16_t* params_bf16) {
   HR_CHECK(p.step >= 1);
   // Same order and scalar precision as torch.optim.AdamW (single-tensor path): decay first,
   // then addcdiv with step_size = lr / bc1 and denom = sqrt(v) / sqrt(bc2) + eps, the scalars
@@ -481,8 +590,8 @@ void adamw_update(float* params, const float* grads, float* m, float* v, int64_t
   {
     int64_t i0, i1;
     thread_range(n, 16, &i0, &i1);
-    adamw_range(params, grads, m, v, i0, i1, p.beta1, p.beta2, p.eps, p.grad_scale, step_size,
-                bc2_sqrt, decay);
+    adamw_range(params, grads, m, v, params_bf16, i0, i1, p.beta1, p.beta2, p.eps, p.grad_scale,
+                step_size, bc2_sqrt, decay);
   }
 }
 

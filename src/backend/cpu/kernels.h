@@ -16,6 +16,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "core/dtype.h"
+
 namespace headroom::cpu {
 
 // ---- embedding -----------------------------------------------------------------------------
@@ -94,6 +96,35 @@ void cross_entropy_forward(float* losses, const float* logits, const int32_t* ta
 void cross_entropy_backward(float* dlogits, const float* logits, const int32_t* targets, int N,
                             int V, float dloss);
 
+// ---- bf16 mixed precision ----------------------------------------------------------------
+// Overloads of the kernels above for bf16 activations (bf16_t, core/dtype.h): the same
+// mathematics computed in fp32, each stored value rounded once to nearest even. Parameters
+// (weights, biases, LayerNorm) are fp32 except the GEMM weights, which are bf16 copies of the fp32
+// master weights; parameter gradients are fp32 and accumulate in fp32. The residual stream and
+// the LayerNorm statistics stay fp32 (as under torch.autocast). See docs/notes/mixed-precision.md.
+void layernorm_forward(bf16_t* out, float* mean, float* rstd, const float* inp, const float* weight,
+                       const float* bias, int N, int C);
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const bf16_t* dout,
+                        const float* inp, const float* weight, const float* mean, const float* rstd,
+                        int N, int C);
+// bf16 x bf16 GEMMs (AMX / AVX512-BF16 through oneDNN) with an fp32 bias, into fp32 (e.g. the
+// residual stream) or bf16.
+void matmul_forward(float* out, const bf16_t* inp, const bf16_t* weight, const float* bias, int N,
+                    int IC, int OC, WeightLayout layout, MatmulStrides strides = {});
+void matmul_forward(bf16_t* out, const bf16_t* inp, const bf16_t* weight, const float* bias, int N,
+                    int IC, int OC, WeightLayout layout, MatmulStrides strides = {});
+// dinp (bf16) overwritten; dweight and dbias (fp32) accumulate.
+void matmul_backward(bf16_t* dinp, float* dweight, float* dbias, const bf16_t* dout,
+                     const bf16_t* inp, const bf16_t* weight, int N, int IC, int OC,
+                     WeightLayout layout, MatmulStrides strides = {});
+void gelu_forward(bf16_t* out, const bf16_t* inp, int64_t n);
+void gelu_backward(bf16_t* dinp, const bf16_t* inp, const bf16_t* dout, int64_t n);
+// out[i] = bf16(inp[i]), round to nearest even (NaN stays NaN).
+void cast_to_bf16(bf16_t* out, const float* inp, int64_t n);
+// Rounds x[rows, cols] (row stride ld floats) to bf16 in place: row r's bf16 values start where
+// its floats started, so as bf16 the matrix has row stride 2 * ld elements.
+void round_rows_to_bf16_inplace(float* x, int64_t rows, int64_t cols, int64_t ld);
+
 // ---- optimizer -----------------------------------------------------------------------------
 struct AdamWParams {
   float lr;
@@ -104,9 +135,11 @@ struct AdamWParams {
   int step;            // 1-based, for bias correction
   float grad_scale;    // grads are multiplied by this first (clipping, loss-scale undo); 1 = none
 };
-// Updates params, m, v in place from grads (torch.optim.AdamW semantics).
+// Updates params, m, v in place from grads (torch.optim.AdamW semantics). With params_bf16, also
+// writes the updated parameters rounded to bf16 there (the GEMM copy of mixed precision), in the
+// same pass.
 void adamw_update(float* params, const float* grads, float* m, float* v, int64_t n,
-                  const AdamWParams& p);
+                  const AdamWParams& p, bf16_t* params_bf16 = nullptr);
 
 // ---- reductions and simple ops ------------------------------------------------------------
 // Sum of squares in double precision (for the global gradient norm). Deterministic.

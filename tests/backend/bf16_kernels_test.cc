@@ -1,0 +1,275 @@
+// The bf16 overloads against the fp32 kernels on the same (bf16-representable) inputs. A bf16
+// result is the fp32 result rounded once, plus the rounding of any bf16 intermediate the kernel
+// feeds a GEMM (as under torch.autocast); tolerances say which.
+#include <gtest/gtest.h>
+
+#include <omp.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "backend/cpu/bf16.h"
+#include "backend/cpu/fused_kernels.h"
+#include "backend/cpu/kernels.h"
+#include "kernel_test_util.h"
+
+namespace headroom::cpu {
+namespace {
+
+using testing::expect_close;
+using testing::rand_vec;
+using testing::VecF;
+using VecB = std::vector<bf16_t>;
+
+VecB to_bf(const VecF& v) {
+  VecB out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = from_f32<bf16_t>(v[i]);
+  return out;
+}
+VecF from_bf(const VecB& v) {
+  VecF out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = to_f32(v[i]);
+  return out;
+}
+// Values that bf16 holds exactly, so both paths see the same inputs.
+VecF bf_rand(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
+  return from_bf(to_bf(rand_vec(n, seed, lo, hi)));
+}
+
+// One bf16 rounding: relative error <= 2^-8 (half an ulp of an 8-bit significand, 2^-7 of the
+// power of two below the value).
+constexpr double kRound = 1.0 / 256;
+
+TEST(Bf16, RoundingIsNearestEvenAndKeepsSpecials) {
+  EXPECT_EQ(from_f32<bf16_t>(1.0f).bits, 0x3f80);
+  // 1 + 2^-8 is halfway between 1 and 1 + 2^-7: ties to even (1.0).
+  EXPECT_EQ(from_f32<bf16_t>(1.0f + 1.0f / 256).bits, 0x3f80);
+  // 1 + 3 * 2^-8 is halfway between 1 + 2^-7 and 1 + 2^-6: ties to even (1 + 2^-6).
+  EXPECT_EQ(from_f32<bf16_t>(1.0f + 3.0f / 256).bits, 0x3f82);
+  EXPECT_EQ(from_f32<bf16_t>(-2.0f).bits, 0xc000);
+  EXPECT_EQ(from_f32<bf16_t>(std::numeric_limits<float>::infinity()).bits, 0x7f80);
+  EXPECT_TRUE(std::isnan(to_f32(from_f32<bf16_t>(std::numeric_limits<float>::quiet_NaN()))));
+  // The largest float rounds to infinity, as in PyTorch.
+  EXPECT_EQ(from_f32<bf16_t>(std::numeric_limits<float>::max()).bits, 0x7f80);
+  // The same as core's scalar conversion, and the vector cast kernel, on many values.
+  VecF x = rand_vec(4099, 1, -1e4f, 1e4f);
+  x[5] = std::numeric_limits<float>::quiet_NaN();
+  x[6] = -0.0f;
+  x[7] = 1e-40f;  // denormal
+  VecB v(x.size());
+  cast_to_bf16(v.data(), x.data(), int64_t(x.size()));
+  for (size_t i = 0; i < x.size(); ++i) {
+    ASSERT_EQ(v[i].bits, f32_to_bf16_bits(x[i])) << i;
+    ASSERT_EQ(from_f32<bf16_t>(x[i]).bits, f32_to_bf16_bits(x[i])) << i;
+  }
+}
+
+TEST(Bf16, RoundRowsInPlaceMatchesTheCast) {
+  const int rows = 5, cols = 37, ld = 41;
+  VecF x = rand_vec(size_t(rows) * ld, 2);
+  VecF orig = x;
+  round_rows_to_bf16_inplace(x.data(), rows, cols, ld);
+  const auto* b = reinterpret_cast<const bf16_t*>(x.data());
+  for (int r = 0; r < rows; ++r) {
+    for (int c = 0; c < cols; ++c) {
+      ASSERT_EQ(b[int64_t(r) * 2 * ld + c].bits, f32_to_bf16_bits(orig[size_t(r) * ld + c]))
+          << r << "," << c;
+    }
+  }
+}
+
+TEST(Bf16, LayerNorm) {
+  const int N = 13, C = 96;
+  VecF x = rand_vec(size_t(N) * C, 3, -2, 2), w = rand_vec(C, 4), b = rand_vec(C, 5);
+  VecF out(size_t(N) * C), mean(N), rstd(N), mean2(N), rstd2(N);
+  VecB outb(size_t(N) * C);
+  layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C);
+  layernorm_forward(outb.data(), mean2.data(), rstd2.data(), x.data(), w.data(), b.data(), N, C);
+  EXPECT_EQ(mean, mean2);
+  EXPECT_EQ(rstd, rstd2);
+  expect_close(from_bf(outb), out, 1e-6, kRound, "layernorm out");
+
+  VecF dout = bf_rand(size_t(N) * C, 6);
+  VecF dx(size_t(N) * C, 0.5f), dw(C, 0.25f), db(C, -0.25f);
+  VecF dx2 = dx, dw2 = dw, db2 = db;
+  layernorm_backward(dx.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(), mean.data(),
+                     rstd.data(), N, C);
+  VecB doutb = to_bf(dout);
+  layernorm_backward(dx2.data(), dw2.data(), db2.data(), doutb.data(), x.data(), w.data(),
+                     mean.data(), rstd.data(), N, C);
+  // Same inputs, fp32 arithmetic in both (the compiler may vectorise the two differently).
+  expect_close(dx2, dx, 1e-6, 1e-6, "layernorm dinp");
+  expect_close(dw2, dw, 1e-6, 1e-6, "layernorm dweight");
+  expect_close(db2, db, 1e-6, 1e-6, "layernorm dbias");
+}
+
+TEST(Bf16, Gelu) {
+  const int64_t n = 1000;
+  VecF x = bf_rand(n, 7, -4, 4), dout = bf_rand(n, 8);
+  VecF y(n), dx(n);
+  VecB yb(n), dxb(n);
+  gelu_forward(y.data(), x.data(), n);
+  VecB xb = to_bf(x), doutb = to_bf(dout);
+  gelu_forward(yb.data(), xb.data(), n);
+  expect_close(from_bf(yb), y, 1e-7, kRound, "gelu");
+  gelu_backward(dx.data(), x.data(), dout.data(), n);
+  gelu_backward(dxb.data(), xb.data(), doutb.data(), n);
+  expect_close(from_bf(dxb), dx, 1e-7, kRound, "gelu backward");
+}
+
+// bf16 GEMMs accumulate in fp32: with the same inputs, an fp32 result differs from the fp32
+// kernel by accumulation order only, and a bf16 result by one rounding more.
+TEST(Bf16, Matmul) {
+  const int N = 33, IC = 48, OC = 80;
+  for (WeightLayout layout : {WeightLayout::kInOut, WeightLayout::kOutIn}) {
+    SCOPED_TRACE(layout == WeightLayout::kInOut ? "in-out" : "out-in");
+    VecF x = bf_rand(size_t(N) * IC, 9), w = bf_rand(size_t(IC) * OC, 10), b = rand_vec(OC, 11);
+    VecB xb = to_bf(x), wb = to_bf(w);
+    VecF out(size_t(N) * OC), outf(size_t(N) * OC);
+    VecB outb(size_t(N) * OC);
+    matmul_forward(out.data(), x.data(), w.data(), b.data(), N, IC, OC, layout);
+    matmul_forward(outf.data(), xb.data(), wb.data(), b.data(), N, IC, OC, layout);
+    matmul_forward(outb.data(), xb.data(), wb.data(), b.data(), N, IC, OC, layout);
+    expect_close(outf, out, 1e-5, 1e-5, "matmul f32 out");
+    expect_close(from_bf(outb), out, 1e-5, kRound, "matmul bf16 out");
+
+    VecF dout = bf_rand(size_t(N) * OC, 12);
+    VecB doutb = to_bf(dout);
+    VecF dx(size_t(N) * IC), dw(size_t(IC) * OC, 1.0f), db(OC, 1.0f);
+    VecB dxb(size_t(N) * IC);
+    VecF dw2 = dw, db2 = db;
+    matmul_backward(dx.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(), N, IC, OC,
+                    layout);
+    matmul_backward(dxb.data(), dw2.data(), db2.data(), doutb.data(), xb.data(), wb.data(), N, IC,
+                    OC, layout);
+    expect_close(from_bf(dxb), dx, 1e-5, kRound, "matmul dinp");
+    expect_close(dw2, dw, 1e-5, 1e-5, "matmul dweight (accumulated)");
+    expect_close(db2, db, 1e-6, 1e-6, "matmul dbias (accumulated)");
+  }
+}
+
+TEST(Bf16, MatmulPaddedStrides) {
+  const int N = 8, IC = 16, OC = 40;
+  const int64_t ldo = 56;
+  VecF x = bf_rand(size_t(N) * IC, 13), w = bf_rand(size_t(IC) * OC, 14);
+  VecB xb = to_bf(x), wb = to_bf(w);
+  VecB out(size_t(N) * ldo, bf16_t{0x7fc0});  // NaN padding must stay untouched
+  matmul_forward(out.data(), xb.data(), wb.data(), nullptr, N, IC, OC, WeightLayout::kInOut,
+                 {.inp = 0, .out = ldo});
+  VecF ref(size_t(N) * OC);
+  matmul_forward(ref.data(), x.data(), w.data(), nullptr, N, IC, OC, WeightLayout::kInOut);
+  for (int n = 0; n < N; ++n) {
+    for (int c = 0; c < OC; ++c) {
+      EXPECT_NEAR(to_f32(out[size_t(n) * ldo + c]), ref[size_t(n) * OC + c],
+                  1e-5 + kRound * std::abs(ref[size_t(n) * OC + c]));
+    }
+    for (int64_t c = OC; c < ldo; ++c) EXPECT_EQ(out[size_t(n) * ldo + c].bits, 0x7fc0);
+  }
+}
+
+struct AttnShape {
+  int B, T, C, NH;
+};
+
+void check_attention(AttnShape s) {
+  SCOPED_TRACE(::testing::Message()
+               << "B=" << s.B << " T=" << s.T << " C=" << s.C << " NH=" << s.NH);
+  const size_t n3 = size_t(s.B) * s.T * 3 * s.C, n1 = size_t(s.B) * s.T * s.C;
+  VecF qkv = bf_rand(n3, 20, -2, 2);
+  VecB qkvb = to_bf(qkv);
+  VecF out(n1), lse(size_t(s.B) * s.NH * s.T), lse2(lse.size());
+  VecB outb(n1);
+  VecF fs(attention_tiled_scratch_floats(s.B, s.T, s.C, s.NH), NAN);
+  VecF fsb(attention_tiled_scratch_floats(s.B, s.T, s.C, s.NH, DType::kBF16), NAN);
+  attention_tiled_forward(out.data(), lse.data(), qkv.data(), s.B, s.T, s.C, s.NH, fs.data());
+  attention_tiled_forward(outb.data(), lse2.data(), qkvb.data(), s.B, s.T, s.C, s.NH, fsb.data());
+  // Same fp32 arithmetic on widened copies: lse identical, out rounded once.
+  EXPECT_EQ(lse, lse2);
+  expect_close(from_bf(outb), out, 1e-7, kRound, "attention out");
+
+  VecF dout = bf_rand(n1, 21);
+  VecB doutb = to_bf(dout);
+  // The fp32 backward on the forward's bf16-rounded output, as the bf16 path sees it.
+  VecF out_r = from_bf(outb);
+  VecF dqkv(n3);
+  VecB dqkvb(n3);
+  VecF bs(attention_tiled_backward_scratch_floats(s.B, s.T, s.C, s.NH), NAN);
+  VecF bsb(attention_tiled_backward_scratch_floats(s.B, s.T, s.C, s.NH, DType::kBF16), NAN);
+  attention_tiled_backward(dqkv.data(), dout.data(), qkv.data(), out_r.data(), lse.data(), s.B, s.T,
+                           s.C, s.NH, bs.data());
+  attention_tiled_backward(dqkvb.data(), doutb.data(), qkvb.data(), outb.data(), lse.data(), s.B,
+                           s.T, s.C, s.NH, bsb.data());
+  expect_close(from_bf(dqkvb), dqkv, 1e-7, kRound, "attention dqkv");
+}
+
+TEST(Bf16, AttentionTiledSmall) { check_attention({2, 7, 24, 3}); }
+TEST(Bf16, AttentionTiledPartialBlocks) { check_attention({1, 130, 128, 2}); }
+
+TEST(Bf16, AttentionTiledThreadCountInvariant) {
+  const AttnShape s{2, 70, 64, 2};
+  const size_t n3 = size_t(s.B) * s.T * 3 * s.C, n1 = size_t(s.B) * s.T * s.C;
+  VecB qkv = to_bf(rand_vec(n3, 22)), dout = to_bf(rand_vec(n1, 23));
+  auto run = [&](int threads) {
+    omp_set_num_threads(threads);
+    VecB out(n1), dqkv(n3);
+    VecF lse(size_t(s.B) * s.NH * s.T);
+    VecF fs(attention_tiled_scratch_floats(s.B, s.T, s.C, s.NH, DType::kBF16));
+    VecF bs(attention_tiled_backward_scratch_floats(s.B, s.T, s.C, s.NH, DType::kBF16));
+    attention_tiled_forward(out.data(), lse.data(), qkv.data(), s.B, s.T, s.C, s.NH, fs.data());
+    attention_tiled_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), s.B, s.T,
+                             s.C, s.NH, bs.data());
+    VecF all = from_bf(out);
+    VecF d = from_bf(dqkv);
+    all.insert(all.end(), d.begin(), d.end());
+    return all;
+  };
+  const int saved = omp_get_max_threads();
+  VecF one = run(1), two = run(2), three = run(3);
+  omp_set_num_threads(saved);
+  EXPECT_EQ(one, two);
+  EXPECT_EQ(one, three);
+}
+
+TEST(Bf16, FusedHead) {
+  const int N = 19, C = 32, V = 301, chunk = 8;
+  VecF x = bf_rand(size_t(N) * C, 30, -2, 2), wte = bf_rand(size_t(V) * C, 31, -0.5f, 0.5f);
+  VecB xb = to_bf(x), wteb = to_bf(wte);
+  std::vector<int32_t> targets(N);
+  for (int i = 0; i < N; ++i) targets[size_t(i)] = i == 4 ? -1 : (i * 37) % V;
+  VecF losses(N), lse(N), losses2(N), lse2(N), scratch(lm_head_ce_scratch_floats(chunk, V));
+  lm_head_ce_forward(losses.data(), lse.data(), x.data(), wte.data(), targets.data(), N, C, V,
+                     chunk, scratch.data());
+  lm_head_ce_forward(losses2.data(), lse2.data(), xb.data(), wteb.data(), targets.data(), N, C, V,
+                     chunk, scratch.data());
+  // fp32 logits from the same inputs: only the GEMM's accumulation order differs.
+  expect_close(losses2, losses, 1e-5, 1e-5, "head losses");
+  expect_close(lse2, lse, 1e-5, 1e-5, "head lse");
+
+  const float dloss = 1.0f / 18;
+  VecF dx(size_t(N) * C), dwte(size_t(V) * C, 0.5f), dwte2 = dwte;
+  VecB dxb(size_t(N) * C);
+  lm_head_ce_backward(dx.data(), dwte.data(), x.data(), wte.data(), targets.data(), lse.data(), N,
+                      C, V, chunk, dloss, scratch.data());
+  lm_head_ce_backward(dxb.data(), dwte2.data(), xb.data(), wteb.data(), targets.data(), lse.data(),
+                      N, C, V, chunk, dloss, scratch.data());
+  // dlogits are rounded to bf16 before the GEMMs (one rounding, relative 2^-9 per term), and dx
+  // once more when stored: atol covers the cancellation in sums of +/- terms.
+  expect_close(from_bf(dxb), dx, 2e-4, 3 * kRound, "head dx");
+  expect_close(dwte2, dwte, 2e-4, 3 * kRound, "head dwte");
+}
+
+TEST(Bf16, AdamWWritesTheRoundedCopy) {
+  const int64_t n = 1003;
+  VecF p = rand_vec(n, 40), g = rand_vec(n, 41), m(n, 0.0f), v(n, 0.0f);
+  VecF p2 = p, m2 = m, v2 = v;
+  VecB copy(n);
+  AdamWParams ap{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1, 1.0f};
+  adamw_update(p.data(), g.data(), m.data(), v.data(), n, ap);
+  adamw_update(p2.data(), g.data(), m2.data(), v2.data(), n, ap, copy.data());
+  EXPECT_EQ(p, p2);
+  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(copy[i].bits, f32_to_bf16_bits(p[i])) << i;
+}
+
+}  // namespace
+}  // namespace headroom::cpu
