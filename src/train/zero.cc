@@ -1,0 +1,197 @@
+// ZeRO stages 0-3: the reductions and the sharded AdamW step.
+#include "train/zero.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <utility>
+
+#include "backend/cpu/kernels.h"
+#include "core/check.h"
+
+namespace headroom::train {
+namespace {
+
+// AdamW on this rank's pieces. Pointers with `*_full` index the flat buffer's coordinates,
+// others the local shard's. The decay split falls on a multiple of 16 (ParamTable), like every
+// piece boundary, so the kernel vectorises each element exactly as adamw_step does.
+void adamw_pieces(const dist::ShardLayout& layout, int64_t decay_floats, float* params,
+                  bool params_full, const float* grads, bool grads_full, float* m, float* v,
+                  cpu::AdamWParams ap) {
+  const float weight_decay = ap.weight_decay;
+  for (size_t u = 0; u < layout.units().size(); ++u) {
+    const dist::Range p = layout.piece(u);
+    if (p.empty()) continue;
+    const int64_t base = layout.local_offset(u);
+    const dist::Range parts[2] = {{p.begin, std::min(p.end, decay_floats)},
+                                  {std::max(p.begin, decay_floats), p.end}};
+    for (int i = 0; i < 2; ++i) {
+      const dist::Range g = parts[i];
+      if (g.empty()) continue;
+      const int64_t l = base + (g.begin - p.begin);
+      ap.weight_decay = i == 0 ? weight_decay : 0.0f;
+      cpu::adamw_update(params + (params_full ? g.begin : l), grads + (grads_full ? g.begin : l),
+                        m + l, v + l, g.size(), ap);
+    }
+  }
+}
+
+// torch.nn.utils.clip_grad_norm_, as in adamw_step.
+float clip_scale(const AdamWConfig& config, double norm) {
+  if (config.grad_clip > 0) {
+    const double coef = double(config.grad_clip) / (norm + 1e-6);
+    if (coef < 1.0) return float(coef);
+  }
+  return 1.0f;
+}
+
+}  // namespace
+
+namespace {
+
+// A parameter's group: 0 = embeddings, 1 + l = block l, INT32_MAX = the rest (ln_f).
+int gpt2_group(const std::string& name) {
+  if (name.rfind("wte.", 0) == 0 || name.rfind("wpe.", 0) == 0) return 0;
+  if (name.rfind("h.", 0) == 0) return 1 + std::stoi(name.substr(2));
+  return INT32_MAX;
+}
+
+// (group, decay) -> the contiguous range of its tensors.
+std::map<std::pair<int, bool>, dist::Range> gpt2_groups(const model::ParamTable& table) {
+  std::map<std::pair<int, bool>, dist::Range> groups;
+  for (const model::ParamDesc& p : table.params) {
+    const int group = gpt2_group(p.name);
+    const int64_t end = p.offset + (p.shape.numel() + 15) / 16 * 16;
+    auto [it, fresh] = groups.try_emplace({group, p.decay}, dist::Range{p.offset, end});
+    if (!fresh) {
+      it->second.begin = std::min(it->second.begin, p.offset);
+      it->second.end = std::max(it->second.end, end);
+    }
+  }
+  return groups;
+}
+
+}  // namespace
+
+std::vector<dist::Range> gpt2_zero_units(const model::ParamTable& table) {
+  const std::map<std::pair<int, bool>, dist::Range> groups = gpt2_groups(table);
+  std::vector<dist::Range> units;
+  for (const auto& [key, r] : groups) units.push_back(r);
+  std::sort(units.begin(), units.end(),
+            [](const dist::Range& a, const dist::Range& b) { return a.begin < b.begin; });
+  int64_t at = 0;
+  for (const dist::Range& u : units) {
+    HR_CHECK_MSG(u.begin == at, "gpt2_zero_units: a group's tensors are not contiguous");
+    at = u.end;
+  }
+  HR_CHECK(at == table.total_floats);
+  return units;
+}
+
+std::vector<dist::Range> gpt2_backward_order(const model::ParamTable& table) {
+  const std::map<std::pair<int, bool>, dist::Range> groups = gpt2_groups(table);
+  std::vector<std::pair<int, bool>> keys;
+  for (const auto& [key, r] : groups) keys.push_back(key);
+  // Sort key: ln_f first, then block l at -l (the last block first), the embeddings last.
+  auto key = [](int group) {
+    return group == INT32_MAX ? INT32_MIN : group == 0 ? INT32_MAX : -group;
+  };
+  std::stable_sort(keys.begin(), keys.end(), [&](const auto& a, const auto& b) {
+    if (key(a.first) != key(b.first)) return key(a.first) < key(b.first);
+    return a.second > b.second;  // decayed tensors first within a block
+  });
+  std::vector<dist::Range> order;
+  for (const auto& k : keys) order.push_back(groups.at(k));
+  return order;
+}
+
+ZeroOptimizer::ZeroOptimizer(dist::Communicator* comm, const model::ParamTable* table, int stage,
+                             std::vector<dist::Range> units)
+    : comm_(comm),
+      table_(table),
+      stage_(stage),
+      layout_(stage == 3
+                  ? dist::ShardLayout(units.empty() ? gpt2_zero_units(*table) : std::move(units),
+                                      comm->rank(), comm->size())
+                  : dist::ShardLayout::flat(table->total_floats, comm->rank(), comm->size())) {
+  HR_CHECK_MSG(stage >= 0 && stage <= 3, "ZeroOptimizer: stage must be 0, 1, 2 or 3");
+  HR_CHECK(table->decay_floats % dist::kShardAlign == 0);
+}
+
+ZeroOptimizer::Sizes ZeroOptimizer::sizes() const {
+  const int64_t full = table_->total_floats, shard = layout_.local_floats();
+  switch (stage_) {
+    case 0:
+      return {full, full, 0, full, full};
+    case 1:
+    case 2:  // the same buffers until backward writes per-bucket windows (docs/notes/zero.md)
+      return {full, full, shard, shard, shard};
+    default:
+      return {shard, full, shard, shard, shard};
+  }
+}
+
+Result<double> ZeroOptimizer::step(const ZeroBuffers& b, const AdamWConfig& config, float lr,
+                                   int step) {
+  HR_CHECK(b.params && b.m && b.v);
+  if (stage_ == 0) {
+    HR_CHECK(b.grads);
+    if (!b.grads_reduced) HR_RETURN_IF_ERROR(comm_->all_reduce(b.grads, table_->total_floats));
+    return adamw_step(*table_, b.params, b.grads, b.m, b.v, config, lr, step);
+  }
+  // Stages 1-3: reduce-scatter, then each rank updates only what it owns.
+  HR_CHECK(b.grad_shard || layout_.local_floats() == 0);
+  if (!b.grads_reduced) {
+    HR_CHECK(b.grads);
+    for (size_t u = 0; u < layout_.units().size(); ++u) {
+      HR_RETURN_IF_ERROR(comm_->reduce_scatter(b.grads + layout_.units()[u].begin,
+                                               b.grad_shard + layout_.local_offset(u),
+                                               layout_.counts(u)));
+    }
+  }
+  // The global norm: per-piece double sums of squares, added across ranks.
+  double sq = 0.0;
+  for (size_t u = 0; u < layout_.units().size(); ++u) {
+    sq += cpu::sum_squares(b.grad_shard + layout_.local_offset(u), layout_.piece(u).size());
+  }
+  HR_RETURN_IF_ERROR(comm_->all_reduce(&sq, 1));
+  const double norm = std::sqrt(sq);
+
+  const cpu::AdamWParams ap{lr,
+                            config.beta1,
+                            config.beta2,
+                            config.eps,
+                            config.weight_decay,
+                            step,
+                            clip_scale(config, norm)};
+  adamw_pieces(layout_, table_->decay_floats, b.params, /*params_full=*/stage_ < 3, b.grad_shard,
+               /*grads_full=*/false, b.m, b.v, ap);
+
+  if (stage_ < 3) {  // every rank needs the whole updated buffer: gather the pieces in place
+    for (size_t u = 0; u < layout_.units().size(); ++u) {
+      HR_RETURN_IF_ERROR(comm_->all_gather(b.params + layout_.piece(u).begin,
+                                           b.params + layout_.units()[u].begin, layout_.counts(u)));
+    }
+  }
+  return norm;
+}
+
+Status ZeroOptimizer::gather_params(const float* shard, float* full) {
+  for (size_t u = 0; u < layout_.units().size(); ++u) {
+    HR_RETURN_IF_ERROR(comm_->all_gather(shard + layout_.local_offset(u),
+                                         full + layout_.units()[u].begin, layout_.counts(u)));
+  }
+  return Status::ok();
+}
+
+void ZeroOptimizer::scatter_params(const float* full, float* shard) const {
+  for (size_t u = 0; u < layout_.units().size(); ++u) {
+    const dist::Range p = layout_.piece(u);
+    if (!p.empty()) {
+      std::memcpy(shard + layout_.local_offset(u), full + p.begin, size_t(p.size()) * 4);
+    }
+  }
+}
+
+}  // namespace headroom::train
