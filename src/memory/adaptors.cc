@@ -3,6 +3,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "core/units.h"
 
 namespace headroom::memory {
@@ -112,9 +114,21 @@ void TrackingResource::reset_peak() {
   for (CategoryBytes& c : stats_.by_category) c.peak = c.current;
 }
 
+void FailingResource::fail_at(std::vector<uint64_t> indices) {
+  std::sort(indices.begin(), indices.end());
+  std::lock_guard<std::mutex> lock(mu_);
+  fail_set_ = std::move(indices);
+}
+
 Result<void*> FailingResource::do_allocate(size_t bytes, size_t alignment, Category category) {
   uint64_t n = calls_.fetch_add(1);
-  if (n == fail_at_.load()) {
+  bool in_set = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    in_set = std::binary_search(fail_set_.begin(), fail_set_.end(), n);
+  }
+  if (n == fail_at_.load() || in_set) {
+    failures_.fetch_add(1);
     return Status::out_of_memory(fmt::format("injected failure of allocation #{} ({} for {})", n,
                                              format_bytes(bytes), category_name(category)));
   }

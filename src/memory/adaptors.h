@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "memory/resource.h"
 
@@ -68,14 +69,17 @@ class TrackingResource final : public MemoryResource {
   MemoryStats stats_;
 };
 
-// Test helper: fails chosen allocations with OutOfMemory (the n-th call, or every call after
-// fail_after), without touching the upstream.
+// Test helper: fails chosen allocations with OutOfMemory (the n-th call, or a set of calls),
+// without touching the upstream.
 class FailingResource final : public MemoryResource {
  public:
   explicit FailingResource(MemoryResource* upstream) : upstream_(upstream) {}
   // Fails the allocation whose 0-based index (counted over this resource's calls) is `n`.
   void fail_at(uint64_t n) { fail_at_ = n; }
+  // Also fails every allocation whose index is in `indices` (e.g. drawn from a seed by a test).
+  void fail_at(std::vector<uint64_t> indices);
   uint64_t calls() const { return calls_.load(); }
+  uint64_t failures() const { return failures_.load(); }
 
  private:
   Result<void*> do_allocate(size_t bytes, size_t alignment, Category category) override;
@@ -84,6 +88,9 @@ class FailingResource final : public MemoryResource {
   MemoryResource* upstream_;
   std::atomic<uint64_t> calls_{0};
   std::atomic<uint64_t> fail_at_{UINT64_MAX};
+  std::atomic<uint64_t> failures_{0};
+  std::mutex mu_;
+  std::vector<uint64_t> fail_set_;  // sorted
 };
 
 }  // namespace headroom::memory

@@ -5,8 +5,15 @@
 
 #include <fmt/format.h>
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include <sys/statvfs.h>
+#include <unistd.h>
 
 #include "backend/cpu/kernels.h"
 #include "core/log.h"
@@ -20,6 +27,8 @@
 #include "model/weights.h"
 #include "plan/memory_plan.h"
 #include "train/checkpoint.h"
+#include "train/elastic.h"
+#include "train/step_events.h"
 
 namespace headroom::train {
 
@@ -55,10 +64,47 @@ Status check_options(const TrainOptions& o) {
   return Status::ok();
 }
 
+// Pre-flight: the output directory exists (or can be made), takes a file, and has room for
+// `bytes` (a checkpoint and the final model), so that a run does not train for hours and then
+// fail to save.
+Status check_output_dir(const std::string& dir, uint64_t bytes) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) {
+    return Status::io_error(
+        fmt::format("--out {}: cannot create the output directory: {}", dir, ec.message()));
+  }
+  const std::string probe = fmt::format("{}/.headroom-write-test-{}", dir, getpid());
+  {
+    std::ofstream f(probe, std::ios::trunc);
+    f << "x";
+    if (!f.good()) {
+      return Status::io_error(fmt::format("--out {}: the output directory is not writable: {}", dir,
+                                          std::strerror(errno)));
+    }
+  }
+  std::filesystem::remove(probe, ec);
+  struct statvfs fs;
+  if (statvfs(dir.c_str(), &fs) == 0) {
+    const uint64_t avail = uint64_t(fs.f_bavail) * uint64_t(fs.f_frsize);
+    if (avail < bytes) {
+      return Status::io_error(fmt::format(
+          "--out {}: {} free on its file system, and a checkpoint with the final model needs "
+          "about {}; free some space or choose another --out",
+          dir, format_bytes(avail), format_bytes(bytes)));
+    }
+  }
+  return Status::ok();
+}
+
 }  // namespace
 
 Result<TrainResult> run_training(const TrainOptions& o, const TrainCallbacks& cb) {
   HR_RETURN_IF_ERROR(check_options(o));
+  if (!o.device_memory_file.empty()) {
+    // Before step one a bad budget file is an error; later, a warning (see follow_budget).
+    HR_RETURN_IF_ERROR(read_budget_file(o.device_memory_file).status());
+  }
   const model::Gpt2Config& cfg = o.config;
   const int B = o.micro_batch, T = o.seq, K = o.accumulation;
 
@@ -69,7 +115,9 @@ Result<TrainResult> run_training(const TrainOptions& o, const TrainCallbacks& cb
         "{}: the token file's vocabulary ({}) is larger than the model's vocab_size ({})", o.data,
         file.vocab_size(), cfg.vocab_size));
   }
-  auto [train_range, val_range] = data::split_train_val(file, o.val_fraction, T + 1);
+  // Not a structured binding: a lambda below captures val_range, which clang 14 cannot do.
+  const auto split = data::split_train_val(file, o.val_fraction, T + 1);
+  data::TokenRange train_range = split.first, val_range = split.second;
   HR_ASSIGN_OR_RETURN(data::PackedBatcher train_batches,
                       data::PackedBatcher::create(file, train_range, B, T));
   std::optional<data::PackedBatcher> val_batches;
@@ -84,6 +132,7 @@ Result<TrainResult> run_training(const TrainOptions& o, const TrainCallbacks& cb
   policy.accumulation = K;
   policy.seq = T;
   policy.exec = o.exec;
+  policy.precision = std::string(model::precision_name(o.exec.precision));
   HR_ASSIGN_OR_RETURN(const plan::MemoryPlan mp, plan::plan_training_memory(cfg, policy));
   if (mp.peak_bytes > o.device_memory) {
     return Status::out_of_memory(fmt::format(
@@ -103,7 +152,31 @@ Result<TrainResult> run_training(const TrainOptions& o, const TrainCallbacks& cb
   HR_ASSIGN_OR_RETURN(memory::Arena grads_arena, make(mp.persistent[1]));
   HR_ASSIGN_OR_RETURN(memory::Arena opt_arena, make(mp.persistent[2]));
   HR_ASSIGN_OR_RETURN(memory::Arena staging, make(mp.persistent[3]));
-  HR_ASSIGN_OR_RETURN(memory::Arena act_arena, make(mp.step));
+  // Mixed precision: the bf16 copy of the weights that the GEMMs read (refreshed by AdamW).
+  memory::Arena bf16_arena;
+  if (mp.persistent.size() > plan::MemoryPlan::kBf16WeightsRegion) {
+    HR_ASSIGN_OR_RETURN(bf16_arena, make(mp.persistent[plan::MemoryPlan::kBf16WeightsRegion]));
+  }
+  // The step region comes from a pool, once per micro-batch (see elastic.h): an allocation
+  // failure surfaces before the micro-batch computes, and re-plans change only this region.
+  ElasticStep::Setup es;
+  es.config = cfg;
+  es.device = o.device;
+  es.seq = T;
+  es.global_batch = B * K;
+  es.max_micro_batch = B;
+  es.head_chunk = o.exec.head_chunk > 0 ? o.exec.head_chunk : 256;
+  es.fail_acquisitions = o.fail_step_allocations;
+  ElasticStep elastic(std::move(es), &tracking, mp);
+  {
+    // Fault the region's pages in now, not inside step one; the pool keeps them.
+    HR_ASSIGN_OR_RETURN(memory::Arena warm, elastic.acquire_uninjected());
+  }
+  if (!o.out_dir.empty()) {
+    // Room for a checkpoint (weights and two moments) and the final model, and some slack.
+    HR_RETURN_IF_ERROR(
+        check_output_dir(o.out_dir, uint64_t(table.total_floats) * 4 * 4 + 16 * kMiB));
+  }
 
   float* params = params_arena.f32(0);
   float* grads = grads_arena.f32(0);
@@ -153,16 +226,25 @@ Result<TrainResult> run_training(const TrainOptions& o, const TrainCallbacks& cb
     if (o.out_dir.empty()) {
       return Status::invalid_argument("--save-every needs an output directory (--out)");
     }
-    TrainerState st{steps_done, data_position,  o.steps, o.warmup_steps,
-                    o.adamw.lr, o.min_lr_ratio, B,       K,
-                    T,          o.seed,         o.data};
+    TrainerState st{steps_done,
+                    data_position,
+                    o.steps,
+                    o.warmup_steps,
+                    o.adamw.lr,
+                    o.min_lr_ratio,
+                    elastic.micro_batch(),
+                    elastic.accumulation(),
+                    T,
+                    o.seed,
+                    o.data};
     return save_checkpoint(o.out_dir + "/checkpoints", {&cfg, &table, params, m, v, st},
                            o.keep_checkpoints);
   };
 
+  bf16_t* params_bf16 = bf16_arena.size() > 0 ? static_cast<bf16_t*>(bf16_arena.data(0)) : nullptr;
+  if (params_bf16) cpu::cast_to_bf16(params_bf16, params, table.total_floats);
   model::Gpt2 net(cfg, &table);
-  net.bind_params(params, grads);
-  net.bind_activations(&act_arena, &mp.activations, B, T);
+  net.bind_params(params, grads, params_bf16);
   model::OpTimes op_times;
   const Clock::time_point run_start = Clock::now();
   std::optional<ProfileRecord> rec;
@@ -171,6 +253,8 @@ Result<TrainResult> run_training(const TrainOptions& o, const TrainCallbacks& cb
     rec->plan = mp;
     op_times.record = true;
     op_times.origin = run_start;
+    record_plan(mp, &rec->events);  // persistent allocations at 0; the step's schedule
+    op_times.events = &rec->events;
   }
   if (o.breakdown || o.profile) net.set_op_times(&op_times);
   auto us_since_start = [&](Clock::time_point t) {
@@ -185,33 +269,130 @@ Result<TrainResult> run_training(const TrainOptions& o, const TrainCallbacks& cb
   const int depth = mp.policy.prefetch_depth;
   int32_t* val_inputs = static_cast<int32_t*>(staging.data(size_t(2 * depth)));
   int32_t* val_targets = static_cast<int32_t*>(staging.data(size_t(2 * depth + 1)));
-  const uint64_t planned = mp.peak_bytes;
+  const int G = B * K;  // sequences per optimizer step: invariant (DESIGN.md principle 2)
 
   if (cb.on_setup) {
     SetupInfo info;
     info.num_parameters = table.num_parameters;
-    info.planned_bytes = planned;
+    info.planned_bytes = mp.peak_bytes;
     info.memory_table = plan::category_table(mp, o.device_memory);
     info.train_tokens = train_range.size();
     info.val_tokens = val_range.size();
+    info.predicted_step_ms = elastic.predicted_step_ms();
+    info.device_source = o.device.source.empty() ? nominal_cpu_spec().source : o.device.source;
     cb.on_setup(info);
   }
 
-  auto evaluate = [&]() -> std::optional<double> {
-    if (!val_batches) return std::nullopt;
+  // ---- elastic re-planning and out-of-memory recovery (docs/notes/elastic.md) ----
+  int steps_done = start_step;                       // optimizer steps completed
+  int64_t done_position = train_batches.position();  // the data position after them
+  uint64_t ceiling = o.device_memory;  // what plans may use: the budget, lowered after a failure
+  std::string last_file_error;
+  StepStats cur;  // this step's events and counts, moved into its StepStats at the end
+  TrainResult result;
+  // Stops the run: checkpoints the last completed step first (principle 4: lose nothing).
+  auto fail_out_of_memory = [&](std::string msg) -> Status {
+    if (o.out_dir.empty()) {
+      msg += "\nno checkpoint saved: the run has no output directory (--out)";
+    } else if (steps_done == start_step) {
+      msg += "\nno step completed in this run: nothing new to checkpoint";
+    } else {
+      Result<std::string> ck = checkpoint(steps_done, done_position);
+      msg += ck.is_ok() ? fmt::format(
+                              "\ncheckpoint of the last completed step ({}) saved to {}; "
+                              "continue with --resume {} under a larger --device-memory",
+                              steps_done, *ck, *ck)
+                        : "\nsaving a checkpoint failed too: " + ck.status().message();
+    }
+    return Status::out_of_memory(msg);
+  };
+  auto save_report = [&](int step, const std::string& report) -> std::string {
+    if (o.out_dir.empty()) return "";
+    const std::string path = fmt::format("{}/oom-report-step-{:06d}.txt", o.out_dir, step);
+    std::ofstream f(path, std::ios::app);  // a step's later failures are appended
+    f << report << "\n";
+    return f.good() ? path : "";
+  };
+  // The step region for the next micro-batch (or validation). An allocation failure is recovered
+  // here, before any compute of that micro-batch: plans are chosen again under less memory (the
+  // micro-batch must divide the `remaining` sequences of the step) and the acquisition retried.
+  auto acquire = [&](int step, const std::string& where, int remaining) -> Result<memory::Arena> {
+    while (true) {
+      Result<memory::Arena> a = elastic.acquire();
+      if (a.is_ok() || a.status().code() != StatusCode::kOutOfMemory) return a;
+      const std::string at = fmt::format("at step {}, {}", step + 1, where);
+      std::string report = elastic.oom_report(a.status(), at, limit.budget(), tracking.stats());
+      ceiling = std::min<uint64_t>(limit.budget(), elastic.planned_peak() - 1);
+      Result<ElasticStep::Replan> rp = elastic.replan(ceiling, remaining);
+      if (!rp.is_ok()) {
+        report += fmt::format("  re-planning under {} found nothing that fits: {}\n",
+                              format_bytes(ceiling), rp.status().message());
+        save_report(step + 1, report);
+        return fail_out_of_memory(report);
+      }
+      report += fmt::format("  alternatives computed by the planner (under {}):\n{}",
+                            format_bytes(ceiling), rp->alternatives);
+      const std::string path = save_report(step + 1, report);
+      cur.events.push_back(fmt::format("step {}: out of memory {}: re-planned {}; redoing it{}",
+                                       step + 1, where, rp->change,
+                                       path.empty() ? "" : " (report: " + path + ")"));
+      cur.oom_reports.push_back(report);
+      cur.oom_recoveries++;
+      cur.replans++;
+    }
+  };
+  // Before each step: the budget file, read again; a change re-plans for the whole step.
+  auto follow_budget = [&](int step) -> Status {
+    if (o.device_memory_file.empty()) return Status::ok();
+    Result<uint64_t> nb = read_budget_file(o.device_memory_file);
+    if (!nb.is_ok()) {
+      // Mid-run (an editor saving, a typo) the run goes on under the budget it has.
+      if (nb.status().message() != last_file_error) {
+        last_file_error = nb.status().message();
+        cur.events.push_back(fmt::format("step {}: warning: {}; keeping the budget {}", step + 1,
+                                         last_file_error, format_bytes(limit.budget())));
+      }
+      return Status::ok();
+    }
+    last_file_error.clear();
+    const uint64_t old = limit.budget();
+    if (*nb == old) return Status::ok();
+    limit.set_budget(*nb);
+    ceiling = *nb;
+    Result<ElasticStep::Replan> rp = elastic.replan(ceiling, G);
+    const std::string head =
+        fmt::format("step {}: budget {} -> {}", step + 1, format_bytes(old), format_bytes(*nb));
+    if (!rp.is_ok()) {
+      return fail_out_of_memory(head + ": no plan fits: " + rp.status().message());
+    }
+    cur.events.push_back(
+        fmt::format("{}: {} {}", head, rp->changed ? "re-planned" : "plan kept,", rp->change));
+    cur.replans += rp->changed;
+    return Status::ok();
+  };
+
+  // Validation over the same sequences whatever the micro-batch: each batch of the validation
+  // staging (the run's first micro-batch, B sequences) runs in pieces of the current micro-batch,
+  // which divides B.
+  auto evaluate = [&](int step) -> Result<std::optional<double>> {
+    if (!val_batches) return std::optional<double>();
+    HR_ASSIGN_OR_RETURN(memory::Arena arena, acquire(step, "for validation", G));
+    const int b = elastic.micro_batch();
+    net.bind_activations(&arena, &elastic.plan().activations, b, T);
     val_batches->set_position(val_range.begin);
     double sum = 0;
     int64_t count = 0;
     for (int i = 0; i < o.eval_batches; i++) {
       val_batches->next(val_inputs, val_targets);
-      int64_t valid = 0;
-      sum += net.forward(val_inputs, val_targets, &valid);
-      count += valid;
+      for (int q = 0; q < B; q += b) {
+        int64_t valid = 0;
+        sum += net.forward(val_inputs + int64_t(q) * T, val_targets + int64_t(q) * T, &valid);
+        count += valid;
+      }
     }
-    return count ? std::optional<double>(sum / double(count)) : std::nullopt;
+    return count ? std::optional<double>(sum / double(count)) : std::optional<double>();
   };
 
-  TrainResult result;
   std::vector<double> tps;
   // The loader thread fills the next steps' micro-batches into the staging slots while this
   // thread computes; the slot's tag is the data position after it (what a checkpoint saves).
@@ -225,6 +406,8 @@ Result<TrainResult> run_training(const TrainOptions& o, const TrainCallbacks& cb
   });
   for (int step = start_step; step < o.steps; step++) {
     auto t0 = Clock::now();
+    cur = StepStats();
+    HR_RETURN_IF_ERROR(follow_budget(step));
     tracking.reset_peak();
     // The whole step's micro-batches are there before the first forward, so the loss is
     // normalised by the valid tokens of the whole optimizer step (not per micro-batch).
@@ -235,34 +418,45 @@ Result<TrainResult> run_training(const TrainOptions& o, const TrainCallbacks& cb
     const int32_t* inputs = static_cast<const int32_t*>(staging.data(size_t(2 * batch.slot)));
     const int32_t* targets = static_cast<const int32_t*>(staging.data(size_t(2 * batch.slot + 1)));
     int64_t step_valid = 0;
-    for (int64_t i = 0; i < int64_t(K) * B * T; i++) step_valid += targets[i] >= 0;
+    for (int64_t i = 0; i < int64_t(G) * T; i++) step_valid += targets[i] >= 0;
     const float dloss = step_valid ? 1.0f / float(step_valid) : 0.0f;
     double loss_sum = 0;
-    for (int k = 0; k < K; k++) {
-      const int32_t* in = inputs + int64_t(k) * B * T;
-      const int32_t* tg = targets + int64_t(k) * B * T;
+    // The step's G sequences lie in the slot one after another; they are cut into micro-batches
+    // of the current plan, which may change between two of them (a recovery).
+    for (int done = 0, k = 0; done < G; k++) {
+      HR_ASSIGN_OR_RETURN(
+          memory::Arena arena,
+          acquire(step, fmt::format("at micro-batch {} (sequence {} of {})", k + 1, done + 1, G),
+                  G - done));
+      const int b = elastic.micro_batch();
+      net.bind_activations(&arena, &elastic.plan().activations, b, T);
+      const int32_t* in = inputs + int64_t(done) * T;
+      const int32_t* tg = targets + int64_t(done) * T;
       auto tm = Clock::now();
+      if (rec) begin_micro_batch(&rec->events, elastic.plan(), step, k, us_since_start(tm));
       loss_sum += net.forward(in, tg);
       net.backward(in, tg, dloss);
       record("micro-batch", "micro_batch", tm, step, k);
+      done += b;
     }
     loader.release(batch.slot);
     const float lr = cosine_lr(step, o.steps, o.warmup_steps, o.adamw.lr, o.min_lr_ratio);
     auto topt = Clock::now();
-    const double norm = adamw_step(table, params, grads, m, v, o.adamw, lr, step + 1);
+    const double norm = adamw_step(table, params, grads, m, v, o.adamw, lr, step + 1, params_bf16);
     cpu::zero(grads, table.total_floats);
     const double optimizer_ms = ms_since(topt);
     record("adamw", "optimizer", topt, step, -1);
 
-    StepStats s;
+    StepStats s = std::move(cur);
+    cur = StepStats();
+    steps_done = step + 1;
+    done_position = batch.tag;
     s.step = step + 1;
     s.steps = o.steps;
     s.loss = step_valid ? loss_sum / double(step_valid) : 0.0;
     s.lr = lr;
     s.grad_norm = norm;
-    s.tokens = int64_t(K) * B * T;
-    s.micro_batch = B;
-    s.accumulation = K;
+    s.tokens = int64_t(G) * T;
     s.data_wait_ms = data_ms;
     s.optimizer_ms = optimizer_ms;
     s.op_ms = op_times;
@@ -273,13 +467,25 @@ Result<TrainResult> run_training(const TrainOptions& o, const TrainCallbacks& cb
     const bool last = step + 1 == o.steps;
     if ((o.eval_every > 0 && (step + 1) % o.eval_every == 0) || last) {
       auto tv = Clock::now();
-      s.val_loss = evaluate();
+      HR_ASSIGN_OR_RETURN(s.val_loss, evaluate(step));
       record("validation", "validation", tv, step, -1);
+      // A recovery inside validation is reported with this step.
+      for (std::string& e : cur.events) s.events.push_back(std::move(e));
+      for (std::string& r : cur.oom_reports) s.oom_reports.push_back(std::move(r));
+      s.replans += cur.replans;
+      s.oom_recoveries += cur.oom_recoveries;
+      cur = StepStats();
     }
+    s.micro_batch = elastic.micro_batch();
+    s.accumulation = elastic.accumulation();
+    s.recompute = plan::recompute_summary(elastic.plan().policy.exec);
+    s.predicted_step_ms = elastic.predicted_step_ms();
+    result.replans += s.replans;
+    result.oom_recoveries += s.oom_recoveries;
     memory::MemoryStats ms = tracking.stats();
     s.device_bytes_in_use = ms.current;
     s.device_bytes_peak = ms.peak;
-    s.planned_peak_bytes = planned;
+    s.planned_peak_bytes = elastic.planned_peak();
     s.device_budget = limit.budget();
     if (!std::isfinite(s.loss)) {
       return Status::internal(
@@ -308,7 +514,7 @@ Result<TrainResult> run_training(const TrainOptions& o, const TrainCallbacks& cb
     result.profile = std::move(rec);
   }
   result.device_bytes_peak = result.memory.peak;
-  result.planned_peak_bytes = mp.peak_bytes;
+  result.planned_peak_bytes = elastic.planned_peak();
   result.lower_bound_bytes = mp.lower_bound_bytes;
   if (result.stopped) return result;
   if (!o.out_dir.empty()) {
@@ -317,7 +523,7 @@ Result<TrainResult> run_training(const TrainOptions& o, const TrainCallbacks& cb
   if (cb.on_finish) {
     // The step region is done: release it, so that what the callback plans (e.g. the sampling
     // arena) is served from the same budget.
-    act_arena = memory::Arena();
+    elastic.release_unused();
     HR_RETURN_IF_ERROR(cb.on_finish(cfg, params, &tracking));
   }
   return result;

@@ -7,11 +7,13 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "core/status.h"
 #include "memory/adaptors.h"
 #include "model/config.h"
 #include "model/gpt2.h"
+#include "plan/device_spec.h"
 #include "plan/memory_plan.h"
 #include "train/optimizer.h"
 
@@ -41,6 +43,16 @@ struct TrainOptions {
   int save_every = 0;        // steps between checkpoints (and one at the end); 0 = none
   int keep_checkpoints = 3;  // newest checkpoints kept in out_dir/checkpoints; 0 = all
   std::string resume;        // a checkpoint directory, or a run's out directory (its newest)
+  // Elastic micro-batching (docs/notes/elastic.md). The device's speed prices re-plans and the
+  // expected step time; left empty, nominal figures are used (the ranking needs only ratios).
+  plan::DeviceSpec device;
+  // Read before every optimizer step (a size such as "2GiB"); a change of the budget re-plans the
+  // micro-batch, accumulation and recomputation with the same effective batch. Empty: the budget
+  // is device_memory for the whole run.
+  std::string device_memory_file;
+  // Fault injection for tests: the 0-based indices of the step-region acquisitions (one per
+  // micro-batch and per validation run, counted from step one) that fail as out of memory.
+  std::vector<uint64_t> fail_step_allocations;
 };
 
 // Everything reported for one optimizer step (the --log-json fields).
@@ -59,9 +71,15 @@ struct StepStats {
   uint64_t device_bytes_peak = 0;
   uint64_t planned_peak_bytes = 0;
   uint64_t device_budget = 0;
-  int micro_batch = 0;
-  int accumulation = 0;
-  std::optional<double> val_loss;  // on steps where validation ran
+  int micro_batch = 0;              // the plan at the end of the step
+  int accumulation = 0;             // global batch / micro_batch
+  std::string recompute;            // the plan's recomputation: none, selective, full or mixed
+  double predicted_step_ms = 0;     // the cost model's time for the plan at the end of the step
+  int replans = 0;                  // plan changes before and during this step
+  int oom_recoveries = 0;           // allocation failures recovered in this step
+  std::vector<std::string> events;  // one line per re-plan, recovery or budget-file warning
+  std::vector<std::string> oom_reports;  // the memory report of each allocation failure
+  std::optional<double> val_loss;        // on steps where validation ran
   // With TrainOptions::breakdown: milliseconds of this step per kind of op, and the optimizer.
   model::OpTimes op_ms;
   double optimizer_ms = 0;
@@ -74,6 +92,8 @@ struct SetupInfo {
   std::string memory_table;    // by category, planned
   int64_t train_tokens = 0;
   int64_t val_tokens = 0;
+  double predicted_step_ms = 0;  // the cost model's time per optimizer step for the plan
+  std::string device_source;     // where the speed figures come from ("measured ...", "nominal")
 };
 
 // What `--profile` records, in microseconds since the run started.
@@ -88,6 +108,7 @@ struct ProfileRecord {
   std::vector<model::KernelSpan> kernels;
   std::vector<model::OpSpan> ops;  // op = index into plan.ops (validation runs ops 0..L+1)
   plan::MemoryPlan plan;
+  EventRecorder events;  // every buffer's alloc/free and op begin/end (train/step_events.h)
 };
 
 struct TrainResult {
@@ -98,6 +119,8 @@ struct TrainResult {
   uint64_t device_bytes_peak = 0;
   uint64_t planned_peak_bytes = 0;
   uint64_t lower_bound_bytes = 0;  // most planned bytes live at one moment
+  int replans = 0;                 // plan changes over the run (elastic micro-batching)
+  int oom_recoveries = 0;
   memory::MemoryStats memory;
   std::optional<ProfileRecord> profile;  // with TrainOptions::profile
 };
@@ -115,6 +138,10 @@ struct TrainCallbacks {
       on_finish;
 };
 
+// Errors: InvalidArgument / NotFound / IoError for bad options, data, budget file or output
+// directory (checked before step one); OutOfMemory when no plan fits the budget, at the start or
+// after a budget change or an allocation failure; then the last completed step is checkpointed
+// to out_dir first (the message says where).
 Result<TrainResult> run_training(const TrainOptions& options, const TrainCallbacks& callbacks);
 
 }  // namespace headroom::train

@@ -9,6 +9,7 @@
 #include "memory/adaptors.h"
 #include "memory/arena.h"
 #include "memory/host_resource.h"
+#include "memory/pool_resource.h"
 
 namespace headroom::memory {
 namespace {
@@ -35,12 +36,20 @@ struct FailingStack {
   MemoryResource* resource() { return &failing; }
 };
 
+struct PoolStack {
+  HostResource host;
+  LimitResource limit{&host, 1 * kGiB};
+  TrackingResource tracking{&limit};
+  PoolResource pool{&tracking};
+  MemoryResource* resource() { return &pool; }
+};
+
 template <typename T>
 class ResourceSuite : public ::testing::Test {
  protected:
   T stack_;
 };
-using Stacks = ::testing::Types<HostStack, LimitStack, TrackingStack, FailingStack>;
+using Stacks = ::testing::Types<HostStack, LimitStack, TrackingStack, FailingStack, PoolStack>;
 TYPED_TEST_SUITE(ResourceSuite, Stacks);
 
 TYPED_TEST(ResourceSuite, AlignedWritableAndDistinct) {
@@ -127,6 +136,124 @@ TEST(FailingResource, FailsTheChosenCall) {
   EXPECT_TRUE(c.is_ok());
   failing.deallocate(*a, 64);
   failing.deallocate(*c, 64);
+}
+
+TEST(FailingResource, FailsASetOfCalls) {
+  HostResource host;
+  FailingResource failing(&host);
+  failing.fail_at(std::vector<uint64_t>{4, 1});
+  std::vector<bool> ok;
+  for (int i = 0; i < 6; i++) {
+    Result<void*> p = failing.allocate(64);
+    ok.push_back(p.is_ok());
+    if (p.is_ok()) failing.deallocate(*p, 64);
+  }
+  EXPECT_EQ(ok, (std::vector<bool>{true, false, true, true, false, true}));
+  EXPECT_EQ(failing.failures(), 2u);
+}
+
+TEST(PoolResource, ReusesFreedBlocksWithoutUpstreamCalls) {
+  HostResource host;
+  TrackingResource tracking(&host);
+  PoolResource pool(&tracking);
+  void* a = *pool.allocate(5 * kMiB, 4096, Category::kActivations);
+  pool.deallocate(a, 5 * kMiB, 4096, Category::kActivations);
+  for (int i = 0; i < 10; i++) {
+    void* b = *pool.allocate(5 * kMiB, 4096, Category::kActivations);
+    EXPECT_EQ(b, a);  // the same block: no new pages to fault in
+    pool.deallocate(b, 5 * kMiB, 4096, Category::kActivations);
+  }
+  PoolStats s = pool.stats();
+  EXPECT_EQ(s.upstream_allocations, 1u);
+  EXPECT_EQ(s.hits, 10u);
+  EXPECT_EQ(s.reserved, 5 * kMiB);
+  EXPECT_EQ(s.in_use, 0u);
+  // A large block is reserved at exactly its (64-byte rounded) size: the plan's peak is exact.
+  EXPECT_EQ(tracking.stats().peak, 5 * kMiB);
+  EXPECT_EQ(pool.release_unused(), 5 * kMiB);
+  EXPECT_EQ(tracking.stats().current, 0u);
+  EXPECT_EQ(pool.stats().reserved, 0u);
+}
+
+TEST(PoolResource, BestFitSplitsAndCoalesces) {
+  HostResource host;
+  PoolResource pool(&host);
+  // One 8 MiB chunk, carved into a 3 MiB and a 5 MiB block after it is freed.
+  void* big = *pool.allocate(8 * kMiB, 64, Category::kActivations);
+  pool.deallocate(big, 8 * kMiB, 64, Category::kActivations);
+  void* x = *pool.allocate(3 * kMiB, 64, Category::kActivations);
+  void* y = *pool.allocate(5 * kMiB, 64, Category::kActivations);
+  EXPECT_EQ(x, big);
+  EXPECT_EQ(static_cast<char*>(y), static_cast<char*>(big) + 3 * kMiB);
+  PoolStats s = pool.stats();
+  EXPECT_EQ(s.upstream_allocations, 1u);
+  EXPECT_EQ(s.in_use, 8 * kMiB);
+  EXPECT_DOUBLE_EQ(s.fragmentation(), 0.0);
+  // Freeing both merges them back: the whole chunk serves an 8 MiB request again.
+  pool.deallocate(x, 3 * kMiB, 64, Category::kActivations);
+  EXPECT_NEAR(pool.stats().fragmentation(), 3.0 / 8.0, 1e-12);
+  EXPECT_EQ(pool.stats().largest_free, 3 * kMiB);
+  pool.deallocate(y, 5 * kMiB, 64, Category::kActivations);
+  EXPECT_EQ(pool.stats().largest_free, 8 * kMiB);
+  void* again = *pool.allocate(8 * kMiB, 64, Category::kActivations);
+  EXPECT_EQ(again, big);
+  EXPECT_EQ(pool.stats().upstream_allocations, 1u);
+  // A block in use pins its chunk: release_unused keeps it.
+  EXPECT_EQ(pool.release_unused(), 0u);
+  pool.deallocate(again, 8 * kMiB, 64, Category::kActivations);
+  // Free blocks serve only their own category.
+  void* w = *pool.allocate(2 * kMiB, 64, Category::kWeights);
+  EXPECT_EQ(pool.stats().upstream_allocations, 2u);
+  pool.deallocate(w, 2 * kMiB, 64, Category::kWeights);
+}
+
+TEST(PoolResource, SmallRequestsShareSizeClassSlabs) {
+  HostResource host;
+  PoolResource pool(&host);
+  std::vector<void*> ps;
+  for (size_t bytes : {size_t(1), size_t(100), size_t(129), size_t(5000)}) {
+    ps.push_back(*pool.allocate(bytes, 64, Category::kWorkspace));
+  }
+  PoolStats s = pool.stats();
+  EXPECT_EQ(s.upstream_allocations, 1u);  // one slab
+  EXPECT_EQ(s.reserved, PoolOptions().small_chunk);
+  EXPECT_EQ(s.in_use, 64u + 128u + 256u + 8192u);  // powers of two
+  size_t i = 0;
+  for (size_t bytes : {size_t(1), size_t(100), size_t(129), size_t(5000)}) {
+    pool.deallocate(ps[i++], bytes, 64, Category::kWorkspace);
+  }
+  EXPECT_EQ(pool.stats().in_use, 0u);
+  EXPECT_EQ(pool.stats().largest_free, PoolOptions().small_chunk);
+  // Without size classes every request is its own exact-size chunk (what the trainer uses, so
+  // that a small step region is held at exactly its planned size).
+  PoolResource exact(&host, PoolOptions{0, 0});
+  void* e = *exact.allocate(100, 64, Category::kActivations);
+  EXPECT_EQ(exact.stats().reserved, 128u);
+  exact.deallocate(e, 100, 64, Category::kActivations);
+}
+
+TEST(PoolResource, ReleasesUnusedChunksWhenTheBudgetShrinks) {
+  HostResource host;
+  LimitResource limit(&host, 16 * kMiB);
+  TrackingResource tracking(&limit);
+  PoolResource pool(&tracking);
+  void* a = *pool.allocate(10 * kMiB, 64, Category::kActivations);
+  pool.deallocate(a, 10 * kMiB, 64, Category::kActivations);
+  EXPECT_EQ(limit.in_use(), 10 * kMiB);  // reserved, free, still counted by the budget
+  // A request that the free block cannot serve: the upstream refuses (10 + 8 > 16 MiB), the pool
+  // releases its unused chunk and tries again.
+  Result<void*> b = pool.allocate(12 * kMiB, 64, Category::kActivations);
+  ASSERT_TRUE(b.is_ok()) << b.status().to_string();
+  EXPECT_EQ(limit.in_use(), 12 * kMiB);
+  pool.deallocate(*b, 12 * kMiB, 64, Category::kActivations);
+  limit.set_budget(4 * kMiB);
+  EXPECT_EQ(pool.release_unused(), 12 * kMiB);
+  EXPECT_EQ(limit.in_use(), 0u);
+  // Out of memory names the pool's state as well as the budget.
+  Result<void*> c = pool.allocate(6 * kMiB, 64, Category::kActivations);
+  ASSERT_FALSE(c.is_ok());
+  EXPECT_EQ(c.status().code(), StatusCode::kOutOfMemory);
+  EXPECT_NE(c.status().message().find("pool: reserved"), std::string::npos) << c.status().message();
 }
 
 TEST(Arena, ServesBuffersAtLayoutOffsets) {
