@@ -3,6 +3,7 @@
 // docs/notes/report.md for the page's layout and the test hooks (data-rendered, data-errors).
 #include <fmt/format.h>
 
+#include <bit>
 #include <cctype>
 #include <fstream>
 #include <iterator>
@@ -71,6 +72,9 @@ section.card p.note { margin:0 0 10px; color:var(--muted); font-size:12.5px; }
 .row { margin-bottom:16px; }
 .chart { position:relative; height:300px; }
 .chart.tall { height:360px; }
+.chart.overview { height:110px; margin-bottom:8px; cursor:crosshair; }
+.chart[data-chart="timeline"] { cursor:crosshair; }
+button.reset { float:right; font:12px system-ui,sans-serif; padding:2px 10px; border:1px solid var(--line); border-radius:5px; background:#fff; color:var(--fg); cursor:pointer; }
 .chart .empty { position:absolute; inset:0; display:flex; align-items:center; justify-content:center; color:var(--muted); }
 table { border-collapse:collapse; width:100%; font-size:12.5px; font-variant-numeric:tabular-nums; }
 th, td { text-align:left; padding:4px 8px; border-bottom:1px solid var(--line); white-space:nowrap; }
@@ -95,8 +99,9 @@ footer { color:var(--muted); font-size:12px; text-align:center; margin-top:8px; 
 <p class="summary" id="summary"></p>
 
 <section class="card row">
-  <h2>Memory timeline</h2>
+  <h2>Memory timeline <button type="button" id="timeline-reset" class="reset">Reset zoom</button></h2>
   <p class="note" id="timeline-note"></p>
+  <div class="chart overview" data-chart="timeline-overview"><canvas></canvas></div>
   <div class="chart tall" data-chart="timeline"><canvas></canvas></div>
 </section>
 
@@ -163,7 +168,10 @@ footer { color:var(--muted); font-size:12px; text-align:center; margin-top:8px; 
 <script>
 (function () {
   'use strict';
-  var D = JSON.parse(document.getElementById('hr-data').textContent);
+  var dataEl = document.getElementById('hr-data');
+  var D = JSON.parse(dataEl.textContent);
+  // The parsed copy is all the page needs: drop the text (megabytes for a large run) from the DOM.
+  dataEl.textContent = '';
   var GiB = 1073741824, MiB = 1048576, KiB = 1024;
 
   function fmtBytes(b) {
@@ -278,28 +286,48 @@ footer { color:var(--muted); font-size:12px; text-align:center; margin-top:8px; 
   sum.textContent = parts.join(' vs ') + '.' + (D.planned_peak_bytes && D.peak_bytes === D.planned_peak_bytes ? ' Measured equals planned.' : '');
   if (budget && D.peak_bytes > budget) sum.className = 'summary over';
 
-  // Memory timeline, stacked by category, with the peak and markers drawn as vertical lines.
+  // Memory timeline: an overview of the whole run (total bytes, downsampled) and the detail chart
+  // (stacked by category; first the window the profile names, typically one step). Dragging across
+  // either chart zooms the detail chart into that range, drawn from the full-resolution changes
+  // (T.full) with the lowest and highest moment of each pixel bucket kept, or every moment when
+  // few enough; double-click or "Reset zoom" returns to the first window. window.hrZoom(a, b)
+  // (microseconds) and report.html#zoom=a,b do the same (the browser test uses them).
   var T = D.timeline;
   if (!T || T.t_us.length === 0) {
     emptyChart('timeline', 'No memory samples in this profile.');
+    emptyChart('timeline-overview', 'No memory samples in this profile.');
     setText('timeline-note', '');
   } else {
-    // Times since the start of the run, as in trace.json; seconds for long windows.
+    var O = T.overview;
     var tFirst = T.t_us[0], tLast = T.t_us[T.t_us.length - 1];
-    var tu = tLast - tFirst >= 2e7 ? { div: 1e6, name: 's' } : { div: 1e3, name: 'ms' };
-    var unit = byteUnit(T.peak ? T.peak.bytes : 0);
-    var datasets = [];
+    var runFirst = O.t_us[0], runLast = O.t_us[O.t_us.length - 1];
+    // Times since the start of the run, as in trace.json; seconds for long runs.
+    var tu = runLast - runFirst >= 2e7 ? { div: 1e6, name: 's' } : { div: 1e3, name: 'ms' };
+    var runPeak = O.total.reduce(function (m, v) { return v > m ? v : m; }, 0);
+    var unit = byteUnit(Math.max(runPeak, T.peak ? T.peak.bytes : 0));
+    var fmtT = function (us) { return tu.name === 's' ? (us / 1e6).toFixed(3) : fmtMs(us / 1e3); };
+    // The categories drawn: any with bytes in the window or a change anywhere in the run.
+    var used = [];
     T.categories.forEach(function (cat, i) {
-      var ys = T.bytes[i];
-      if (!ys.some(function (v) { return v > 0; })) return;  // a category never used
-      var pts = new Array(ys.length);
-      for (var j = 0; j < ys.length; ++j) pts[j] = { x: T.t_us[j] / tu.div, y: ys[j] / unit.div };
-      datasets.push({
-        label: cat, data: pts, stepped: 'before', fill: datasets.length === 0 ? 'origin' : '-1',
+      if (T.bytes[i].some(function (v) { return v > 0; }) || (T.full && T.full.dict_cat.indexOf(i) >= 0)) used.push(i);
+    });
+    var datasets = used.map(function (ci, k) {
+      var cat = T.categories[ci];
+      return {
+        label: cat, data: [], stepped: 'after', fill: k === 0 ? 'origin' : '-1',
         borderColor: color(cat), backgroundColor: color(cat) + 'cc', borderWidth: 0.5,
         pointRadius: 0, pointHitRadius: 0
-      });
+      };
     });
+    // Fills the category datasets from sample times and a column (array) per category.
+    function setSeries(ts, col) {
+      used.forEach(function (ci, k) {
+        var ys = col(ci), pts = new Array(ts.length);
+        for (var j = 0; j < ts.length; ++j) pts[j] = { x: ts[j] / tu.div, y: ys[j] / unit.div };
+        datasets[k].data = pts;
+      });
+    }
+    setSeries(T.t_us, function (ci) { return T.bytes[ci]; });
     var vlines = [];
     if (T.peak) vlines.push({ x: T.peak.t_us / tu.div, color: '#111', label: 'peak ' + fmtBytes(T.peak.bytes) });
     (T.markers || []).forEach(function (m) { vlines.push({ x: m.t_us / tu.div, color: '#c2410c', label: m.name }); });
@@ -329,12 +357,32 @@ footer { color:var(--muted); font-size:12px; text-align:center; margin-top:8px; 
           });
       }
     };
-    var budgetLine = budget && budget <= 1.6 * (T.peak ? T.peak.bytes : 0) ? budget / unit.div : null;
+    // The rectangle being dragged (chart.$hrSel, in pixels) and, on the overview, the detail window.
+    var view = { a: tFirst, b: tLast };
+    var selPlugin = {
+      id: 'hrSel',
+      afterDatasetsDraw: function (chart) {
+        var c = chart.ctx, area = chart.chartArea, xs = chart.scales.x;
+        c.save();
+        if (chart.$hrOverview) {
+          var pa = Math.max(area.left, xs.getPixelForValue(view.a / tu.div)), pb = Math.min(area.right, xs.getPixelForValue(view.b / tu.div));
+          c.fillStyle = 'rgba(37,99,235,0.12)'; c.fillRect(pa, area.top, Math.max(1, pb - pa), area.bottom - area.top);
+          c.strokeStyle = '#2563eb'; c.lineWidth = 1; c.strokeRect(pa, area.top, Math.max(1, pb - pa), area.bottom - area.top);
+        }
+        var s = chart.$hrSel;
+        if (s) { c.fillStyle = 'rgba(234,88,12,0.18)'; c.fillRect(Math.min(s.x0, s.x1), area.top, Math.abs(s.x1 - s.x0), area.bottom - area.top); }
+        c.restore();
+      }
+    };
+    var budgetLine = budget && budget <= 1.6 * runPeak ? budget / unit.div : null;
+    var budgetSet = null;
     if (budgetLine !== null) {
-      datasets.push({ label: 'budget', data: [{ x: tFirst / tu.div, y: budgetLine }, { x: tLast / tu.div, y: budgetLine }],
-        borderColor: '#c2410c', borderDash: [6, 4], borderWidth: 1.5, pointRadius: 0, fill: false, stack: 'budget' });
+      budgetSet = { label: 'budget', data: [{ x: tFirst / tu.div, y: budgetLine }, { x: tLast / tu.div, y: budgetLine }],
+        borderColor: '#c2410c', borderDash: [6, 4], borderWidth: 1.5, pointRadius: 0, fill: false, stack: 'budget' };
+      datasets.push(budgetSet);
     }
-    chartIn('timeline', {
+    var box = document.querySelector('[data-chart="timeline"]');
+    var detailChart = chartIn('timeline', {
       type: 'line', data: { datasets: datasets },
       options: {
         parsing: false, normalized: true, spanGaps: true,
@@ -350,13 +398,167 @@ footer { color:var(--muted); font-size:12px; text-align:center; margin-top:8px; 
           decimation: { enabled: false }
         }
       },
-      plugins: [vlinePlugin]
+      plugins: [vlinePlugin, selPlugin]
     });
-    var fmtT = function (us) { return tu.name === 's' ? (us / 1e6).toFixed(1) : fmtMs(us / 1e3); };
-    var note = 'Device bytes in use, stacked by category, from ' + fmtT(tFirst) + ' to ' + fmtT(tLast) + ' ' + tu.name +
+    var ovPts = new Array(O.t_us.length);
+    for (var oi = 0; oi < O.t_us.length; ++oi) ovPts[oi] = { x: O.t_us[oi] / tu.div, y: O.total[oi] / unit.div };
+    var overviewChart = chartIn('timeline-overview', {
+      type: 'line',
+      data: { datasets: [{ label: 'total', data: ovPts, stepped: 'after', fill: 'origin', borderColor: '#1d4ed8', backgroundColor: '#2563eb40',
+        borderWidth: 1, pointRadius: 0, pointHitRadius: 0 }] },
+      options: {
+        parsing: false, normalized: true,
+        interaction: { mode: 'nearest', axis: 'x', intersect: false },
+        scales: {
+          x: { type: 'linear', min: runFirst / tu.div, max: runLast / tu.div, ticks: { includeBounds: false } },
+          y: { beginAtZero: true, ticks: { maxTicksLimit: 3 }, title: axisTitle(unit.name) }
+        },
+        plugins: {
+          legend: { display: false }, decimation: { enabled: false },
+          tooltip: { callbacks: { label: function (ctx) { return 'total: ' + fmtBytes(ctx.parsed.y * unit.div); } } }
+        }
+      },
+      plugins: [selPlugin]
+    });
+    if (overviewChart) overviewChart.$hrOverview = true;
+
+    // Full-resolution changes, decoded on the first zoom: t (float64, microseconds) and id (into
+    // the (category, delta) dictionary), with the bytes of every category every 4096 changes.
+    var FULL;
+    function bytesOf(s) {
+      var bin = atob(s), n = bin.length, u = new Uint8Array(n);
+      for (var i = 0; i < n; ++i) u[i] = bin.charCodeAt(i);
+      return u;
+    }
+    function full() {
+      if (FULL !== undefined) return FULL;
+      FULL = null;
+      var F = T.full;
+      if (!F || !F.n) return FULL;
+      var n = F.n, C = T.categories.length, S = 4096;
+      var t = new Float64Array(bytesOf(F.t).buffer, 0, n);
+      var ib = bytesOf(F.id).buffer;
+      var id = F.width === 2 ? new Uint16Array(ib, 0, n) : new Uint32Array(ib, 0, n);
+      var dc = Int32Array.from(F.dict_cat), dd = Float64Array.from(F.dict_delta);
+      var snap = new Float64Array((Math.floor(n / S) + 1) * C), cur = new Float64Array(C);
+      for (var k = 0; k < n; ++k) {
+        if (k % S === 0) snap.set(cur, (k / S) * C);
+        cur[dc[id[k]]] += dd[id[k]];
+      }
+      FULL = { t: t, id: id, n: n, C: C, S: S, snap: snap, dc: dc, dd: dd };
+      return FULL;
+    }
+    function upperBound(t, n, x) {
+      var lo = 0, hi = n;
+      while (lo < hi) { var m = (lo + hi) >> 1; if (t[m] <= x) lo = m + 1; else hi = m; }
+      return lo;
+    }
+    // The samples of [a, b]: the bytes at a, then after each moment (the changes at one time) in
+    // (a, b], and at b. Past 4 * buckets changes, each of `buckets` equal time buckets keeps its
+    // lowest and highest moment (so the peak of the range is drawn exactly).
+    function detail(a, b, buckets) {
+      var F = full();
+      if (!F) return null;
+      var C = F.C, t = F.t, id = F.id, dc = F.dc, dd = F.dd;
+      var i0 = upperBound(t, F.n, a), i1 = upperBound(t, F.n, b);
+      var s0 = Math.floor(i0 / F.S), cur = F.snap.slice(s0 * C, s0 * C + C);
+      for (var k = s0 * F.S; k < i0; ++k) cur[dc[id[k]]] += dd[id[k]];
+      var total = 0;
+      for (var c = 0; c < C; ++c) total += cur[c];
+      var ts = [a], rows = [cur.slice()], moments = 0;
+      var exact = i1 - i0 <= 4 * buckets;
+      var w = (b - a) / buckets, bucket = -1, lo = null, hi = null;
+      function flush() {
+        if (!lo) return;
+        if (lo.t === hi.t) { ts.push(lo.t); rows.push(lo.row); return; }
+        var first = lo.t < hi.t ? lo : hi, second = lo.t < hi.t ? hi : lo;
+        ts.push(first.t); rows.push(first.row); ts.push(second.t); rows.push(second.row);
+      }
+      k = i0;
+      while (k < i1) {
+        var tk = t[k];
+        for (; k < i1 && t[k] === tk; ++k) { cur[dc[id[k]]] += dd[id[k]]; total += dd[id[k]]; }
+        ++moments;
+        if (exact) { ts.push(tk); rows.push(cur.slice()); continue; }
+        var bk = Math.min(buckets - 1, Math.floor((tk - a) / w));
+        if (bk !== bucket) {
+          flush();
+          bucket = bk;
+          lo = { t: tk, v: total, row: cur.slice() };
+          hi = lo;
+        } else if (total < lo.v) {
+          lo = { t: tk, v: total, row: cur.slice() };
+        } else if (total > hi.v) {
+          hi = { t: tk, v: total, row: cur.slice() };
+        }
+      }
+      flush();
+      ts.push(b); rows.push(cur.slice());
+      return { ts: ts, rows: rows, moments: moments, exact: exact };
+    }
+    var firstNote = 'Device bytes in use, stacked by category, from ' + fmtT(tFirst) + ' to ' + fmtT(tLast) + ' ' + tu.name +
       (D.counts.memory_samples > T.total_samples ? ' (one step of the run)' : '') + '.';
-    if (T.total_samples > T.t_us.length) note += ' Downsampled from ' + T.total_samples.toLocaleString('en-US') + ' to ' + T.t_us.length.toLocaleString('en-US') + ' samples, keeping each bucket\'s highest and lowest (the peak is exact).';
-    setText('timeline-note', note);
+    if (T.total_samples > T.t_us.length) firstNote += ' Downsampled from ' + T.total_samples.toLocaleString('en-US') + ' to ' + T.t_us.length.toLocaleString('en-US') + ' samples, keeping each bucket\'s highest and lowest (the peak is exact).';
+    firstNote += T.full ? ' Drag across a chart to zoom in (full resolution); double-click to reset.' : ' Drag across a chart to zoom in.';
+    function show(a, b, first) {
+      var t0 = performance.now(), d = first ? null : detail(a, b, 1000);
+      if (first) {
+        setSeries(T.t_us, function (ci) { return T.bytes[ci]; });
+      } else if (d) {
+        setSeries(d.ts, function (ci) { return d.rows.map(function (r) { return r[ci]; }); });
+      }
+      view = { a: a, b: b };
+      if (!detailChart) return;
+      detailChart.options.scales.x.min = a / tu.div;
+      detailChart.options.scales.x.max = b / tu.div;
+      if (budgetSet) budgetSet.data = [{ x: a / tu.div, y: budgetLine }, { x: b / tu.div, y: budgetLine }];
+      detailChart.update('none');
+      if (overviewChart) overviewChart.draw();
+      var points = datasets.length ? datasets[0].data.length : 0;
+      box.setAttribute('data-window', a + ',' + b);
+      box.setAttribute('data-points', String(points));
+      box.setAttribute('data-resolution', first ? (T.total_samples > T.t_us.length ? 'downsampled' : 'full') : d ? (d.exact ? 'full' : 'downsampled') : 'overview');
+      if (d) box.setAttribute('data-moments', String(d.moments));
+      box.setAttribute('data-zoom-ms', (performance.now() - t0).toFixed(1));
+      if (first) { setText('timeline-note', firstNote); return; }
+      // Enough decimals to tell the ends of a narrow range apart.
+      var dec = Math.min(6, Math.max(0, Math.ceil(-Math.log10((b - a) / tu.div)) + 2));
+      setText('timeline-note', 'Zoomed to ' + (a / tu.div).toFixed(dec) + '–' + (b / tu.div).toFixed(dec) + ' ' + tu.name + ': ' +
+        (d ? d.moments.toLocaleString('en-US') + ' moments, ' + (d.exact ? 'every one drawn.' : 'the highest and lowest of each of 1,000 buckets drawn.')
+           : 'no full-resolution data in this page (too many events); the downsampled samples are shown.') + ' Double-click to reset.');
+    }
+    function zoom(a, b) {
+      // Without full-resolution data only the window's samples exist: stay inside it.
+      if (!T.full) { a = Math.max(a, tFirst); b = Math.min(b, tLast); }
+      if (!(b > a)) return null;
+      show(a, b, false);
+      return Number(box.getAttribute('data-points'));
+    }
+    function reset() { show(tFirst, tLast, true); }
+    window.hrZoom = zoom;
+    window.hrResetZoom = reset;
+    // Drag to select a range (in the chart's x pixels); a click without a drag does nothing.
+    function dragSelect(chart) {
+      if (!chart) return;
+      var canvas = chart.canvas, active = false;
+      function px(ev) { return ev.clientX - canvas.getBoundingClientRect().left; }
+      canvas.addEventListener('mousedown', function (ev) { active = true; chart.$hrSel = { x0: px(ev), x1: px(ev) }; });
+      window.addEventListener('mousemove', function (ev) { if (!active) return; chart.$hrSel.x1 = px(ev); chart.draw(); });
+      window.addEventListener('mouseup', function () {
+        if (!active) return;
+        active = false;
+        var s = chart.$hrSel;
+        chart.$hrSel = null;
+        if (Math.abs(s.x1 - s.x0) < 4) { chart.draw(); return; }
+        var xs = chart.scales.x;
+        zoom(xs.getValueForPixel(Math.min(s.x0, s.x1)) * tu.div, xs.getValueForPixel(Math.max(s.x0, s.x1)) * tu.div);
+      });
+      canvas.addEventListener('dblclick', reset);
+    }
+    dragSelect(detailChart);
+    dragSelect(overviewChart);
+    document.getElementById('timeline-reset').addEventListener('click', reset);
+    reset();
   }
 
   // By category at the peak: measured (from the timeline) and planned.
@@ -480,6 +682,11 @@ footer { color:var(--muted); font-size:12px; text-align:center; margin-top:8px; 
     fillTable('markers-table', [{ label: 'time (ms)', num: true }, { label: 'event' }, { label: 'detail' }],
       M.map(function (m) { return [fmtMs(m.t_us / 1000), m.name, m.detail]; }));
   }
+  // report.html#zoom=A,B (microseconds) opens zoomed into [A, B].
+  var zm = /zoom=([-0-9.e+]+),([-0-9.e+]+)/.exec(location.hash);
+  if (zm && window.hrZoom) window.hrZoom(Number(zm[1]), Number(zm[2]));
+  // Milliseconds from navigation start to here (page parsed, data decoded, charts drawn).
+  document.documentElement.setAttribute('data-ready-ms', performance.now().toFixed(0));
   document.documentElement.setAttribute('data-complete', '1');
 })();
 </script>
@@ -550,7 +757,78 @@ std::string script_safe(std::string js) {
   return js;
 }
 
-// The timeline that the page draws: the window's samples, downsampled, as columns.
+void append_base64(std::string& out, const uint8_t* data, size_t n) {
+  static const char* kAlphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  out.reserve(out.size() + (n + 2) / 3 * 4);
+  size_t i = 0;
+  for (; i + 3 <= n; i += 3) {
+    const uint32_t v = uint32_t(data[i]) << 16 | uint32_t(data[i + 1]) << 8 | data[i + 2];
+    out.push_back(kAlphabet[v >> 18]);
+    out.push_back(kAlphabet[(v >> 12) & 63]);
+    out.push_back(kAlphabet[(v >> 6) & 63]);
+    out.push_back(kAlphabet[v & 63]);
+  }
+  if (i < n) {
+    const uint32_t v = uint32_t(data[i]) << 16 | (i + 1 < n ? uint32_t(data[i + 1]) << 8 : 0);
+    out.push_back(kAlphabet[v >> 18]);
+    out.push_back(kAlphabet[(v >> 12) & 63]);
+    out.push_back(i + 1 < n ? kAlphabet[(v >> 6) & 63] : '=');
+    out.push_back('=');
+  }
+}
+
+// The whole timeline at full resolution for the page's zoom (see Note [Profile report],
+// "Details on zoom"): one record per change of one category's bytes, as base64 little-endian
+// arrays: `t` (float64 microseconds) and `id` (uint16 or uint32 into a dictionary of (category,
+// signed delta) pairs, which repeat: a planned buffer has one size). Null above kMaxDetailChanges.
+void append_full_timeline(std::string& out, const std::vector<MemorySample>& all,
+                          size_t num_categories) {
+  std::vector<double> t;
+  std::vector<uint32_t> id;
+  std::map<std::pair<size_t, int64_t>, uint32_t> dict;
+  std::vector<std::pair<size_t, int64_t>> entries;
+  std::vector<uint64_t> prev(num_categories, 0);
+  for (const MemorySample& m : all) {
+    for (size_t c = 0; c < num_categories; ++c) {
+      const uint64_t v = c < m.bytes.size() ? m.bytes[c] : 0;
+      if (v == prev[c]) continue;
+      const auto key = std::make_pair(c, static_cast<int64_t>(v - prev[c]));
+      auto [it, inserted] = dict.emplace(key, static_cast<uint32_t>(entries.size()));
+      if (inserted) entries.push_back(key);
+      t.push_back(m.t_us);
+      id.push_back(it->second);
+      prev[c] = v;
+    }
+    if (t.size() > kMaxDetailChanges) {
+      out += "null";
+      return;
+    }
+  }
+  const bool narrow = entries.size() <= 65536;
+  fmt::format_to(std::back_inserter(out), "{{\"n\":{},\"width\":{},\"dict_cat\":[", t.size(),
+                 narrow ? 2 : 4);
+  for (size_t i = 0; i < entries.size(); ++i) {
+    fmt::format_to(std::back_inserter(out), "{}{}", i ? "," : "", entries[i].first);
+  }
+  out += "],\"dict_delta\":[";
+  for (size_t i = 0; i < entries.size(); ++i) {
+    fmt::format_to(std::back_inserter(out), "{}{}", i ? "," : "", entries[i].second);
+  }
+  out += "],\"t\":\"";
+  static_assert(std::endian::native == std::endian::little, "the page reads little-endian arrays");
+  append_base64(out, reinterpret_cast<const uint8_t*>(t.data()), t.size() * sizeof(double));
+  out += "\",\"id\":\"";
+  if (narrow) {
+    std::vector<uint16_t> id16(id.begin(), id.end());
+    append_base64(out, reinterpret_cast<const uint8_t*>(id16.data()), id16.size() * 2);
+  } else {
+    append_base64(out, reinterpret_cast<const uint8_t*>(id.data()), id.size() * 4);
+  }
+  out += "\"}";
+}
+
+// The timeline that the page draws: the window's samples, downsampled, as columns; the whole
+// run's totals, downsampled, for the overview; and the full-resolution changes for zooming.
 std::string timeline_json(const Profile& p) {
   std::vector<std::string> categories;
   std::vector<MemorySample> derived;
@@ -602,12 +880,30 @@ std::string timeline_json(const Profile& p) {
   } else {
     out += "null";
   }
-  // Markers inside the drawn window, for vertical lines on the timeline.
+  // The whole run for the overview: totals only.
+  std::vector<double> all_totals(all.size());
+  for (size_t i = 0; i < all.size(); ++i) {
+    all_totals[i] = static_cast<double>(detail::sample_total(all[i]));
+  }
+  const std::vector<size_t> overview = downsample_indices(all_totals, kMaxTimelinePoints);
+  out += ",\"overview\":{\"t_us\":[";
+  for (size_t k = 0; k < overview.size(); ++k) {
+    if (k) out.push_back(',');
+    detail::append_json_number(out, all[overview[k]].t_us);
+  }
+  out += "],\"total\":[";
+  for (size_t k = 0; k < overview.size(); ++k) {
+    fmt::format_to(std::back_inserter(out), "{}{}", k ? "," : "",
+                   static_cast<uint64_t>(all_totals[overview[k]]));
+  }
+  fmt::format_to(std::back_inserter(out), "],\"total_samples\":{}}}", all.size());
+  out += ",\"full\":";
+  append_full_timeline(out, all, categories.size());
+  // Markers of the whole run, for vertical lines on the timeline (drawn where they fall inside
+  // the chart's range).
   out += ",\"markers\":[";
   bool first = true;
-  const double t_lo = hi > lo ? all[lo].t_us : 0, t_hi = hi > lo ? all[hi - 1].t_us : 0;
   for (const Marker& m : p.markers) {
-    if (hi == lo || m.t_us < t_lo || m.t_us > t_hi) continue;
     out += first ? "{\"t_us\":" : ",{\"t_us\":";
     first = false;
     detail::append_json_number(out, m.t_us);

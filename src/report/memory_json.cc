@@ -211,7 +211,9 @@ std::string figures_json(const Profile& p) {
   j.key("counts");
   j.begin_object();
   j.field("spans", static_cast<uint64_t>(p.spans.size()));
-  j.field("alloc_events", static_cast<uint64_t>(p.allocs.size()));
+  const uint64_t memory_events = count_memory_events(p.events);
+  j.field("alloc_events", memory_events);  // allocations and releases
+  j.field("op_events", static_cast<uint64_t>(p.events.size()) - memory_events);
   j.field("memory_samples", static_cast<uint64_t>(samples.size()));
   j.field("markers", static_cast<uint64_t>(p.markers.size()));
   j.end_object();

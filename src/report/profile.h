@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "core/event_log.h"
 #include "core/status.h"
 
 namespace headroom::report {
@@ -27,6 +28,7 @@ namespace headroom::report {
 constexpr int kThreadCompute = 0;
 constexpr int kThreadCopy = 1;
 constexpr int kThreadData = 2;
+constexpr int kThreadMemory = 3;  // the alloc/free instant events of Profile::events
 
 // One op or piece of work on one thread: a "complete" event in the trace.
 struct Span {
@@ -38,18 +40,6 @@ struct Span {
   int step = -1;         // optimizer step, -1 if not applicable
   int micro_batch = -1;  // micro-batch index within the step, -1 if not applicable
   int layer = -1;        // transformer block, -1 if not applicable
-};
-
-// One allocation or free of a device buffer. Optional for the writers: when Profile::memory is
-// empty, the timeline is derived from these (memory_timeline_from_events).
-struct AllocEvent {
-  double t_us = 0;
-  std::string buffer;    // "block3.attn.qkv"
-  std::string category;  // memory category
-  uint64_t bytes = 0;
-  uint64_t offset = 0;  // in its arena, or 0 for pool allocations
-  bool alloc = true;    // false: a free
-  std::string op;       // the op that asked for it
 };
 
 // Device bytes in use at one moment, by memory category. `bytes[i]` belongs to
@@ -111,7 +101,11 @@ struct Profile {
   std::string run;     // free text: "seq 1024, global batch 32, 4 steps"
 
   std::vector<Span> spans;
-  std::vector<AllocEvent> allocs;
+  // The recorded event stream (core/event_log.h): every allocation and release with its buffer,
+  // category, bytes, offset, region, op, phase, layer, micro-batch and step. Its op_begin/op_end
+  // events are not drawn (spans are); its alloc/free events become trace.json instant events and,
+  // when `memory` is empty, the memory timeline (memory_timeline_from_events).
+  EventLog events;
   std::vector<std::string> memory_categories;  // column names of MemorySample::bytes
   std::vector<MemorySample> memory;            // in time order
   std::vector<Marker> markers;
@@ -135,10 +129,12 @@ struct Profile {
 };
 
 // Writes the Chrome trace event format: "X" events for spans (pid 1, tid = thread), "C" counter
-// events "device memory" with one argument per memory category (bytes), "i" global instant
-// events for markers, "M" metadata naming the process and threads. Streams through a buffer, so
-// 10^6 spans cost no more memory than the Profile itself; written atomically (a temporary file
-// renamed over `path`): a reader never sees half a file. Errors: IoError naming the path.
+// events "device memory" with one argument per memory category (bytes), "i" thread instant
+// events (tid kThreadMemory, cat "alloc" or "free") for the alloc/free events of
+// Profile::events, "i" global instant events for markers, "M" metadata naming the process and
+// threads. Streams through a buffer, so 10^6 spans cost no more memory than the Profile itself;
+// written atomically (a temporary file renamed over `path`): a reader never sees half a file.
+// Errors: IoError naming the path.
 Status write_trace_json(const Profile& profile, const std::string& path);
 
 // Writes the figures of the report for scripts: peak, planned peak, budget, arena and lower
@@ -162,14 +158,19 @@ Result<ChartLib> load_chart_lib(const std::string& js_path = default_chart_lib_p
 // as an inline JSON blob, and charts: the memory timeline stacked by category with the peak
 // marked and the buffers live at the peak; planned and measured memory versus micro-batch (chart
 // and table); throughput versus micro-batch; the plan and runners-up; fragmentation; time per op
-// category. The timeline is downsampled to at most kMaxTimelinePoints samples, keeping each
-// bucket's highest (and lowest) sample, so the peak survives and 10^6 events open in seconds.
-// Each chart's container gets data-rendered="1" once drawn and the body records page errors in
-// data-errors (see tests/report/browser_test.sh). Atomic like the trace.
+// category. The timeline (the window) and its overview (the whole run) are downsampled to at most
+// kMaxTimelinePoints samples, keeping each bucket's highest (and lowest) sample, so the peak
+// survives and 10^6 events open in seconds; the whole timeline also goes in at full resolution
+// (up to kMaxDetailChanges changes, 10 bytes each) for zooming in. Each chart's container gets
+// data-rendered="1" once drawn and the body records page errors in data-errors (see
+// tests/report/browser_test.sh and docs/notes/report.md). Atomic like the trace.
 Status write_html_report(const Profile& profile, const std::string& path,
                          const std::string& chart_lib_js);
 
 constexpr size_t kMaxTimelinePoints = 5000;
+// Above this many changes of the timeline (about one per alloc/free event) report.html keeps only
+// the downsampled timeline: zooming then shows no more detail than the overview.
+constexpr size_t kMaxDetailChanges = 4'000'000;
 
 // Indices (ascending) of the samples to keep so that at most `max_points` remain: the series is
 // cut into max_points / 2 buckets and each keeps its lowest and highest value (first and last
@@ -177,10 +178,15 @@ constexpr size_t kMaxTimelinePoints = 5000;
 // max_points. REQUIRES: max_points >= 4.
 std::vector<size_t> downsample_indices(const std::vector<double>& totals, size_t max_points);
 
-// The bytes-by-category timeline implied by allocation events (sorted by time; categories in
-// first-seen order into `categories`). One sample per event.
-std::vector<MemorySample> memory_timeline_from_events(const std::vector<AllocEvent>& events,
+// The bytes-by-category timeline implied by the log's alloc and free events (sorted by time,
+// frees first at equal times; categories in first-seen order into `categories`). One sample per
+// alloc or free event.
+std::vector<MemorySample> memory_timeline_from_events(const EventLog& events,
                                                       std::vector<std::string>* categories);
+
+// The buffers live at the peak of memory_timeline_from_events(events): the allocations not yet
+// released after the event whose sample is the (first) peak. Empty without memory events.
+std::vector<LiveBuffer> live_at_timeline_peak(const EventLog& events);
 
 // Milliseconds per span category, summed over spans (what report.html shows when
 // Profile::time_by_category_ms is empty).
@@ -196,10 +202,15 @@ void append_json_string(std::string& out, const std::string& s);
 void append_json_number(std::string& out, double v);
 
 // The timeline the writers use: profile.memory, or when it is empty one derived from
-// profile.allocs (stored in *storage, categories in *categories).
+// profile.events (stored in *storage, categories in *categories).
 const std::vector<MemorySample>& resolve_timeline(const Profile& profile,
                                                   std::vector<std::string>* categories,
                                                   std::vector<MemorySample>* storage);
+// Alloc and free events (not op events).
+inline bool is_memory_event(const Event& e) {
+  return e.kind == EventKind::kAlloc || e.kind == EventKind::kFree;
+}
+size_t count_memory_events(const EventLog& log);
 // Sum of a sample's columns.
 uint64_t sample_total(const MemorySample& s);
 // Index of the sample with the most bytes (the first such); -1 when empty.

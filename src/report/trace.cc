@@ -9,6 +9,8 @@
 #include <cstring>
 #include <filesystem>
 #include <iterator>
+#include <map>
+#include <tuple>
 #include <unordered_map>
 
 #include "report/profile.h"
@@ -146,12 +148,18 @@ long peak_sample(const std::vector<MemorySample>& samples) {
 const std::vector<MemorySample>& resolve_timeline(const Profile& profile,
                                                   std::vector<std::string>* categories,
                                                   std::vector<MemorySample>* storage) {
-  if (!profile.memory.empty() || profile.allocs.empty()) {
+  if (!profile.memory.empty() || count_memory_events(profile.events) == 0) {
     *categories = profile.memory_categories;
     return profile.memory;
   }
-  *storage = memory_timeline_from_events(profile.allocs, categories);
+  *storage = memory_timeline_from_events(profile.events, categories);
   return *storage;
+}
+
+size_t count_memory_events(const EventLog& log) {
+  size_t n = 0;
+  for (const Event& e : log.events()) n += is_memory_event(e);
+  return n;
 }
 
 }  // namespace detail
@@ -185,27 +193,87 @@ std::vector<size_t> downsample_indices(const std::vector<double>& totals, size_t
   return keep;
 }
 
-std::vector<MemorySample> memory_timeline_from_events(const std::vector<AllocEvent>& events,
+namespace {
+
+// The alloc and free events of `log` in timeline order: by time, and at equal times frees first
+// (one op's end is the next op's start). Recorded in time order already (one recording thread);
+// the stable sort is for merged logs.
+std::vector<uint32_t> memory_event_order(const EventLog& log) {
+  const std::vector<Event>& events = log.events();
+  std::vector<uint32_t> order;
+  order.reserve(events.size());
+  for (uint32_t i = 0; i < events.size(); ++i) {
+    if (detail::is_memory_event(events[i])) order.push_back(i);
+  }
+  std::stable_sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
+    const Event &x = events[a], &y = events[b];
+    return x.t_us < y.t_us ||
+           (x.t_us == y.t_us && x.kind == EventKind::kFree && y.kind == EventKind::kAlloc);
+  });
+  return order;
+}
+
+}  // namespace
+
+std::vector<LiveBuffer> live_at_timeline_peak(const EventLog& log) {
+  const std::vector<Event>& events = log.events();
+  const std::vector<uint32_t> order = memory_event_order(log);
+  // The first event after which the total is highest (as peak_sample picks the first maximum).
+  uint64_t total = 0, best_total = 0;
+  size_t best = SIZE_MAX;
+  for (size_t k = 0; k < order.size(); ++k) {
+    const Event& e = events[order[k]];
+    total = e.kind == EventKind::kAlloc ? total + e.bytes : (e.bytes > total ? 0 : total - e.bytes);
+    if (best == SIZE_MAX || total > best_total) {
+      best = k;
+      best_total = total;
+    }
+  }
+  if (best == SIZE_MAX) return {};
+  // Replay to it: a buffer is (name, region, offset); a free ends its latest alloc.
+  std::map<std::tuple<uint32_t, uint32_t, uint64_t>, std::vector<uint32_t>> live;
+  for (size_t k = 0; k <= best; ++k) {
+    const Event& e = events[order[k]];
+    auto& slot = live[{e.name, e.region, e.offset}];
+    if (e.kind == EventKind::kAlloc) {
+      slot.push_back(order[k]);
+    } else if (!slot.empty()) {
+      slot.pop_back();
+    }
+  }
+  std::vector<uint32_t> alive;
+  for (const auto& [key, idx] : live) alive.insert(alive.end(), idx.begin(), idx.end());
+  std::sort(alive.begin(), alive.end());  // in allocation order
+  std::vector<LiveBuffer> out;
+  out.reserve(alive.size());
+  for (uint32_t i : alive) {
+    const Event& e = events[i];
+    out.push_back({log.name(e.name), log.name(e.category), e.bytes, e.offset});
+  }
+  return out;
+}
+
+std::vector<MemorySample> memory_timeline_from_events(const EventLog& log,
                                                       std::vector<std::string>* categories) {
   categories->clear();
-  std::vector<const AllocEvent*> order(events.size());
-  for (size_t i = 0; i < events.size(); ++i) order[i] = &events[i];
-  std::stable_sort(order.begin(), order.end(),
-                   [](const AllocEvent* a, const AllocEvent* b) { return a->t_us < b->t_us; });
-  std::unordered_map<std::string, size_t> column;
+  const std::vector<Event>& events = log.events();
+  const std::vector<uint32_t> order = memory_event_order(log);
+  std::vector<size_t> column(log.names().size() + 1, SIZE_MAX);  // by category id; last: none
   std::vector<uint64_t> current;
   std::vector<MemorySample> out;
-  out.reserve(events.size());
-  for (const AllocEvent* e : order) {
-    auto [it, inserted] = column.emplace(e->category, categories->size());
-    if (inserted) {
-      categories->push_back(e->category);
+  out.reserve(order.size());
+  for (uint32_t i : order) {
+    const Event& e = events[i];
+    const size_t id = e.category < log.names().size() ? e.category : log.names().size();
+    if (column[id] == SIZE_MAX) {
+      column[id] = categories->size();
+      categories->push_back(id < log.names().size() ? log.name(e.category) : "other");
       current.push_back(0);
     }
-    uint64_t& c = current[it->second];
+    uint64_t& c = current[column[id]];
     // A free of more than is live means a missing alloc event; clamp rather than wrap around.
-    c = e->alloc ? c + e->bytes : (e->bytes > c ? 0 : c - e->bytes);
-    out.push_back({e->t_us, current});
+    c = e.kind == EventKind::kAlloc ? c + e.bytes : (e.bytes > c ? 0 : c - e.bytes);
+    out.push_back({e.t_us, current});
   }
   for (auto& s : out) s.bytes.resize(categories->size(), 0);
   return out;
@@ -258,6 +326,8 @@ Status write_trace_json(const Profile& profile, const std::string& path) {
   for (const Span& s : profile.spans) {
     if (!threads.count(s.thread)) threads[s.thread] = fmt::format("thread {}", s.thread);
   }
+  const size_t memory_events = detail::count_memory_events(profile.events);
+  if (memory_events && !threads.count(kThreadMemory)) threads[kThreadMemory] = "memory events";
   for (const auto& [tid, name] : threads) {
     fmt::format_to(std::back_inserter(buf),
                    ",\n{{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":{},\"args\":{{"
@@ -316,6 +386,46 @@ Status write_trace_json(const Profile& profile, const std::string& path) {
     }
     buf += "}}";
     if (buf.size() >= kFlushBytes) file.write(buf);
+  }
+
+  // Every allocation and release as a thread-scoped instant event: name = buffer, cat = alloc or
+  // free, the rest in args. Names are escaped once each, not once per event.
+  if (memory_events) {
+    const EventLog& log = profile.events;
+    std::vector<std::string> quoted(log.names().size());
+    for (size_t i = 0; i < quoted.size(); ++i) append_json_string(quoted[i], log.names()[i]);
+    auto q = [&](uint32_t id) -> const std::string& {
+      static const std::string kEmpty = "\"\"";
+      return id < quoted.size() ? quoted[id] : kEmpty;
+    };
+    for (const Event& e : log.events()) {
+      if (!detail::is_memory_event(e)) continue;
+      buf += ",\n{\"name\":";
+      buf += q(e.name);
+      buf += e.kind == EventKind::kAlloc ? ",\"cat\":\"alloc\"" : ",\"cat\":\"free\"";
+      buf += ",\"ph\":\"i\",\"s\":\"t\",\"ts\":";
+      append_us(buf, e.t_us);
+      fmt::format_to(std::back_inserter(buf),
+                     ",\"pid\":1,\"tid\":{},\"args\":{{\"bytes\":{},\"offset\":{},\"category\":",
+                     kThreadMemory, e.bytes, e.offset);
+      buf += q(e.category);
+      buf += ",\"region\":";
+      buf += q(e.region);
+      if (e.op >= 0) {
+        fmt::format_to(std::back_inserter(buf), ",\"op_index\":{},\"op\":", e.op);
+        buf += q(e.op_name);
+      }
+      if (e.phase != EventPhase::kNone) {
+        fmt::format_to(std::back_inserter(buf), ",\"phase\":\"{}\"", event_phase_name(e.phase));
+      }
+      if (e.layer >= 0) fmt::format_to(std::back_inserter(buf), ",\"layer\":{}", e.layer);
+      if (e.step >= 0) fmt::format_to(std::back_inserter(buf), ",\"step\":{}", e.step);
+      if (e.micro_batch >= 0) {
+        fmt::format_to(std::back_inserter(buf), ",\"micro_batch\":{}", e.micro_batch);
+      }
+      buf += "}}";
+      if (buf.size() >= kFlushBytes) file.write(buf);
+    }
   }
 
   for (const Marker& mk : profile.markers) {

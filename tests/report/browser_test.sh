@@ -6,7 +6,9 @@
 #   tests/report/browser_test.sh [REPORT_HTML]
 #
 # Without REPORT_HTML it writes a sample profile's report with the report_tests program
-# ($REPORT_TESTS, or build/*/report_tests), and also a 10^6-span one to time how fast it opens.
+# ($REPORT_TESTS, or build/*/report_tests), and also a 10^6-event one (10^6 spans, 10^6 memory
+# samples) that must open within $HR_REPORT_MAX_LOAD_S seconds (default 30); both are also opened
+# zoomed into a range (report.html#zoom=A,B) that must be drawn at full resolution.
 # Artifacts (screenshots, dumped DOM, browser log) go to $ARTIFACT_DIR (default
 # build/test-artifacts/report).
 set -euo pipefail
@@ -18,7 +20,10 @@ fi
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 artifacts="${ARTIFACT_DIR:-$repo/build/test-artifacts/report}"
-charts=(timeline sweep-memory sweep-throughput fragmentation time-by-category)
+charts=(timeline timeline-overview sweep-memory sweep-throughput fragmentation time-by-category)
+# A page that takes longer than this to load and draw (browser start included) fails: a detector
+# of pathological slowness (10^6 events should take a few seconds), not a benchmark.
+max_load_s="${HR_REPORT_MAX_LOAD_S:-30}"
 
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
@@ -81,8 +86,11 @@ check_report() {
   t0=$(date +%s%N)
   browser --virtual-time-budget=15000 --dump-dom "$url" >"$dom" 2>"$log" || true
   t1=$(date +%s%N)
+  local load_ms=$(((t1 - t0) / 1000000))
   echo "browser_test: $name: $(du -h "$html" | cut -f1) page loaded, drawn and dumped in" \
-    "$(((t1 - t0) / 1000000)) ms (browser start included)"
+    "$load_ms ms (browser start included); page script done" \
+    "$(grep -Eo 'data-ready-ms="[0-9]+"' "$dom" | head -1 | grep -Eo '[0-9]+') ms after navigation"
+  expect "$name: loads within ${max_load_s} s" "took $load_ms ms" test "$load_ms" -lt $((max_load_s * 1000))
 
   expect "$name: page script ran to the end" "no data-complete=\"1\" on <html> (see $dom)" \
     grep -q 'data-complete="1"' "$dom"
@@ -96,6 +104,26 @@ check_report() {
     expect "$name: chart $c has a canvas" "no <canvas> in its container (see $dom)" \
       grep -Eq "data-chart=\"$c\"[^>]*>[[:space:]]*<canvas" "$dom"
   done
+
+  # Zoom (report.html#zoom=A,B): the detail chart draws every moment of the range, from the
+  # page's full-resolution data. zoom.txt next to the page names the range and the moment count.
+  local zoom="$(dirname "$html")/zoom.txt"
+  if [[ -f "$zoom" ]]; then
+    local a b moments zdom="$artifacts/$name.zoom.dom.html"
+    read -r a b moments <"$zoom"
+    browser --virtual-time-budget=15000 --dump-dom "$url#zoom=$a,$b" >"$zdom" 2>>"$log" || true
+    expect "$name: zoomed page has no errors" "$(grep -o '<pre id="errors"[^<]*' "$zdom" | head -c 600)" \
+      grep -q 'data-errors="0"' "$zdom"
+    expect "$name: zoom draws full resolution" "no data-resolution=\"full\" on the timeline (see $zdom)" \
+      grep -Eq 'data-chart="timeline"[^>]*data-resolution="full"' "$zdom"
+    expect "$name: zoom draws all $moments moments" \
+      "$(grep -Eo 'data-chart="timeline"[^>]*' "$zdom" | grep -o 'data-moments="[0-9]*"')" \
+      grep -Eq "data-chart=\"timeline\"[^>]*data-moments=\"$moments\"" "$zdom"
+    echo "browser_test: $name: zoom into $a..$b us took" \
+      "$(grep -Eo 'data-zoom-ms="[0-9.]+"' "$zdom" | head -1 | grep -Eo '[0-9.]+') ms in the page"
+    browser --virtual-time-budget=15000 --window-size=1280,900 \
+      --screenshot="$artifacts/$name-zoom.png" "$url#zoom=$a,$b" >/dev/null 2>>"$log" || true
+  fi
 
   browser --virtual-time-budget=15000 --window-size=1280,900 \
     --screenshot="$artifacts/$name.png" "$url" >/dev/null 2>>"$log" || true

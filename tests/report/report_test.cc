@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -192,9 +193,93 @@ json page_data(const std::string& html) {
   return json::parse(html.substr(a + open.size(), b - a - open.size()));
 }
 
+// A log of a known schedule: "wte" from the start, then per micro-batch three ops over two step
+// buffers a0 [op 0, op 2] at offset 0 and a1 [op 1, op 1] at offset 32.
+EventLog known_log(int micro_batches) {
+  EventRecorder r;
+  EventLog& log = r.log();
+  const uint32_t act = log.intern("activations"), step = log.intern("step");
+  r.set_schedule(
+      {{log.intern("fwd0"), EventPhase::kForward, 0},
+       {log.intern("fwd1"), EventPhase::kForward, 1},
+       {log.intern("bwd0"), EventPhase::kBackward, 0}},
+      {{log.intern("a0"), act, step, 30, 0, 0, 2}, {log.intern("a1"), act, step, 50, 32, 1, 1}});
+  r.alloc(0, log.intern("wte"), log.intern("weights"), log.intern("parameters"), 100, 0);
+  double t = 10;
+  for (int m = 0; m < micro_batches; ++m) {
+    r.begin_micro_batch(0, m);
+    r.op_boundary(-1, 0, t);
+    r.op_boundary(0, 1, t + 10);
+    r.op_boundary(1, 2, t + 20);
+    r.op_boundary(2, -1, t + 30);
+    t += 40;
+  }
+  return log;
+}
+
+// A GPT-2-shaped event log recorded through EventRecorder: `micro_batches` micro-batches of 2L+3
+// ops (embedding, L blocks, head; head backward, L blocks, embedding) over 8 activations per
+// block (live from the block's forward to its backward), the logits (head forward to head
+// backward) and a workspace per op; parameters, gradients and optimizer state from the start.
+// 2 * (9L + 4) memory events and 2 * (2L + 3) op events a micro-batch.
+EventLog gpt2_like_log(int micro_batches, int layers) {
+  EventRecorder r;
+  EventLog& log = r.log();
+  const int L = layers, nops = 2 * L + 3;
+  const uint32_t act = log.intern("activations"), ws = log.intern("workspace"),
+                 logits = log.intern("logits"), step = log.intern("step");
+  std::vector<ScheduleOp> ops;
+  ops.push_back({log.intern("forward embedding"), EventPhase::kForward, -1});
+  for (int l = 0; l < L; ++l) {
+    ops.push_back({log.intern(fmt::format("forward h.{}", l)), EventPhase::kForward, int16_t(l)});
+  }
+  ops.push_back({log.intern("forward head"), EventPhase::kForward, -1});
+  ops.push_back({log.intern("backward head"), EventPhase::kBackward, -1});
+  for (int l = L - 1; l >= 0; --l) {
+    ops.push_back({log.intern(fmt::format("backward h.{}", l)), EventPhase::kBackward, int16_t(l)});
+  }
+  ops.push_back({log.intern("backward embedding"), EventPhase::kBackward, -1});
+  std::vector<ScheduleBuffer> bufs;
+  uint64_t offset = 0;
+  for (int l = 0; l < L; ++l) {
+    for (int k = 0; k < 8; ++k) {
+      bufs.push_back({log.intern(fmt::format("h.{}.act{}", l, k)), act, step, 12 * kMiB, offset,
+                      1 + l, nops - 2 - l});
+      offset += 12 * kMiB;
+    }
+  }
+  bufs.push_back({log.intern("logits"), logits, step, 600 * kMiB, offset, L + 1, L + 2});
+  for (int o = 0; o < nops; ++o) {
+    bufs.push_back({log.intern(fmt::format("workspace.{}", o)), ws, step,
+                    uint64_t(4 + o % 3) * kMiB, offset + 600 * kMiB, o, o});
+  }
+  r.set_schedule(std::move(ops), std::move(bufs));
+  const uint32_t weights = log.intern("weights"), grads = log.intern("grads"),
+                 optimizer = log.intern("optimizer");
+  r.alloc(0, log.intern("parameters"), weights, log.intern("parameters"), 475 * kMiB, 0);
+  r.alloc(0, log.intern("gradients"), grads, log.intern("gradients"), 475 * kMiB, 0);
+  r.alloc(0, log.intern("adam_m"), optimizer, log.intern("optimizer"), 475 * kMiB, 0);
+  r.alloc(0, log.intern("adam_v"), optimizer, log.intern("optimizer"), 475 * kMiB, 475 * kMiB);
+  log.reserve(size_t(micro_batches) * size_t(2 * (9 * L + 4) + 2 * nops) + 8);
+  double t = 100;
+  for (int m = 0; m < micro_batches; ++m) {
+    r.begin_micro_batch(m / 4, m % 4);
+    int cur = -1;
+    for (int o = 0; o < nops; ++o) {
+      r.op_boundary(cur, o, t);
+      cur = o;
+      t += 50 + 10 * (o % 7);
+    }
+    r.op_boundary(cur, -1, t);
+    t += 200;
+  }
+  return log;
+}
+
 TEST(TraceJson, ParsesWithEveryEventKind) {
   TempDir dir;
-  const Profile p = make_profile(3, 2, 2);
+  Profile p = make_profile(3, 2, 2);
+  p.events = known_log(2);
   ASSERT_TRUE(write_trace_json(p, dir.file("trace.json")).is_ok());
   const json trace = json::parse(read_all(dir.file("trace.json")));
   ASSERT_TRUE(trace.contains("traceEvents"));
@@ -218,16 +303,22 @@ TEST(TraceJson, ParsesWithEveryEventKind) {
       ASSERT_EQ(e["args"].size(), kMemoryCategories.size());
       for (const auto& c : kMemoryCategories) EXPECT_TRUE(e["args"][c].is_number_unsigned()) << c;
     }
-    if (ph == "i") {
-      EXPECT_EQ(e["s"], "g");
+    if (ph == "i" && e["s"] == "g") {
       marker_names.insert(e["name"]);
       EXPECT_FALSE(e["args"]["detail"].get<std::string>().empty());
+    }
+    if (ph == "i" && e["s"] == "t") {
+      ++kinds[e["cat"].get<std::string>()];
+      EXPECT_TRUE(e["args"]["bytes"].is_number_unsigned());
+      EXPECT_TRUE(e["args"]["offset"].is_number_unsigned());
     }
   }
   EXPECT_EQ(kinds["X"], p.spans.size());
   EXPECT_EQ(kinds["C"], p.memory.size());
-  EXPECT_EQ(kinds["i"], 2u);
-  EXPECT_GE(kinds["M"], 4u);  // process name and three threads
+  EXPECT_EQ(kinds["alloc"], 5u);  // wte, and a0 and a1 of two micro-batches
+  EXPECT_EQ(kinds["free"], 4u);
+  EXPECT_EQ(kinds["i"], 2u + 9u);  // markers and memory events
+  EXPECT_GE(kinds["M"], 5u);       // process name and four threads
   EXPECT_EQ(thread_names[kThreadCompute], "compute");
   EXPECT_EQ(thread_names[kThreadCopy], "copy");
   EXPECT_EQ(thread_names[kThreadData], "data loader");
@@ -252,13 +343,10 @@ TEST(TraceJson, CounterValuesMatchSamples) {
   EXPECT_EQ(i, p.memory.size());
 }
 
-TEST(TraceJson, CountersDerivedFromAllocEventsWhenNoSamples) {
+TEST(TraceJson, CountersDerivedFromEventsWhenNoSamples) {
   TempDir dir;
   Profile p;
-  p.allocs = {{10, "wte", "weights", 100, 0, true, "init"},
-              {20, "a0", "activations", 30, 0, true, "fwd0"},
-              {30, "a1", "activations", 50, 32, true, "fwd1"},
-              {40, "a0", "activations", 30, 0, false, "bwd0"}};
+  p.events = known_log(1);
   ASSERT_TRUE(write_trace_json(p, dir.file("t.json")).is_ok());
   const json trace = json::parse(read_all(dir.file("t.json")));
   std::vector<std::pair<uint64_t, uint64_t>> seen;  // (weights, activations)
@@ -267,9 +355,78 @@ TEST(TraceJson, CountersDerivedFromAllocEventsWhenNoSamples) {
     seen.emplace_back(e["args"]["weights"].get<uint64_t>(),
                       e["args"]["activations"].get<uint64_t>());
   }
+  // wte; a0 at op 0; a1 at op 1; a1 freed when op 1 ends; a0 freed when op 2 ends.
   const std::vector<std::pair<uint64_t, uint64_t>> want = {
-      {100, 0}, {100, 30}, {100, 80}, {100, 50}};
+      {100, 0}, {100, 30}, {100, 80}, {100, 30}, {100, 0}};
   EXPECT_EQ(seen, want);
+}
+
+TEST(LiveAtPeak, TheBuffersLiveAfterThePeakEvent) {
+  const EventLog log = known_log(2);
+  const std::vector<LiveBuffer> live = live_at_timeline_peak(log);
+  ASSERT_EQ(live.size(), 3u);  // the peak (180 bytes) is first reached in micro-batch 0, op 1
+  EXPECT_EQ(live[0].name, "wte");
+  EXPECT_EQ(live[0].category, "weights");
+  EXPECT_EQ(live[1].name, "a0");
+  EXPECT_EQ(live[2].name, "a1");
+  EXPECT_EQ(live[2].bytes, 50u);
+  EXPECT_EQ(live[2].offset, 32u);
+  uint64_t total = 0;
+  for (const LiveBuffer& b : live) total += b.bytes;
+  std::vector<std::string> categories;
+  const auto samples = memory_timeline_from_events(log, &categories);
+  EXPECT_EQ(total, detail::sample_total(samples[size_t(detail::peak_sample(samples))]));
+  EXPECT_TRUE(live_at_timeline_peak(EventLog()).empty());
+}
+
+TEST(TraceJson, EveryAllocAndFreeIsAnInstantEventWithItsContext) {
+  TempDir dir;
+  Profile p;
+  p.events = known_log(2);
+  ASSERT_TRUE(write_trace_json(p, dir.file("t.json")).is_ok());
+  const json trace = json::parse(read_all(dir.file("t.json")));
+  std::vector<std::string> seen;
+  std::map<int, std::string> thread_names;
+  for (const json& e : trace["traceEvents"]) {
+    if (e["ph"] == "M" && e["name"] == "thread_name") thread_names[e["tid"]] = e["args"]["name"];
+    if (e["ph"] != "i") continue;
+    EXPECT_EQ(e["s"], "t");
+    EXPECT_EQ(e["tid"], kThreadMemory);
+    const json& a = e["args"];
+    if (e["name"] == "wte") {
+      EXPECT_EQ(a["region"], "parameters");
+      EXPECT_FALSE(a.contains("op"));
+      EXPECT_FALSE(a.contains("step"));
+      seen.push_back("wte");
+      continue;
+    }
+    const bool alloc = e["cat"] == "alloc";
+    EXPECT_EQ(a["category"], "activations");
+    EXPECT_EQ(a["region"], "step");
+    EXPECT_EQ(a["step"], 0);
+    const std::string name = e["name"];
+    if (name == "a0") {
+      EXPECT_EQ(a["bytes"], 30);
+      EXPECT_EQ(a["offset"], 0);
+      EXPECT_EQ(a["op"], alloc ? "fwd0" : "bwd0");
+      EXPECT_EQ(a["phase"], alloc ? "forward" : "backward");
+      EXPECT_EQ(a["layer"], 0);
+    } else {
+      EXPECT_EQ(name, "a1");
+      EXPECT_EQ(a["bytes"], 50);
+      EXPECT_EQ(a["offset"], 32);
+      EXPECT_EQ(a["op"], "fwd1");
+      EXPECT_EQ(a["op_index"], 1);
+      EXPECT_EQ(a["layer"], 1);
+    }
+    seen.push_back(
+        fmt::format("{} {} mb{}", e["cat"].get<std::string>(), name, a["micro_batch"].get<int>()));
+  }
+  const std::vector<std::string> want = {"wte",          "alloc a0 mb0", "alloc a1 mb0",
+                                         "free a1 mb0",  "free a0 mb0",  "alloc a0 mb1",
+                                         "alloc a1 mb1", "free a1 mb1",  "free a0 mb1"};
+  EXPECT_EQ(seen, want);
+  EXPECT_EQ(thread_names[kThreadMemory], "memory events");
 }
 
 TEST(TraceJson, EscapesNamesAndRoundTrips) {
@@ -365,6 +522,18 @@ TEST(MemoryJson, CarriesTheFigures) {
   EXPECT_EQ(m["counts"]["spans"].get<size_t>(), p.spans.size());
 }
 
+TEST(MemoryJson, CountsTheRecordedEvents) {
+  TempDir dir;
+  Profile p;
+  p.events = known_log(2);
+  ASSERT_TRUE(write_memory_json(p, dir.file("m.json")).is_ok());
+  const json m = json::parse(read_all(dir.file("m.json")));
+  EXPECT_EQ(m["counts"]["alloc_events"], 9);  // wte; a0, a1 allocated and freed twice
+  EXPECT_EQ(m["counts"]["op_events"], 12);    // three ops begin and end twice
+  EXPECT_EQ(m["counts"]["memory_samples"], 9);
+  EXPECT_EQ(m["timeline_peak"]["bytes"], 180);  // wte + a0 + a1
+}
+
 TEST(MemoryJson, EmptyProfileIsValid) {
   TempDir dir;
   ASSERT_TRUE(write_memory_json(Profile{}, dir.file("m.json")).is_ok());
@@ -438,8 +607,8 @@ TEST(HtmlReport, SelfContainedWithDownsampledTimeline) {
     drawn_max = std::max(drawn_max, total);
   }
   EXPECT_EQ(drawn_max, p.peak_bytes);
-  for (const char* chart :
-       {"timeline", "sweep-memory", "sweep-throughput", "fragmentation", "time-by-category"}) {
+  for (const char* chart : {"timeline", "timeline-overview", "sweep-memory", "sweep-throughput",
+                            "fragmentation", "time-by-category"}) {
     EXPECT_NE(html.find(fmt::format("data-chart=\"{}\"", chart)), std::string::npos) << chart;
   }
 }
@@ -455,6 +624,63 @@ TEST(HtmlReport, WindowSelectsOneStep) {
     EXPECT_LT(ts.get<double>(), p.window_end_us);
   }
   EXPECT_EQ(t["peak"]["bytes"].get<uint64_t>(), p.peak_bytes);
+}
+
+std::vector<uint8_t> from_base64(const std::string& s) {
+  auto value = [](char c) -> int {
+    if (c >= 'A' && c <= 'Z') return c - 'A';
+    if (c >= 'a' && c <= 'z') return c - 'a' + 26;
+    if (c >= '0' && c <= '9') return c - '0' + 52;
+    return c == '+' ? 62 : c == '/' ? 63 : -1;
+  };
+  std::vector<uint8_t> out;
+  uint32_t acc = 0;
+  int bits = 0;
+  for (char c : s) {
+    const int v = value(c);
+    if (v < 0) break;  // '=' padding
+    acc = acc << 6 | uint32_t(v);
+    bits += 6;
+    if (bits >= 8) {
+      bits -= 8;
+      out.push_back(uint8_t(acc >> bits));
+    }
+  }
+  return out;
+}
+
+// The page's full-resolution timeline, replayed as the page's zoom does, gives back every sample
+// of the profile (all of them, not only the window's), and the overview keeps the run's peak.
+TEST(HtmlReport, FullResolutionChangesReplayEverySample) {
+  TempDir dir;
+  Profile p = make_profile(3, 2, 2);
+  p.events = known_log(1);  // ignored for the timeline: samples are given
+  ASSERT_TRUE(write_html_report(p, dir.file("r.html"), "x").is_ok());
+  const json t = page_data(read_all(dir.file("r.html")))["timeline"];
+  const json& f = t["full"];
+  const size_t n = f["n"].get<size_t>();
+  ASSERT_EQ(f["width"], 2);
+  const std::vector<uint8_t> tb = from_base64(f["t"]), ib = from_base64(f["id"]);
+  ASSERT_EQ(tb.size(), n * sizeof(double));
+  ASSERT_EQ(ib.size(), n * sizeof(uint16_t));
+  std::vector<double> times(n);
+  std::vector<uint16_t> ids(n);
+  std::memcpy(times.data(), tb.data(), tb.size());
+  std::memcpy(ids.data(), ib.data(), ib.size());
+  std::vector<int64_t> cur(kMemoryCategories.size(), 0);
+  size_t k = 0;
+  for (const MemorySample& m : p.memory) {
+    for (; k < n && times[k] <= m.t_us; ++k) {
+      cur[f["dict_cat"][ids[k]].get<size_t>()] += f["dict_delta"][ids[k]].get<int64_t>();
+    }
+    for (size_t c = 0; c < cur.size(); ++c) ASSERT_EQ(uint64_t(cur[c]), m.bytes[c]) << m.t_us;
+  }
+  EXPECT_EQ(k, n);
+  const json& o = t["overview"];
+  EXPECT_EQ(o["total_samples"].get<size_t>(), p.memory.size());
+  uint64_t overview_max = 0;
+  for (const json& v : o["total"]) overview_max = std::max(overview_max, v.get<uint64_t>());
+  EXPECT_EQ(overview_max, p.peak_bytes);
 }
 
 TEST(HtmlReport, ScriptCloseInLibraryAndTitleIsNeutralised) {
@@ -510,10 +736,57 @@ TEST(LargeProfile, MillionEventsWrite) {
       p.spans.size(), p.memory.size(), ms(t0, t1), ms(t1, t2),
       fs::file_size(dir.file("trace.json")) / 1e6, ms(t2, t3),
       fs::file_size(dir.file("report.html")) / 1e6);
-  EXPECT_LT(fs::file_size(dir.file("report.html")), 4'000'000u);
   const json d = page_data(read_all(dir.file("report.html")));
+  // The downsampled charts take well under a megabyte; the full-resolution changes for the zoom
+  // take 10 bytes each (float64 time, uint16 id) as base64.
+  const uint64_t changes = d["timeline"]["full"]["n"].get<uint64_t>();
+  EXPECT_GE(changes, p.memory.size());
+  EXPECT_LT(fs::file_size(dir.file("report.html")), 1'000'000u + changes * 10 * 4 / 3 + 4);
   EXPECT_LE(d["timeline"]["t_us"].size(), kMaxTimelinePoints);
+  EXPECT_LE(d["timeline"]["overview"]["t_us"].size(), kMaxTimelinePoints);
   EXPECT_EQ(d["timeline"]["peak"]["bytes"].get<uint64_t>(), p.peak_bytes);
+}
+
+// 10^6 recorded alloc/free events (and as many spans): the timeline, the trace's instant events,
+// the live-at-peak list and the page's full-resolution data all come from the log.
+TEST(LargeProfile, MillionRecordedEventsWrite) {
+  TempDir dir;
+  Profile p = make_profile(1276, 4, 12);
+  p.window_end_us = 0;
+  p.memory.clear();
+  p.memory_categories.clear();
+  const auto t0 = std::chrono::steady_clock::now();
+  p.events = gpt2_like_log(4040, 12);
+  const auto t1 = std::chrono::steady_clock::now();
+  const size_t n = detail::count_memory_events(p.events);
+  ASSERT_GE(n, 1'000'000u);
+  ASSERT_TRUE(write_trace_json(p, dir.file("trace.json")).is_ok());
+  const auto t2 = std::chrono::steady_clock::now();
+  ASSERT_TRUE(write_memory_json(p, dir.file("memory.json")).is_ok());
+  ASSERT_TRUE(write_html_report(p, dir.file("report.html"), "x").is_ok());
+  const auto t3 = std::chrono::steady_clock::now();
+  const auto ms = [](auto x, auto y) {
+    return std::chrono::duration<double, std::milli>(y - x).count();
+  };
+  std::cout << fmt::format(
+      "[ info     ] {} events ({} alloc/free): recorded in {:.0f} ms, trace.json {:.0f} ms "
+      "({:.0f} MB), memory.json + report.html {:.0f} ms (page {:.2f} MB)\n",
+      p.events.size(), n, ms(t0, t1), ms(t1, t2), fs::file_size(dir.file("trace.json")) / 1e6,
+      ms(t2, t3), fs::file_size(dir.file("report.html")) / 1e6);
+  const json m = json::parse(read_all(dir.file("memory.json")));
+  EXPECT_EQ(m["counts"]["alloc_events"].get<size_t>(), n);
+  EXPECT_EQ(m["counts"]["memory_samples"].get<size_t>(), n);
+  // The peak: the persistent 1900 MiB, every block's activations and the logits, and the head's
+  // workspace (op L + 1 or L + 2).
+  const uint64_t peak = m["timeline_peak"]["bytes"];
+  EXPECT_EQ(peak, (4 * 475 + 12 * 8 * 12 + 600) * kMiB +
+                      std::max<uint64_t>(4 + 13 % 3, 4 + 14 % 3) * kMiB);
+  const json d = page_data(read_all(dir.file("report.html")));
+  EXPECT_EQ(d["timeline"]["full"]["n"].get<size_t>(), n);
+  EXPECT_EQ(d["timeline"]["peak"]["bytes"].get<uint64_t>(), peak);
+  uint64_t live = 0;
+  for (const LiveBuffer& b : live_at_timeline_peak(p.events)) live += b.bytes;
+  EXPECT_EQ(live, peak);
 }
 
 // Writes a sample profile's three files into $HR_REPORT_OUT_DIR for tests/report/browser_test.sh
@@ -526,9 +799,29 @@ TEST(BrowserFixture, WritesSampleReport) {
   ASSERT_TRUE(lib.is_ok()) << lib.status().to_string();
   const char* size = std::getenv("HR_REPORT_SPANS");
   const bool large = size != nullptr && std::string(size) == "large";
+  // Large: 10^6 spans and a recorded log of 10^6 alloc/free events (the timeline derived from it).
   Profile p = large ? make_profile(1276, 4, 12) : make_profile(3, 4, 12);
-  if (large) p.window_end_us = 0;
+  if (large) {
+    p.window_end_us = 0;
+    p.memory.clear();
+    p.memory_categories.clear();
+    p.events = gpt2_like_log(4040, 12);
+    ASSERT_GE(detail::count_memory_events(p.events), 1'000'000u);
+  }
   const std::string dir = out;
+  // A range for the browser test to zoom into (report.html#zoom=A,B) and the moments (times at
+  // which some category's bytes change) the page must draw in it at full resolution.
+  std::vector<std::string> categories;
+  std::vector<MemorySample> derived;
+  const auto& samples = detail::resolve_timeline(p, &categories, &derived);
+  const size_t mid = samples.size() / 2, len = std::min<size_t>(300, samples.size() - mid - 1);
+  const double a = (samples[mid - 1].t_us + samples[mid].t_us) / 2, b = samples[mid + len].t_us;
+  std::set<double> moments;
+  for (size_t i = 1; i < samples.size(); ++i) {
+    const double t = samples[i].t_us;
+    if (a < t && t <= b && samples[i].bytes != samples[i - 1].bytes) moments.insert(t);
+  }
+  std::ofstream(dir + "/zoom.txt") << fmt::format("{} {} {}\n", a, b, moments.size());
   ASSERT_TRUE(write_trace_json(p, dir + "/trace.json").is_ok());
   ASSERT_TRUE(write_memory_json(p, dir + "/memory.json").is_ok());
   ASSERT_TRUE(write_html_report(p, dir + "/report.html", lib->js).is_ok());
