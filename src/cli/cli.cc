@@ -28,6 +28,7 @@
 #include "report/profile.h"
 #include "report/progress.h"
 #include "train/checkpoint.h"
+#include "train/elastic.h"
 #include "train/generate.h"
 #include "train/trainer.h"
 
@@ -107,6 +108,7 @@ struct TrainFlags {
   std::string recompute = "auto";
   std::string device = "cpu";
   std::string device_memory = "auto";
+  std::string device_memory_file;  // train: the budget, read again before every step
   std::string plan = "auto";
   uint64_t seed = 1337;
   std::string out = "out";
@@ -139,7 +141,9 @@ void add_train_flags(CLI::App* app, TrainFlags& f) {
   app->add_option("--global-batch", f.global_batch,
                   "sequences per optimizer step; a multiple of --batch (default: --batch, or 8)");
   app->add_option("--steps", f.steps, "optimizer steps")->capture_default_str();
-  app->add_option("--precision", f.precision, "auto or fp32 (bf16 and fp16 are not built yet)")
+  app->add_option("--precision", f.precision,
+                  "auto (the planner chooses), fp32, or bf16 (mixed: bf16 GEMMs and activations, "
+                  "fp32 master weights and optimizer state)")
       ->capture_default_str();
   app->add_option("--recompute", f.recompute,
                   "activation recomputation: auto (the planner chooses, per block), none, "
@@ -176,6 +180,26 @@ Result<std::optional<model::Recompute>> parse_recompute(const std::string& flag)
       fmt::format("--recompute {}: use auto, none, selective or full", flag));
 }
 
+// --precision: auto, fp32 or bf16; bf16 only where this machine has bf16 GEMM kernels.
+Status check_precision(const std::string& precision, const plan::DeviceSpec& dev) {
+  if (precision != "auto" && precision != "fp32" && precision != "bf16") {
+    return Status::invalid_argument(fmt::format(
+        "--precision {}: use auto, fp32 or bf16 (fp16 with loss scaling is not built yet)",
+        precision));
+  }
+  if (precision == "bf16" && !(dev.flops_bf16 > 0)) {
+    return Status::unsupported(fmt::format(
+        "--precision bf16: {} has no bf16 GEMM kernels (calibration found none: oneDNN needs "
+        "AVX512-BF16 or AMX); use --precision fp32",
+        dev.name));
+  }
+  return Status::ok();
+}
+
+model::Precision precision_of(const std::string& name) {
+  return name == "bf16" ? model::Precision::kBf16 : model::Precision::kFp32;
+}
+
 Status resolve_train_options(TrainFlags& f, train::TrainOptions* o) {
   if (!f.resume.empty()) {
     // Continue with the checkpoint's model, data and batch shape unless flags say otherwise
@@ -195,10 +219,6 @@ Status resolve_train_options(TrainFlags& f, train::TrainOptions* o) {
   if (f.device != "cpu") {
     return Status::unsupported(fmt::format("--device {}: only the cpu device is built", f.device));
   }
-  if (f.precision != "auto" && f.precision != "fp32") {
-    return Status::unsupported(fmt::format(
-        "--precision {}: only fp32 is built so far (use --precision fp32 or auto)", f.precision));
-  }
   if (f.seq < 0) return Status::invalid_argument(fmt::format("--seq {} must be positive", f.seq));
   if (f.batch < 0)
     return Status::invalid_argument(fmt::format("--batch {} must be positive", f.batch));
@@ -208,11 +228,24 @@ Status resolve_train_options(TrainFlags& f, train::TrainOptions* o) {
   }
   o->seq = f.seq > 0 ? f.seq : std::min(128, o->config.n_positions);
   HR_ASSIGN_OR_RETURN(o->device_memory, device_budget(f.device_memory));
+  if (!f.device_memory_file.empty()) {
+    if (f.device_memory != "auto") {
+      return Status::invalid_argument(fmt::format(
+          "--device-memory {} and --device-memory-file {}: give one (the file holds the budget "
+          "and may change while training runs)",
+          f.device_memory, f.device_memory_file));
+    }
+    HR_ASSIGN_OR_RETURN(o->device_memory, train::read_budget_file(f.device_memory_file));
+    o->device_memory_file = f.device_memory_file;
+  }
   const int global = f.global_batch > 0 ? f.global_batch : (f.batch > 0 ? f.batch : 8);
   if (f.plan == "auto") {
     plan::SearchRequest req;
     req.config = o->config;
     HR_ASSIGN_OR_RETURN(req.device, resolve_device("cpu", f.device_memory, f.json));
+    o->device = req.device;  // prices re-plans and the expected step time
+    HR_RETURN_IF_ERROR(check_precision(f.precision, req.device));
+    req.precision = f.precision;
     req.device_memory = o->device_memory;
     req.seq = o->seq;
     req.global_batch = global;
@@ -258,6 +291,22 @@ Status resolve_train_options(TrainFlags& f, train::TrainOptions* o) {
     HR_RETURN_IF_ERROR(get_int("accumulation", &o->accumulation));
     // Techniques (absent in older plan files: the defaults).
     const json& ch = j["chosen"];
+    if (ch.contains("precision")) {
+      if (!ch["precision"].is_string() ||
+          (ch["precision"] != "fp32" && ch["precision"] != "bf16")) {
+        return Status::invalid_argument(
+            fmt::format("--plan {}: field 'chosen.precision' is {}; expected \"fp32\" or \"bf16\"",
+                        f.plan, ch["precision"].dump()));
+      }
+      o->exec.precision = precision_of(ch["precision"].get<std::string>());
+      if (f.precision != "auto" && f.precision != ch["precision"].get<std::string>()) {
+        return Status::invalid_argument(
+            fmt::format("--precision {} contradicts the plan's {} in {}", f.precision,
+                        ch["precision"].dump(), f.plan));
+      }
+    } else if (f.precision == "bf16") {
+      o->exec.precision = model::Precision::kBf16;
+    }
     if (ch.contains("attention")) o->exec.tiled_attention = ch["attention"] != "plain";
     if (ch.contains("head_chunk")) {
       if (!ch["head_chunk"].is_number_integer() || ch["head_chunk"].get<int64_t>() < 0) {
@@ -300,6 +349,9 @@ Status resolve_train_options(TrainFlags& f, train::TrainOptions* o) {
                       o->micro_batch, f.plan));
     }
     o->plan_note = "from " + f.plan;
+    // The calibrated speeds price re-plans and the expected step time (nominal ones otherwise).
+    Result<plan::DeviceSpec> dev = resolve_device("cpu", f.device_memory, f.json);
+    if (dev.is_ok()) o->device = *dev;
   }
   o->steps = f.steps;
   o->seed = f.seed;
@@ -395,7 +447,13 @@ json step_json(const train::StepStats& s) {
             {"device_bytes_peak", s.device_bytes_peak},
             {"planned_peak_bytes", s.planned_peak_bytes},
             {"micro_batch", s.micro_batch},
-            {"accumulation", s.accumulation}};
+            {"accumulation", s.accumulation},
+            {"recompute", s.recompute},
+            {"device_budget", s.device_budget},
+            {"predicted_step_ms", s.predicted_step_ms},
+            {"replans", s.replans},
+            {"oom_recoveries", s.oom_recoveries}};
+  if (!s.events.empty()) j["events"] = s.events;
   if (s.val_loss) j["val_loss"] = *s.val_loss;
   return j;
 }
@@ -417,9 +475,9 @@ report::PlanCandidate plan_candidate(const plan::Candidate& c) {
   return p;
 }
 
-// `--profile DIR`: trace.json, memory.json and report.html from what the run recorded. The
-// memory timeline is the plan's buffers at the times their ops actually ran (the measured peak
-// equals the plan's; docs/notes/report.md).
+// `--profile DIR`: trace.json, memory.json and report.html from what the run recorded: op spans
+// and memory events from the event stream (train/step_events.h), trainer phases and kernels from
+// the spans (docs/notes/report.md).
 Status write_profile(const std::string& dir, const TrainFlags& f, const train::TrainOptions& o,
                      const train::TrainResult& r) {
   const train::ProfileRecord& rec = *r.profile;
@@ -439,9 +497,6 @@ Status write_profile(const std::string& dir, const TrainFlags& f, const train::T
   p.run = fmt::format("seq {}, micro-batch {} x {} accumulation, fp32, {}, {} steps", o.seq,
                       o.micro_batch, o.accumulation, plan::describe_exec(o.exec), o.steps);
   auto cat = [](memory::Category c) { return std::string(memory::category_name(c)); };
-  auto op_name = [&](int op) {
-    return op >= 0 && op < int(mp.ops.size()) ? mp.ops[size_t(op)].name : std::string("?");
-  };
   // Spans: trainer phases, ops, kernels.
   for (const auto& sp : rec.spans) {
     if (sp.kind == "micro_batch") continue;  // the ops below cover it
@@ -449,10 +504,20 @@ Status write_profile(const std::string& dir, const TrainFlags& f, const train::T
                        sp.kind == "data" ? report::kThreadData : report::kThreadCompute,
                        sp.start_us, sp.dur_us, sp.step, sp.micro_batch, -1});
   }
-  for (const auto& op : rec.ops) {
-    p.spans.push_back(
-        {op_name(op.op), "op", report::kThreadCompute, op.start_us, op.dur_us, -1, -1,
-         op.op >= 0 && op.op < int(mp.ops.size()) ? mp.ops[size_t(op.op)].layer : -1});
+  // Op spans from the recorded op_begin/op_end events (one compute thread: they nest); markers
+  // (re-plans) from marker events.
+  const EventLog& log = rec.events.log();
+  const Event* open_op = nullptr;
+  for (const Event& e : log.events()) {
+    if (e.kind == EventKind::kMarker) {
+      p.markers.push_back({e.t_us, log.name(e.name), log.name(e.category)});
+    } else if (e.kind == EventKind::kOpBegin) {
+      open_op = &e;
+    } else if (e.kind == EventKind::kOpEnd && open_op && open_op->op == e.op) {
+      p.spans.push_back({log.name(e.name), "op", report::kThreadCompute, open_op->t_us,
+                         e.t_us - open_op->t_us, e.step, e.micro_batch, e.layer});
+      open_op = nullptr;
+    }
   }
   std::map<std::string, double> by_kind;
   for (const auto& k : rec.kernels) {
@@ -465,58 +530,30 @@ Status write_profile(const std::string& dir, const TrainFlags& f, const train::T
   }
   for (auto& [k, ms] : by_kind) p.time_by_category_ms[k] = ms / double(o.steps);
 
-  // Memory: persistent regions from the start, each step buffer from its first op to its last.
-  for (const plan::Region& reg : mp.persistent) {
-    for (size_t i = 0; i < reg.buffers.size(); i++) {
-      p.allocs.push_back({0.0, reg.buffers[i].name, cat(reg.buffers[i].category),
-                          reg.buffers[i].bytes(), reg.layout.offsets[i], true, "start"});
-    }
-  }
-  const size_t nops = mp.ops.size();
-  for (const auto& mb : rec.spans) {
-    if (mb.kind != "micro_batch") continue;
-    std::vector<std::pair<double, double>> at(nops, {-1, -1});
-    for (const auto& op : rec.ops) {
-      if (op.op >= 0 && size_t(op.op) < nops && op.start_us >= mb.start_us &&
-          op.start_us <= mb.start_us + mb.dur_us) {
-        at[size_t(op.op)] = {op.start_us, op.start_us + op.dur_us};
-      }
-    }
-    // Times rounded to 10 ns, so that one op's end and the next op's start compare equal.
-    auto q = [](double t) { return std::round(t * 100.0) / 100.0; };
-    for (size_t i = 0; i < mp.step.buffers.size(); i++) {
-      const auto& b = mp.step.buffers[i];
-      auto first = at[size_t(mp.first_op[i])], last = at[size_t(mp.last_op[i])];
-      first.first = q(first.first);
-      last.second = q(last.second);
-      if (first.first < 0 || last.second < 0) continue;
-      p.allocs.push_back({first.first, b.name, cat(b.category), b.bytes(),
-                          mp.step.layout.offsets[i], true, op_name(mp.first_op[i])});
-      p.allocs.push_back({last.second, b.name, cat(b.category), b.bytes(),
-                          mp.step.layout.offsets[i], false, op_name(mp.last_op[i])});
-    }
-  }
-  // At equal times frees go first: one op's end is the next op's start.
-  std::stable_sort(p.allocs.begin(), p.allocs.end(), [](const auto& a, const auto& b) {
-    return a.t_us < b.t_us || (a.t_us == b.t_us && !a.alloc && b.alloc);
-  });
+  // Memory: the recorded allocations and releases (persistent regions at the start, each step
+  // buffer from its first op's begin to its last op's end, every micro-batch).
+  p.events = log;
   // The timeline shows the last step.
   for (const auto& sp : rec.spans) {
     if (sp.step != o.steps - 1) continue;
     if (p.window_start_us == 0 || sp.start_us < p.window_start_us) p.window_start_us = sp.start_us;
     p.window_end_us = std::max(p.window_end_us, sp.start_us + sp.dur_us);
   }
-  // What was live at the peak op.
-  for (const plan::Region& reg : mp.persistent) {
-    for (size_t i = 0; i < reg.buffers.size(); i++) {
-      p.live_at_peak.push_back({reg.buffers[i].name, cat(reg.buffers[i].category),
-                                reg.buffers[i].bytes(), reg.layout.offsets[i]});
+  // What was live at the peak: from the recorded events (right also after a re-plan); the plan's
+  // peak op when nothing was recorded.
+  p.live_at_peak = report::live_at_timeline_peak(p.events);
+  if (p.live_at_peak.empty()) {
+    for (const plan::Region& reg : mp.persistent) {
+      for (size_t i = 0; i < reg.buffers.size(); i++) {
+        p.live_at_peak.push_back({reg.buffers[i].name, cat(reg.buffers[i].category),
+                                  reg.buffers[i].bytes(), reg.layout.offsets[i]});
+      }
     }
-  }
-  for (size_t i = 0; i < mp.step.buffers.size(); i++) {
-    if (mp.first_op[i] <= mp.peak_op && mp.peak_op <= mp.last_op[i]) {
-      const auto& b = mp.step.buffers[i];
-      p.live_at_peak.push_back({b.name, cat(b.category), b.bytes(), mp.step.layout.offsets[i]});
+    for (size_t i = 0; i < mp.step.buffers.size(); i++) {
+      if (mp.first_op[i] <= mp.peak_op && mp.peak_op <= mp.last_op[i]) {
+        const auto& b = mp.step.buffers[i];
+        p.live_at_peak.push_back({b.name, cat(b.category), b.bytes(), mp.step.layout.offsets[i]});
+      }
     }
   }
   p.peak_bytes = r.device_bytes_peak;
@@ -545,7 +582,7 @@ Status write_profile(const std::string& dir, const TrainFlags& f, const train::T
   } else {
     p.plan.chosen.micro_batch = o.micro_batch;
     p.plan.chosen.accumulation = o.accumulation;
-    p.plan.chosen.precision = "fp32";
+    p.plan.chosen.precision = std::string(model::precision_name(o.exec.precision));
     p.plan.chosen.techniques = plan::describe_exec(o.exec);
     p.plan.chosen.peak_bytes = mp.peak_bytes;
     p.plan.chosen.lower_bound_bytes = mp.lower_bound_bytes;
@@ -601,12 +638,25 @@ int run_train(TrainFlags& f) {
     std::fprintf(stderr, "data: %s (%lld train / %lld validation tokens)\n", o.data.c_str(),
                  static_cast<long long>(info.train_tokens),
                  static_cast<long long>(info.val_tokens));
-    std::fprintf(stderr, "device: cpu, %d threads, budget %s\nmemory plan:\n%s",
-                 omp_get_max_threads(), format_bytes(o.device_memory).c_str(),
-                 info.memory_table.c_str());
+    std::fprintf(
+        stderr, "device: cpu, %d threads, budget %s%s\nmemory plan:\n%s", omp_get_max_threads(),
+        format_bytes(o.device_memory).c_str(),
+        o.device_memory_file.empty()
+            ? ""
+            : fmt::format(" (from {}, read before every step)", o.device_memory_file).c_str(),
+        info.memory_table.c_str());
+    std::fprintf(stderr, "expected step time: %.0f ms (cost model; speeds %s)\n",
+                 info.predicted_step_ms, info.device_source.c_str());
   };
   cb.on_step = [&](const train::StepStats& s) {
     if (log.is_open()) log << step_json(s).dump() << "\n" << std::flush;
+    // Re-plans, recoveries and their memory reports are logged in every mode (stderr).
+    for (const std::string& e : s.events) {
+      f.json ? (void)std::fprintf(stderr, "%s\n", e.c_str()) : bar.println(e);
+    }
+    for (const std::string& r : s.oom_reports) {
+      f.json ? (void)std::fprintf(stderr, "%s", r.c_str()) : bar.println(r);
+    }
     if (f.json) return;
     std::string text = fmt::format("loss {:.4f}  lr {:.2e}  {:.0f} tok/s  mem {} / {}", s.loss,
                                    s.lr, s.tokens_per_s, format_bytes(s.device_bytes_in_use),
@@ -780,13 +830,11 @@ int run_plan(PlanFlags& pf) {
   set_threads(f.threads);
   Result<model::Gpt2Config> cfg = model::resolve_model(f.model);
   if (!cfg.is_ok()) return fail(cfg.status());
-  if (f.precision != "auto" && f.precision != "fp32") {
-    return fail(Status::unsupported(fmt::format(
-        "--precision {}: only fp32 is built so far (use --precision fp32 or auto)", f.precision)));
-  }
   Result<plan::DeviceSpec> dev = resolve_device(f.device, f.device_memory, f.json);
   if (!dev.is_ok()) return fail(dev.status());
+  if (Status st = check_precision(f.precision, *dev); !st.is_ok()) return fail(st);
   plan::SearchRequest req;
+  req.precision = f.precision;
   req.config = *cfg;
   req.device = *dev;
   req.device_memory = dev->memory_bytes;
@@ -908,10 +956,6 @@ int run_bench(BenchFlags& bf) {
   train::TrainOptions o;
   Result<model::Gpt2Config> cfg = model::resolve_model(f.model);
   if (!cfg.is_ok()) return fail(cfg.status());
-  if (f.precision != "auto" && f.precision != "fp32") {
-    return fail(Status::unsupported(fmt::format(
-        "--precision {}: only fp32 is built so far (use --precision fp32 or auto)", f.precision)));
-  }
   if (f.steps <= 0 || bf.warmup < 0) {
     return fail(Status::invalid_argument("--steps must be positive and --warmup not negative"));
   }
@@ -943,6 +987,15 @@ int run_bench(BenchFlags& bf) {
   o.device_memory = *budget;
   Result<plan::DeviceSpec> dev = resolve_device("cpu", f.device_memory, f.json);
   if (!dev.is_ok()) return fail(dev.status());
+  // bench measures one configuration: auto means fp32 here.
+  if (Status st = check_precision(f.precision, *dev); !st.is_ok()) return fail(st);
+  o.exec.precision = precision_of(f.precision);
+  if (o.exec.precision == model::Precision::kBf16 && !o.exec.tiled_attention) {
+    return fail(Status::invalid_argument("--precision bf16 needs --attention tiled"));
+  }
+  const bool bf16 = o.exec.precision == model::Precision::kBf16;
+  const double gemm_peak = bf16 ? dev->flops_bf16 : dev->flops_fp32;
+  const char* prec = bf16 ? "bf16" : "fp32";
 
   // Random tokens in a temporary token file: the data path is the trainer's own.
   std::string tmp =
@@ -988,12 +1041,12 @@ int run_bench(BenchFlags& bf) {
   const double n_no_pos = double(table.num_parameters) - double(cfg->n_positions) * C;
   const double flops_per_token = 6.0 * n_no_pos + 12.0 * cfg->n_layer * o.seq * C;
   const double mflops = flops_per_token * tps;
-  const double mfu = mflops / dev->flops_fp32;
+  const double mfu = mflops / gemm_peak;
   if (f.json) {
     json j = {{"model", f.model},
               {"micro_batch", o.micro_batch},
               {"seq", o.seq},
-              {"precision", "fp32"},
+              {"precision", prec},
               {"techniques", plan::describe_exec(o.exec)},
               {"steps", f.steps},
               {"warmup", bf.warmup},
@@ -1003,7 +1056,7 @@ int run_bench(BenchFlags& bf) {
               {"step_ms", step_ms},
               {"flops_per_token", flops_per_token},
               {"model_flops_per_s", mflops},
-              {"gemm_peak_flops_per_s", dev->flops_fp32},
+              {"gemm_peak_flops_per_s", gemm_peak},
               {"mfu", mfu},
               {"peak_device_bytes", peak}};
     if (bf.breakdown) {
@@ -1019,13 +1072,13 @@ int run_bench(BenchFlags& bf) {
     std::printf("%s\n", j.dump(2).c_str());
   } else {
     std::printf(
-        "%s, micro-batch %d x seq %d, fp32, %s, %d threads: median step %.1f ms over %zu steps\n"
+        "%s, micro-batch %d x seq %d, %s, %s, %d threads: median step %.1f ms over %zu steps\n"
         "  %.1f tokens/s, %.1f GFLOP/s of model FLOPs (6N + 12LTC = %.0f MFLOP/token), "
-        "MFU %.1f%% of the measured fp32 GEMM peak (%.0f GFLOP/s)\n"
+        "MFU %.1f%% of the measured %s GEMM peak (%.0f GFLOP/s)\n"
         "  peak device memory %s\n",
-        f.model.c_str(), o.micro_batch, o.seq, plan::describe_exec(o.exec).c_str(),
+        f.model.c_str(), o.micro_batch, o.seq, prec, plan::describe_exec(o.exec).c_str(),
         omp_get_max_threads(), med, step_ms.size(), tps, mflops / 1e9, flops_per_token / 1e6,
-        100 * mfu, dev->flops_fp32 / 1e9, format_bytes(peak).c_str());
+        100 * mfu, prec, gemm_peak / 1e9, format_bytes(peak).c_str());
     if (bf.breakdown) {
       const double n = double(step_ms.size());
       double sum = 0;
@@ -1085,6 +1138,10 @@ int run(int argc, char** argv) {
   add_train_flags(train_cmd, tf);
   train_cmd->add_option("--out", tf.out, "directory for the trained model")->capture_default_str();
   train_cmd->add_option("--log-json", tf.log_json, "write one JSON object per step to FILE");
+  train_cmd->add_option("--device-memory-file", tf.device_memory_file,
+                        "read the device budget (e.g. 2GiB) from FILE before every step; "
+                        "editing it re-plans micro-batch, accumulation and recomputation "
+                        "with the same global batch (instead of --device-memory)");
   train_cmd->add_option("--eval-every", tf.eval_every,
                         "steps between validation runs (default: only at the end)");
   train_cmd->add_option("--val-fraction", tf.val_fraction, "share of documents held out")
@@ -1150,7 +1207,8 @@ int run(int argc, char** argv) {
   bench_cmd->add_option("--model", bnf.t.model, "preset or config.json")->capture_default_str();
   bench_cmd->add_option("--batch", bnf.t.batch, "micro-batch in sequences (default: 8)");
   bench_cmd->add_option("--seq", bnf.t.seq, "sequence length (default: min(256, n_positions))");
-  bench_cmd->add_option("--precision", bnf.t.precision, "auto or fp32")->capture_default_str();
+  bench_cmd->add_option("--precision", bnf.t.precision, "fp32 or bf16 (auto: fp32)")
+      ->capture_default_str();
   bench_cmd->add_option("--steps", bnf.t.steps, "timed steps")->capture_default_str();
   bench_cmd->add_option("--warmup", bnf.warmup, "untimed steps first")->capture_default_str();
   bench_cmd->add_option("--device-memory", bnf.t.device_memory, "device memory budget")

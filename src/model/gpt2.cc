@@ -5,6 +5,7 @@
 #include <cmath>
 #include <optional>
 #include <random>
+#include <type_traits>
 
 #include "backend/cpu/fused_kernels.h"
 #include "backend/cpu/kernels.h"
@@ -84,8 +85,13 @@ ParamTable gpt2_param_table(const Gpt2Config& c) {
 }
 
 int64_t ExecOptions::mlp_row_stride(int64_t four_c) const {
-  return pad_rows ? cpu::activation_row_stride(four_c) : four_c;
+  // bf16 rows of 4C = 3072 are 6 KiB apart, not a multiple of 4 KiB: no padding, and oneDNN's
+  // AMX kernels take dense rows (padded ones fell back to its slower gemm:jit path).
+  const int64_t elem = precision == Precision::kBf16 ? 2 : 4;
+  return pad_rows ? cpu::activation_row_stride(four_c, elem) : four_c;
 }
+
+std::string_view precision_name(Precision p) { return p == Precision::kBf16 ? "bf16" : "fp32"; }
 
 std::string_view recompute_name(Recompute r) {
   switch (r) {
@@ -102,11 +108,22 @@ std::string_view recompute_name(Recompute r) {
 ActivationTable gpt2_activation_table(const Gpt2Config& c, int B, int T, bool training,
                                       const ExecOptions& options) {
   HR_CHECK(options.recompute.empty() || int(options.recompute.size()) == c.n_layer);
+  HR_CHECK_MSG(options.precision == Precision::kFp32 || options.tiled_attention,
+               "bf16 precision needs tiled attention");
   ActivationTable t;
   t.options = options;
-  auto add = [&](std::string name, Shape shape, Category cat) {
-    t.buffers.push_back({std::move(name), DType::kF32, std::move(shape), cat});
+  // The GEMM-side activations (and their gradients) take the precision's storage type; the
+  // residual stream, statistics, losses and scratch of fp32 arithmetic stay fp32.
+  const DType low = options.precision == Precision::kBf16 ? DType::kBF16 : DType::kF32;
+  auto add_as = [&](DType dtype, std::string name, Shape shape, Category cat) {
+    t.buffers.push_back({std::move(name), dtype, std::move(shape), cat});
     return t.buffers.size() - 1;
+  };
+  auto add = [&](std::string name, Shape shape, Category cat) {
+    return add_as(DType::kF32, std::move(name), std::move(shape), cat);
+  };
+  auto add_low = [&](std::string name, Shape shape, Category cat) {
+    return add_as(low, std::move(name), std::move(shape), cat);
   };
   const int64_t C = c.n_embd, NH = c.n_head, V = c.vocab_size;
   const Category A = Category::kActivations;
@@ -117,56 +134,62 @@ ActivationTable gpt2_activation_table(const Gpt2Config& c, int B, int T, bool tr
   // Every buffer of one block, named by `prefix`, tagged `cat`.
   auto block = [&](const std::string& p, Category cat, bool with_output) {
     Gpt2ActivationIds::Layer L;
-    L.ln1 = add(p + "ln1", {B, T, C}, cat);
+    L.ln1 = add_low(p + "ln1", {B, T, C}, cat);
     L.ln1_mean = add(p + "ln1_mean", {B, T}, cat);
     L.ln1_rstd = add(p + "ln1_rstd", {B, T}, cat);
-    L.qkv = add(p + "qkv", {B, T, 3 * C}, cat);
-    L.atty = add(p + "atty", {B, T, C}, cat);
+    L.qkv = add_low(p + "qkv", {B, T, 3 * C}, cat);
+    L.atty = add_low(p + "atty", {B, T, C}, cat);
     L.att = add(p + (tiled ? "att_lse" : "att"), att_shape(), cat);
     L.residual2 = add(p + "residual2", {B, T, C}, cat);
-    L.ln2 = add(p + "ln2", {B, T, C}, cat);
+    L.ln2 = add_low(p + "ln2", {B, T, C}, cat);
     L.ln2_mean = add(p + "ln2_mean", {B, T}, cat);
     L.ln2_rstd = add(p + "ln2_rstd", {B, T}, cat);
-    L.fch = add(p + "fch", {B, T, ld4}, cat);
-    L.fch_gelu = add(p + "fch_gelu", {B, T, ld4}, cat);
+    L.fch = add_low(p + "fch", {B, T, ld4}, cat);
+    L.fch_gelu = add_low(p + "fch_gelu", {B, T, ld4}, cat);
     L.residual3 = with_output ? add(p + "residual3", {B, T, C}, cat) : SIZE_MAX;
     return L;
   };
   t.ids.encoded = add("encoded", {B, T, C}, A);
   for (int l = 0; l < c.n_layer; l++)
     t.ids.fwd.push_back(block("h." + std::to_string(l) + ".", A, true));
-  t.ids.lnf = add("lnf", {B, T, C}, A);
+  t.ids.lnf = add_low("lnf", {B, T, C}, A);
   t.ids.lnf_mean = add("lnf_mean", {B, T}, A);
   t.ids.lnf_rstd = add("lnf_rstd", {B, T}, A);
   t.ids.logits = t.ids.head_lse = t.ids.head_scratch = SIZE_MAX;
   if (options.head_chunk > 0) {
     const int chunk = std::min(options.head_chunk, B * T);
     t.ids.head_lse = add("head_lse", {B, T}, Category::kLogits);
-    t.ids.head_scratch = add("head_logits_chunk", {chunk, V}, Category::kLogits);
+    t.ids.head_scratch =
+        low == DType::kF32
+            ? add("head_logits_chunk", {chunk, V}, Category::kLogits)
+            : add("head_logits_chunk",
+                  {int64_t(cpu::lm_head_ce_scratch_floats(chunk, int(V), low))}, Category::kLogits);
   } else {
     t.ids.logits = add("logits", {B, T, V}, Category::kLogits);
   }
   t.ids.losses = add("losses", {B, T}, Category::kLogits);
   t.ids.att_fwd_scratch =
       tiled ? add("attention_forward_scratch",
-                  {int64_t(cpu::attention_tiled_scratch_floats(B, T, c.n_embd, c.n_head))},
+                  {int64_t(cpu::attention_tiled_scratch_floats(B, T, c.n_embd, c.n_head, low))},
                   Category::kWorkspace)
             : SIZE_MAX;
   if (!training) {
     t.ids.bwd = t.ids.fwd;
     t.ids.dresidual = t.ids.d_c = t.ids.d_3c = t.ids.d_4c = t.ids.att_scratch = SIZE_MAX;
+    t.ids.dresidual_low = SIZE_MAX;
     return t;
   }
   const Category W = Category::kWorkspace;
   t.ids.dresidual = add("d_residual", {B, T, C}, W);
-  t.ids.d_c = add("d_c", {B, T, C}, W);
-  t.ids.d_3c = add("d_3c", {B, T, 3 * C}, W);
-  t.ids.d_4c = add("d_4c", {B, T, ld4}, W);
-  t.ids.att_scratch =
-      add("attention_backward_scratch",
-          {int64_t(tiled ? cpu::attention_tiled_backward_scratch_floats(B, T, c.n_embd, c.n_head)
-                         : cpu::attention_backward_scratch_floats(B, T, c.n_head))},
-          W);
+  t.ids.d_c = add_low("d_c", {B, T, C}, W);
+  t.ids.d_3c = add_low("d_3c", {B, T, 3 * C}, W);
+  t.ids.d_4c = add_low("d_4c", {B, T, ld4}, W);
+  t.ids.att_scratch = add(
+      "attention_backward_scratch",
+      {int64_t(tiled ? cpu::attention_tiled_backward_scratch_floats(B, T, c.n_embd, c.n_head, low)
+                     : cpu::attention_backward_scratch_floats(B, T, c.n_head))},
+      W);
+  t.ids.dresidual_low = low == DType::kF32 ? SIZE_MAX : add_low("d_residual_bf16", {B, T, C}, W);
   // Recomputation: backward reads recomputed values from buffers shared by all blocks.
   bool any_full = false, any_selective = false;
   for (Recompute r : options.recompute) {
@@ -179,9 +202,9 @@ ActivationTable gpt2_activation_table(const Gpt2Config& c, int B, int T, bool tr
   size_t rc_ln1 = rc ? rc->ln1 : SIZE_MAX, rc_ln2 = rc ? rc->ln2 : SIZE_MAX;
   size_t rc_gelu = rc ? rc->fch_gelu : SIZE_MAX;
   if (any_selective && !rc) {
-    rc_ln1 = add("recompute.ln1", {B, T, C}, Category::kRecompute);
-    rc_ln2 = add("recompute.ln2", {B, T, C}, Category::kRecompute);
-    rc_gelu = add("recompute.fch_gelu", {B, T, ld4}, Category::kRecompute);
+    rc_ln1 = add_low("recompute.ln1", {B, T, C}, Category::kRecompute);
+    rc_ln2 = add_low("recompute.ln2", {B, T, C}, Category::kRecompute);
+    rc_gelu = add_low("recompute.fch_gelu", {B, T, ld4}, Category::kRecompute);
   }
   for (int l = 0; l < c.n_layer; l++) {
     Gpt2ActivationIds::Layer L = t.ids.fwd[size_t(l)];
@@ -233,6 +256,7 @@ std::vector<OpDesc> gpt2_step_ops(const Gpt2Config& c, const ActivationTable& ta
   push("backward head", Phase::kBackward, -1,
        {input_of(L), id.lnf, id.lnf_mean, id.lnf_rstd, id.logits, id.head_lse, id.head_scratch,
         id.d_c, id.dresidual});
+  const size_t dres_low = id.dresidual_low;
   for (int l = L - 1; l >= 0; l--) {
     // The backward of block l reads its saved (or recomputed) buffers but not its own output,
     // which block l+1 already consumed. Selective recomputation also reads the saved
@@ -242,7 +266,8 @@ std::vector<OpDesc> gpt2_step_ops(const Gpt2Config& c, const ActivationTable& ta
       b.insert(b.end(), {id.fwd[size_t(l)].fch, id.fwd[size_t(l)].residual2});
     }
     if (table.options.recompute_at(l) == Recompute::kFull) b.push_back(id.att_fwd_scratch);
-    b.insert(b.end(), {input_of(l), id.dresidual, id.d_c, id.d_3c, id.d_4c, id.att_scratch});
+    b.insert(b.end(),
+             {input_of(l), id.dresidual, id.d_c, id.d_3c, id.d_4c, id.att_scratch, dres_low});
     push("backward h." + std::to_string(l), Phase::kBackward, l, std::move(b));
   }
   push("backward embedding", Phase::kBackward, -1, {id.dresidual});
@@ -269,9 +294,20 @@ void gpt2_init_params(const Gpt2Config& c, const ParamTable& table, float* param
   }
 }
 
-void Gpt2::bind_params(float* params, float* grads) {
+void Gpt2::bind_params(float* params, float* grads, const bf16_t* params_bf16) {
   params_ = params;
   grads_ = grads;
+  params_bf16_ = params_bf16;
+}
+
+template <typename T>
+const T* Gpt2::gemm_weight(const float* w) const {
+  if constexpr (std::is_same_v<T, float>) {
+    return w;
+  } else {
+    HR_CHECK_MSG(params_bf16_ != nullptr, "bf16 precision needs the bf16 weight copy bound");
+    return params_bf16_ + (w - params_);
+  }
 }
 
 void Gpt2::bind_activations(const memory::Arena* arena, const ActivationTable* table, int B,
@@ -314,6 +350,7 @@ void Gpt2::op_boundary(int next) {
     times_->ops.push_back(
         {cur_op_, us(cur_op_start_ - times_->origin).count(), us(now - cur_op_start_).count()});
   }
+  if (times_->events) times_->events->op_boundary(cur_op_, next, us(now - times_->origin).count());
   cur_op_ = next;
   cur_op_start_ = now;
 }
@@ -323,49 +360,64 @@ const float* Gpt2::logits() const {
   return arena_->f32(acts_->ids.logits);
 }
 
+namespace {
+// The arena buffer `id` as a T*.
+template <typename T>
+T* buf(const memory::Arena& a, size_t id) {
+  return static_cast<T*>(a.data(id));
+}
+}  // namespace
+
+template <typename T>
 void Gpt2::block_forward(int l, const Gpt2ActivationIds::Layer& s, const float* x,
                          bool with_output) {
-  const int B = B_, T = T_used_, C = config_.n_embd, NH = config_.n_head, N = B * T;
+  const int B = B_, Tu = T_used_, C = config_.n_embd, NH = config_.n_head, N = B * Tu;
   const int64_t ld4 = acts_->options.mlp_row_stride(4 * C);
   const memory::Arena& a = *arena_;
   const LayerParams w = layer_params(params_, l);
+  T* ln1 = buf<T>(a, s.ln1);
+  T* qkv = buf<T>(a, s.qkv);
+  T* atty = buf<T>(a, s.atty);
+  T* ln2 = buf<T>(a, s.ln2);
+  T* fch = buf<T>(a, s.fch);
+  T* fch_gelu = buf<T>(a, s.fch_gelu);
   timed(OpKind::kNorm, [&] {
-    cpu::layernorm_forward(a.f32(s.ln1), a.f32(s.ln1_mean), a.f32(s.ln1_rstd), x, w.ln1_w, w.ln1_b,
-                           N, C);
+    cpu::layernorm_forward(ln1, a.f32(s.ln1_mean), a.f32(s.ln1_rstd), x, w.ln1_w, w.ln1_b, N, C);
   });
   timed(OpKind::kGemm, [&] {
-    cpu::matmul_forward(a.f32(s.qkv), a.f32(s.ln1), w.qkv_w, w.qkv_b, N, C, 3 * C,
+    cpu::matmul_forward(qkv, ln1, gemm_weight<T>(w.qkv_w), w.qkv_b, N, C, 3 * C,
                         cpu::WeightLayout::kInOut);
   });
   timed(OpKind::kAttention, [&] {
-    if (acts_->options.tiled_attention) {
-      cpu::attention_tiled_forward(a.f32(s.atty), a.f32(s.att), a.f32(s.qkv), B, T, C, NH,
-                                   a.f32(acts_->ids.att_fwd_scratch));
-    } else {
-      cpu::attention_forward(a.f32(s.atty), a.f32(s.att), a.f32(s.qkv), B, T, C, NH);
+    if constexpr (std::is_same_v<T, float>) {
+      if (!acts_->options.tiled_attention) {
+        cpu::attention_forward(atty, a.f32(s.att), qkv, B, Tu, C, NH);
+        return;
+      }
     }
+    cpu::attention_tiled_forward(atty, a.f32(s.att), qkv, B, Tu, C, NH,
+                                 a.f32(acts_->ids.att_fwd_scratch));
   });
-  // The projection is written straight into residual2, then the residual is added in place.
+  // The projection is written straight into residual2 (fp32), then the residual is added in place.
   timed(OpKind::kGemm, [&] {
-    cpu::matmul_forward(a.f32(s.residual2), a.f32(s.atty), w.attproj_w, w.attproj_b, N, C, C,
+    cpu::matmul_forward(a.f32(s.residual2), atty, gemm_weight<T>(w.attproj_w), w.attproj_b, N, C, C,
                         cpu::WeightLayout::kInOut);
   });
   timed(OpKind::kElementwise,
         [&] { cpu::residual_forward(a.f32(s.residual2), a.f32(s.residual2), x, int64_t(N) * C); });
   timed(OpKind::kNorm, [&] {
-    cpu::layernorm_forward(a.f32(s.ln2), a.f32(s.ln2_mean), a.f32(s.ln2_rstd), a.f32(s.residual2),
-                           w.ln2_w, w.ln2_b, N, C);
+    cpu::layernorm_forward(ln2, a.f32(s.ln2_mean), a.f32(s.ln2_rstd), a.f32(s.residual2), w.ln2_w,
+                           w.ln2_b, N, C);
   });
   timed(OpKind::kGemm, [&] {
-    cpu::matmul_forward(a.f32(s.fch), a.f32(s.ln2), w.fc_w, w.fc_b, N, C, 4 * C,
+    cpu::matmul_forward(fch, ln2, gemm_weight<T>(w.fc_w), w.fc_b, N, C, 4 * C,
                         cpu::WeightLayout::kInOut, {.inp = 0, .out = ld4});
   });
-  timed(OpKind::kElementwise,
-        [&] { cpu::gelu_forward(a.f32(s.fch_gelu), a.f32(s.fch), int64_t(N) * ld4); });
+  timed(OpKind::kElementwise, [&] { cpu::gelu_forward(fch_gelu, fch, int64_t(N) * ld4); });
   if (!with_output) return;
   timed(OpKind::kGemm, [&] {
-    cpu::matmul_forward(a.f32(s.residual3), a.f32(s.fch_gelu), w.fcproj_w, w.fcproj_b, N, 4 * C, C,
-                        cpu::WeightLayout::kInOut, {.inp = ld4, .out = 0});
+    cpu::matmul_forward(a.f32(s.residual3), fch_gelu, gemm_weight<T>(w.fcproj_w), w.fcproj_b, N,
+                        4 * C, C, cpu::WeightLayout::kInOut, {.inp = ld4, .out = 0});
   });
   timed(OpKind::kElementwise, [&] {
     cpu::residual_forward(a.f32(s.residual3), a.f32(s.residual3), a.f32(s.residual2),
@@ -375,13 +427,19 @@ void Gpt2::block_forward(int l, const Gpt2ActivationIds::Layer& s, const float* 
 
 double Gpt2::forward(const int32_t* inputs, const int32_t* targets, int64_t* valid, int T_used) {
   HR_CHECK(params_ && arena_);
-  const Gpt2ActivationIds& id = acts_->ids;
-  const int B = B_, T = T_used > 0 ? T_used : T_, C = config_.n_embd, V = config_.vocab_size,
-            L = config_.n_layer;
+  const int T = T_used > 0 ? T_used : T_;
   HR_CHECK(T <= T_ && T <= config_.n_positions);
-  HR_CHECK_MSG(targets || id.logits != SIZE_MAX, "the fused LM head needs targets");
+  HR_CHECK_MSG(targets || acts_->ids.logits != SIZE_MAX, "the fused LM head needs targets");
   T_used_ = T;
-  const int N = B * T;
+  return acts_->options.precision == Precision::kBf16 ? forward_t<bf16_t>(inputs, targets, valid)
+                                                      : forward_t<float>(inputs, targets, valid);
+}
+
+template <typename T>
+double Gpt2::forward_t(const int32_t* inputs, const int32_t* targets, int64_t* valid) {
+  const Gpt2ActivationIds& id = acts_->ids;
+  const int B = B_, Tu = T_used_, C = config_.n_embd, V = config_.vocab_size, L = config_.n_layer;
+  const int N = B * Tu;
   const memory::Arena& a = *arena_;
   const float* wte = params_ + table_->params[0].offset;
   const float* wpe = params_ + table_->params[1].offset;
@@ -389,30 +447,30 @@ double Gpt2::forward(const int32_t* inputs, const int32_t* targets, int64_t* val
   // Op indices follow gpt2_step_ops: embedding, blocks, head; then backward.
   op_boundary(0);
   timed(OpKind::kEmbedding,
-        [&] { cpu::embedding_forward(a.f32(id.encoded), inputs, wte, wpe, B, T, C); });
+        [&] { cpu::embedding_forward(a.f32(id.encoded), inputs, wte, wpe, B, Tu, C); });
   const float* x = a.f32(id.encoded);
   for (int l = 0; l < L; l++) {
     op_boundary(1 + l);
-    block_forward(l, id.fwd[size_t(l)], x, true);
+    block_forward<T>(l, id.fwd[size_t(l)], x, true);
     x = a.f32(id.fwd[size_t(l)].residual3);
   }
   op_boundary(L + 1);
   const size_t np = table_->params.size();
   const float* lnf_w = params_ + table_->params[np - 2].offset;
   const float* lnf_b = params_ + table_->params[np - 1].offset;
+  T* lnf = buf<T>(a, id.lnf);
   timed(OpKind::kNorm, [&] {
-    cpu::layernorm_forward(a.f32(id.lnf), a.f32(id.lnf_mean), a.f32(id.lnf_rstd), x, lnf_w, lnf_b,
-                           N, C);
+    cpu::layernorm_forward(lnf, a.f32(id.lnf_mean), a.f32(id.lnf_rstd), x, lnf_w, lnf_b, N, C);
   });
   float* losses = a.f32(id.losses);
   if (id.logits == SIZE_MAX) {
     timed(OpKind::kLoss, [&] {
-      cpu::lm_head_ce_forward(losses, a.f32(id.head_lse), a.f32(id.lnf), wte, targets, N, C, V,
-                              acts_->options.head_chunk, a.f32(id.head_scratch));
+      cpu::lm_head_ce_forward(losses, a.f32(id.head_lse), lnf, gemm_weight<T>(wte), targets, N, C,
+                              V, acts_->options.head_chunk, a.f32(id.head_scratch));
     });
   } else {
     timed(OpKind::kGemm, [&] {
-      cpu::matmul_forward(a.f32(id.logits), a.f32(id.lnf), wte, nullptr, N, C, V,
+      cpu::matmul_forward(a.f32(id.logits), lnf, gemm_weight<T>(wte), nullptr, N, C, V,
                           cpu::WeightLayout::kOutIn);
     });
     if (!targets) {
@@ -436,37 +494,66 @@ double Gpt2::forward(const int32_t* inputs, const int32_t* targets, int64_t* val
 }
 
 void Gpt2::backward(const int32_t* inputs, const int32_t* targets, float dloss) {
+  HR_CHECK(grads_ && acts_->ids.dresidual != SIZE_MAX);
+  if (acts_->options.precision == Precision::kBf16) {
+    backward_t<bf16_t>(inputs, targets, dloss);
+  } else {
+    backward_t<float>(inputs, targets, dloss);
+  }
+}
+
+template <typename T>
+void Gpt2::backward_t(const int32_t* inputs, const int32_t* targets, float dloss) {
   const Gpt2ActivationIds& id = acts_->ids;
-  HR_CHECK(grads_ && id.dresidual != SIZE_MAX);
-  const int B = B_, T = T_used_, C = config_.n_embd, NH = config_.n_head, V = config_.vocab_size,
+  const int B = B_, Tu = T_used_, C = config_.n_embd, NH = config_.n_head, V = config_.vocab_size,
             L = config_.n_layer;
-  const int N = B * T;
+  const int N = B * Tu;
   const memory::Arena& a = *arena_;
   const size_t np = table_->params.size();
   const float* wte = params_ + table_->params[0].offset;
   float* dwte = grads_ + table_->params[0].offset;
   float* dwpe = grads_ + table_->params[1].offset;
   float* dres = a.f32(id.dresidual);
-  float* dc = a.f32(id.d_c);
-  float* d3c = a.f32(id.d_3c);
-  float* d4c = a.f32(id.d_4c);
+  T* dc = buf<T>(a, id.d_c);
+  T* d3c = buf<T>(a, id.d_3c);
+  T* d4c = buf<T>(a, id.d_4c);
+  T* lnf = buf<T>(a, id.lnf);
   const int64_t ld4 = acts_->options.mlp_row_stride(4 * C);
+  // The residual stream's gradient as the GEMMs read it: itself in fp32, its bf16 rounding in
+  // bf16 (refreshed after every change).
+  auto dres_for_gemm = [&]() -> const T* {
+    if constexpr (std::is_same_v<T, float>) {
+      return dres;
+    } else {
+      T* low = buf<T>(a, id.dresidual_low);
+      timed(OpKind::kElementwise, [&] { cpu::cast_to_bf16(low, dres, int64_t(N) * C); });
+      return low;
+    }
+  };
 
   // Loss and LM head into dc = d(lnf).
   op_boundary(L + 2);
   if (id.logits == SIZE_MAX) {
     timed(OpKind::kLoss, [&] {
-      cpu::lm_head_ce_backward(dc, dwte, a.f32(id.lnf), wte, targets, a.f32(id.head_lse), N, C, V,
-                               acts_->options.head_chunk, dloss, a.f32(id.head_scratch));
+      cpu::lm_head_ce_backward(dc, dwte, lnf, gemm_weight<T>(wte), targets, a.f32(id.head_lse), N,
+                               C, V, acts_->options.head_chunk, dloss, a.f32(id.head_scratch));
     });
   } else {
-    // The logits buffer becomes dlogits in place.
+    // The logits buffer becomes dlogits in place (and, in bf16, their bf16 rounding in place:
+    // row stride 2V as bf16).
     float* dlogits = a.f32(id.logits);
     timed(OpKind::kLoss,
           [&] { cpu::cross_entropy_backward(dlogits, dlogits, targets, N, V, dloss); });
     timed(OpKind::kGemm, [&] {
-      cpu::matmul_backward(dc, dwte, nullptr, dlogits, a.f32(id.lnf), wte, N, C, V,
-                           cpu::WeightLayout::kOutIn);
+      if constexpr (std::is_same_v<T, float>) {
+        cpu::matmul_backward(dc, dwte, nullptr, dlogits, lnf, wte, N, C, V,
+                             cpu::WeightLayout::kOutIn);
+      } else {
+        cpu::round_rows_to_bf16_inplace(dlogits, N, V, V);
+        cpu::matmul_backward(dc, dwte, nullptr, reinterpret_cast<const T*>(dlogits), lnf,
+                             gemm_weight<T>(wte), N, C, V, cpu::WeightLayout::kOutIn,
+                             {.inp = 0, .out = 2 * int64_t(V)});
+      }
     });
   }
   const float* last = L > 0 ? a.f32(id.fwd[size_t(L - 1)].residual3) : a.f32(id.encoded);
@@ -485,24 +572,29 @@ void Gpt2::backward(const int32_t* inputs, const int32_t* targets, float dloss) 
     const Gpt2ActivationIds::Layer& s = id.bwd[size_t(l)];
     const Recompute rc = acts_->options.recompute_at(l);
     const float* x = l > 0 ? a.f32(id.fwd[size_t(l - 1)].residual3) : a.f32(id.encoded);
-    if (rc == Recompute::kFull) block_forward(l, s, x, false);
+    T* ln1 = buf<T>(a, s.ln1);
+    T* qkv = buf<T>(a, s.qkv);
+    T* atty = buf<T>(a, s.atty);
+    T* ln2 = buf<T>(a, s.ln2);
+    T* fch = buf<T>(a, s.fch);
+    T* fch_gelu = buf<T>(a, s.fch_gelu);
+    if (rc == Recompute::kFull) block_forward<T>(l, s, x, false);
     if (rc == Recompute::kSelective) {
       timed(OpKind::kNorm, [&] {
-        cpu::layernorm_forward(a.f32(s.ln2), a.f32(s.ln2_mean), a.f32(s.ln2_rstd),
-                               a.f32(s.residual2), w.ln2_w, w.ln2_b, N, C);
+        cpu::layernorm_forward(ln2, a.f32(s.ln2_mean), a.f32(s.ln2_rstd), a.f32(s.residual2),
+                               w.ln2_w, w.ln2_b, N, C);
       });
-      timed(OpKind::kElementwise,
-            [&] { cpu::gelu_forward(a.f32(s.fch_gelu), a.f32(s.fch), int64_t(N) * ld4); });
+      timed(OpKind::kElementwise, [&] { cpu::gelu_forward(fch_gelu, fch, int64_t(N) * ld4); });
     }
     // MLP: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2)))).
+    const T* dres3 = dres_for_gemm();
     timed(OpKind::kGemm, [&] {
-      cpu::matmul_backward(d4c, g.fcproj_w, g.fcproj_b, dres, a.f32(s.fch_gelu), w.fcproj_w, N,
-                           4 * C, C, cpu::WeightLayout::kInOut, {.inp = ld4, .out = 0});
+      cpu::matmul_backward(d4c, g.fcproj_w, g.fcproj_b, dres3, fch_gelu, gemm_weight<T>(w.fcproj_w),
+                           N, 4 * C, C, cpu::WeightLayout::kInOut, {.inp = ld4, .out = 0});
     });
-    timed(OpKind::kElementwise,
-          [&] { cpu::gelu_backward(d4c, a.f32(s.fch), d4c, int64_t(N) * ld4); });
+    timed(OpKind::kElementwise, [&] { cpu::gelu_backward(d4c, fch, d4c, int64_t(N) * ld4); });
     timed(OpKind::kGemm, [&] {
-      cpu::matmul_backward(dc, g.fc_w, g.fc_b, d4c, a.f32(s.ln2), w.fc_w, N, C, 4 * C,
+      cpu::matmul_backward(dc, g.fc_w, g.fc_b, d4c, ln2, gemm_weight<T>(w.fc_w), N, C, 4 * C,
                            cpu::WeightLayout::kInOut, {.inp = 0, .out = ld4});
     });
     timed(OpKind::kNorm, [&] {
@@ -510,27 +602,29 @@ void Gpt2::backward(const int32_t* inputs, const int32_t* targets, float dloss) 
                               a.f32(s.ln2_mean), a.f32(s.ln2_rstd), N, C);
     });
     // Attention: residual2 = x + attproj(attention(qkv(ln1(x)))).
+    const T* dres2 = dres_for_gemm();
     timed(OpKind::kGemm, [&] {
-      cpu::matmul_backward(dc, g.attproj_w, g.attproj_b, dres, a.f32(s.atty), w.attproj_w, N, C, C,
-                           cpu::WeightLayout::kInOut);
+      cpu::matmul_backward(dc, g.attproj_w, g.attproj_b, dres2, atty, gemm_weight<T>(w.attproj_w),
+                           N, C, C, cpu::WeightLayout::kInOut);
     });
     timed(OpKind::kAttention, [&] {
-      if (acts_->options.tiled_attention) {
-        cpu::attention_tiled_backward(d3c, dc, a.f32(s.qkv), a.f32(s.atty), a.f32(s.att), B, T, C,
-                                      NH, a.f32(id.att_scratch));
-      } else {
-        cpu::attention_backward(d3c, a.f32(id.att_scratch), dc, a.f32(s.qkv), a.f32(s.att), B, T, C,
-                                NH);
+      if constexpr (std::is_same_v<T, float>) {
+        if (!acts_->options.tiled_attention) {
+          cpu::attention_backward(d3c, a.f32(id.att_scratch), dc, qkv, a.f32(s.att), B, Tu, C, NH);
+          return;
+        }
       }
+      cpu::attention_tiled_backward(d3c, dc, qkv, atty, a.f32(s.att), B, Tu, C, NH,
+                                    a.f32(id.att_scratch));
     });
     if (rc == Recompute::kSelective) {
       timed(OpKind::kNorm, [&] {
-        cpu::layernorm_forward(a.f32(s.ln1), a.f32(s.ln1_mean), a.f32(s.ln1_rstd), x, w.ln1_w,
-                               w.ln1_b, N, C);
+        cpu::layernorm_forward(ln1, a.f32(s.ln1_mean), a.f32(s.ln1_rstd), x, w.ln1_w, w.ln1_b, N,
+                               C);
       });
     }
     timed(OpKind::kGemm, [&] {
-      cpu::matmul_backward(dc, g.qkv_w, g.qkv_b, d3c, a.f32(s.ln1), w.qkv_w, N, C, 3 * C,
+      cpu::matmul_backward(dc, g.qkv_w, g.qkv_b, d3c, ln1, gemm_weight<T>(w.qkv_w), N, C, 3 * C,
                            cpu::WeightLayout::kInOut);
     });
     timed(OpKind::kNorm, [&] {
@@ -539,7 +633,7 @@ void Gpt2::backward(const int32_t* inputs, const int32_t* targets, float dloss) 
     });
   }
   op_boundary(2 * L + 3);
-  timed(OpKind::kEmbedding, [&] { cpu::embedding_backward(dwte, dwpe, dres, inputs, B, T, C); });
+  timed(OpKind::kEmbedding, [&] { cpu::embedding_backward(dwte, dwpe, dres, inputs, B, Tu, C); });
   op_boundary(-1);
 }
 

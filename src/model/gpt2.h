@@ -12,6 +12,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/event_log.h"
 #include "core/tensor.h"
 #include "memory/arena.h"
 #include "model/config.h"
@@ -46,8 +47,15 @@ enum class Recompute : uint8_t {
 };
 std::string_view recompute_name(Recompute r);
 
+// The arithmetic of a step. kBf16 is mixed precision as torch.autocast does it: GEMMs on bf16
+// operands (bf16 copies of the weights, bf16 activations around them) accumulating in fp32; the
+// residual stream, LayerNorm statistics, softmax, loss, parameter gradients, master weights and
+// optimizer state stay fp32. See docs/notes/mixed-precision.md.
+enum class Precision : uint8_t { kFp32, kBf16 };
+std::string_view precision_name(Precision p);  // "fp32", "bf16"
+
 // How a micro-batch is executed: choices that change memory and time, never the mathematics
-// (each has an invariance test against the plain path).
+// beyond rounding (each has an invariance test against the plain path).
 struct ExecOptions {
   // The row stride of the MLP's 4C-wide activations for these options.
   int64_t mlp_row_stride(int64_t four_c) const;
@@ -57,6 +65,7 @@ struct ExecOptions {
                        // (the B x T x V logits never exist); 0: full logits buffer
   std::vector<Recompute> recompute;  // per block; empty means kNone everywhere
   bool pad_rows = true;  // pad the 4C-wide activations' rows off 4 KiB multiples (speed only)
+  Precision precision = Precision::kFp32;  // kBf16 needs tiled attention
 
   bool operator==(const ExecOptions&) const = default;
   Recompute recompute_at(int layer) const {
@@ -82,8 +91,10 @@ struct Gpt2ActivationIds {
   size_t head_scratch;  // [chunk,V] logits chunk of the fused head; SIZE_MAX otherwise
   size_t losses;
   size_t att_fwd_scratch;  // tiled attention's forward scratch; SIZE_MAX for plain attention
-  // Backward-only workspace (SIZE_MAX when not training).
-  size_t dresidual, d_c, d_3c, d_4c, att_scratch;
+  // Backward-only workspace (SIZE_MAX when not training). d_c, d_3c, d_4c hold the activations'
+  // dtype; dresidual is fp32, and with bf16 dresidual_low is its bf16 rounding that the GEMMs
+  // read (SIZE_MAX in fp32).
+  size_t dresidual, d_c, d_3c, d_4c, att_scratch, dresidual_low;
 };
 
 struct ActivationTable {
@@ -134,6 +145,8 @@ struct OpTimes {
   std::chrono::steady_clock::time_point origin;
   std::vector<KernelSpan> kernels;
   std::vector<OpSpan> ops;
+  // With `record`: every op boundary also goes to this recorder (memory events of the plan).
+  EventRecorder* events = nullptr;
 };
 
 // Forward and backward over bound buffers. Not thread-safe (the kernels use OpenMP inside).
@@ -142,7 +155,9 @@ class Gpt2 {
   Gpt2(const Gpt2Config& config, const ParamTable* table) : config_(config), table_(table) {}
 
   // params: flat buffer of table->total_floats; grads: the same shape, or null for inference.
-  void bind_params(float* params, float* grads);
+  // With bf16 precision, params_bf16 is the bf16 copy of params (same offsets) that the GEMMs
+  // read; params stay the fp32 master weights (embeddings, biases and LayerNorm read them).
+  void bind_params(float* params, float* grads, const bf16_t* params_bf16 = nullptr);
   // The arena must hold the buffers of `table` (from gpt2_activation_table for B, T) in order.
   void bind_activations(const memory::Arena* arena, const ActivationTable* table, int B, int T);
 
@@ -172,8 +187,17 @@ class Gpt2 {
   template <typename F>
   void timed(OpKind kind, F&& f);
   // Runs block l's forward from input x into the buffers `s`; with_output == false stops before
-  // the MLP projection (a recomputation does not need the block's output).
+  // the MLP projection (a recomputation does not need the block's output). T is the storage type
+  // of the GEMM-side activations (float, or bf16_t with bf16 precision).
+  template <typename T>
   void block_forward(int l, const Gpt2ActivationIds::Layer& s, const float* x, bool with_output);
+  template <typename T>
+  double forward_t(const int32_t* inputs, const int32_t* targets, int64_t* valid);
+  template <typename T>
+  void backward_t(const int32_t* inputs, const int32_t* targets, float dloss);
+  // The GEMM copy of a weight: itself in fp32, its bf16 copy with bf16 precision.
+  template <typename T>
+  const T* gemm_weight(const float* w) const;
   // Ends the current op's span and starts op `next` (-1: none), when recording.
   void op_boundary(int next);
 
@@ -181,6 +205,7 @@ class Gpt2 {
   const ParamTable* table_;
   float* params_ = nullptr;
   float* grads_ = nullptr;
+  const bf16_t* params_bf16_ = nullptr;
   const memory::Arena* arena_ = nullptr;
   const ActivationTable* acts_ = nullptr;
   int B_ = 0, T_ = 0;

@@ -31,11 +31,22 @@ Result<MemoryPlan> plan_training_memory(const model::Gpt2Config& config, const P
     return Status::invalid_argument(fmt::format(
         "micro-batch {} and accumulation {} must be positive", p.micro_batch, p.accumulation));
   }
-  if (p.precision != "fp32") {
-    return Status::unsupported(fmt::format("precision {} is not built yet", p.precision));
-  }
   MemoryPlan plan;
   plan.policy = p;
+  // The precision name is the policy's; the model reads it from the execution options.
+  if (p.precision == "bf16") {
+    plan.policy.exec.precision = model::Precision::kBf16;
+    if (!p.exec.tiled_attention) {
+      return Status::invalid_argument("bf16 precision needs tiled attention (--attention tiled)");
+    }
+  } else if (p.precision == "fp32") {
+    plan.policy.exec.precision = model::Precision::kFp32;
+  } else {
+    return Status::unsupported(fmt::format(
+        "precision {} is not built yet (fp32 and bf16 are; fp16 with loss scaling is planned)",
+        p.precision));
+  }
+  const bool bf16 = plan.policy.exec.precision == model::Precision::kBf16;
   plan.params = model::gpt2_param_table(config);
   if (!p.exec.recompute.empty() && int(p.exec.recompute.size()) != config.n_layer) {
     return Status::invalid_argument(
@@ -45,14 +56,17 @@ Result<MemoryPlan> plan_training_memory(const model::Gpt2Config& config, const P
   if (p.exec.head_chunk < 0) {
     return Status::invalid_argument(fmt::format("LM head chunk {} is negative", p.exec.head_chunk));
   }
-  plan.activations = model::gpt2_activation_table(config, p.micro_batch, p.seq, true, p.exec);
+  plan.activations =
+      model::gpt2_activation_table(config, p.micro_batch, p.seq, true, plan.policy.exec);
   plan.ops = model::gpt2_step_ops(config, plan.activations, true);
 
   const int64_t P = plan.params.total_floats;
   const int64_t tokens = int64_t(p.accumulation) * p.micro_batch * p.seq;
-  plan.persistent.push_back(
-      single_region("parameters", Category::kWeights,
-                    {{"parameters", DType::kF32, Shape{P}, Category::kWeights}}));
+  // With bf16 the fp32 parameters are the master weights, and a bf16 copy (region 4, after
+  // staging) is what the GEMMs read.
+  const Category param_cat = bf16 ? Category::kMaster : Category::kWeights;
+  plan.persistent.push_back(single_region(bf16 ? "master weights" : "parameters", param_cat,
+                                          {{"parameters", DType::kF32, Shape{P}, param_cat}}));
   plan.persistent.push_back(single_region(
       "gradients", Category::kGrads, {{"gradients", DType::kF32, Shape{P}, Category::kGrads}}));
   plan.persistent.push_back(
@@ -72,9 +86,14 @@ Result<MemoryPlan> plan_training_memory(const model::Gpt2Config& config, const P
   staging.push_back({"val_input_ids", DType::kI32, Shape{mb_tokens}, Category::kStaging});
   staging.push_back({"val_targets", DType::kI32, Shape{mb_tokens}, Category::kStaging});
   plan.persistent.push_back(single_region("staging", Category::kStaging, std::move(staging)));
+  if (bf16) {
+    plan.persistent.push_back(
+        single_region("bf16 weights", Category::kWeights,
+                      {{"parameters_bf16", DType::kBF16, Shape{P}, Category::kWeights}}));
+  }
 
   if (same_shape && same_shape->policy.micro_batch == p.micro_batch &&
-      same_shape->policy.seq == p.seq && same_shape->policy.exec == p.exec &&
+      same_shape->policy.seq == p.seq && same_shape->policy.exec == plan.policy.exec &&
       same_shape->params.total_floats == P && (same_shape->placed || !place)) {
     plan.first_op = same_shape->first_op;
     plan.last_op = same_shape->last_op;

@@ -17,12 +17,12 @@ namespace headroom::plan {
 
 // How a step is run. Grows with the techniques (precision, recompute, offload, sharding).
 struct Policy {
-  int micro_batch = 1;   // b: sequences per micro-batch
-  int accumulation = 1;  // k: micro-batches per optimizer step
-  int seq = 1;           // T
-  std::string precision = "fp32";
-  model::ExecOptions exec;  // attention kernel, LM head, recomputation per block
-  int prefetch_depth = 2;   // steps of token ids the loader prepares ahead
+  int micro_batch = 1;             // b: sequences per micro-batch
+  int accumulation = 1;            // k: micro-batches per optimizer step
+  int seq = 1;                     // T
+  std::string precision = "fp32";  // "fp32" or "bf16"; the plan sets exec.precision from it
+  model::ExecOptions exec;         // attention kernel, LM head, recomputation per block
+  int prefetch_depth = 2;          // steps of token ids the loader prepares ahead
 };
 
 // A block of memory that the trainer allocates as one arena.
@@ -34,13 +34,16 @@ struct Region {
 };
 
 struct MemoryPlan {
+  static constexpr size_t kBf16WeightsRegion = 4;
+
   Policy policy;
   model::ParamTable params;
   model::ActivationTable activations;  // the step region's buffers and their ids
   std::vector<model::OpDesc> ops;      // the micro-batch schedule the lifetimes come from
 
-  // Persistent regions (live for the whole run), in allocation order: parameters, gradients,
-  // optimizer state, staging of the step's token ids.
+  // Persistent regions (live for the whole run), in allocation order: parameters (the fp32
+  // master weights with bf16), gradients, optimizer state, staging of the step's token ids, and
+  // with bf16 precision the bf16 copy of the parameters (index kBf16WeightsRegion).
   std::vector<Region> persistent;
   // The micro-batch region: activations, logits, workspace; offsets from the offset planner.
   Region step;

@@ -78,14 +78,17 @@ std::string advise(const SearchRequest& r, const MemoryPlan& lean) {
       "micro-batch), {} more than the {} budget.\n",
       format_bytes(need), format_bytes(lean.persistent_bytes), format_bytes(lean.step_bytes),
       format_bytes(need - budget), format_bytes(budget));
-  s += "techniques that would close the gap (not built yet; estimates at micro-batch 1):\n";
+  s += "techniques that would close the gap (estimates at micro-batch 1; offload and ZeRO are not "
+       "built yet):\n";
   auto line = [&](const std::string& what, double bytes) {
     uint64_t b = uint64_t(bytes);
     s += fmt::format("  - {:<66} ~{:>10} per device  {}\n", what, format_bytes(b),
                      b <= budget ? "fits" : fmt::format("still {} over", format_bytes(b - budget)));
   };
-  line("bf16 mixed precision (16 bytes of state per parameter, bf16 activations)",
-       16.0 * P + other + step / 2.0);
+  if (r.precision == "fp32") {
+    line("bf16 mixed precision (built: --precision bf16; +2 bytes per parameter, bf16 activations)",
+         18.0 * P + other + step / 2.0);
+  }
   line("optimizer offload (fp32 moments on the host)", 8.0 * P + other + step);
   line("bf16 + optimizer offload (fp32 master and moments on the host)",
        4.0 * P + other + step / 2.0);
@@ -108,7 +111,44 @@ std::string advise(const SearchRequest& r, const MemoryPlan& lean) {
 
 }  // namespace
 
+namespace {
+// `auto` precision: the searches for fp32 and bf16 side by side; the faster choice wins, and the
+// candidates of both are listed.
+SearchResult merge_precisions(SearchResult fp32, SearchResult bf16) {
+  const auto speed = [](const SearchResult& s) {
+    return s.chosen ? s.chosen->cost.tokens_per_s : -1.0;
+  };
+  const bool bf16_wins = bf16.chosen ? speed(bf16) > speed(fp32) : !fp32.chosen;
+  SearchResult out = bf16_wins ? bf16 : fp32;
+  const SearchResult& other = bf16_wins ? fp32 : bf16;
+  out.candidates.insert(out.candidates.end(), other.candidates.begin(), other.candidates.end());
+  std::stable_sort(out.candidates.begin(), out.candidates.end(),
+                   [](const Candidate& a, const Candidate& b) {
+                     return a.cost.tokens_per_s > b.cost.tokens_per_s;
+                   });
+  out.rejected.insert(out.rejected.end(), other.rejected.begin(), other.rejected.end());
+  out.plans_placed += other.plans_placed;
+  out.max_micro_batch = std::max(out.max_micro_batch, other.max_micro_batch);
+  out.planning_ms += other.planning_ms;
+  return out;
+}
+}  // namespace
+
 Result<SearchResult> search_plan(const SearchRequest& r) {
+  if (r.precision == "auto") {
+    SearchRequest f = r;
+    f.precision = "fp32";
+    HR_ASSIGN_OR_RETURN(SearchResult fp32, search_plan(f));
+    if (!(r.device.flops_bf16 > 0)) return fp32;
+    SearchRequest h = r;
+    h.precision = "bf16";
+    HR_ASSIGN_OR_RETURN(SearchResult bf16, search_plan(h));
+    return merge_precisions(std::move(fp32), std::move(bf16));
+  }
+  if (r.precision != "fp32" && r.precision != "bf16") {
+    return Status::invalid_argument(fmt::format(
+        "--precision {}: expected auto, fp32 or bf16 (fp16 is not built yet)", r.precision));
+  }
   auto t0 = std::chrono::steady_clock::now();
   HR_RETURN_IF_ERROR(r.config.validate());
   if (r.devices <= 0)

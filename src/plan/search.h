@@ -22,6 +22,8 @@ struct SearchRequest {
   int seq = 0;                     // T
   int global_batch = 0;            // sequences per optimizer step, all ranks together
   std::optional<int> micro_batch;  // a --batch given explicitly is a constraint
+  // "fp32", "bf16", or "auto": both searched, the faster choice wins (bf16 only where the
+  // device has bf16 GEMMs: DeviceSpec::flops_bf16 > 0).
   std::string precision = "fp32";
   // --recompute given: the same choice for every block; unset: the planner chooses, including a
   // per-block mix (an optimal schedule for the chain under the budget).

@@ -22,7 +22,7 @@ double grad_norm(const model::ParamTable& table, const float* grads) {
 }
 
 double adamw_step(const model::ParamTable& table, float* params, const float* grads, float* m,
-                  float* v, const AdamWConfig& config, float lr, int step) {
+                  float* v, const AdamWConfig& config, float lr, int step, bf16_t* params_bf16) {
   const double norm = grad_norm(table, grads);
   float scale = 1.0f;
   // torch.nn.utils.clip_grad_norm_: multiply by max_norm / (norm + 1e-6) when that is below 1.
@@ -34,10 +34,10 @@ double adamw_step(const model::ParamTable& table, float* params, const float* gr
   // has zero gradient and zero parameter, so AdamW leaves it zero.
   const int64_t split = table.decay_floats;
   cpu::AdamWParams ap{lr, config.beta1, config.beta2, config.eps, config.weight_decay, step, scale};
-  cpu::adamw_update(params, grads, m, v, split, ap);
+  cpu::adamw_update(params, grads, m, v, split, ap, params_bf16);
   ap.weight_decay = 0.0f;
   cpu::adamw_update(params + split, grads + split, m + split, v + split, table.total_floats - split,
-                    ap);
+                    ap, params_bf16 == nullptr ? nullptr : params_bf16 + split);
   return norm;
 }
 

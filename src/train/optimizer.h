@@ -25,8 +25,10 @@ double grad_norm(const model::ParamTable& table, const float* grads);
 
 // One AdamW step (torch.optim.AdamW semantics, with clip_grad_norm_ folded in as a gradient
 // scale). `step` is 1-based. m and v have the parameter buffer's layout. Returns the gradient
-// norm before clipping.
+// norm before clipping. With params_bf16 (mixed precision), the updated parameters are also
+// written there rounded to bf16, in the same pass.
 double adamw_step(const model::ParamTable& table, float* params, const float* grads, float* m,
-                  float* v, const AdamWConfig& config, float lr, int step);
+                  float* v, const AdamWConfig& config, float lr, int step,
+                  bf16_t* params_bf16 = nullptr);
 
 }  // namespace headroom::train

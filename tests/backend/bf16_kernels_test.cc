@@ -238,10 +238,13 @@ TEST(Bf16, FusedHead) {
   std::vector<int32_t> targets(N);
   for (int i = 0; i < N; ++i) targets[size_t(i)] = i == 4 ? -1 : (i * 37) % V;
   VecF losses(N), lse(N), losses2(N), lse2(N), scratch(lm_head_ce_scratch_floats(chunk, V));
+  // bf16 also keeps the chunk's dlogits in bf16: a larger scratch.
+  VecF scratch_bf(lm_head_ce_scratch_floats(chunk, V, DType::kBF16), NAN);
+  EXPECT_EQ(scratch_bf.size(), scratch.size() + (scratch.size() + 1) / 2);
   lm_head_ce_forward(losses.data(), lse.data(), x.data(), wte.data(), targets.data(), N, C, V,
                      chunk, scratch.data());
   lm_head_ce_forward(losses2.data(), lse2.data(), xb.data(), wteb.data(), targets.data(), N, C, V,
-                     chunk, scratch.data());
+                     chunk, scratch_bf.data());
   // fp32 logits from the same inputs: only the GEMM's accumulation order differs.
   expect_close(losses2, losses, 1e-5, 1e-5, "head losses");
   expect_close(lse2, lse, 1e-5, 1e-5, "head lse");
@@ -252,7 +255,7 @@ TEST(Bf16, FusedHead) {
   lm_head_ce_backward(dx.data(), dwte.data(), x.data(), wte.data(), targets.data(), lse.data(), N,
                       C, V, chunk, dloss, scratch.data());
   lm_head_ce_backward(dxb.data(), dwte2.data(), xb.data(), wteb.data(), targets.data(), lse.data(),
-                      N, C, V, chunk, dloss, scratch.data());
+                      N, C, V, chunk, dloss, scratch_bf.data());
   // dlogits are rounded to bf16 before the GEMMs (one rounding, relative 2^-9 per term), and dx
   // once more when stored: atol covers the cancellation in sums of +/- terms.
   expect_close(from_bf(dxb), dx, 2e-4, 3 * kRound, "head dx");

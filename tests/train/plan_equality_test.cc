@@ -47,6 +47,7 @@ struct Case {
   bool tiled = true;
   int head_chunk = 0;
   model::Recompute recompute = model::Recompute::kNone;
+  model::Precision precision = model::Precision::kFp32;
 };
 
 TEST(PlanEquality, MeasuredPeakEqualsPlannedPeak) {
@@ -61,12 +62,17 @@ TEST(PlanEquality, MeasuredPeakEqualsPlannedPeak) {
       {3, 64, 4, 500, 64, 2, 32, 1, true, 24},
       {3, 64, 4, 500, 64, 2, 32, 2, true, 0, model::Recompute::kSelective},
       {3, 64, 4, 500, 64, 3, 32, 1, false, 16, model::Recompute::kFull},
+      {2, 64, 4, 257, 64, 2, 16, 2, true, 0, model::Recompute::kNone, model::Precision::kBf16},
+      {3, 64, 4, 500, 64, 2, 32, 1, true, 24, model::Recompute::kSelective,
+       model::Precision::kBf16},
+      {3, 64, 4, 500, 64, 3, 32, 2, true, 16, model::Recompute::kFull, model::Precision::kBf16},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(::testing::Message()
                  << "L=" << c.L << " C=" << c.C << " B=" << c.B << " T=" << c.T << " K=" << c.K
                  << " tiled=" << c.tiled << " chunk=" << c.head_chunk
-                 << " recompute=" << model::recompute_name(c.recompute));
+                 << " recompute=" << model::recompute_name(c.recompute)
+                 << " precision=" << model::precision_name(c.precision));
     train::TrainOptions o;
     o.config = small_config(c.L, c.C, c.NH, c.V, c.P);
     o.model_name = "test";
@@ -77,6 +83,7 @@ TEST(PlanEquality, MeasuredPeakEqualsPlannedPeak) {
     o.exec.tiled_attention = c.tiled;
     o.exec.head_chunk = c.head_chunk;
     if (c.recompute != model::Recompute::kNone) o.exec.recompute.assign(size_t(c.L), c.recompute);
+    o.exec.precision = c.precision;
     o.steps = 2;
     o.warmup_steps = 1;
     o.device_memory = uint64_t(1) << 32;
@@ -89,7 +96,7 @@ TEST(PlanEquality, MeasuredPeakEqualsPlannedPeak) {
     };
     Result<train::TrainResult> r = train::run_training(o, cb);
     ASSERT_TRUE(r.is_ok()) << r.status().to_string();
-    plan::Policy p{c.B, c.K, c.T, "fp32", o.exec};
+    plan::Policy p{c.B, c.K, c.T, std::string(model::precision_name(c.precision)), o.exec};
     Result<plan::MemoryPlan> mp = plan::plan_training_memory(o.config, p);
     ASSERT_TRUE(mp.is_ok());
     EXPECT_EQ(planned, mp->peak_bytes);

@@ -31,18 +31,16 @@ inline void chunk_backward(float* dx, float* dwte, float* dlogits, const float* 
   if (dx != nullptr) gemm(false, false, n, C, V, dlogits, V, wte, C, dx, C, nullptr, false);
   if (dwte != nullptr) gemm(true, false, V, C, n, dlogits, V, x, C, dwte, C, nullptr, true);
 }
-// bf16: dlogits is rounded to bf16 in place first (row stride 2V as bf16), as autocast feeds the
-// bf16 GEMMs; dwte accumulates in fp32.
-inline void chunk_backward(bf16_t* dx, float* dwte, float* dlogits, const bf16_t* x,
+// bf16: dlogits in bf16 (dense rows: oneDNN's AMX kernels), as autocast feeds the bf16 GEMMs;
+// dwte accumulates in fp32.
+inline void chunk_backward(bf16_t* dx, float* dwte, const bf16_t* dlogits, const bf16_t* x,
                            const bf16_t* wte, int n, int C, int V) {
-  round_rows_to_bf16_inplace(dlogits, n, V, V);
-  const auto* d = reinterpret_cast<const bf16_t*>(dlogits);
   const DType bf = DType::kBF16;
   if (dx != nullptr) {
-    gemm_ex(false, false, n, C, V, bf, d, 2 * V, wte, C, bf, dx, C, nullptr, false);
+    gemm_ex(false, false, n, C, V, bf, dlogits, V, wte, C, bf, dx, C, nullptr, false);
   }
   if (dwte != nullptr) {
-    gemm_ex(true, false, V, C, n, bf, d, 2 * V, x, C, DType::kF32, dwte, C, nullptr, true);
+    gemm_ex(true, false, V, C, n, bf, dlogits, V, x, C, DType::kF32, dwte, C, nullptr, true);
   }
 }
 
@@ -78,28 +76,37 @@ void lm_head_ce_backward_t(T* dx, float* dwte, const T* x, const T* wte, const i
     const int n = std::min(chunk, N - c0);
     const T* xc = x + int64_t{c0} * C;
     chunk_logits(scratch, xc, wte, n, C, V);
+    // dlogits: in place over the fp32 logits, or (bf16) into the bf16 area after them.
+    T* dlogits =
+        reinterpret_cast<T*>(std::is_same_v<T, float> ? scratch : scratch + int64_t{chunk} * V);
 #pragma omp parallel for schedule(static)
     for (int r = 0; r < n; ++r) {
       const int32_t target = targets[c0 + r];
       HR_CHECK(target >= -1 && target < V);
-      float* z = scratch + int64_t{r} * V;
+      const float* z = scratch + int64_t{r} * V;
+      T* d = dlogits + int64_t{r} * V;
       if (target < 0) {
-        std::fill(z, z + V, 0.0f);
+        std::fill(d, d + V, from_f32<T>(0.0f));
         continue;
       }
       // softmax = exp(z - lse): one pass instead of the max and sum passes of a fresh softmax.
       const float l = lse[c0 + r];
+      const float dt = fast_exp(z[target] - l) * dloss - dloss;  // before z[target] is written
 #pragma omp simd
-      for (int i = 0; i < V; ++i) z[i] = fast_exp(z[i] - l) * dloss;
-      z[target] -= dloss;
+      for (int i = 0; i < V; ++i) d[i] = from_f32<T>(fast_exp(z[i] - l) * dloss);
+      d[target] = from_f32<T>(dt);
     }
-    chunk_backward(dx == nullptr ? nullptr : dx + int64_t{c0} * C, dwte, scratch, xc, wte, n, C, V);
+    chunk_backward(dx == nullptr ? nullptr : dx + int64_t{c0} * C, dwte, dlogits, xc, wte, n, C, V);
   }
 }
 
 }  // namespace
 
-size_t lm_head_ce_scratch_floats(int chunk, int V) { return size_t{1} * chunk * V; }
+size_t lm_head_ce_scratch_floats(int chunk, int V, DType storage) {
+  const size_t logits = size_t{1} * chunk * V;
+  // bf16: the chunk's dlogits in bf16 after its fp32 logits.
+  return storage == DType::kBF16 ? logits + (logits + 1) / 2 : logits;
+}
 
 void lm_head_ce_forward(float* losses, float* lse, const float* x, const float* wte,
                         const int32_t* targets, int N, int C, int V, int chunk, float* scratch) {

@@ -58,7 +58,8 @@ void attention_tiled_backward(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qk
 // `chunk` rows at a time into scratch and reduced at once, so the N x V logits never exist.
 // Targets are in [0, V) or -1 (ignored: loss 0, zero gradient). REQUIRES: chunk >= 1.
 // scratch: lm_head_ce_scratch_floats(chunk, V) = chunk * V floats for every function below.
-size_t lm_head_ce_scratch_floats(int chunk, int V);
+// With bf16 storage (the overloads below) also chunk * V bf16 values of dlogits: 1.5x that.
+size_t lm_head_ce_scratch_floats(int chunk, int V, DType storage = DType::kF32);
 
 // losses[N] = logsumexp(logits[n,:]) - logits[n, targets[n]] (0 where the target is -1);
 // lse[N] = logsumexp(logits[n,:]) for every row (ignored rows included), saved for the backward.

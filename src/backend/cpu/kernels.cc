@@ -222,8 +222,8 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const bf16_t*
 
 // ---- matmul --------------------------------------------------------------------------------
 
-int64_t activation_row_stride(int64_t cols) {
-  return (cols * int64_t(sizeof(float))) % 4096 == 0 ? cols + 16 : cols;
+int64_t activation_row_stride(int64_t cols, int64_t elem_bytes) {
+  return (cols * elem_bytes) % 4096 == 0 ? cols + 64 / elem_bytes : cols;
 }
 
 namespace {

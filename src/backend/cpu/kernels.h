@@ -59,11 +59,11 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
                      const float* weight, int N, int IC, int OC, WeightLayout layout,
                      MatmulStrides strides = {});
 
-// The row stride to give an activation of `cols` floats per row: `cols`, or `cols + 16` when
-// rows `cols` floats apart would start a multiple of 4 KiB apart. Such strides make the loads of
-// successive rows compete for the same cache sets (4K aliasing): GPT-2's 3072-wide MLP GEMMs ran
-// 2.4-2.6x slower with them on the development machine (docs/gemm.md).
-int64_t activation_row_stride(int64_t cols);
+// The row stride to give an activation of `cols` elements of `elem_bytes` per row: `cols`, or
+// `cols` plus 64 bytes when rows `cols` elements apart would start a multiple of 4 KiB apart. Such
+// strides make the loads of successive rows compete for the same cache sets (4K aliasing): GPT-2's
+// 3072-wide MLP GEMMs ran 2.4-2.6x slower with them on the development machine (docs/gemm.md).
+int64_t activation_row_stride(int64_t cols, int64_t elem_bytes = 4);
 
 // ---- causal multi-head self-attention (plain: keeps the T x T probabilities) -----------------
 // qkv[B,T,3C] holds q, k, v side by side (as GPT-2's c_attn output); head h uses channels
