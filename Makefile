@@ -3,8 +3,9 @@ PRESET ?= release
 BUILD := build/$(PRESET)
 HEADROOM := $(BUILD)/headroom
 ARGS ?=
+FUZZ_SECONDS ?= 30
 
-.PHONY: setup build run test bench format clean reference
+.PHONY: setup build run test bench fuzz format clean reference
 
 setup:
 	@scripts/setup
@@ -22,6 +23,13 @@ test: build
 
 bench: build
 	$(BUILD)/gemm_bench
+
+# Builds the libFuzzer targets of the file readers with clang (build/fuzz) and runs each for
+# FUZZ_SECONDS seconds; fails on a crash (docs/notes/fuzzing.md).
+fuzz: setup
+	@cmake --preset fuzz >/dev/null
+	@cmake --build --preset fuzz
+	FUZZ_SECONDS=$(FUZZ_SECONDS) fuzz/run.sh
 
 format:
 	clang-format -i $$(git ls-files '*.h' '*.cc')

@@ -10,6 +10,28 @@
 
 namespace headroom::model {
 
+namespace {
+
+// Bounds that keep every size derived from a config inside int64 and the parameter table small
+// enough to build: the largest GPT-2 has 48 layers and 1.6B parameters; no transformer trained so
+// far has a thousand layers or a trillion parameters in a single model replica.
+constexpr int kMaxLayers = 4096;
+constexpr int64_t kMaxParameters = int64_t(1) << 40;
+
+// A JSON value for an error message: scalars as written, containers and long strings shortened.
+// Never recursive, so a deeply nested value cannot exhaust the stack.
+std::string describe(const nlohmann::json& v) {
+  if (v.is_array()) return fmt::format("an array of {} elements", v.size());
+  if (v.is_object()) return fmt::format("an object of {} fields", v.size());
+  std::string text = v.dump();
+  if (text.size() <= 40) return text;
+  size_t n = 37;  // cut at a UTF-8 character boundary: the message may be written as JSON
+  while (n > 0 && (static_cast<unsigned char>(text[n]) & 0xC0) == 0x80) n--;
+  return text.substr(0, n) + "...";
+}
+
+}  // namespace
+
 Status Gpt2Config::validate() const {
   auto positive = [](const char* field, int v) -> Status {
     if (v <= 0) return Status::invalid_argument(fmt::format("{} = {} must be positive", field, v));
@@ -28,10 +50,26 @@ Status Gpt2Config::validate() const {
     return Status::invalid_argument(
         fmt::format("layer_norm_epsilon = {} must be in (0, 1)", layer_norm_epsilon));
   }
+  if (n_layer > kMaxLayers) {
+    return Status::invalid_argument(fmt::format(
+        "n_layer = {} is more layers than this build supports ({})", n_layer, kMaxLayers));
+  }
   // Keep every activation index in 32 bits for the kernels' int arithmetic.
-  if (int64_t(n_embd) * 4 * n_positions > (int64_t(1) << 31) ||
-      int64_t(vocab_size) * n_embd > (int64_t(1) << 40)) {
-    return Status::invalid_argument("model dimensions are too large for this build");
+  if (int64_t(n_embd) * 4 * n_positions > (int64_t(1) << 31)) {
+    return Status::invalid_argument(
+        fmt::format("n_embd = {} with n_positions = {} is too large for this build (4 x n_embd x "
+                    "n_positions must stay within 2^31)",
+                    n_embd, n_positions));
+  }
+  // The parameter count of gpt2_param_table, in 128 bits so that the check cannot overflow.
+  const __int128 C = n_embd;
+  const __int128 params =
+      (__int128(vocab_size) + n_positions + 2) * C + __int128(n_layer) * (12 * C * C + 13 * C);
+  if (params > kMaxParameters) {
+    return Status::invalid_argument(fmt::format(
+        "n_layer = {}, n_embd = {}, vocab_size = {} give more than 2^40 parameters; this build "
+        "supports at most 2^40",
+        n_layer, n_embd, vocab_size));
   }
   return Status::ok();
 }
@@ -103,9 +141,11 @@ Result<Gpt2Config> parse_config_json(const std::string& text, const std::string&
       return Status::invalid_argument(fmt::format("{}: missing field '{}'", source, name));
     }
     const nlohmann::json& v = j[used];
-    if (!v.is_number_integer() || v.get<int64_t>() <= 0 || v.get<int64_t>() > (1 << 30)) {
+    // is_number_unsigned: a negative or an over-large value never reaches the int64 conversion.
+    if (!v.is_number_unsigned() || v.get<uint64_t>() == 0 || v.get<uint64_t>() > (1u << 30)) {
       return Status::invalid_argument(
-          fmt::format("{}: field '{}' = {} must be a positive integer", source, used, v.dump()));
+          fmt::format("{}: field '{}' = {} must be a positive integer (at most 2^30)", source, used,
+                      describe(v)));
     }
     *out = v.get<int>();
     return Status::ok();
@@ -116,10 +156,14 @@ Result<Gpt2Config> parse_config_json(const std::string& text, const std::string&
   HR_RETURN_IF_ERROR(field("vocab_size", nullptr, &c.vocab_size));
   HR_RETURN_IF_ERROR(field("n_positions", "n_ctx", &c.n_positions));
   if (j.contains("layer_norm_epsilon")) {
-    if (!j["layer_norm_epsilon"].is_number()) {
-      return Status::invalid_argument(source + ": field 'layer_norm_epsilon' must be a number");
+    const nlohmann::json& v = j["layer_norm_epsilon"];
+    // Checked as a double: a value outside float's range must not reach the float conversion.
+    const double eps = v.is_number() ? v.get<double>() : 0;
+    if (!v.is_number() || !(eps > 0 && eps < 1) || float(eps) == 0) {
+      return Status::invalid_argument(fmt::format(
+          "{}: field 'layer_norm_epsilon' = {} must be a number in (0, 1)", source, describe(v)));
     }
-    c.layer_norm_epsilon = j["layer_norm_epsilon"].get<float>();
+    c.layer_norm_epsilon = float(eps);
   }
   if (j.contains("activation_function") && j["activation_function"].is_string()) {
     std::string act = j["activation_function"];

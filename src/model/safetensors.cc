@@ -48,12 +48,31 @@ bool checked_mul(uint64_t a, uint64_t b, uint64_t* out) {
   return !__builtin_mul_overflow(a, b, out);
 }
 
-std::string shape_json_text(const json& shape) {
-  try {
-    return shape.dump();
-  } catch (const json::exception&) {
-    return "?";
+// A header value for an error message: a flat array of scalars as written, anything else
+// described, at most ~80 characters. Not json::dump of the whole value: that recurses once per
+// nesting level, and a header may nest deeply enough to exhaust the stack.
+std::string shape_json_text(const json& value) {
+  auto scalar = [](const json& v) -> std::string {
+    if (v.is_array()) return "[...]";
+    if (v.is_object()) return "{...}";
+    try {
+      std::string text = v.dump();
+      if (text.size() <= 24) return text;
+      size_t n = 21;  // cut at a UTF-8 character boundary: the message may be written as JSON
+      while (n > 0 && (static_cast<unsigned char>(text[n]) & 0xC0) == 0x80) n--;
+      return text.substr(0, n) + "...";
+    } catch (const json::exception&) {
+      return "?";
+    }
+  };
+  if (!value.is_array()) return scalar(value);
+  std::string text = "[";
+  for (const json& v : value) {
+    if (text.size() > 1) text += ", ";
+    if (text.size() > 80) return text + "...]";
+    text += scalar(v);
   }
+  return text + "]";
 }
 
 struct ParsedEntry {
@@ -101,7 +120,9 @@ Status parse_entry(const std::string& file, const std::string& name, const json&
       return bad("shape " + shape_json_text(*shape_it) + " has a negative dimension");
     }
     const uint64_t dim = d.get<uint64_t>();
-    if (dim > uint64_t(INT64_MAX) || !checked_mul(numel, dim, &numel)) {
+    // Every partial product within int64, as Shape::numel computes it in int64.
+    if (dim > uint64_t(INT64_MAX) || !checked_mul(numel, dim, &numel) ||
+        numel > uint64_t(INT64_MAX)) {
       return bad("shape " + shape_json_text(*shape_it) + " is too large");
     }
     dims.push_back(int64_t(dim));

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -60,6 +61,81 @@ json state_json(const TrainerState& s) {
           {"data", s.data}};
 }
 
+// A JSON value for an error message: scalars as written, containers and long strings shortened.
+// Never recursive (json::dump is), so a deeply nested value cannot exhaust the stack.
+std::string describe(const json& v) {
+  if (v.is_array()) return fmt::format("an array of {} elements", v.size());
+  if (v.is_object()) return fmt::format("an object of {} fields", v.size());
+  std::string text = v.dump();
+  if (text.size() <= 40) return text;
+  size_t n = 37;  // cut at a UTF-8 character boundary: the message may be written as JSON
+  while (n > 0 && (static_cast<unsigned char>(text[n]) & 0xC0) == 0x80) n--;
+  return text.substr(0, n) + "...";
+}
+
+// Reads the fields of trainer_state.json, each checked for type and range before it is converted
+// (a float or an out-of-range integer must not reach a narrowing conversion), every error naming
+// the file, the field and the value.
+class StateFields {
+ public:
+  StateFields(const json& j, const std::string& path) : j_(j), path_(path) {}
+
+  Status integer(const char* name, int64_t lo, int64_t hi, int64_t* out) const {
+    HR_ASSIGN_OR_RETURN(const json* v, get(name));
+    bool ok = false;
+    if (v->is_number_unsigned()) {  // before is_number_integer, which is true for both
+      const uint64_t u = v->get<uint64_t>();
+      ok = u <= uint64_t(hi) && int64_t(u) >= lo;
+    } else if (v->is_number_integer()) {
+      ok = v->get<int64_t>() >= lo && v->get<int64_t>() <= hi;
+    }
+    if (!ok) return bad(name, *v, fmt::format("an integer in [{}, {}]", lo, hi));
+    *out = v->get<int64_t>();
+    return Status::ok();
+  }
+  Status integer(const char* name, int lo, int* out) const {
+    int64_t v = 0;
+    HR_RETURN_IF_ERROR(integer(name, lo, std::numeric_limits<int>::max(), &v));
+    *out = int(v);
+    return Status::ok();
+  }
+  Status unsigned_integer(const char* name, uint64_t* out) const {
+    HR_ASSIGN_OR_RETURN(const json* v, get(name));
+    if (!v->is_number_unsigned()) return bad(name, *v, "a non-negative integer");
+    *out = v->get<uint64_t>();
+    return Status::ok();
+  }
+  Status number(const char* name, double lo, double hi, float* out) const {
+    HR_ASSIGN_OR_RETURN(const json* v, get(name));
+    if (!v->is_number() || !(v->get<double>() >= lo && v->get<double>() <= hi)) {
+      return bad(name, *v, fmt::format("a number in [{}, {}]", lo, hi));
+    }
+    *out = float(v->get<double>());
+    return Status::ok();
+  }
+  Status string(const char* name, std::string* out) const {
+    HR_ASSIGN_OR_RETURN(const json* v, get(name));
+    if (!v->is_string()) return bad(name, *v, "a string");
+    *out = v->get<std::string>();
+    return Status::ok();
+  }
+  Status bad(const char* name, const json& v, const std::string& expected) const {
+    return Status::corrupt(
+        fmt::format("{}: field '{}' = {} must be {}", path_, name, describe(v), expected));
+  }
+
+ private:
+  Result<const json*> get(const char* name) const {
+    auto it = j_.find(name);
+    if (it == j_.end()) {
+      return Status::corrupt(fmt::format("{}: missing field '{}'", path_, name));
+    }
+    return &*it;
+  }
+  const json& j_;
+  const std::string& path_;
+};
+
 Result<TrainerState> parse_state(const std::string& path) {
   std::ifstream f(path);
   if (!f) return Status::not_found(fmt::format("checkpoint state '{}' is missing", path));
@@ -69,31 +145,35 @@ Result<TrainerState> parse_state(const std::string& path) {
   } catch (const json::exception& e) {
     return Status::corrupt(fmt::format("{}: not valid JSON ({})", path, e.what()));
   }
-  TrainerState s;
-  try {
-    if (j.at("version").get<int>() != kStateVersion) {
-      return Status::unsupported(fmt::format("{}: version {} is not supported (expected {})", path,
-                                             j.at("version").dump(), kStateVersion));
-    }
-    s.step = j.at("step").get<int>();
-    s.data_position = j.at("data_position").get<int64_t>();
-    s.total_steps = j.at("total_steps").get<int>();
-    s.warmup_steps = j.at("warmup_steps").get<int>();
-    s.lr = j.at("lr").get<float>();
-    s.min_lr_ratio = j.at("min_lr_ratio").get<float>();
-    s.micro_batch = j.at("micro_batch").get<int>();
-    s.accumulation = j.at("accumulation").get<int>();
-    s.seq = j.at("seq").get<int>();
-    s.seed = j.at("seed").get<uint64_t>();
-    s.data = j.at("data").get<std::string>();
-  } catch (const json::exception& e) {
-    return Status::corrupt(
-        fmt::format("{}: a field is missing or has the wrong type ({})", path, e.what()));
+  if (!j.is_object()) {
+    return Status::corrupt(fmt::format("{}: expected a JSON object, found {}", path, describe(j)));
   }
-  if (s.step < 0 || s.data_position < 0 || s.micro_batch <= 0 || s.accumulation <= 0 ||
-      s.seq <= 0) {
-    return Status::corrupt(
-        fmt::format("{}: step, data_position or the plan is out of range", path));
+  const StateFields fields(j, path);
+  auto version = j.find("version");
+  if (version == j.end()) return Status::corrupt(fmt::format("{}: missing field 'version'", path));
+  if (!version->is_number_integer() || version->get<int64_t>() != kStateVersion) {
+    return Status::unsupported(fmt::format("{}: version {} is not supported (expected {})", path,
+                                           describe(*version), kStateVersion));
+  }
+  constexpr int64_t kMaxInt = std::numeric_limits<int>::max();
+  TrainerState s;
+  HR_RETURN_IF_ERROR(fields.integer("step", 0, &s.step));
+  HR_RETURN_IF_ERROR(
+      fields.integer("data_position", 0, std::numeric_limits<int64_t>::max(), &s.data_position));
+  HR_RETURN_IF_ERROR(fields.integer("total_steps", 0, &s.total_steps));
+  HR_RETURN_IF_ERROR(fields.integer("warmup_steps", 0, &s.warmup_steps));
+  HR_RETURN_IF_ERROR(fields.number("lr", 0, std::numeric_limits<float>::max(), &s.lr));
+  HR_RETURN_IF_ERROR(fields.number("min_lr_ratio", 0, 1, &s.min_lr_ratio));
+  HR_RETURN_IF_ERROR(fields.integer("micro_batch", 1, &s.micro_batch));
+  HR_RETURN_IF_ERROR(fields.integer("accumulation", 1, &s.accumulation));
+  HR_RETURN_IF_ERROR(fields.integer("seq", 1, &s.seq));
+  HR_RETURN_IF_ERROR(fields.unsigned_integer("seed", &s.seed));
+  HR_RETURN_IF_ERROR(fields.string("data", &s.data));
+  // The global batch, micro_batch x accumulation, is an int wherever it is used.
+  if (int64_t(s.micro_batch) * s.accumulation > kMaxInt) {
+    return Status::corrupt(fmt::format(
+        "{}: field 'accumulation' = {} with 'micro_batch' = {} gives a global batch beyond {}",
+        path, s.accumulation, s.micro_batch, kMaxInt));
   }
   return s;
 }
@@ -163,6 +243,11 @@ Result<LoadedCheckpoint> find_checkpoint(const std::string& path) {
   c.dir = dir.string();
   HR_ASSIGN_OR_RETURN(c.config, model::load_config_file((dir / "config.json").string()));
   HR_ASSIGN_OR_RETURN(c.state, parse_state((dir / "trainer_state.json").string()));
+  if (c.state.seq > c.config.n_positions) {
+    return Status::corrupt(
+        fmt::format("{}: field 'seq' = {} exceeds n_positions = {} of the checkpoint's config.json",
+                    (dir / "trainer_state.json").string(), c.state.seq, c.config.n_positions));
+  }
   return c;
 }
 
