@@ -539,8 +539,8 @@ void Gpt2::backward_t(const int32_t* inputs, const int32_t* targets, float dloss
                                C, V, acts_->options.head_chunk, dloss, a.f32(id.head_scratch));
     });
   } else {
-    // The logits buffer becomes dlogits in place (and, in bf16, their bf16 rounding in place:
-    // row stride 2V as bf16).
+    // The logits buffer becomes dlogits in place (and, in bf16, their dense bf16 rounding in
+    // the first half of the same memory).
     float* dlogits = a.f32(id.logits);
     timed(OpKind::kLoss,
           [&] { cpu::cross_entropy_backward(dlogits, dlogits, targets, N, V, dloss); });
@@ -549,10 +549,9 @@ void Gpt2::backward_t(const int32_t* inputs, const int32_t* targets, float dloss
         cpu::matmul_backward(dc, dwte, nullptr, dlogits, lnf, wte, N, C, V,
                              cpu::WeightLayout::kOutIn);
       } else {
-        cpu::round_rows_to_bf16_inplace(dlogits, N, V, V);
+        cpu::round_to_bf16_dense_inplace(dlogits, N, V);
         cpu::matmul_backward(dc, dwte, nullptr, reinterpret_cast<const T*>(dlogits), lnf,
-                             gemm_weight<T>(wte), N, C, V, cpu::WeightLayout::kOutIn,
-                             {.inp = 0, .out = 2 * int64_t(V)});
+                             gemm_weight<T>(wte), N, C, V, cpu::WeightLayout::kOutIn);
       }
     });
   }

@@ -79,6 +79,19 @@ TEST(Bf16, RoundRowsInPlaceMatchesTheCast) {
   }
 }
 
+TEST(Bf16, RoundDenseInPlaceMatchesTheCast) {
+  for (int rows : {1, 2, 3, 7, 64, 100}) {
+    const int cols = 37;
+    VecF x = rand_vec(size_t(rows) * cols, 3 + rows);
+    VecF orig = x;
+    round_to_bf16_dense_inplace(x.data(), rows, cols);
+    const auto* b = reinterpret_cast<const bf16_t*>(x.data());
+    for (int i = 0; i < rows * cols; ++i) {
+      ASSERT_EQ(b[i].bits, f32_to_bf16_bits(orig[size_t(i)])) << rows << " rows, element " << i;
+    }
+  }
+}
+
 TEST(Bf16, LayerNorm) {
   const int N = 13, C = 96;
   VecF x = rand_vec(size_t(N) * C, 3, -2, 2), w = rand_vec(C, 4), b = rand_vec(C, 5);

@@ -442,6 +442,26 @@ void cast_to_bf16(bf16_t* out, const float* inp, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = from_f32<bf16_t>(inp[i]);
 }
 
+void round_to_bf16_dense_inplace(float* x, int64_t rows, int64_t cols) {
+  // Row r's bf16 values land on floats [r*cols/2, (r+1)*cols/2): inside rows < r, except row 0,
+  // which overlaps itself (converted in read-before-write blocks). Rows [lo, 2 lo) write into
+  // rows [lo/2, lo), all read by earlier rounds, and read only themselves: so each round runs in
+  // parallel, and log2(rows) rounds (barriers between them) convert everything.
+  if (rows <= 0) return;
+  round_rows_to_bf16_inplace(x, 1, cols, cols);
+  bf16_t* out = reinterpret_cast<bf16_t*>(x);
+  for (int64_t lo = 1; lo < rows; lo *= 2) {
+    const int64_t hi = std::min(rows, 2 * lo);
+#pragma omp parallel for schedule(static)
+    for (int64_t r = lo; r < hi; ++r) {
+      const float* src = x + r * cols;
+      bf16_t* dst = out + r * cols;
+#pragma omp simd
+      for (int64_t j = 0; j < cols; ++j) dst[j] = from_f32<bf16_t>(src[j]);
+    }
+  }
+}
+
 void round_rows_to_bf16_inplace(float* x, int64_t rows, int64_t cols, int64_t ld) {
   // Within a row, bf16 element j lands on bytes [2j, 2j+2), inside float j/2, which this pass
   // has already read: in order, blocks of 16 are read whole before they are written.

@@ -124,6 +124,9 @@ void cast_to_bf16(bf16_t* out, const float* inp, int64_t n);
 // Rounds x[rows, cols] (row stride ld floats) to bf16 in place: row r's bf16 values start where
 // its floats started, so as bf16 the matrix has row stride 2 * ld elements.
 void round_rows_to_bf16_inplace(float* x, int64_t rows, int64_t cols, int64_t ld);
+// Rounds the dense x[rows, cols] to bf16 in place into a dense bf16 matrix [rows, cols] at the
+// start of the same memory (oneDNN's AMX kernels take dense rows only).
+void round_to_bf16_dense_inplace(float* x, int64_t rows, int64_t cols);
 
 // ---- optimizer -----------------------------------------------------------------------------
 struct AdamWParams {
