@@ -7,6 +7,7 @@
 #include <CLI/CLI.hpp>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -127,6 +128,8 @@ struct TrainFlags {
   int threads = 0;
   std::string vocab;
   bool json = false;
+  std::string zero = "auto";  // train: --zero auto|0|1|2
+  int ranks = 1;              // train: the processes of the job (mpirun), set by run_train
 };
 
 void add_train_flags(CLI::App* app, TrainFlags& f) {
@@ -238,7 +241,27 @@ Status resolve_train_options(TrainFlags& f, train::TrainOptions* o) {
     HR_ASSIGN_OR_RETURN(o->device_memory, train::read_budget_file(f.device_memory_file));
     o->device_memory_file = f.device_memory_file;
   }
-  const int global = f.global_batch > 0 ? f.global_batch : (f.batch > 0 ? f.batch : 8);
+  const int global = f.global_batch > 0 ? f.global_batch : (f.batch > 0 ? f.batch * f.ranks : 8);
+  // Data parallel: the global batch splits evenly over the ranks; micro-batch and accumulation
+  // below are per rank (train/trainer.h).
+  if (global % f.ranks != 0) {
+    return Status::invalid_argument(fmt::format(
+        "--global-batch {} must be divisible by the {} ranks (each computes an equal share)",
+        global, f.ranks));
+  }
+  if (f.zero == "auto") {
+    // ZeRO-1 sends what stage 0 sends (reduce-scatter + all-gather = all-reduce) and shards the
+    // optimizer state: with several ranks it is never worse. Stage 2 saves nothing more here yet.
+    o->zero_stage = f.ranks > 1 ? 1 : 0;
+  } else if (f.zero == "0" || f.zero == "1" || f.zero == "2") {
+    o->zero_stage = f.zero[0] - '0';
+  } else if (f.zero == "3") {
+    return Status::unsupported(
+        "--zero 3 is not built into the trainer yet (the model reads one full parameter buffer, "
+        "so sharding parameters would save nothing); use --zero 0, 1 or 2");
+  } else {
+    return Status::invalid_argument(fmt::format("--zero {}: use auto, 0, 1 or 2", f.zero));
+  }
   if (f.plan == "auto") {
     plan::SearchRequest req;
     req.config = o->config;
@@ -248,7 +271,9 @@ Status resolve_train_options(TrainFlags& f, train::TrainOptions* o) {
     req.precision = f.precision;
     req.device_memory = o->device_memory;
     req.seq = o->seq;
-    req.global_batch = global;
+    // One rank's share, planned as one device (a full replica: conservative for ZeRO-1/2, whose
+    // smaller optimizer state the trainer's own plan then counts).
+    req.global_batch = global / f.ranks;
     if (f.batch > 0) req.micro_batch = f.batch;
     HR_ASSIGN_OR_RETURN(req.recompute, parse_recompute(f.recompute));
     req.sweep = !f.profile.empty();  // the report shows memory versus micro-batch
@@ -308,6 +333,15 @@ Status resolve_train_options(TrainFlags& f, train::TrainOptions* o) {
       o->exec.precision = model::Precision::kBf16;
     }
     if (ch.contains("attention")) o->exec.tiled_attention = ch["attention"] != "plain";
+    if (ch.contains("bf16_weights")) {
+      if (ch["bf16_weights"] != "copy" && ch["bf16_weights"] != "cast per layer") {
+        return Status::invalid_argument(fmt::format(
+            "--plan {}: field 'chosen.bf16_weights' is {}; expected \"copy\" or \"cast per "
+            "layer\"",
+            f.plan, ch["bf16_weights"].dump()));
+      }
+      o->exec.bf16_weight_copy = ch["bf16_weights"] == "copy";
+    }
     if (ch.contains("head_chunk")) {
       if (!ch["head_chunk"].is_number_integer() || ch["head_chunk"].get<int64_t>() < 0) {
         return Status::invalid_argument(fmt::format(
@@ -421,9 +455,13 @@ json candidate_json(const plan::Candidate& c) {
             {"attention", c.policy.exec.tiled_attention ? "tiled" : "plain"},
             {"lm_head", c.policy.exec.head_chunk > 0 ? "fused" : "full"},
             {"head_chunk", c.policy.exec.head_chunk},
+            {"bf16_weights", c.policy.exec.bf16_weight_copy ? "copy" : "cast per layer"},
             {"techniques", plan::describe_exec(c.policy.exec)},
             {"offload", "none"},
-            {"zero", 0},
+            {"zero", c.policy.zero_stage},
+            {"ranks", c.policy.ranks},
+            {"comm_bytes_per_step", c.cost.comm_bytes},
+            {"comm_seconds", c.cost.comm_seconds},
             {"peak_bytes", c.peak_bytes},
             {"lower_bound_bytes", c.lower_bound_bytes},
             {"by_category", categories_json(c.by_category)},
@@ -593,30 +631,59 @@ Status write_profile(const std::string& dir, const TrainFlags& f, const train::T
 }
 
 int run_train(TrainFlags& f) {
-  set_threads(f.threads);
+  // Under mpirun (or srun) one process per rank, each training its share of the global batch
+  // (docs/notes/zero.md); otherwise one process. Only rank 0 prints and writes.
+  Result<std::unique_ptr<dist::Communicator>> world = dist::make_world_communicator();
+  if (!world.is_ok()) return fail(world.status());
+  dist::Communicator& comm = **world;
+  const int rank = comm.rank();
+  f.ranks = comm.size();
+  if (f.threads == 0 && f.ranks > 1) {
+    // Ranks on one machine share its cores (Open MPI / MPICH name the ranks per node).
+    const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+    if (!local) local = std::getenv("MPI_LOCALNRANKS");
+    const int per_node = local ? std::max(1, std::atoi(local)) : 1;
+    set_threads(std::max(1, cpu::query_cpu_device().cores / per_node));
+  } else {
+    set_threads(f.threads);
+  }
+  if (rank != 0) f.json = true;  // quiet: no progress, no calibration lines
   train::TrainOptions o;
-  if (Status s = resolve_train_options(f, &o); !s.is_ok()) return fail(s);
-  o.out_dir = f.out;
-  o.save_every = f.save_every;
-  o.keep_checkpoints = f.keep_checkpoints;
-  o.resume = f.resume;
-  if (f.save_every < 0 || f.keep_checkpoints < 0) {
-    return fail(
-        Status::invalid_argument("--save-every and --keep-checkpoints must not be negative"));
-  }
-  o.profile = !f.profile.empty();
-  if (o.profile) {
-    // Fail before training, not after, when the report cannot be written.
-    Result<report::ChartLib> lib = report::load_chart_lib();
-    if (!lib.is_ok()) return fail(lib.status());
-  }
-
+  o.comm = &comm;
   std::ofstream log;
-  if (!f.log_json.empty()) {
-    log.open(f.log_json, std::ios::trunc);
-    if (!log)
-      return fail(Status::io_error(fmt::format("cannot write --log-json '{}'", f.log_json)));
+  auto prepare = [&]() -> Status {
+    HR_RETURN_IF_ERROR(resolve_train_options(f, &o));
+    o.out_dir = f.out;
+    o.save_every = f.save_every;
+    o.keep_checkpoints = f.keep_checkpoints;
+    o.resume = f.resume;
+    if (f.save_every < 0 || f.keep_checkpoints < 0) {
+      return Status::invalid_argument("--save-every and --keep-checkpoints must not be negative");
+    }
+    o.profile = !f.profile.empty() && rank == 0;
+    if (o.profile) {
+      // Fail before training, not after, when the report cannot be written.
+      HR_RETURN_IF_ERROR(report::load_chart_lib().status());
+    }
+    if (!f.log_json.empty() && rank == 0) {
+      log.open(f.log_json, std::ios::trunc);
+      if (!log) return Status::io_error(fmt::format("cannot write --log-json '{}'", f.log_json));
+    }
+    return Status::ok();
+  };
+  // Rank 0 first (it may calibrate this machine, which the others then read), then the rest;
+  // each time all ranks agree, so a bad flag stops every rank with rank 0's message.
+  const Status own = rank == 0 ? prepare() : Status::ok();
+  Status prepared = own;
+  if (f.ranks > 1) {
+    prepared = dist::agree(comm, own);
+    if (!own.is_ok()) prepared = own;  // rank 0's flag error, without the "rank 0: " prefix
+    if (prepared.is_ok()) {
+      if (rank != 0) prepared = prepare();
+      prepared = dist::agree(comm, prepared);
+    }
   }
+  if (!prepared.is_ok()) return rank == 0 ? fail(prepared) : 1;
   std::optional<data::Gpt2Tokenizer> tok;
   {
     std::string vd = f.vocab.empty() ? data::default_vocab_dir() : f.vocab;
@@ -633,6 +700,14 @@ int run_train(TrainFlags& f) {
                  "%d steps, lr %.2g\n",
                  o.model_name.c_str(), double(info.num_parameters) / 1e6, o.micro_batch, o.seq,
                  o.accumulation, o.steps, double(o.adamw.lr));
+    if (f.ranks > 1) {
+      std::fprintf(stderr,
+                   "ranks: %s\n  global batch %d = %d ranks x micro-batch %d x accumulation %d; "
+                   "per-rank planned peak %s (the memory plan below is one rank's)\n",
+                   train::describe_ranks(f.ranks, o.zero_stage).c_str(),
+                   f.ranks * o.micro_batch * o.accumulation, f.ranks, o.micro_batch, o.accumulation,
+                   format_bytes(info.planned_bytes).c_str());
+    }
     std::fprintf(stderr, "plan: %s\n  %s\n", o.plan_note.c_str(),
                  plan::describe_exec(o.exec).c_str());
     std::fprintf(stderr, "data: %s (%lld train / %lld validation tokens)\n", o.data.c_str(),
@@ -649,6 +724,7 @@ int run_train(TrainFlags& f) {
                  info.predicted_step_ms, info.device_source.c_str());
   };
   cb.on_step = [&](const train::StepStats& s) {
+    if (rank != 0) return;  // every rank's step is the same step
     if (log.is_open()) log << step_json(s).dump() << "\n" << std::flush;
     // Re-plans, recoveries and their memory reports are logged in every mode (stderr).
     for (const std::string& e : s.events) {
@@ -658,9 +734,11 @@ int run_train(TrainFlags& f) {
       f.json ? (void)std::fprintf(stderr, "%s", r.c_str()) : bar.println(r);
     }
     if (f.json) return;
-    std::string text = fmt::format("loss {:.4f}  lr {:.2e}  {:.0f} tok/s  mem {} / {}", s.loss,
-                                   s.lr, s.tokens_per_s, format_bytes(s.device_bytes_in_use),
-                                   format_bytes(s.device_budget));
+    // Memory: in use / budget, then the step's measured peak against the plan's.
+    std::string text = fmt::format(
+        "loss {:.4f}  lr {:.2e}  {:.0f} tok/s  mem {} / {}  peak {} (plan {})", s.loss, s.lr,
+        s.tokens_per_s, format_bytes(s.device_bytes_in_use), format_bytes(s.device_budget),
+        format_bytes(s.device_bytes_peak), format_bytes(s.planned_peak_bytes));
     if (s.val_loss)
       bar.println(fmt::format("step {}: validation loss {:.4f}", s.step, *s.val_loss));
     if (!s.checkpoint.empty())
@@ -670,7 +748,7 @@ int run_train(TrainFlags& f) {
   std::string sample_text;
   cb.on_finish = [&](const model::Gpt2Config& cfg, const float* params,
                      memory::MemoryResource* device) -> Status {
-    if (!tok || f.sample_tokens <= 0) return Status::ok();
+    if (!tok || f.sample_tokens <= 0 || rank != 0) return Status::ok();
     train::SampleOptions so;
     so.max_new_tokens = f.sample_tokens;
     so.temperature = 0.8f;
@@ -685,7 +763,13 @@ int run_train(TrainFlags& f) {
   };
   Result<train::TrainResult> r = train::run_training(o, cb);
   bar.finish();
-  if (!r.is_ok()) return fail(r.status());
+  if (!r.is_ok()) return rank == 0 ? fail(r.status()) : 1;  // every rank has the same status
+  // Every rank's measured and planned peak, for rank 0's report (a sum of one-hot vectors).
+  std::vector<double> peaks(size_t(2 * f.ranks), 0.0);
+  peaks[size_t(2 * rank)] = double(r->device_bytes_peak);
+  peaks[size_t(2 * rank + 1)] = double(r->planned_peak_bytes);
+  if (Status s = comm.all_reduce(peaks.data(), int64_t(peaks.size())); !s.is_ok()) return fail(s);
+  if (rank != 0) return 0;
   if (o.profile) {
     if (Status s = write_profile(f.profile, f, o, *r); !s.is_ok()) return fail(s);
     if (!f.json) {
@@ -702,9 +786,21 @@ int run_train(TrainFlags& f) {
               {"planned_peak_bytes", r->planned_peak_bytes},
               {"lower_bound_bytes", r->lower_bound_bytes},
               {"out", o.out_dir},
-              {"sample", sample_text}};
+              {"sample", sample_text},
+              {"ranks", f.ranks},
+              {"zero", o.zero_stage}};
+    if (f.ranks > 1) {
+      json per_rank = json::array();
+      for (int i = 0; i < f.ranks; i++) {
+        per_rank.push_back({{"rank", i},
+                            {"device_bytes_peak", uint64_t(peaks[size_t(2 * i)])},
+                            {"planned_peak_bytes", uint64_t(peaks[size_t(2 * i + 1)])}});
+      }
+      j["per_rank"] = per_rank;
+    }
     if (r->final_val_loss) j["final_val_loss"] = *r->final_val_loss;
-    std::printf("%s\n", j.dump(2).c_str());
+    // The sample may end inside a multi-byte character: replace invalid UTF-8, never throw.
+    std::printf("%s\n", j.dump(2, ' ', false, json::error_handler_t::replace).c_str());
     return 0;
   }
   std::fprintf(stderr, "done: loss %.4f", r->final_loss);
@@ -718,6 +814,11 @@ int run_train(TrainFlags& f) {
       format_bytes(r->lower_bound_bytes).c_str(),
       r->lower_bound_bytes ? double(r->planned_peak_bytes) / double(r->lower_bound_bytes) : 1.0,
       format_bytes(o.device_memory).c_str());
+  for (int i = 0; i < f.ranks && f.ranks > 1; i++) {
+    std::fprintf(stderr, "  rank %d: peak %s measured, %s planned\n", i,
+                 format_bytes(uint64_t(peaks[size_t(2 * i)])).c_str(),
+                 format_bytes(uint64_t(peaks[size_t(2 * i + 1)])).c_str());
+  }
   std::fprintf(stderr, "model saved to %s/ (config.json, model.safetensors)\n", o.out_dir.c_str());
   if (!sample_text.empty()) std::printf("sample:\n%s\n", sample_text.c_str());
   return 0;
@@ -822,6 +923,7 @@ int run_prepare(PrepareFlags& f) {
 struct PlanFlags {
   TrainFlags t;
   int devices = 1;
+  std::string zero = "auto";  // --zero auto|0|1|2|3
   bool sweep = false;
 };
 
@@ -846,6 +948,19 @@ int run_plan(PlanFlags& pf) {
   Result<std::optional<model::Recompute>> rc = parse_recompute(f.recompute);
   if (!rc.is_ok()) return fail(rc.status());
   req.recompute = *rc;
+  if (pf.zero != "auto") {
+    if (pf.zero.size() != 1 || pf.zero[0] < '0' || pf.zero[0] > '3') {
+      return fail(
+          Status::invalid_argument(fmt::format("--zero {}: use auto, 0, 1, 2 or 3", pf.zero)));
+    }
+    req.zero_stage = pf.zero[0] - '0';
+  }
+  if (dev->kind == "cpu") {
+    // Plan what `headroom train` runs here under mpirun: stages 0-2 with the trainer's buffers
+    // (a full gradient buffer; docs/notes/zero.md). Named GPUs are planned as ZeRO designs them.
+    req.zero_windows = false;
+    req.max_zero_stage = 2;
+  }
   Result<plan::SearchResult> r = plan::search_plan(req);
   if (!r.is_ok()) return fail(r.status());
   const int64_t nparams = model::gpt2_param_table(*cfg).num_parameters;
@@ -860,6 +975,7 @@ int run_plan(PlanFlags& pf) {
                    {"memory_bytes", dev->memory_bytes},
                    {"flops_fp32", dev->flops_fp32},
                    {"mem_bandwidth", dev->mem_bandwidth},
+                   {"interconnect_bandwidth", dev->interconnect_bandwidth},
                    {"source", dev->source}};
     j["devices"] = pf.devices;
     j["seq"] = req.seq;
@@ -885,37 +1001,62 @@ int run_plan(PlanFlags& pf) {
       "(%s each; %s)\n",
       f.model.c_str(), double(nparams) / 1e6, req.seq, req.global_batch, pf.devices,
       dev->name.c_str(), format_bytes(dev->memory_bytes).c_str(), dev->source.c_str());
-  if (pf.devices > 1) {
-    std::printf(
-        "note: each device holds a full replica (data parallel); sharding (ZeRO) is not "
-        "built yet\n");
-  }
+  const bool multi = pf.devices > 1;
+  // " ZeRO-2," for several devices: the stage of a candidate in the lists below.
+  auto stage_of = [&](const plan::Candidate& o) {
+    return multi ? fmt::format(" ZeRO-{},", o.policy.zero_stage) : std::string();
+  };
   if (r->chosen) {
     const plan::Candidate& c = *r->chosen;
-    std::printf("\nchosen: micro-batch %d x %d accumulation steps, %s, %s, no offload\n",
-                c.policy.micro_batch, c.policy.accumulation, c.policy.precision.c_str(),
-                plan::describe_exec(c.policy.exec).c_str());
-    std::printf("  peak %s per device (lower bound %s), predicted %.0f tokens/s (%.0f ms a step)\n",
-                format_bytes(c.peak_bytes).c_str(), format_bytes(c.lower_bound_bytes).c_str(),
-                c.cost.tokens_per_s, c.cost.step_seconds * 1e3);
-    std::printf("\nmemory at the peak (%s):\n%s",
+    std::printf("\nchosen: micro-batch %d x %d accumulation steps%s, %s, %s, %sno offload\n",
+                c.policy.micro_batch, c.policy.accumulation, multi ? " per device" : "",
+                c.policy.precision.c_str(), plan::describe_exec(c.policy.exec).c_str(),
+                multi ? fmt::format("ZeRO stage {}, ", c.policy.zero_stage).c_str() : "");
+    std::printf(
+        "  peak %s per device (lower bound %s), predicted %.0f tokens/s%s (%.0f ms a step)\n",
+        format_bytes(c.peak_bytes).c_str(), format_bytes(c.lower_bound_bytes).c_str(),
+        c.cost.tokens_per_s, multi ? " over all devices" : "", c.cost.step_seconds * 1e3);
+    if (multi) {
+      std::printf(
+          "  step time: %.0f ms compute (GEMMs %.0f, memory-bound %.0f) + %.0f ms communication\n"
+          "  communication: %s sent per device per step (ring collectives of ZeRO-%d), %.0f ms at "
+          "%.1f GB/s (%s; not overlapped with compute)\n",
+          (c.cost.gemm_seconds + c.cost.memory_seconds) * 1e3, c.cost.gemm_seconds * 1e3,
+          c.cost.memory_seconds * 1e3, c.cost.comm_seconds * 1e3,
+          format_bytes(uint64_t(c.cost.comm_bytes)).c_str(), c.policy.zero_stage,
+          c.cost.comm_seconds * 1e3, dev->interconnect_bandwidth / 1e9,
+          dev->kind == "cpu" ? "shared-memory MPI, measured" : "interconnect, datasheet x 0.8");
+    }
+    std::printf("\nmemory%s at the peak (%s):\n%s", multi ? " per device" : "",
                 r->chosen_plan->ops[size_t(r->chosen_plan->peak_op)].name.c_str(),
                 plan::category_table(*r->chosen_plan, dev->memory_bytes).c_str());
     if (r->candidates.size() > 1) {
       std::printf("\nrunners-up:\n");
       for (size_t i = 1; i < r->candidates.size() && i < 6; i++) {
         const plan::Candidate& o = r->candidates[i];
-        std::printf("  micro-batch %3d x %3d: peak %10s, predicted %6.0f tokens/s (%s)\n",
-                    o.policy.micro_batch, o.policy.accumulation, format_bytes(o.peak_bytes).c_str(),
+        std::printf("  micro-batch %3d x %3d:%s %s, peak %10s, predicted %6.0f tokens/s (%s)\n",
+                    o.policy.micro_batch, o.policy.accumulation, stage_of(o).c_str(),
+                    o.policy.precision.c_str(), format_bytes(o.peak_bytes).c_str(),
                     o.cost.tokens_per_s, plan::describe_exec(o.policy.exec).c_str());
       }
     }
   }
   if (!r->rejected.empty()) {
+    // The leanest first; with several precisions and stages, the ten leanest.
+    std::vector<plan::Candidate> rejected = r->rejected;
+    std::stable_sort(rejected.begin(), rejected.end(),
+                     [](const plan::Candidate& a, const plan::Candidate& b) {
+                       return a.peak_bytes < b.peak_bytes;
+                     });
     std::printf("\nrejected:\n");
-    for (const auto& o : r->rejected) {
-      std::printf("  micro-batch %3d x %3d: %s\n", o.policy.micro_batch, o.policy.accumulation,
+    for (size_t i = 0; i < rejected.size() && i < 10; i++) {
+      const plan::Candidate& o = rejected[i];
+      std::printf("  micro-batch %3d x %3d:%s %s: %s\n", o.policy.micro_batch,
+                  o.policy.accumulation, stage_of(o).c_str(), o.policy.precision.c_str(),
                   o.rejected_because.c_str());
+    }
+    if (rejected.size() > 10) {
+      std::printf("  ... and %zu more (--json lists them all)\n", rejected.size() - 10);
     }
   }
   if (pf.sweep) {
@@ -945,6 +1086,7 @@ struct BenchFlags {
   int warmup = 1;
   bool breakdown = false;
   int head_chunk = 0;
+  std::string bf16_weights = "copy";
   std::string attention = "tiled";
   bool pad_rows = true;
   bool record = false;
@@ -980,6 +1122,10 @@ int run_bench(BenchFlags& bf) {
   o.exec.tiled_attention = bf.attention == "tiled";
   if (bf.head_chunk < 0) return fail(Status::invalid_argument("--head-chunk must be >= 0"));
   o.exec.head_chunk = bf.head_chunk;
+  if (bf.bf16_weights != "copy" && bf.bf16_weights != "cast") {
+    return fail(Status::invalid_argument("--bf16-weights must be copy or cast"));
+  }
+  o.exec.bf16_weight_copy = bf.bf16_weights == "copy";
   o.exec.pad_rows = bf.pad_rows;
   o.profile = bf.record;
   Result<uint64_t> budget = device_budget(f.device_memory);
@@ -1157,6 +1303,11 @@ int run(int argc, char** argv) {
   train_cmd
       ->add_option("--keep-checkpoints", tf.keep_checkpoints, "newest checkpoints kept (0: all)")
       ->capture_default_str();
+  train_cmd
+      ->add_option("--zero", tf.zero,
+                   "ZeRO stage with several ranks (mpirun -np N headroom train ...): 0 all-reduces "
+                   "gradients, 1 and 2 shard the optimizer state; auto: 1 with several ranks")
+      ->capture_default_str();
   train_cmd->add_option("--resume", tf.resume,
                         "continue exactly from a checkpoint directory, or from OUT (its newest "
                         "checkpoint); --steps is the run's total");
@@ -1197,6 +1348,12 @@ int run(int argc, char** argv) {
       "plan", "plan the memory of a training configuration and choose the fastest that fits");
   add_train_flags(plan_cmd, plf.t);
   plan_cmd->add_option("--devices", plf.devices, "data-parallel devices")->capture_default_str();
+  if (!plan_cmd->get_option_no_throw("--zero")) {
+    plan_cmd
+        ->add_option("--zero", plf.zero,
+                     "ZeRO stage with --devices above 1: auto (the planner chooses), 0, 1, 2 or 3")
+        ->capture_default_str();
+  }
   plan_cmd->add_flag("--sweep", plf.sweep, "also print memory versus micro-batch");
   plan_cmd->add_flag("--json", plf.t.json, "print the plan as one JSON object");
 
@@ -1221,6 +1378,11 @@ int run(int argc, char** argv) {
   bench_cmd
       ->add_option("--head-chunk", bnf.head_chunk,
                    "tokens per chunk of the fused LM head; 0 = full logits")
+      ->capture_default_str();
+  bench_cmd
+      ->add_option("--bf16-weights", bnf.bf16_weights,
+                   "bf16: keep a bf16 copy of the weights (copy) or cast each layer's before use "
+                   "(cast)")
       ->capture_default_str();
   bench_cmd
       ->add_option("--pad-rows", bnf.pad_rows,

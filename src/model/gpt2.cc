@@ -150,6 +150,11 @@ ActivationTable gpt2_activation_table(const Gpt2Config& c, int B, int T, bool tr
     return L;
   };
   t.ids.encoded = add("encoded", {B, T, C}, A);
+  t.ids.block_weights_bf16 = t.ids.head_weights_bf16 = SIZE_MAX;
+  if (low == DType::kBF16 && !options.bf16_weight_copy) {
+    t.ids.block_weights_bf16 = add_low("block_weights_bf16", {12 * C * C}, Category::kWeights);
+    t.ids.head_weights_bf16 = add_low("head_weights_bf16", {V, C}, Category::kWeights);
+  }
   for (int l = 0; l < c.n_layer; l++)
     t.ids.fwd.push_back(block("h." + std::to_string(l) + ".", A, true));
   t.ids.lnf = add_low("lnf", {B, T, C}, A);
@@ -246,16 +251,17 @@ std::vector<OpDesc> gpt2_step_ops(const Gpt2Config& c, const ActivationTable& ta
   push("forward embedding", Phase::kForward, -1, {id.encoded});
   for (int l = 0; l < L; l++) {
     std::vector<size_t> b = fields(id.fwd[size_t(l)]);
-    b.insert(b.end(), {input_of(l), id.fwd[size_t(l)].residual3, id.att_fwd_scratch});
+    b.insert(b.end(),
+             {input_of(l), id.fwd[size_t(l)].residual3, id.att_fwd_scratch, id.block_weights_bf16});
     push("forward h." + std::to_string(l), Phase::kForward, l, std::move(b));
   }
   push("forward head", Phase::kForward, -1,
        {input_of(L), id.lnf, id.lnf_mean, id.lnf_rstd, id.logits, id.head_lse, id.head_scratch,
-        id.losses});
+        id.losses, id.head_weights_bf16});
   if (!training) return ops;
   push("backward head", Phase::kBackward, -1,
        {input_of(L), id.lnf, id.lnf_mean, id.lnf_rstd, id.logits, id.head_lse, id.head_scratch,
-        id.d_c, id.dresidual});
+        id.d_c, id.dresidual, id.head_weights_bf16});
   const size_t dres_low = id.dresidual_low;
   for (int l = L - 1; l >= 0; l--) {
     // The backward of block l reads its saved (or recomputed) buffers but not its own output,
@@ -266,8 +272,8 @@ std::vector<OpDesc> gpt2_step_ops(const Gpt2Config& c, const ActivationTable& ta
       b.insert(b.end(), {id.fwd[size_t(l)].fch, id.fwd[size_t(l)].residual2});
     }
     if (table.options.recompute_at(l) == Recompute::kFull) b.push_back(id.att_fwd_scratch);
-    b.insert(b.end(),
-             {input_of(l), id.dresidual, id.d_c, id.d_3c, id.d_4c, id.att_scratch, dres_low});
+    b.insert(b.end(), {input_of(l), id.dresidual, id.d_c, id.d_3c, id.d_4c, id.att_scratch,
+                       dres_low, id.block_weights_bf16});
     push("backward h." + std::to_string(l), Phase::kBackward, l, std::move(b));
   }
   push("backward embedding", Phase::kBackward, -1, {id.dresidual});
@@ -305,9 +311,43 @@ const T* Gpt2::gemm_weight(const float* w) const {
   if constexpr (std::is_same_v<T, float>) {
     return w;
   } else {
-    HR_CHECK_MSG(params_bf16_ != nullptr, "bf16 precision needs the bf16 weight copy bound");
-    return params_bf16_ + (w - params_);
+    if (acts_->options.bf16_weight_copy) {
+      HR_CHECK_MSG(params_bf16_ != nullptr, "bf16 precision needs the bf16 weight copy bound");
+      return params_bf16_ + (w - params_);
+    }
+    for (const Cast& c : casts_) {
+      if (c.src == w) return c.dst;
+    }
+    HR_CHECK_MSG(false, "a bf16 weight was used before it was cast");
+    return nullptr;
   }
+}
+
+void Gpt2::cast_block_weights(int l) {
+  const Gpt2ActivationIds& id = acts_->ids;
+  if (id.block_weights_bf16 == SIZE_MAX) return;
+  const int64_t C = config_.n_embd;
+  const LayerParams w = layer_params(params_, l);
+  bf16_t* dst = static_cast<bf16_t*>(arena_->data(id.block_weights_bf16));
+  const std::array<std::pair<const float*, int64_t>, 4> parts = {
+      {{w.qkv_w, 3 * C * C}, {w.attproj_w, C * C}, {w.fc_w, 4 * C * C}, {w.fcproj_w, 4 * C * C}}};
+  timed(OpKind::kElementwise, [&] {
+    for (size_t i = 0; i < parts.size(); i++) {
+      cpu::cast_to_bf16(dst, parts[i].first, parts[i].second);
+      casts_[i] = {parts[i].first, dst};
+      dst += parts[i].second;
+    }
+  });
+}
+
+void Gpt2::cast_head_weights() {
+  const Gpt2ActivationIds& id = acts_->ids;
+  if (id.head_weights_bf16 == SIZE_MAX) return;
+  const float* wte = params_ + table_->params[0].offset;
+  bf16_t* dst = static_cast<bf16_t*>(arena_->data(id.head_weights_bf16));
+  timed(OpKind::kElementwise,
+        [&] { cpu::cast_to_bf16(dst, wte, int64_t(config_.vocab_size) * config_.n_embd); });
+  casts_[4] = {wte, dst};
 }
 
 void Gpt2::bind_activations(const memory::Arena* arena, const ActivationTable* table, int B,
@@ -381,6 +421,8 @@ void Gpt2::block_forward(int l, const Gpt2ActivationIds::Layer& s, const float* 
   T* ln2 = buf<T>(a, s.ln2);
   T* fch = buf<T>(a, s.fch);
   T* fch_gelu = buf<T>(a, s.fch_gelu);
+  // A recomputation (with_output == false) runs inside the block's backward, which cast first.
+  if (with_output) cast_block_weights(l);
   timed(OpKind::kNorm, [&] {
     cpu::layernorm_forward(ln1, a.f32(s.ln1_mean), a.f32(s.ln1_rstd), x, w.ln1_w, w.ln1_b, N, C);
   });
@@ -459,6 +501,7 @@ double Gpt2::forward_t(const int32_t* inputs, const int32_t* targets, int64_t* v
   const float* lnf_w = params_ + table_->params[np - 2].offset;
   const float* lnf_b = params_ + table_->params[np - 1].offset;
   T* lnf = buf<T>(a, id.lnf);
+  cast_head_weights();
   timed(OpKind::kNorm, [&] {
     cpu::layernorm_forward(lnf, a.f32(id.lnf_mean), a.f32(id.lnf_rstd), x, lnf_w, lnf_b, N, C);
   });
@@ -577,6 +620,7 @@ void Gpt2::backward_t(const int32_t* inputs, const int32_t* targets, float dloss
     T* ln2 = buf<T>(a, s.ln2);
     T* fch = buf<T>(a, s.fch);
     T* fch_gelu = buf<T>(a, s.fch_gelu);
+    cast_block_weights(l);
     if (rc == Recompute::kFull) block_forward<T>(l, s, x, false);
     if (rc == Recompute::kSelective) {
       timed(OpKind::kNorm, [&] {

@@ -66,6 +66,10 @@ struct ExecOptions {
   std::vector<Recompute> recompute;  // per block; empty means kNone everywhere
   bool pad_rows = true;  // pad the 4C-wide activations' rows off 4 KiB multiples (speed only)
   Precision precision = Precision::kFp32;  // kBf16 needs tiled attention
+  // bf16 only: true keeps a persistent bf16 copy of the parameters (2 bytes each; AdamW refreshes
+  // it); false casts each block's GEMM weights (and the LM head's) into step buffers just before
+  // they are used, forward and backward: less memory, a cast pass per use.
+  bool bf16_weight_copy = true;
 
   bool operator==(const ExecOptions&) const = default;
   Recompute recompute_at(int layer) const {
@@ -95,6 +99,9 @@ struct Gpt2ActivationIds {
   // dtype; dresidual is fp32, and with bf16 dresidual_low is its bf16 rounding that the GEMMs
   // read (SIZE_MAX in fp32).
   size_t dresidual, d_c, d_3c, d_4c, att_scratch, dresidual_low;
+  // bf16 without the persistent weight copy: one block's GEMM weights cast to bf16
+  // ([qkv | attproj | fc | fcproj], 12 C^2) and the LM head's (V x C); SIZE_MAX otherwise.
+  size_t block_weights_bf16, head_weights_bf16;
 };
 
 struct ActivationTable {
@@ -195,9 +202,14 @@ class Gpt2 {
   double forward_t(const int32_t* inputs, const int32_t* targets, int64_t* valid);
   template <typename T>
   void backward_t(const int32_t* inputs, const int32_t* targets, float dloss);
-  // The GEMM copy of a weight: itself in fp32, its bf16 copy with bf16 precision.
+  // The GEMM copy of a weight: itself in fp32, its bf16 copy with bf16 precision (from the
+  // persistent copy, or from the step buffer it was last cast into).
   template <typename T>
   const T* gemm_weight(const float* w) const;
+  // Without the persistent bf16 copy: casts block l's GEMM weights (the LM head's) into their
+  // step buffer; gemm_weight then finds them there. No-ops otherwise.
+  void cast_block_weights(int l);
+  void cast_head_weights();
   // Ends the current op's span and starts op `next` (-1: none), when recording.
   void op_boundary(int next);
 
@@ -206,6 +218,12 @@ class Gpt2 {
   float* params_ = nullptr;
   float* grads_ = nullptr;
   const bf16_t* params_bf16_ = nullptr;
+  // Weights cast on the fly: master pointer -> its bf16 cast (at most 5: a block's 4 and wte).
+  struct Cast {
+    const float* src;
+    const bf16_t* dst;
+  };
+  std::array<Cast, 5> casts_{};
   const memory::Arena* arena_ = nullptr;
   const ActivationTable* acts_ = nullptr;
   int B_ = 0, T_ = 0;

@@ -1,9 +1,12 @@
 // The step cost model.
 #include "plan/cost_model.h"
 
+#include "core/check.h"
+
 namespace headroom::plan {
 
-StepCost estimate_step(const model::Gpt2Config& c, const MemoryPlan& plan, const DeviceSpec& d) {
+StepCost estimate_step(const model::Gpt2Config& c, const MemoryPlan& plan, const DeviceSpec& d,
+                       const ZeroSpec* zero) {
   StepCost s;
   const double b = plan.policy.micro_batch, T = plan.policy.seq, k = plan.policy.accumulation;
   const double C = c.n_embd, L = c.n_layer, V = c.vocab_size;
@@ -38,7 +41,12 @@ StepCost estimate_step(const model::Gpt2Config& c, const MemoryPlan& plan, const
   // writes p, m, v, plus zeroing and the norm of the gradients.
   double step_buffer_bytes = 0;
   for (const memory::BufferDesc& buf : plan.step.buffers) step_buffer_bytes += double(buf.bytes());
-  const double param_bytes = double(plan.params.total_floats) * 4.0;
+  const bool sharded = zero && zero->ranks > 1;
+  // Stages 1-3 run AdamW on this rank's shard only.
+  const double optimizer_floats = sharded && zero->stage > 0
+                                      ? double(zero_memory(*zero).optimizer) / 8.0
+                                      : double(plan.params.total_floats);
+  const double param_bytes = optimizer_floats * 4.0;
   // Selective recomputation reads x and residual2 (C each) and fch (4C) and writes ln1, ln2
   // (C each) and fch_gelu (4C) again: 12 C floats per token per block. A full recompute also
   // writes and reads the block's saved buffers once more: about 16 C floats.
@@ -46,11 +54,27 @@ StepCost estimate_step(const model::Gpt2Config& c, const MemoryPlan& plan, const
   // The fused head writes and reads each logits chunk twice (forward, recomputing backward);
   // its chunk buffer is counted once among the step buffers.
   if (plan.policy.exec.head_chunk > 0) recompute_bytes += 4.0 * V * 4.0 * tokens;
-  s.memory_bytes = k * 4.0 * step_buffer_bytes + 9.0 * param_bytes + recompute_bytes;
+  // bf16: AdamW also writes the bf16 copy (2 bytes a parameter), or, without the copy, every
+  // micro-batch casts each block's GEMM weights twice (forward, backward) and the head's once:
+  // 4 bytes read and 2 written per weight.
+  double bf16_bytes = 0;
+  if (plan.policy.exec.precision == model::Precision::kBf16) {
+    if (plan.policy.exec.bf16_weight_copy) {
+      bf16_bytes = param_bytes / 2.0;
+    } else {
+      bf16_bytes = k * (2.0 * L * 12.0 * C * C + V * C) * 6.0;
+    }
+  }
+  s.memory_bytes = k * 4.0 * step_buffer_bytes + 9.0 * param_bytes + recompute_bytes + bf16_bytes;
   s.memory_seconds = s.memory_bytes / d.mem_bandwidth;
 
-  s.step_seconds = s.gemm_seconds + s.memory_seconds;
-  s.tokens_per_s = tokens / s.step_seconds;
+  if (sharded) {
+    HR_CHECK_MSG(d.interconnect_bandwidth > 0, "estimate_step: no interconnect bandwidth");
+    s.comm_bytes = double(zero_traffic(*zero).total());
+    s.comm_seconds = zero_comm_seconds(*zero, d.interconnect_bandwidth);
+  }
+  s.step_seconds = s.gemm_seconds + s.memory_seconds + s.comm_seconds;
+  s.tokens_per_s = tokens * (sharded ? zero->ranks : 1) / s.step_seconds;
   return s;
 }
 

@@ -5,6 +5,7 @@
 
 #include "plan/device_spec.h"
 #include "plan/memory_plan.h"
+#include "plan/zero.h"
 
 namespace headroom::plan {
 
@@ -14,8 +15,10 @@ struct StepCost {
   double memory_bytes = 0;  // bytes moved by memory-bound work (norms, activations, optimizer)
   double gemm_seconds = 0;
   double memory_seconds = 0;
-  double step_seconds = 0;
-  double tokens_per_s = 0;
+  double comm_bytes = 0;    // bytes each rank sends per optimizer step (ZeRO collectives)
+  double comm_seconds = 0;  // comm_bytes at the device's interconnect bandwidth, not overlapped
+  double step_seconds = 0;  // gemm + memory + comm seconds
+  double tokens_per_s = 0;  // all ranks together: ranks x tokens per rank / step_seconds
 };
 
 // GEMMs with few rows run below peak; rows / (rows + kGemmHalfRows) is the fraction of the
@@ -23,7 +26,11 @@ struct StepCost {
 // see docs/notes/cost-model.md).
 constexpr double kGemmHalfRows = 64;
 
+// `zero`, when given with ranks > 1, adds the step's collectives (zero_traffic) at
+// device.interconnect_bandwidth, counted as not hidden by compute (no overlap is modelled: see
+// docs/notes/cost-model.md, "Planning over devices"), and prices the optimizer on the shard.
+// REQUIRES: device.interconnect_bandwidth > 0 when zero->ranks > 1.
 StepCost estimate_step(const model::Gpt2Config& config, const MemoryPlan& plan,
-                       const DeviceSpec& device);
+                       const DeviceSpec& device, const ZeroSpec* zero = nullptr);
 
 }  // namespace headroom::plan

@@ -20,6 +20,17 @@ constexpr double kPcie3x16 = 15.75 * kG;
 constexpr double kPcie4x16 = 31.5 * kG;
 constexpr double kPcie5x16 = 63.0 * kG;
 
+// Interconnect between devices (DeviceSpec::interconnect_bandwidth): one direction of the link,
+// times 0.8 for what a ring collective sustains (the share pinned copies reach, above; NCCL's
+// all-reduce bus bandwidth on A100/H100 SXM systems is reported at about that share of the
+// per-direction NVLink rate). SXM parts: NVLink, whose datasheet figure adds both directions
+// (A100: 600 GB/s, NVLink 3; H100/H200: 900 GB/s, NVLink 4). PCIe cards without NVLink (L4, T4)
+// talk peer to peer over PCIe. GeForce RTX 40 cards have no peer-to-peer: collectives are staged
+// through host memory, so each byte crosses PCIe twice: half the PCIe figure.
+constexpr double kRing = 0.8;
+constexpr double kNvlink3 = 600.0 / 2 * kG * kRing;  // 240 GB/s
+constexpr double kNvlink4 = 900.0 / 2 * kG * kRing;  // 360 GB/s
+
 // gemm_efficiency: the share of the dense peak that the large GEMMs of transformer training
 // sustain, GEMM-bound layers only (attention, norms and the optimizer are priced by bandwidth).
 // Peaks assume boost clocks; sustained tensor-core load runs below them at the power limit,
@@ -36,37 +47,38 @@ const std::array<DeviceSpec, 7>& table() {
       // "A100 40GB SXM": FP32 19.5 TF, BF16/FP16 tensor 312 TF (624 sparse), HBM2 1,555 GB/s,
       // PCIe Gen4 64 GB/s (both directions). nvidia-smi: 40960 MiB.
       {"A100-40GB", "gpu", 40960 * kMiBytes, 19.5 * kT, 312 * kT, 312 * kT, 1555 * kG, kPcie4x16,
-       0.70, "NVIDIA A100 datasheet (2021), A100 40GB SXM"},
+       0.70, "NVIDIA A100 datasheet (2021), A100 40GB SXM", kNvlink3},
       // Same datasheet, "A100 80GB SXM": HBM2e 2,039 GB/s; compute as above. nvidia-smi: 81920
       // MiB.
       {"A100-80GB", "gpu", 81920 * kMiBytes, 19.5 * kT, 312 * kT, 312 * kT, 2039 * kG, kPcie4x16,
-       0.70, "NVIDIA A100 datasheet (2021), A100 80GB SXM"},
+       0.70, "NVIDIA A100 datasheet (2021), A100 80GB SXM", kNvlink3},
       // NVIDIA H100 Tensor Core GPU datasheet (2023), "H100 SXM": FP32 67 TF, BF16/FP16 tensor
       // 1,979 TF with sparsity = 989.4 dense (H100 architecture whitepaper), HBM3 3.35 TB/s,
       // PCIe Gen5 128 GB/s (both directions). nvidia-smi: 81559 MiB.
       {"H100-80GB", "gpu", 81559 * kMiBytes, 67 * kT, 989.4 * kT, 989.4 * kT, 3.35 * kT, kPcie5x16,
-       0.65, "NVIDIA H100 datasheet (2023), H100 SXM"},
+       0.65, "NVIDIA H100 datasheet (2023), H100 SXM", kNvlink4},
       // NVIDIA H200 Tensor Core GPU datasheet (2024), "H200 SXM": 141 GB HBM3e at 4.8 TB/s; FP32
       // 67 TF, BF16/FP16 tensor 1,979 TF with sparsity = 989.4 dense (the H100's GH100 die),
       // PCIe Gen5 128 GB/s (both directions). nvidia-smi: 143771 MiB.
       {"H200", "gpu", 143771 * kMiBytes, 67 * kT, 989.4 * kT, 989.4 * kT, 4.8 * kT, kPcie5x16, 0.65,
-       "NVIDIA H200 datasheet (2024), H200 SXM"},
+       "NVIDIA H200 datasheet (2024), H200 SXM", kNvlink4},
       // NVIDIA L4 Tensor Core GPU datasheet (2023): 24 GB GDDR6 at 300 GB/s, FP32 30.3 TF,
       // BF16/FP16 tensor 242 TF with sparsity = 121 dense, PCIe Gen4 x16 64 GB/s (both
       // directions), 72 W. nvidia-smi: 23034 MiB.
       {"L4", "gpu", 23034 * kMiBytes, 30.3 * kT, 121 * kT, 121 * kT, 300 * kG, kPcie4x16, 0.60,
-       "NVIDIA L4 datasheet (2023)"},
+       "NVIDIA L4 datasheet (2023)", kPcie4x16 * kRing},
       // NVIDIA Ada GPU architecture whitepaper (v2.1), appendix table for GeForce RTX 4090:
       // FP32 82.6 TF; tensor BF16 and FP16 with FP32 accumulate 165.2 TF dense (GeForce runs
       // FP32 accumulate at half the FP16-accumulate rate of 330.3; training accumulates in
       // FP32); 24 GB GDDR6X at 1,008 GB/s; PCIe Gen4 x16. nvidia-smi: 24564 MiB.
       {"RTX-4090", "gpu", 24564 * kMiBytes, 82.6 * kT, 165.2 * kT, 165.2 * kT, 1008 * kG, kPcie4x16,
-       0.70, "NVIDIA Ada GPU architecture whitepaper v2.1, GeForce RTX 4090"},
+       0.70, "NVIDIA Ada GPU architecture whitepaper v2.1, GeForce RTX 4090",
+       kPcie4x16 * kRing / 2},
       // NVIDIA T4 Tensor Core GPU datasheet (2019): 16 GB GDDR6 at 320 GB/s, FP32 8.1 TF, mixed
       // FP16/FP32 tensor 65 TF, no BF16 (Turing), PCIe Gen3 x16 32 GB/s (both directions), 70 W.
       // nvidia-smi: 15360 MiB (ECC on, the default).
       {"T4", "gpu", 15360 * kMiBytes, 8.1 * kT, 0, 65 * kT, 320 * kG, kPcie3x16, 0.60,
-       "NVIDIA T4 datasheet (2019)"},
+       "NVIDIA T4 datasheet (2019)", kPcie3x16 * kRing},
   }};
   return kTable;
 }

@@ -29,6 +29,10 @@ struct DeviceSpec {
   double gemm_efficiency = 1;      // fraction of the FLOP/s above that a large transformer GEMM
                                    // sustains; 1 for measured CPU figures (already sustained)
   std::string source;              // "measured YYYY-MM-DD" or the datasheet it comes from
+  // bytes/s, per rank, that a ring collective between devices of this kind sustains (NCCL's "bus
+  // bandwidth": one direction of the link). The planner prices ZeRO's traffic with it. 0: no
+  // figure (the planner refuses --devices above 1).
+  double interconnect_bandwidth = 0;
 };
 
 // The spec of a named GPU from the datasheet table. Case-insensitive ("h100-80gb" works).

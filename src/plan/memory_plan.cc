@@ -5,6 +5,7 @@
 
 #include "core/units.h"
 #include "memory/offset_planner.h"
+#include "plan/zero.h"
 
 namespace headroom::plan {
 
@@ -30,6 +31,16 @@ Result<MemoryPlan> plan_training_memory(const model::Gpt2Config& config, const P
   if (p.micro_batch <= 0 || p.accumulation <= 0 || p.prefetch_depth <= 0) {
     return Status::invalid_argument(fmt::format(
         "micro-batch {} and accumulation {} must be positive", p.micro_batch, p.accumulation));
+  }
+  if (p.ranks <= 0 || p.zero_stage < 0 || p.zero_stage > 3) {
+    return Status::invalid_argument(fmt::format(
+        "ranks {} must be positive and the ZeRO stage {} one of 0-3", p.ranks, p.zero_stage));
+  }
+  if (p.zero_stage == 3) {
+    return Status::unsupported(
+        "ZeRO-3 is not built into the trainer yet: the model reads one full parameter buffer, so "
+        "sharding the parameters would save nothing (it needs per-layer parameter windows); use "
+        "--zero 0, 1 or 2");
   }
   MemoryPlan plan;
   plan.policy = p;
@@ -61,20 +72,32 @@ Result<MemoryPlan> plan_training_memory(const model::Gpt2Config& config, const P
   plan.ops = model::gpt2_step_ops(config, plan.activations, true);
 
   const int64_t P = plan.params.total_floats;
-  const int64_t tokens = int64_t(p.accumulation) * p.micro_batch * p.seq;
+  const int64_t tokens = int64_t(p.ranks) * p.accumulation * p.micro_batch * p.seq;
   // With bf16 the fp32 parameters are the master weights, and a bf16 copy (region 4, after
   // staging) is what the GEMMs read.
   const Category param_cat = bf16 ? Category::kMaster : Category::kWeights;
   plan.persistent.push_back(single_region(bf16 ? "master weights" : "parameters", param_cat,
                                           {{"parameters", DType::kF32, Shape{P}, param_cat}}));
-  plan.persistent.push_back(single_region(
-      "gradients", Category::kGrads, {{"gradients", DType::kF32, Shape{P}, Category::kGrads}}));
+  // ZeRO-1/2 (plan/zero.h): m and v are this rank's shard, and the gradients reduce-scattered to
+  // this rank land in a shard next to the full accumulation buffer. Every rank plans the largest
+  // shard, so that all ranks hold the same plan (the last one's piece may be shorter).
+  ZeroSpec zs;
+  zs.stage = p.zero_stage;
+  zs.ranks = p.ranks;
+  zs.param_floats = P;
+  const int64_t shard = p.zero_stage == 0 ? P : zero_memory(zs).optimizer / 8;
+  std::vector<BufferDesc> grads = {{"gradients", DType::kF32, Shape{P}, Category::kGrads}};
+  if (p.zero_stage > 0) {
+    grads.push_back({"gradient_shard", DType::kF32, Shape{shard}, Category::kGrads});
+  }
+  plan.persistent.push_back(single_region("gradients", Category::kGrads, std::move(grads)));
   plan.persistent.push_back(
       single_region("optimizer", Category::kOptimizer,
-                    {{"adam_m", DType::kF32, Shape{P}, Category::kOptimizer},
-                     {"adam_v", DType::kF32, Shape{P}, Category::kOptimizer}}));
+                    {{"adam_m", DType::kF32, Shape{shard}, Category::kOptimizer},
+                     {"adam_v", DType::kF32, Shape{shard}, Category::kOptimizer}}));
   // Token staging: `prefetch_depth` slots of a whole step's micro-batches (the loader fills one
-  // while the step runs on another), and one micro-batch for validation.
+  // while the step runs on another), and one micro-batch for validation. With several ranks a
+  // slot holds the whole global step (every rank reads the same stream and takes its share).
   std::vector<BufferDesc> staging;
   for (int d = 0; d < p.prefetch_depth; d++) {
     staging.push_back(
@@ -86,7 +109,7 @@ Result<MemoryPlan> plan_training_memory(const model::Gpt2Config& config, const P
   staging.push_back({"val_input_ids", DType::kI32, Shape{mb_tokens}, Category::kStaging});
   staging.push_back({"val_targets", DType::kI32, Shape{mb_tokens}, Category::kStaging});
   plan.persistent.push_back(single_region("staging", Category::kStaging, std::move(staging)));
-  if (bf16) {
+  if (bf16 && plan.policy.exec.bf16_weight_copy) {
     plan.persistent.push_back(
         single_region("bf16 weights", Category::kWeights,
                       {{"parameters_bf16", DType::kBF16, Shape{P}, Category::kWeights}}));

@@ -23,6 +23,12 @@ struct Policy {
   std::string precision = "fp32";  // "fp32" or "bf16"; the plan sets exec.precision from it
   model::ExecOptions exec;         // attention kernel, LM head, recomputation per block
   int prefetch_depth = 2;          // steps of token ids the loader prepares ahead
+  // Data parallelism: micro_batch and accumulation are per rank; each rank stages the whole
+  // global step (ranks x accumulation x micro_batch sequences) and reads its share. With
+  // zero_stage 1-2 the optimizer state (m, v) is a shard per rank and a reduced-gradient shard
+  // is added (plan/zero.h); the gradient buffer stays full (docs/notes/zero.md).
+  int ranks = 1;
+  int zero_stage = 0;  // 0, 1 or 2 (3 needs per-layer parameter windows: refused)
 };
 
 // A block of memory that the trainer allocates as one arena.

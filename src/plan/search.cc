@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <future>
 #include <map>
 #include <tuple>
 
@@ -33,10 +34,107 @@ std::string describe_exec(const model::ExecOptions& e) {
   } else {
     s += ", recompute " + rc;
   }
+  if (!e.bf16_weight_copy) s += ", bf16 weights cast per layer";
   return s;
 }
 
+ZeroSpec planned_zero_spec(const model::ParamTable& params, const Policy& p, bool windows) {
+  ZeroSpec z;
+  z.stage = p.zero_stage;
+  z.ranks = p.ranks;
+  z.param_floats = params.total_floats;
+  const bool bf16 = p.precision == "bf16";
+  z.param_bytes = bf16 ? 2 : 4;  // the working copy the GEMMs read
+  z.grad_bytes = 4;              // gradients stay fp32 (docs/notes/mixed-precision.md)
+  z.master = bf16;
+  z.micro_batches = p.accumulation;
+  // Units as train/zero.h's gpt2_zero_units: per group (embeddings, block l, the rest) its
+  // decayed and its other tensors, each padded to 16 floats. The search asks for the same table
+  // thousands of times: the last answer is kept per thread (a GPT-2 table is identified by its
+  // sizes and tensor count).
+  struct Units {
+    std::array<int64_t, 5> key{};
+    int64_t largest = 0, largest_block = 0, embedding = 0, shard = 0;
+  };
+  thread_local Units last;
+  const std::array<int64_t, 5> key = {params.total_floats, params.num_parameters,
+                                      params.decay_floats, int64_t(params.params.size()), p.ranks};
+  if (last.key != key) {
+    std::map<std::pair<int, bool>, std::pair<int64_t, int64_t>> units;
+    for (const model::ParamDesc& d : params.params) {
+      const bool emb = d.name.rfind("wte.", 0) == 0 || d.name.rfind("wpe.", 0) == 0;
+      const int group = emb                          ? 0
+                        : d.name.rfind("h.", 0) == 0 ? 1 + std::stoi(d.name.substr(2))
+                                                     : INT32_MAX;
+      const int64_t end = d.offset + (d.shape.numel() + 15) / 16 * 16;
+      auto [it, fresh] = units.try_emplace({group, d.decay}, std::make_pair(d.offset, end));
+      if (!fresh) {
+        it->second.first = std::min(it->second.first, d.offset);
+        it->second.second = std::max(it->second.second, end);
+      }
+    }
+    Units u;
+    u.key = key;
+    for (const auto& [group, range] : units) {
+      const int64_t n = range.second - range.first;
+      u.largest = std::max(u.largest, n);
+      if (group.first == 0) u.embedding += n;
+      if (group.first != 0 && group.first != INT32_MAX) {
+        u.largest_block = std::max(u.largest_block, n);
+      }
+      u.shard += ((n + p.ranks - 1) / p.ranks + 15) / 16 * 16;  // the largest rank's piece
+    }
+    last = u;
+  }
+  const int64_t largest = last.largest, largest_block = last.largest_block,
+                embedding = last.embedding, shard = last.shard;
+  if (z.stage == 3) z.shard_floats = shard;
+  if (windows && z.stage >= 2) z.grad_window_floats = embedding + 2 * largest_block;
+  if (z.stage == 3) z.gather_window_floats = windows ? 2 * largest : params.total_floats;
+  return z;
+}
+
 namespace {
+
+// One rank's bytes: plan_training_memory plans a full replica; the model state (weights,
+// master, gradients, optimizer) is replaced by this rank's share (zero_memory), the step region
+// stays as planned. Stage 3's gathered-unit slots are communication buffers (category comm).
+// `executor_layout` (SearchRequest::zero_windows false): the buffers the CPU trainer allocates,
+// which keeps the fp32 parameters (the master weights with bf16) whole in stages 1-2: the
+// all-gather moves them (plan_training_memory's regions; docs/notes/zero.md).
+void shard_plan(MemoryPlan* mp, const ZeroSpec& z, bool executor_layout) {
+  using memory::Category;
+  const auto state = [](Category c) {
+    return c == Category::kWeights || c == Category::kMaster || c == Category::kGrads ||
+           c == Category::kOptimizer;
+  };
+  for (const Region& region : mp->persistent) {
+    if (!state(region.category)) continue;
+    mp->persistent_bytes -= region.layout.size;
+    for (const memory::BufferDesc& b : region.buffers) {
+      mp->by_category[size_t(b.category)] -= b.bytes();
+    }
+  }
+  ZeroMemory m = zero_memory(z);
+  if (executor_layout && z.master && (z.stage == 1 || z.stage == 2)) m.master = z.param_floats * 4;
+  const int64_t gathered = z.stage == 3 ? z.gather_window_floats * z.param_bytes : 0;
+  mp->by_category[size_t(Category::kWeights)] += uint64_t(m.params - gathered);
+  mp->by_category[size_t(Category::kComm)] += uint64_t(gathered);
+  mp->by_category[size_t(Category::kMaster)] += uint64_t(m.master);
+  mp->by_category[size_t(Category::kGrads)] += uint64_t(m.grads + m.grad_shard);
+  mp->by_category[size_t(Category::kOptimizer)] += uint64_t(m.optimizer);
+  mp->persistent_bytes += uint64_t(m.total());
+  mp->peak_bytes = mp->persistent_bytes + mp->step_bytes;
+  mp->lower_bound_bytes = mp->persistent_bytes + mp->step_lower_bound;
+  mp->policy.ranks = z.ranks;
+  mp->policy.zero_stage = z.stage;
+}
+
+StepCost price(const SearchRequest& r, const MemoryPlan& mp) {
+  if (r.devices <= 1) return estimate_step(r.config, mp, r.device);
+  const ZeroSpec z = planned_zero_spec(mp.params, mp.policy, r.zero_windows);
+  return estimate_step(r.config, mp, r.device, &z);
+}
 
 Candidate evaluate(const SearchRequest& r, const MemoryPlan& mp) {
   Candidate c;
@@ -44,7 +142,7 @@ Candidate evaluate(const SearchRequest& r, const MemoryPlan& mp) {
   c.peak_bytes = mp.peak_bytes;
   c.lower_bound_bytes = mp.lower_bound_bytes;
   c.by_category = mp.by_category;
-  c.cost = estimate_step(r.config, mp, r.device);
+  c.cost = price(r, mp);
   c.fits = mp.peak_bytes <= r.device_memory;
   if (!c.fits) {
     c.rejected_because =
@@ -60,6 +158,8 @@ Policy policy_for(const SearchRequest& r, int b, int k) {
   p.accumulation = k;
   p.seq = r.seq;
   p.precision = r.precision;
+  p.ranks = r.devices;
+  p.zero_stage = 0;  // planned as a full replica; shard_plan makes it one rank's share
   return p;
 }
 
@@ -69,22 +169,47 @@ std::string advise(const SearchRequest& r, const MemoryPlan& lean) {
   const uint64_t budget = r.device_memory;
   const uint64_t need = lean.peak_bytes;
   const double P = double(lean.params.total_floats);
-  const double N = r.devices;
   const double step = double(lean.step_bytes);
   const double other = double(lean.persistent_bytes) - 16.0 * P;  // token staging
+  const int stage = lean.policy.zero_stage;
   std::string s = fmt::format(
       "nothing fits: even micro-batch 1 with full recomputation, tiled attention and the fused LM "
-      "head needs {} per device ({} persistent: weights, gradients, optimizer state; {} for one "
+      "head needs {} per device ({} persistent: weights, gradients, optimizer state{}; {} for one "
       "micro-batch), {} more than the {} budget.\n",
-      format_bytes(need), format_bytes(lean.persistent_bytes), format_bytes(lean.step_bytes),
-      format_bytes(need - budget), format_bytes(budget));
-  s += "techniques that would close the gap (estimates at micro-batch 1; offload and ZeRO are not "
-       "built yet):\n";
+      format_bytes(need), format_bytes(lean.persistent_bytes),
+      r.devices > 1
+          ? fmt::format(", {} precision, ZeRO-{} over {} devices", r.precision, stage, r.devices)
+          : std::string(),
+      format_bytes(lean.step_bytes), format_bytes(need - budget), format_bytes(budget));
+  s += "techniques that would close the gap (estimates at micro-batch 1; offload is not built "
+       "yet):\n";
   auto line = [&](const std::string& what, double bytes) {
     uint64_t b = uint64_t(bytes);
     s += fmt::format("  - {:<66} ~{:>10} per device  {}\n", what, format_bytes(b),
                      b <= budget ? "fits" : fmt::format("still {} over", format_bytes(b - budget)));
   };
+  if (r.devices > 1) {
+    // From this rank's bytes: what leaves the device, or shrinks with more ranks.
+    const auto cat = [&](memory::Category c) { return double(lean.by_category[size_t(c)]); };
+    const double optimizer = cat(memory::Category::kOptimizer);
+    const double master = cat(memory::Category::kMaster);
+    line(fmt::format("ZeRO-{} + optimizer offload (Adam moments on the host)", stage),
+         double(need) - optimizer);
+    if (master > 0) {
+      line(fmt::format("ZeRO-{} + optimizer offload with the fp32 master weights", stage),
+           double(need) - optimizer - master);
+    }
+    Policy wider = lean.policy;
+    wider.ranks = 2 * r.devices;
+    const double now =
+        double(zero_memory(planned_zero_spec(lean.params, lean.policy, r.zero_windows)).total());
+    const double then =
+        double(zero_memory(planned_zero_spec(lean.params, wider, r.zero_windows)).total());
+    line(fmt::format("ZeRO-{} over {} devices (built: --devices {})", stage, 2 * r.devices,
+                     2 * r.devices),
+         double(need) - now + then);
+    return s;
+  }
   if (r.precision == "fp32") {
     line("bf16 mixed precision (built: --precision bf16; +2 bytes per parameter, bf16 activations)",
          18.0 * P + other + step / 2.0);
@@ -92,35 +217,24 @@ std::string advise(const SearchRequest& r, const MemoryPlan& lean) {
   line("optimizer offload (fp32 moments on the host)", 8.0 * P + other + step);
   line("bf16 + optimizer offload (fp32 master and moments on the host)",
        4.0 * P + other + step / 2.0);
-  if (r.devices > 1) {
-    line(fmt::format("ZeRO-1 over {} devices (optimizer state sharded)", r.devices),
-         8.0 * P + 8.0 * P / N + other + step);
-    line(fmt::format("ZeRO-2 over {} devices (+ gradients)", r.devices),
-         4.0 * P + 12.0 * P / N + other + step);
-    line(fmt::format("ZeRO-3 over {} devices (+ parameters)", r.devices),
-         16.0 * P / N + other + step);
-    line(fmt::format("ZeRO-3 over {} + bf16", r.devices), 16.0 * P / N + other + step / 2.0);
-    line(fmt::format("ZeRO-3 over {} + bf16 + optimizer offload", r.devices),
-         4.0 * P / N + other + step / 2.0);
-  } else {
-    line("ZeRO-3 over 4 devices (parameters, gradients, optimizer sharded)",
-         16.0 * P / 4.0 + other + step);
-  }
+  line("ZeRO-3 over 4 devices (built in the planner: --devices 4; all model state sharded)",
+       16.0 * P / 4.0 + other + step);
   return s;
 }
 
 }  // namespace
 
 namespace {
-// `auto` precision: the searches for fp32 and bf16 side by side; the faster choice wins, and the
-// candidates of both are listed.
-SearchResult merge_precisions(SearchResult fp32, SearchResult bf16) {
+// Two searches side by side (fp32 and bf16; ZeRO stages): the faster choice wins, ties go to the
+// first (the simpler technique), and when neither fits the second (the leaner: bf16, a higher
+// stage) gives the advice. The candidates of both are listed.
+SearchResult merge_results(SearchResult first, SearchResult second) {
   const auto speed = [](const SearchResult& s) {
     return s.chosen ? s.chosen->cost.tokens_per_s : -1.0;
   };
-  const bool bf16_wins = bf16.chosen ? speed(bf16) > speed(fp32) : !fp32.chosen;
-  SearchResult out = bf16_wins ? bf16 : fp32;
-  const SearchResult& other = bf16_wins ? fp32 : bf16;
+  const bool second_wins = second.chosen ? speed(second) > speed(first) : !first.chosen;
+  SearchResult out = second_wins ? second : first;
+  const SearchResult& other = second_wins ? first : second;
   out.candidates.insert(out.candidates.end(), other.candidates.begin(), other.candidates.end());
   std::stable_sort(out.candidates.begin(), out.candidates.end(),
                    [](const Candidate& a, const Candidate& b) {
@@ -134,17 +248,101 @@ SearchResult merge_precisions(SearchResult fp32, SearchResult bf16) {
 }
 }  // namespace
 
+namespace {
+
+// Replica plans (before shard_plan) by precision, micro-batch, accumulation, placement and
+// technique: the step region does not depend on the ZeRO stage, so the searches of the four
+// stages share them.
+using PlanCache = std::map<std::string, MemoryPlan>;
+
+Result<SearchResult> search_leaf(const SearchRequest& r, PlanCache& cache);
+
+}  // namespace
+
 Result<SearchResult> search_plan(const SearchRequest& r) {
-  if (r.precision == "auto") {
-    SearchRequest f = r;
-    f.precision = "fp32";
-    HR_ASSIGN_OR_RETURN(SearchResult fp32, search_plan(f));
-    if (!(r.device.flops_bf16 > 0)) return fp32;
-    SearchRequest h = r;
-    h.precision = "bf16";
-    HR_ASSIGN_OR_RETURN(SearchResult bf16, search_plan(h));
-    return merge_precisions(std::move(fp32), std::move(bf16));
+  if (r.zero_stage && (*r.zero_stage < 0 || *r.zero_stage > 3)) {
+    return Status::invalid_argument(
+        fmt::format("--zero {}: expected auto, 0, 1, 2 or 3", *r.zero_stage));
   }
+  if (r.zero_stage && *r.zero_stage > 0 && r.devices == 1) {
+    return Status::invalid_argument(fmt::format(
+        "--zero {} shards over data-parallel ranks: it needs --devices 2 or more", *r.zero_stage));
+  }
+  if (r.devices > 1 && !(r.device.interconnect_bandwidth > 0)) {
+    return Status::invalid_argument(
+        fmt::format("--devices {}: device {} has no interconnect bandwidth to price "
+                    "communication with",
+                    r.devices, r.device.name));
+  }
+  if (r.precision == "auto" || (r.devices > 1 && !r.zero_stage)) {
+    // Searched side by side: precisions (fp32, and bf16 where the device has bf16 GEMMs), then
+    // ZeRO stages 0-3 for several devices; the fastest fitting choice wins.
+    auto t0 = std::chrono::steady_clock::now();
+    std::vector<SearchRequest> leaves;
+    for (const char* precision : {"fp32", "bf16"}) {
+      if (r.precision != "auto" && r.precision != precision) continue;
+      if (std::string(precision) == "bf16" && r.precision == "auto" && !(r.device.flops_bf16 > 0)) {
+        continue;
+      }
+      for (int z = 0; z <= 3; z++) {
+        if (r.devices > 1 ? (r.zero_stage ? *r.zero_stage != z : z > r.max_zero_stage) : z > 0) {
+          continue;
+        }
+        SearchRequest leaf = r;
+        leaf.precision = r.precision == "auto" ? precision : r.precision;
+        leaf.zero_stage = r.devices > 1 ? z : 0;
+        leaves.push_back(std::move(leaf));
+      }
+    }
+    if (r.precision != "auto" && leaves.empty()) {  // an unknown precision: the leaf says so
+      SearchRequest leaf = r;
+      leaf.zero_stage = 0;
+      leaves.push_back(leaf);
+    }
+    // One thread per precision (their plans share nothing; the stages of one precision share
+    // a cache), merged in a fixed order, so the result does not depend on timing.
+    auto group = [&leaves](const std::string& precision) -> Result<std::optional<SearchResult>> {
+      std::optional<SearchResult> out;
+      PlanCache cache;
+      for (const SearchRequest& leaf : leaves) {
+        if (leaf.precision != precision) continue;
+        HR_ASSIGN_OR_RETURN(SearchResult one, search_leaf(leaf, cache));
+        out = out ? merge_results(std::move(*out), std::move(one)) : std::move(one);
+      }
+      return out;
+    };
+    std::vector<std::string> precisions;
+    for (const SearchRequest& leaf : leaves) {
+      if (std::find(precisions.begin(), precisions.end(), leaf.precision) == precisions.end()) {
+        precisions.push_back(leaf.precision);
+      }
+    }
+    std::vector<std::future<Result<std::optional<SearchResult>>>> others;
+    for (size_t i = 1; i < precisions.size(); i++) {
+      others.push_back(std::async(std::launch::async, group, precisions[i]));
+    }
+    Result<std::optional<SearchResult>> first = group(precisions[0]);
+    std::optional<SearchResult> out;
+    for (size_t i = 0; i < precisions.size(); i++) {
+      Result<std::optional<SearchResult>> part = i == 0 ? std::move(first) : others[i - 1].get();
+      if (!part.is_ok()) {
+        for (size_t j = i; j < others.size(); j++) others[j].wait();
+        return part.status();
+      }
+      if (!*part) continue;
+      out = out ? merge_results(std::move(*out), std::move(**part)) : std::move(**part);
+    }
+    out->planning_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    return std::move(*out);
+  }
+  PlanCache cache;
+  return search_leaf(r, cache);
+}
+
+namespace {
+
+Result<SearchResult> search_leaf(const SearchRequest& r, PlanCache& cache) {
   if (r.precision != "fp32" && r.precision != "bf16") {
     return Status::invalid_argument(fmt::format(
         "--precision {}: expected auto, fp32 or bf16 (fp16 is not built yet)", r.precision));
@@ -181,13 +379,20 @@ Result<SearchResult> search_plan(const SearchRequest& r) {
   std::vector<model::Recompute> modes = {model::Recompute::kNone, model::Recompute::kSelective,
                                          model::Recompute::kFull};
   if (r.recompute) modes = {*r.recompute};
-  for (int head : heads) {
-    for (model::Recompute m : modes) {
-      model::ExecOptions e;
-      e.tiled_attention = true;
-      e.head_chunk = head;
-      if (m != model::Recompute::kNone) e.recompute.assign(size_t(L), m);
-      options.push_back(e);
+  // bf16: keep a persistent bf16 copy of the weights, or cast each layer's before use (leaner,
+  // a cast pass per use): both priced.
+  std::vector<bool> copies = {true};
+  if (r.precision == "bf16") copies.push_back(false);
+  for (bool copy : copies) {
+    for (int head : heads) {
+      for (model::Recompute m : modes) {
+        model::ExecOptions e;
+        e.tiled_attention = true;
+        e.head_chunk = head;
+        e.bf16_weight_copy = copy;
+        if (m != model::Recompute::kNone) e.recompute.assign(size_t(L), m);
+        options.push_back(e);
+      }
     }
   }
   // The leanest option allowed: the last one (fused head if allowed, the most recomputation).
@@ -200,15 +405,42 @@ Result<SearchResult> search_plan(const SearchRequest& r) {
     p.exec = e;
     return p;
   };
+  // Every plan of this search: a full replica from plan_training_memory, then (devices > 1)
+  // this rank's share of the model state at the requested stage.
+  // The plans are kept (std::map: stable addresses) and handed out by pointer: the search asks
+  // for the same few dozen many times, and a copy of a large model's plan costs more than the
+  // pricing.
+  const int stage = r.zero_stage.value_or(0);
+  std::map<std::string, MemoryPlan> sharded;  // this stage's share of the replicas in `cache`
+  auto plan_mem = [&](int b, int k, const model::ExecOptions& e, const MemoryPlan* same,
+                      bool do_place) -> Result<const MemoryPlan*> {
+    const std::string key =
+        fmt::format("{} {} {} {} {}", r.precision, b, k, do_place, describe_exec(e));
+    if (r.devices > 1) {
+      auto own = sharded.find(key);
+      if (own != sharded.end()) return &own->second;
+    }
+    auto hit = cache.find(key);
+    if (hit == cache.end()) {
+      HR_ASSIGN_OR_RETURN(MemoryPlan fresh,
+                          plan_training_memory(r.config, policy(b, k, e), same, do_place));
+      hit = cache.emplace(key, std::move(fresh)).first;
+    }
+    if (r.devices <= 1) return &hit->second;
+    MemoryPlan mp = hit->second;
+    Policy zp = mp.policy;
+    zp.zero_stage = stage;
+    shard_plan(&mp, planned_zero_spec(mp.params, zp, r.zero_windows), !r.zero_windows);
+    return &sharded.emplace(key, std::move(mp)).first->second;
+  };
   auto place = [&](int b, int k, const model::ExecOptions& e) -> Result<MemoryPlan> {
     auto key = std::make_pair(b, describe_exec(e));
     auto it = placed.find(key);
     if (it == placed.end()) res.plans_placed++;
-    HR_ASSIGN_OR_RETURN(MemoryPlan mp,
-                        plan_training_memory(r.config, policy(b, k, e),
-                                             it == placed.end() ? nullptr : &it->second));
-    if (it == placed.end()) placed.emplace(key, mp);
-    return mp;
+    HR_ASSIGN_OR_RETURN(const MemoryPlan* mp,
+                        plan_mem(b, k, e, it == placed.end() ? nullptr : &it->second, true));
+    if (it == placed.end()) placed.emplace(key, *mp);
+    return *mp;
   };
   struct Choice {
     std::optional<Candidate> best;  // fastest that fits
@@ -221,9 +453,8 @@ Result<SearchResult> search_plan(const SearchRequest& r) {
                          Choice* ch) -> Status {
     std::vector<std::pair<Candidate, model::ExecOptions>> priced;
     for (const model::ExecOptions& e : opts) {
-      HR_ASSIGN_OR_RETURN(MemoryPlan rough, plan_training_memory(r.config, policy(b, k, e), nullptr,
-                                                                 /*place=*/false));
-      Candidate c = evaluate(r, rough);
+      HR_ASSIGN_OR_RETURN(const MemoryPlan* rough, plan_mem(b, k, e, nullptr, /*do_place=*/false));
+      Candidate c = evaluate(r, *rough);
       c.placed = false;
       priced.push_back({c, e});
     }
@@ -256,18 +487,16 @@ Result<SearchResult> search_plan(const SearchRequest& r) {
     // uniform plans); every count pair under the budget is priced, the fastest few are placed.
     if (!r.recompute && L > 1 && ch.best && recompute_summary(ch.best->policy.exec) != "none") {
       for (int head : heads) {
-        std::array<MemoryPlan*, 3> uni{};
-        std::array<std::optional<MemoryPlan>, 3> rough;
+        std::array<const MemoryPlan*, 3> uni{};
         std::array<double, 3> secs{};
         for (int m = 0; m < 3; m++) {
           model::ExecOptions e;
           e.head_chunk = head;
+          e.bf16_weight_copy = ch.best->policy.exec.bf16_weight_copy;
           if (m) e.recompute.assign(size_t(L), model::Recompute(m));
-          HR_ASSIGN_OR_RETURN(MemoryPlan mp,
-                              plan_training_memory(r.config, policy(b, k, e), nullptr, false));
-          secs[size_t(m)] = estimate_step(r.config, mp, r.device).step_seconds;
-          rough[size_t(m)] = std::move(mp);
-          uni[size_t(m)] = &*rough[size_t(m)];
+          HR_ASSIGN_OR_RETURN(const MemoryPlan* mp, plan_mem(b, k, e, nullptr, false));
+          secs[size_t(m)] = price(r, *mp).step_seconds;
+          uni[size_t(m)] = mp;
         }
         const double m0 = double(uni[0]->peak_bytes);
         const double d_sel = (m0 - double(uni[1]->peak_bytes)) / L;
@@ -286,6 +515,7 @@ Result<SearchResult> search_plan(const SearchRequest& r) {
         for (size_t i = 0; i < mixes.size() && i < 4; i++) {
           model::ExecOptions e;
           e.head_chunk = head;
+          e.bf16_weight_copy = ch.best->policy.exec.bf16_weight_copy;
           auto [t, nf, ns] = mixes[i];
           // Full recomputation on the first blocks, then selective, then none.
           for (int l = 0; l < L; l++) {
@@ -299,14 +529,13 @@ Result<SearchResult> search_plan(const SearchRequest& r) {
       }
     }
     if (!ch.best) {
-      HR_ASSIGN_OR_RETURN(MemoryPlan mp,
-                          plan_training_memory(r.config, policy(b, k, lean), nullptr, false));
-      ch.leanest = evaluate(r, mp);
+      HR_ASSIGN_OR_RETURN(const MemoryPlan* mp, plan_mem(b, k, lean, nullptr, false));
+      ch.leanest = evaluate(r, *mp);
       ch.leanest.placed = false;
-      ch.leanest.rejected_because =
-          fmt::format("needs at least {} even with {}, {} over the {} budget",
-                      format_bytes(mp.peak_bytes), describe_exec(lean),
-                      format_bytes(mp.peak_bytes - r.device_memory), format_bytes(r.device_memory));
+      ch.leanest.rejected_because = fmt::format(
+          "needs at least {} even with {}, {} over the {} budget", format_bytes(mp->peak_bytes),
+          describe_exec(lean), format_bytes(mp->peak_bytes - r.device_memory),
+          format_bytes(r.device_memory));
     }
     return ch;
   };
@@ -333,9 +562,8 @@ Result<SearchResult> search_plan(const SearchRequest& r) {
   // The largest micro-batch that fits with the leanest technique allowed, whatever the global
   // batch: the plan grows with b, so a doubling then a bisection finds it with few plans.
   auto fits = [&](int b) -> Result<bool> {
-    HR_ASSIGN_OR_RETURN(MemoryPlan rough,
-                        plan_training_memory(r.config, policy(b, 1, lean), nullptr, false));
-    if (rough.peak_bytes > r.device_memory) return false;
+    HR_ASSIGN_OR_RETURN(const MemoryPlan* rough, plan_mem(b, 1, lean, nullptr, false));
+    if (rough->peak_bytes > r.device_memory) return false;
     HR_ASSIGN_OR_RETURN(MemoryPlan mp, place(b, 1, lean));
     return mp.peak_bytes <= r.device_memory;
   };
@@ -410,5 +638,7 @@ Result<SearchResult> search_plan(const SearchRequest& r) {
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   return res;
 }
+
+}  // namespace
 
 }  // namespace headroom::plan

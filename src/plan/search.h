@@ -11,6 +11,7 @@
 #include "plan/cost_model.h"
 #include "plan/device_spec.h"
 #include "plan/memory_plan.h"
+#include "plan/zero.h"
 
 namespace headroom::plan {
 
@@ -18,7 +19,7 @@ struct SearchRequest {
   model::Gpt2Config config;
   DeviceSpec device;               // speed; memory comes from device_memory
   uint64_t device_memory = 0;      // budget per device, bytes
-  int devices = 1;                 // data-parallel ranks (each holds a full replica for now)
+  int devices = 1;                 // data-parallel ranks
   int seq = 0;                     // T
   int global_batch = 0;            // sequences per optimizer step, all ranks together
   std::optional<int> micro_batch;  // a --batch given explicitly is a constraint
@@ -31,6 +32,20 @@ struct SearchRequest {
   std::optional<bool> fused_head;  // unset: the planner chooses
   int head_chunk = 256;            // tokens per chunk of the fused LM head
   bool sweep = false;              // also fill SearchResult::sweep
+  // ZeRO stage 0-3 (--zero N): a constraint; unset: every stage is searched when devices > 1
+  // (one device: stage 0). Per-rank memory comes from zero_memory, communication from
+  // zero_traffic at device.interconnect_bandwidth (docs/notes/cost-model.md).
+  std::optional<int> zero_stage;
+  // Stages 2-3 as ZeRO designs them: backward writes gradients into windows (the embedding
+  // unit, whose tied gradient is final last, plus two of the largest block units) that are
+  // reduce-scattered every micro-batch, and stage 3 gathers parameters into two unit slots
+  // (current + prefetch). false: the buffers the CPU executor allocates today (a full gradient
+  // buffer and, with bf16, whole fp32 master weights; stage 3 a full parameter buffer), so that
+  // stage 2 saves nothing over stage 1 and stages 0-2 match plan_training_memory's regions.
+  bool zero_windows = true;
+  // The highest stage `auto` searches (an explicit zero_stage is not limited): 2 where the
+  // plan is for the CPU trainer, which runs stages 0-2.
+  int max_zero_stage = 3;
 };
 
 // "tiled attention, fused LM head (chunk 256), recompute: 4 full, 8 none".
@@ -39,7 +54,9 @@ std::string describe_exec(const model::ExecOptions& exec);
 std::string recompute_summary(const model::ExecOptions& exec);
 
 struct Candidate {
-  Policy policy;
+  Policy policy;  // policy.ranks and policy.zero_stage: the sharding
+  // Per rank with devices > 1: peak_bytes, lower_bound_bytes and by_category count this rank's
+  // shards (zero_memory) instead of a full replica; cost.comm_* its traffic.
   uint64_t peak_bytes = 0;
   uint64_t lower_bound_bytes = 0;
   std::array<uint64_t, memory::kNumCategories> by_category{};
@@ -51,6 +68,9 @@ struct Candidate {
 
 struct SearchResult {
   std::optional<Candidate> chosen;
+  // The chosen plan. With devices > 1 its regions describe one full replica (the CPU executor's
+  // layout before sharding); its byte counts (persistent_bytes, peak_bytes, by_category) are the
+  // per-rank ones of `chosen`.
   std::optional<MemoryPlan> chosen_plan;
   // For each micro-batch that divides the per-device batch: its fastest fitting technique
   // (candidates, fastest first) or, when none fits, its leanest one (rejected).
@@ -63,8 +83,15 @@ struct SearchResult {
   double planning_ms = 0;
 };
 
+// The ZeRO spec of `policy` (its ranks and zero_stage) for `params`: bytes per element from the
+// precision (the engine keeps fp32 gradients), stage 3's multi-unit shard (one unit per block's
+// decayed and other tensors, as train/zero.h's gpt2_zero_units), and with `windows` the
+// gradient and gather windows described at SearchRequest::zero_windows.
+ZeroSpec planned_zero_spec(const model::ParamTable& params, const Policy& policy, bool windows);
+
 // Errors: InvalidArgument for an impossible request (global batch not divisible by the devices,
-// a micro-batch that does not divide the per-device batch, a sequence above n_positions).
+// a micro-batch that does not divide the per-device batch, a sequence above n_positions, a ZeRO
+// stage outside 0-3 or above 0 on one device, several devices without an interconnect figure).
 // A request where nothing fits is not an error: chosen is empty and advice says why.
 Result<SearchResult> search_plan(const SearchRequest& request);
 

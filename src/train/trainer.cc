@@ -29,6 +29,7 @@
 #include "train/checkpoint.h"
 #include "train/elastic.h"
 #include "train/step_events.h"
+#include "train/zero.h"
 
 namespace headroom::train {
 
@@ -60,6 +61,21 @@ Status check_options(const TrainOptions& o) {
   }
   if (!(o.adamw.lr > 0) || !std::isfinite(o.adamw.lr)) {
     return Status::invalid_argument(fmt::format("--lr {} must be positive", o.adamw.lr));
+  }
+  if (o.zero_stage == 3) {
+    return Status::unsupported(
+        "--zero 3 is not built into the trainer yet: the model reads one full parameter buffer, "
+        "so sharding the parameters would save nothing until it reads per-layer windows; use "
+        "--zero 0, 1 or 2");
+  }
+  if (o.zero_stage < 0 || o.zero_stage > 3) {
+    return Status::invalid_argument(fmt::format("--zero {}: use 0, 1 or 2", o.zero_stage));
+  }
+  if (o.comm && o.comm->size() > 1 && !o.device_memory_file.empty()) {
+    return Status::unsupported(fmt::format(
+        "--device-memory-file with {} ranks: re-planning while training runs is built for one "
+        "process only (every rank would have to re-plan together); use --device-memory",
+        o.comm->size()));
   }
   return Status::ok();
 }
@@ -99,14 +115,41 @@ Status check_output_dir(const std::string& dir, uint64_t bytes) {
 
 }  // namespace
 
-Result<TrainResult> run_training(const TrainOptions& o, const TrainCallbacks& cb) {
+std::string describe_ranks(int ranks, int zero_stage) {
+  const std::string head =
+      fmt::format("{} rank{}, ZeRO-{}", ranks, ranks == 1 ? "" : "s", zero_stage);
+  switch (zero_stage) {
+    case 0:
+      return head + ": gradients all-reduced; every rank holds the full optimizer state";
+    case 1:
+      return head + fmt::format(
+                        ": optimizer state (AdamW m, v) sharded, 1/{} per rank; gradients "
+                        "reduce-scattered, updated parameters all-gathered",
+                        ranks);
+    default:
+      return head + fmt::format(
+                        ": as ZeRO-1 (m, v sharded 1/{} per rank, gradients reduce-scattered); the "
+                        "gradient accumulation buffer stays full until backward writes per-bucket "
+                        "windows, so its memory is ZeRO-1's",
+                        ranks);
+  }
+}
+
+namespace {
+
+// The training run proper. Every rank runs it; `setup_agreed` is set once all ranks have agreed
+// that set-up succeeded (the first collective), so that run_training knows whether a failing
+// rank still owes the others that agreement.
+Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
+                              dist::Communicator& comm, bool* setup_agreed) {
   HR_RETURN_IF_ERROR(check_options(o));
+  const int R = comm.size(), rank = comm.rank();
   if (!o.device_memory_file.empty()) {
     // Before step one a bad budget file is an error; later, a warning (see follow_budget).
     HR_RETURN_IF_ERROR(read_budget_file(o.device_memory_file).status());
   }
   const model::Gpt2Config& cfg = o.config;
-  const int B = o.micro_batch, T = o.seq, K = o.accumulation;
+  const int B = o.micro_batch, T = o.seq, K = o.accumulation;  // per rank
 
   // ---- data ----
   HR_ASSIGN_OR_RETURN(data::TokenFile file, data::TokenFile::open(o.data));
@@ -133,13 +176,16 @@ Result<TrainResult> run_training(const TrainOptions& o, const TrainCallbacks& cb
   policy.seq = T;
   policy.exec = o.exec;
   policy.precision = std::string(model::precision_name(o.exec.precision));
+  policy.ranks = R;
+  policy.zero_stage = o.zero_stage;
   HR_ASSIGN_OR_RETURN(const plan::MemoryPlan mp, plan::plan_training_memory(cfg, policy));
   if (mp.peak_bytes > o.device_memory) {
     return Status::out_of_memory(fmt::format(
         "model {} with micro-batch {} x seq {} needs {} but the device budget is {}:\n{}"
-        "try a smaller --batch or --seq, or a larger --device-memory",
+        "try a smaller --batch or --seq, or a larger --device-memory{}",
         o.model_name, B, T, format_bytes(mp.peak_bytes), format_bytes(o.device_memory),
-        plan::category_table(mp, o.device_memory)));
+        plan::category_table(mp, o.device_memory),
+        R > 1 && o.zero_stage == 0 ? " (or --zero 1 to shard the optimizer state)" : ""));
   }
   memory::HostResource host;
   memory::LimitResource limit(&host, o.device_memory);
@@ -172,20 +218,27 @@ Result<TrainResult> run_training(const TrainOptions& o, const TrainCallbacks& cb
     // Fault the region's pages in now, not inside step one; the pool keeps them.
     HR_ASSIGN_OR_RETURN(memory::Arena warm, elastic.acquire_uninjected());
   }
-  if (!o.out_dir.empty()) {
+  if (!o.out_dir.empty() && rank == 0) {
     // Room for a checkpoint (weights and two moments) and the final model, and some slack.
     HR_RETURN_IF_ERROR(
         check_output_dir(o.out_dir, uint64_t(table.total_floats) * 4 * 4 + 16 * kMiB));
   }
 
+  const int64_t P = table.total_floats;
   float* params = params_arena.f32(0);
   float* grads = grads_arena.f32(0);
+  // ZeRO-1/2: this rank's piece of the reduced gradient, m and v (docs/notes/zero.md).
+  float* grad_shard = o.zero_stage > 0 ? grads_arena.f32(1) : nullptr;
   float* m = opt_arena.f32(0);
   float* v = opt_arena.f32(1);
+  const int64_t moment_floats = int64_t(mp.persistent[2].buffers[0].bytes() / sizeof(float));
+  ZeroOptimizer zopt(&comm, &table, o.zero_stage);
+  HR_CHECK_MSG(zopt.sizes().m <= moment_floats, "the plan's optimizer shard is too small");
   model::gpt2_init_params(cfg, table, params, o.seed);
-  cpu::zero(grads, table.total_floats);
-  cpu::zero(m, table.total_floats);
-  cpu::zero(v, table.total_floats);
+  cpu::zero(grads, P);
+  if (grad_shard) cpu::zero(grad_shard, moment_floats);
+  cpu::zero(m, moment_floats);
+  cpu::zero(v, moment_floats);
   int start_step = 0;
   if (!o.resume.empty()) {
     HR_ASSIGN_OR_RETURN(LoadedCheckpoint ck, find_checkpoint(o.resume));
@@ -195,11 +248,13 @@ Result<TrainResult> run_training(const TrainOptions& o, const TrainCallbacks& cb
           fmt::format("{}: the checkpoint's model (config.json) differs from --model {}", ck.dir,
                       o.model_name));
     }
-    if (st.micro_batch != B || st.accumulation != K || st.seq != T) {
+    // The checkpoint's accumulation counts every rank's micro-batches (global batch / micro-
+    // batch), so a run on another number of ranks with the same global batch continues it.
+    if (st.micro_batch != B || st.accumulation != K * R || st.seq != T) {
       return Status::invalid_argument(fmt::format(
           "{}: the checkpoint ran micro-batch {} x {} accumulation at seq {}, this run {} x {} at "
           "seq {}; resume with --batch {} --global-batch {} --seq {} for an exact continuation",
-          ck.dir, st.micro_batch, st.accumulation, st.seq, B, K, T, st.micro_batch,
+          ck.dir, st.micro_batch, st.accumulation, st.seq, B, K * R, T, st.micro_batch,
           st.micro_batch * st.accumulation, st.seq));
     }
     if (!train_batches.valid_position(st.data_position)) {
@@ -211,17 +266,35 @@ Result<TrainResult> run_training(const TrainOptions& o, const TrainCallbacks& cb
           fmt::format("{} is at step {}, and --steps is {}: nothing left to do (raise --steps)",
                       ck.dir, st.step, o.steps));
     }
-    if (st.total_steps != o.steps || st.lr != o.adamw.lr || st.warmup_steps != o.warmup_steps) {
+    if (rank == 0 &&
+        (st.total_steps != o.steps || st.lr != o.adamw.lr || st.warmup_steps != o.warmup_steps)) {
       log_warn(
           "{}: the learning-rate schedule differs from the checkpointed run's ({} steps, lr {}, "
           "warmup {} now; {}, {}, {} then): the continuation follows the new schedule",
           ck.dir, o.steps, o.adamw.lr, o.warmup_steps, st.total_steps, st.lr, st.warmup_steps);
     }
-    HR_RETURN_IF_ERROR(load_checkpoint(ck, table, params, m, v));
+    if (o.zero_stage == 0) {
+      HR_RETURN_IF_ERROR(load_checkpoint(ck, table, params, m, v));
+    } else {
+      // Checkpoints hold the full moments: every rank reads them (m through the gradient buffer,
+      // free before step one; v through a host copy, as a GPU run reads a file) and keeps its
+      // piece. With several machines --resume must be on a file system they share.
+      std::vector<float> full_v(static_cast<size_t>(P));
+      HR_RETURN_IF_ERROR(load_checkpoint(ck, table, params, grads, full_v.data()));
+      zopt.scatter_params(grads, m);
+      zopt.scatter_params(full_v.data(), v);
+      cpu::zero(grads, P);
+    }
     train_batches.set_position(st.data_position);
     start_step = st.step;
-    log_info("resumed from {} at step {}", ck.dir, st.step);
+    if (rank == 0) log_info("resumed from {} at step {}", ck.dir, st.step);
   }
+  // A collective: every rank calls it; rank 0 writes (the path is returned there, "" elsewhere)
+  // and every rank gets rank 0's status. The checkpoint holds the full m and v, so it resumes on
+  // any number of ranks: with ZeRO-1/2 they are gathered, m into the gradient buffer (free at a
+  // step boundary, and the run stops after a checkpoint taken mid-step) and copied to host
+  // memory on rank 0, then v into the gradient buffer; the host copy is the checkpoint's I/O
+  // staging, outside the device budget, as on a GPU.
   auto checkpoint = [&](int steps_done, int64_t data_position) -> Result<std::string> {
     if (o.out_dir.empty()) {
       return Status::invalid_argument("--save-every needs an output directory (--out)");
@@ -233,12 +306,28 @@ Result<TrainResult> run_training(const TrainOptions& o, const TrainCallbacks& cb
                     o.adamw.lr,
                     o.min_lr_ratio,
                     elastic.micro_batch(),
-                    elastic.accumulation(),
+                    elastic.accumulation() * R,
                     T,
                     o.seed,
                     o.data};
-    return save_checkpoint(o.out_dir + "/checkpoints", {&cfg, &table, params, m, v, st},
-                           o.keep_checkpoints);
+    const float* full_m = m;
+    const float* full_v = v;
+    std::vector<float> host_m;
+    if (o.zero_stage > 0) {
+      HR_RETURN_IF_ERROR(zopt.gather_params(m, grads));
+      if (rank == 0) host_m.assign(grads, grads + P);
+      HR_RETURN_IF_ERROR(zopt.gather_params(v, grads));
+      full_m = host_m.data();
+      full_v = grads;
+    }
+    Result<std::string> written = std::string();
+    if (rank == 0) {
+      written = save_checkpoint(o.out_dir + "/checkpoints",
+                                {&cfg, &table, params, full_m, full_v, st}, o.keep_checkpoints);
+    }
+    if (o.zero_stage > 0) cpu::zero(grads, P);
+    HR_RETURN_IF_ERROR(dist::agree(comm, written.status()));
+    return written;
   };
 
   bf16_t* params_bf16 = bf16_arena.size() > 0 ? static_cast<bf16_t*>(bf16_arena.data(0)) : nullptr;
@@ -269,7 +358,10 @@ Result<TrainResult> run_training(const TrainOptions& o, const TrainCallbacks& cb
   const int depth = mp.policy.prefetch_depth;
   int32_t* val_inputs = static_cast<int32_t*>(staging.data(size_t(2 * depth)));
   int32_t* val_targets = static_cast<int32_t*>(staging.data(size_t(2 * depth + 1)));
-  const int G = B * K;  // sequences per optimizer step: invariant (DESIGN.md principle 2)
+  // Sequences per optimizer step, all ranks: invariant (DESIGN.md principle 2). This rank
+  // computes `share` of them, from sequence `first` of the step on.
+  const int G = B * K * R;
+  const int share = B * K, first = rank * share;
 
   if (cb.on_setup) {
     SetupInfo info;
@@ -322,6 +414,15 @@ Result<TrainResult> run_training(const TrainOptions& o, const TrainCallbacks& cb
       if (a.is_ok() || a.status().code() != StatusCode::kOutOfMemory) return a;
       const std::string at = fmt::format("at step {}, {}", step + 1, where);
       std::string report = elastic.oom_report(a.status(), at, limit.budget(), tracking.stats());
+      if (R > 1) {
+        // The run stops after agreement (settle below), checkpointing the last completed step.
+        return Status::out_of_memory(
+            report +
+            fmt::format("  re-planning after an allocation failure is built for one process "
+                        "only ({} ranks would have to re-plan together): restart with a smaller "
+                        "--batch or a larger --device-memory",
+                        R));
+      }
       ceiling = std::min<uint64_t>(limit.budget(), elastic.planned_peak() - 1);
       Result<ElasticStep::Replan> rp = elastic.replan(ceiling, remaining);
       if (!rp.is_ok()) {
@@ -400,10 +501,22 @@ Result<TrainResult> run_training(const TrainOptions& o, const TrainCallbacks& cb
   data::Prefetcher loader(depth, [&](int slot) {
     int32_t* in = static_cast<int32_t*>(staging.data(size_t(2 * slot)));
     int32_t* tg = static_cast<int32_t*>(staging.data(size_t(2 * slot + 1)));
-    for (int k = 0; k < K; k++)
+    for (int k = 0; k < K * R; k++)
       train_batches.next(in + int64_t(k) * B * T, tg + int64_t(k) * B * T);
     return train_batches.position();
   });
+  // A rank's failure inside a step (out of memory, validation) becomes every rank's: agreed at
+  // the step boundary, before the step's collectives. One process recovers inside acquire()
+  // (and checkpoints there when it cannot); several ranks stop here, checkpointing first.
+  auto settle = [&](const Status& local) -> Status {
+    Status agreed = dist::agree(comm, local);
+    if (agreed.is_ok() || R == 1) return agreed;
+    if (agreed.code() == StatusCode::kOutOfMemory) return fail_out_of_memory(agreed.message());
+    return agreed;
+  };
+  // Set-up succeeded on this rank; from here every rank reaches the same collectives.
+  *setup_agreed = true;
+  HR_RETURN_IF_ERROR(dist::agree(comm, Status::ok()));
   for (int step = start_step; step < o.steps; step++) {
     auto t0 = Clock::now();
     cur = StepStats();
@@ -417,21 +530,26 @@ Result<TrainResult> run_training(const TrainOptions& o, const TrainCallbacks& cb
     record("wait for data", "data", td, step, -1);
     const int32_t* inputs = static_cast<const int32_t*>(staging.data(size_t(2 * batch.slot)));
     const int32_t* targets = static_cast<const int32_t*>(staging.data(size_t(2 * batch.slot + 1)));
+    // Every rank has the whole step's tokens: the loss is normalised by the global step's.
     int64_t step_valid = 0;
     for (int64_t i = 0; i < int64_t(G) * T; i++) step_valid += targets[i] >= 0;
     const float dloss = step_valid ? 1.0f / float(step_valid) : 0.0f;
     double loss_sum = 0;
-    // The step's G sequences lie in the slot one after another; they are cut into micro-batches
-    // of the current plan, which may change between two of them (a recovery).
-    for (int done = 0, k = 0; done < G; k++) {
-      HR_ASSIGN_OR_RETURN(
-          memory::Arena arena,
-          acquire(step, fmt::format("at micro-batch {} (sequence {} of {})", k + 1, done + 1, G),
-                  G - done));
+    // This rank's `share` sequences lie in the slot one after another; they are cut into
+    // micro-batches of the current plan, which may change between two of them (a recovery).
+    Status local;
+    for (int done = 0, k = 0; done < share; k++) {
+      Result<memory::Arena> arena = acquire(
+          step, fmt::format("at micro-batch {} (sequence {} of {})", k + 1, first + done + 1, G),
+          share - done);
+      if (!arena.is_ok()) {
+        local = arena.status();
+        break;
+      }
       const int b = elastic.micro_batch();
-      net.bind_activations(&arena, &elastic.plan().activations, b, T);
-      const int32_t* in = inputs + int64_t(done) * T;
-      const int32_t* tg = targets + int64_t(done) * T;
+      net.bind_activations(&*arena, &elastic.plan().activations, b, T);
+      const int32_t* in = inputs + int64_t(first + done) * T;
+      const int32_t* tg = targets + int64_t(first + done) * T;
       auto tm = Clock::now();
       if (rec) begin_micro_batch(&rec->events, elastic.plan(), step, k, us_since_start(tm));
       loss_sum += net.forward(in, tg);
@@ -440,10 +558,13 @@ Result<TrainResult> run_training(const TrainOptions& o, const TrainCallbacks& cb
       done += b;
     }
     loader.release(batch.slot);
+    HR_RETURN_IF_ERROR(settle(local));
+    HR_RETURN_IF_ERROR(comm.all_reduce(&loss_sum, 1));
     const float lr = cosine_lr(step, o.steps, o.warmup_steps, o.adamw.lr, o.min_lr_ratio);
     auto topt = Clock::now();
-    const double norm = adamw_step(table, params, grads, m, v, o.adamw, lr, step + 1, params_bf16);
-    cpu::zero(grads, table.total_floats);
+    const ZeroBuffers zb{params, grads, grad_shard, m, v, /*grads_reduced=*/false};
+    HR_ASSIGN_OR_RETURN(const double norm, zopt.step(zb, o.adamw, lr, step + 1, params_bf16));
+    cpu::zero(grads, P);
     const double optimizer_ms = ms_since(topt);
     record("adamw", "optimizer", topt, step, -1);
 
@@ -467,7 +588,10 @@ Result<TrainResult> run_training(const TrainOptions& o, const TrainCallbacks& cb
     const bool last = step + 1 == o.steps;
     if ((o.eval_every > 0 && (step + 1) % o.eval_every == 0) || last) {
       auto tv = Clock::now();
-      HR_ASSIGN_OR_RETURN(s.val_loss, evaluate(step));
+      // Every rank evaluates the same validation batches on the same weights (the same result).
+      Result<std::optional<double>> val = evaluate(step);
+      HR_RETURN_IF_ERROR(settle(val.status()));
+      s.val_loss = *val;
       record("validation", "validation", tv, step, -1);
       // A recovery inside validation is reported with this step.
       for (std::string& e : cur.events) s.events.push_back(std::move(e));
@@ -477,7 +601,7 @@ Result<TrainResult> run_training(const TrainOptions& o, const TrainCallbacks& cb
       cur = StepStats();
     }
     s.micro_batch = elastic.micro_batch();
-    s.accumulation = elastic.accumulation();
+    s.accumulation = elastic.accumulation() * R;
     s.recompute = plan::recompute_summary(elastic.plan().policy.exec);
     s.predicted_step_ms = elastic.predicted_step_ms();
     result.replans += s.replans;
@@ -498,9 +622,13 @@ Result<TrainResult> run_training(const TrainOptions& o, const TrainCallbacks& cb
     result.final_loss = s.loss;
     if (s.val_loss) result.final_val_loss = s.val_loss;
     if (cb.on_step) cb.on_step(s);
-    if (cb.should_stop && cb.should_stop(s)) {
-      result.stopped = true;
-      break;
+    if (cb.should_stop) {
+      int64_t go_on = cb.should_stop(s) ? 0 : 1;  // any rank's stop stops all
+      if (R > 1) HR_RETURN_IF_ERROR(comm.all_reduce_min(&go_on, 1));
+      if (!go_on) {
+        result.stopped = true;
+        break;
+      }
     }
   }
   if (!tps.empty()) {
@@ -517,16 +645,30 @@ Result<TrainResult> run_training(const TrainOptions& o, const TrainCallbacks& cb
   result.planned_peak_bytes = elastic.planned_peak();
   result.lower_bound_bytes = mp.lower_bound_bytes;
   if (result.stopped) return result;
-  if (!o.out_dir.empty()) {
-    HR_RETURN_IF_ERROR(model::save_pretrained(o.out_dir, cfg, table, params));
-  }
-  if (cb.on_finish) {
+  Status finish;
+  if (!o.out_dir.empty() && rank == 0)
+    finish = model::save_pretrained(o.out_dir, cfg, table, params);
+  if (finish.is_ok() && cb.on_finish) {
     // The step region is done: release it, so that what the callback plans (e.g. the sampling
     // arena) is served from the same budget.
     elastic.release_unused();
-    HR_RETURN_IF_ERROR(cb.on_finish(cfg, params, &tracking));
+    finish = cb.on_finish(cfg, params, &tracking);
   }
+  HR_RETURN_IF_ERROR(dist::agree(comm, finish));
   return result;
+}
+
+}  // namespace
+
+Result<TrainResult> run_training(const TrainOptions& o, const TrainCallbacks& cb) {
+  dist::LocalCommunicator local;
+  dist::Communicator& comm = o.comm ? *o.comm : local;
+  bool setup_agreed = false;
+  Result<TrainResult> r = run_ranks(o, cb, comm, &setup_agreed);
+  // A rank that failed during set-up owes the others the agreement they wait in: it gives its
+  // error there, and every rank returns the lowest failing rank's.
+  if (!r.is_ok() && !setup_agreed && comm.size() > 1) return dist::agree(comm, r.status());
+  return r;
 }
 
 }  // namespace headroom::train

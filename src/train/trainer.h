@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "dist/communicator.h"
 #include "memory/adaptors.h"
 #include "model/config.h"
 #include "model/gpt2.h"
@@ -20,6 +21,16 @@
 namespace headroom::train {
 
 struct TrainOptions {
+  // Data parallelism (docs/notes/zero.md). Null: one process. With R ranks, micro_batch and
+  // accumulation are per rank and the global batch is G = R x micro_batch x accumulation: every
+  // rank reads the same token stream and computes sequences [r G/R, (r+1) G/R) of each step, so
+  // the data order is one process's. Every rank calls run_training with the same options (the
+  // test hooks and profile excepted); only rank 0 writes checkpoints and the final model.
+  dist::Communicator* comm = nullptr;
+  // ZeRO stage: 0 all-reduces the gradients; 1 and 2 reduce-scatter them, shard AdamW's m and v
+  // and all-gather the updated parameters (2 keeps the full gradient buffer until backward
+  // writes per-bucket windows, so its memory is stage 1's). 3 is refused (Unsupported).
+  int zero_stage = 0;
   model::Gpt2Config config;
   std::string model_name;   // for messages
   std::string plan_note;    // how micro-batch and accumulation were chosen, for the start-up lines
@@ -54,6 +65,9 @@ struct TrainOptions {
   // micro-batch and per validation run, counted from step one) that fail as out of memory.
   std::vector<uint64_t> fail_step_allocations;
 };
+
+// The start-up line for the rank layout: "2 ranks, ZeRO-1: optimizer state sharded (...)".
+std::string describe_ranks(int ranks, int zero_stage);
 
 // Everything reported for one optimizer step (the --log-json fields).
 struct StepStats {
@@ -142,6 +156,11 @@ struct TrainCallbacks {
 // directory (checked before step one); OutOfMemory when no plan fits the budget, at the start or
 // after a budget change or an allocation failure; then the last completed step is checkpointed
 // to out_dir first (the message says where).
+// With several ranks every rank returns the same status: errors are agreed (dist::agree) before
+// step one and at every step boundary, so a failure on one rank stops all of them with its
+// message ("rank 1: ..."). Re-planning after an allocation failure is not built for several
+// ranks yet: the run stops (checkpointing the last completed step). Callbacks run on every rank
+// (the CLI prints on rank 0 only); should_stop is agreed (any rank's true stops all).
 Result<TrainResult> run_training(const TrainOptions& options, const TrainCallbacks& callbacks);
 
 }  // namespace headroom::train

@@ -133,12 +133,13 @@ ZeroOptimizer::Sizes ZeroOptimizer::sizes() const {
 }
 
 Result<double> ZeroOptimizer::step(const ZeroBuffers& b, const AdamWConfig& config, float lr,
-                                   int step) {
+                                   int step, bf16_t* params_bf16) {
   HR_CHECK(b.params && b.m && b.v);
+  HR_CHECK_MSG(params_bf16 == nullptr || stage_ < 3, "ZeRO-3 keeps no full bf16 copy");
   if (stage_ == 0) {
     HR_CHECK(b.grads);
     if (!b.grads_reduced) HR_RETURN_IF_ERROR(comm_->all_reduce(b.grads, table_->total_floats));
-    return adamw_step(*table_, b.params, b.grads, b.m, b.v, config, lr, step);
+    return adamw_step(*table_, b.params, b.grads, b.m, b.v, config, lr, step, params_bf16);
   }
   // Stages 1-3: reduce-scatter, then each rank updates only what it owns.
   HR_CHECK(b.grad_shard || layout_.local_floats() == 0);
@@ -173,6 +174,9 @@ Result<double> ZeroOptimizer::step(const ZeroBuffers& b, const AdamWConfig& conf
       HR_RETURN_IF_ERROR(comm_->all_gather(b.params + layout_.piece(u).begin,
                                            b.params + layout_.units()[u].begin, layout_.counts(u)));
     }
+    // The bf16 copy, cast from the gathered fp32 values with adamw_update's rounding (nearest
+    // even). Gathering bf16 instead would halve the traffic (docs/notes/zero.md, "Left").
+    if (params_bf16) cpu::cast_to_bf16(params_bf16, b.params, table_->total_floats);
   }
   return norm;
 }

@@ -82,7 +82,11 @@ class ZeroOptimizer {
 
   // One optimizer step (step is 1-based, lr the scheduled rate). Returns the global gradient
   // norm before clipping, the same on every rank. A collective: every rank calls it.
-  Result<double> step(const ZeroBuffers& b, const AdamWConfig& config, float lr, int step);
+  // With params_bf16 (mixed precision, stages 0-2): the bf16 copy of the full updated
+  // parameters is written too, as adamw_step writes it (round to nearest even of each updated
+  // float), so the bf16 weights are bit-identical to a single process's.
+  Result<double> step(const ZeroBuffers& b, const AdamWConfig& config, float lr, int step,
+                      bf16_t* params_bf16 = nullptr);
 
   // Stage 3: gathers every unit of the sharded params into `full` (table.total_floats floats),
   // e.g. for evaluation or a checkpoint. A collective.

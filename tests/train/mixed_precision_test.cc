@@ -131,6 +131,32 @@ TEST(MixedPrecision, RecomputeIsBitIdenticalInBf16) {
   }
 }
 
+// Casting each block's weights just before use instead of keeping a bf16 copy gives the same
+// bf16 values, so the same bits; the plan has no copy region but two step buffers.
+TEST(MixedPrecision, CastingWeightsPerLayerEqualsTheCopy) {
+  const model::Gpt2Config c = small();
+  for (model::Recompute rc : {model::Recompute::kNone, model::Recompute::kFull}) {
+    for (int head : {0, 16}) {
+      model::ExecOptions e;
+      e.precision = model::Precision::kBf16;
+      e.head_chunk = head;
+      if (rc != model::Recompute::kNone) e.recompute.assign(size_t(c.n_layer), rc);
+      StepResult copy = one_step(c, e, 2, 40);
+      e.bf16_weight_copy = false;
+      StepResult cast = one_step(c, e, 2, 40);
+      EXPECT_EQ(cast.loss, copy.loss);
+      EXPECT_EQ(0, std::memcmp(cast.grads.data(), copy.grads.data(), cast.grads.size() * 4));
+    }
+  }
+  model::ExecOptions e;
+  e.bf16_weight_copy = false;
+  Result<plan::MemoryPlan> mp = plan::plan_training_memory(c, plan::Policy{2, 1, 40, "bf16", e});
+  ASSERT_TRUE(mp.is_ok());
+  EXPECT_EQ(mp->persistent.size(), plan::MemoryPlan::kBf16WeightsRegion);
+  EXPECT_NE(mp->activations.ids.block_weights_bf16, SIZE_MAX);
+  EXPECT_NE(mp->activations.ids.head_weights_bf16, SIZE_MAX);
+}
+
 TEST(MixedPrecision, PlanHoldsBf16ActivationsAndAWeightCopy) {
   const model::Gpt2Config c = small();
   model::ExecOptions e;

@@ -48,6 +48,7 @@ struct Case {
   int head_chunk = 0;
   model::Recompute recompute = model::Recompute::kNone;
   model::Precision precision = model::Precision::kFp32;
+  bool bf16_weight_copy = true;
 };
 
 TEST(PlanEquality, MeasuredPeakEqualsPlannedPeak) {
@@ -66,6 +67,8 @@ TEST(PlanEquality, MeasuredPeakEqualsPlannedPeak) {
       {3, 64, 4, 500, 64, 2, 32, 1, true, 24, model::Recompute::kSelective,
        model::Precision::kBf16},
       {3, 64, 4, 500, 64, 3, 32, 2, true, 16, model::Recompute::kFull, model::Precision::kBf16},
+      {2, 64, 4, 257, 64, 2, 16, 2, true, 0, model::Recompute::kSelective, model::Precision::kBf16,
+       false},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(::testing::Message()
@@ -84,6 +87,7 @@ TEST(PlanEquality, MeasuredPeakEqualsPlannedPeak) {
     o.exec.head_chunk = c.head_chunk;
     if (c.recompute != model::Recompute::kNone) o.exec.recompute.assign(size_t(c.L), c.recompute);
     o.exec.precision = c.precision;
+    o.exec.bf16_weight_copy = c.bf16_weight_copy;
     o.steps = 2;
     o.warmup_steps = 1;
     o.device_memory = uint64_t(1) << 32;
