@@ -708,7 +708,8 @@ int run_train(TrainFlags& f) {
                    f.ranks * o.micro_batch * o.accumulation, f.ranks, o.micro_batch, o.accumulation,
                    format_bytes(info.planned_bytes).c_str());
     }
-    std::fprintf(stderr, "plan: %s\n  %s\n", o.plan_note.c_str(),
+    std::fprintf(stderr, "plan: %s\n  %s, %s\n", o.plan_note.c_str(),
+                 std::string(model::precision_name(o.exec.precision)).c_str(),
                  plan::describe_exec(o.exec).c_str());
     std::fprintf(stderr, "data: %s (%lld train / %lld validation tokens)\n", o.data.c_str(),
                  static_cast<long long>(info.train_tokens),

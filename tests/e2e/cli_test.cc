@@ -216,11 +216,13 @@ TEST_F(Cli, TightBudgetTrainsWithRecomputationAndTheSameLoss) {
   // fit: the planner changes the techniques, never the mathematics.
   std::string data = corpus();
   auto losses = [&](const std::string& budget, std::string* techniques) {
+    // fp32 in both: this is about the activation techniques (bf16 has its own tests).
     Outcome t = run("train --data " + data + " --seq 64 --batch 16 --steps 3 --sample-tokens 0 " +
-                    "--device-memory " + budget + " --out " + path("m" + budget) + " --log-json " +
-                    path("l" + budget));
+                    "--precision fp32 --device-memory " + budget + " --out " + path("m" + budget) +
+                    " --log-json " + path("l" + budget));
     EXPECT_EQ(t.code, 0) << t.out;
-    auto at = t.out.find("\n  tiled");
+    // The line under "plan: ...": "  fp32, tiled attention, ...".
+    auto at = t.out.find("\n  fp32, ");
     *techniques =
         at == std::string::npos ? "" : t.out.substr(at + 3, t.out.find('\n', at + 1) - at - 3);
     std::vector<double> v;
