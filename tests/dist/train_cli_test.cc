@@ -56,7 +56,6 @@ size_t count(const std::string& text, const std::string& what) {
 }
 #endif
 
-
 TEST(TrainCli, TwoRanksTrainPrintOnceAndReportEveryRanksPeak) {
   if (!have_mpi()) GTEST_SKIP() << "built without MPI";
   if (test::world().size() > 1 || launched_by_mpi()) GTEST_SKIP() << "runs only outside mpirun";

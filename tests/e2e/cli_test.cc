@@ -9,46 +9,18 @@
 #include <set>
 #include <string>
 
+#include "e2e_util.h"
+
+namespace headroom {
 namespace {
 
 namespace fs = std::filesystem;
 
-struct Outcome {
-  int code;
-  std::string out;  // stdout and stderr together
-};
+using e2e::Outcome;
+using e2e::run;
 
-// Every run shares one cache directory (calibration, default corpus) under the test's temp dir,
-// so tests never write to the user's ~/.cache.
-Outcome run(const std::string& args) {
-  static const std::string cache = (fs::path(testing::TempDir()) / "headroom_e2e_cache").string();
-  std::string cmd =
-      "HEADROOM_CACHE_DIR=" + cache + " " + std::string(HEADROOM_BINARY) + " " + args + " 2>&1";
-  Outcome r{-1, ""};
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
-
-class Cli : public ::testing::Test {
+class Cli : public e2e::TempDirTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::path(testing::TempDir()) /
-           ("headroom_e2e_" + std::to_string(getpid()) + "_" +
-            testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string path(const std::string& name) const { return (dir_ / name).string(); }
-  void write(const std::string& name, const std::string& text) const {
-    std::ofstream(path(name), std::ios::binary) << text;
-  }
   // A small corpus: one fortune file from Debian's package, tokenised.
   std::string corpus() {
     std::string out = path("corpus.tokens");
@@ -56,7 +28,6 @@ class Cli : public ::testing::Test {
     EXPECT_EQ(r.code, 0) << r.out;
     return out;
   }
-  fs::path dir_;
 };
 
 TEST_F(Cli, VersionAndHelp) {
@@ -323,3 +294,4 @@ TEST_F(Cli, PlanSaysWhatIsMissingWhenNothingFits) {
 }
 
 }  // namespace
+}  // namespace headroom

@@ -11,46 +11,17 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "e2e_util.h"
+
+namespace headroom {
 namespace {
 
 namespace fs = std::filesystem;
 
-struct Outcome {
-  int code;
-  std::string out;  // stdout and stderr together
-};
+using e2e::Outcome;
+using e2e::run;
 
-Outcome run(const std::string& args) {
-  static const std::string cache = (fs::path(testing::TempDir()) / "headroom_e2e_cache").string();
-  std::string cmd =
-      "HEADROOM_CACHE_DIR=" + cache + " " + std::string(HEADROOM_BINARY) + " " + args + " 2>&1";
-  Outcome r{-1, ""};
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
-
-class ElasticCli : public ::testing::Test {
- protected:
-  void SetUp() override {
-    dir_ = fs::path(testing::TempDir()) /
-           ("headroom_e2e_elastic_" + std::to_string(getpid()) + "_" +
-            testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string path(const std::string& name) const { return (dir_ / name).string(); }
-  void write(const std::string& name, const std::string& text) const {
-    std::ofstream(path(name), std::ios::binary) << text;
-  }
-  fs::path dir_;
-};
+class ElasticCli : public e2e::TempDirTest {};
 
 TEST_F(ElasticCli, BadBudgetFilesAreRefusedWithTheFileNamed) {
   Outcome missing = run("train --model gpt2-tiny --steps 1 --device-memory-file " + path("nope") +
@@ -108,3 +79,4 @@ TEST_F(ElasticCli, AnUnwritableOutputDirectoryIsRefusedBeforeTraining) {
 }
 
 }  // namespace
+}  // namespace headroom

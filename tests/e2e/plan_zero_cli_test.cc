@@ -8,30 +8,15 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "e2e_util.h"
+
+namespace headroom {
 namespace {
 
 namespace fs = std::filesystem;
 
-struct Outcome {
-  int code;
-  std::string out;  // stdout and stderr together
-};
-
-Outcome run(const std::string& args) {
-  static const std::string cache =
-      (fs::path(testing::TempDir()) / "headroom_e2e_zero_cache").string();
-  std::string cmd =
-      "HEADROOM_CACHE_DIR=" + cache + " " + std::string(HEADROOM_BINARY) + " " + args + " 2>&1";
-  Outcome r{-1, ""};
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+using e2e::Outcome;
+using e2e::run;
 
 std::string seven_b(int devices) {
   return "plan --model " + std::string(HEADROOM_SOURCE_DIR) + "/configs/gpt-7b.json --devices " +
@@ -95,3 +80,4 @@ TEST(PlanZeroCli, SevenBOnFourL4sSaysWhatWouldFit) {
 }
 
 }  // namespace
+}  // namespace headroom

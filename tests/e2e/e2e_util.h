@@ -1,0 +1,59 @@
+// Shared by the end-to-end tests: run the headroom executable and capture what it prints, and a
+// fixture with a fresh temporary directory per test.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+namespace headroom::e2e {
+
+namespace fs = std::filesystem;
+
+struct Outcome {
+  int code;
+  std::string out;  // stdout and stderr together
+};
+
+// Runs `headroom ARGS`. Every run shares one cache directory (calibration, default corpus) under
+// the test's temp dir, so tests never write to the user's ~/.cache.
+inline Outcome run(const std::string& args) {
+  static const std::string cache = (fs::path(testing::TempDir()) / "headroom_e2e_cache").string();
+  std::string cmd =
+      "HEADROOM_CACHE_DIR=" + cache + " " + std::string(HEADROOM_BINARY) + " " + args + " 2>&1";
+  Outcome r{-1, ""};
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+  int status = pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+// A fresh directory per test, removed after it.
+class TempDirTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::path(testing::TempDir()) /
+           ("headroom_e2e_" + std::to_string(getpid()) + "_" +
+            testing::UnitTest::GetInstance()->current_test_info()->test_suite_name() + "_" +
+            testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+  void write(const std::string& name, const std::string& text) const {
+    std::ofstream(path(name), std::ios::binary) << text;
+  }
+  fs::path dir_;
+};
+
+}  // namespace headroom::e2e
