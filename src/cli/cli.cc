@@ -129,7 +129,10 @@ struct TrainFlags {
   std::string vocab;
   bool json = false;
   std::string zero = "auto";  // train: --zero auto|0|1|2
-  int ranks = 1;              // train: the processes of the job (mpirun), set by run_train
+  std::string batching;       // train: packed|bucketed; empty: packed, or the checkpoint's
+  int bucket = 32;            // train: bucket granularity in tokens
+  CLI::Option* bucket_option = nullptr;  // to tell a given --bucket from the default
+  int ranks = 1;  // train: the processes of the job (mpirun), set by run_train
 };
 
 void add_train_flags(CLI::App* app, TrainFlags& f) {
@@ -206,7 +209,8 @@ model::Precision precision_of(const std::string& name) {
 Status resolve_train_options(TrainFlags& f, train::TrainOptions* o) {
   if (!f.resume.empty()) {
     // Continue with the checkpoint's model, data and batch shape unless flags say otherwise
-    // (the trainer refuses a shape that differs: the continuation would not be exact).
+    // (the trainer refuses another global batch or seq; another micro-batch continues it within
+    // rounding).
     HR_ASSIGN_OR_RETURN(train::LoadedCheckpoint ck, train::find_checkpoint(f.resume));
     if (!f.model_option || f.model_option->count() == 0) f.model = ck.dir;  // its config
     if (f.data.empty()) f.data = ck.state.data;
@@ -216,6 +220,29 @@ Status resolve_train_options(TrainFlags& f, train::TrainOptions* o) {
     // The schedule too: its defaults depend on --steps, which a resume may raise.
     if (f.lr == 0) f.lr = ck.state.lr;
     if (f.warmup < 0) f.warmup = ck.state.warmup_steps;
+    if (f.batching.empty()) f.batching = ck.state.batching;
+    if ((!f.bucket_option || f.bucket_option->count() == 0) && ck.state.bucket > 0)
+      f.bucket = ck.state.bucket;
+  }
+  HR_ASSIGN_OR_RETURN(o->batching,
+                      data::parse_batching(f.batching.empty() ? "packed" : f.batching));
+  const bool bucket_given = f.bucket_option && f.bucket_option->count() > 0;
+  if (bucket_given && o->batching == data::Batching::kPacked) {
+    return Status::invalid_argument(fmt::format(
+        "--bucket {} applies to --batching bucketed only (packed rows are all --seq long)",
+        f.bucket));
+  }
+  if (f.bucket <= 0) {
+    return Status::invalid_argument(fmt::format(
+        "--bucket {} must be positive: bucket lengths are its multiples (e.g. 32), up to --seq",
+        f.bucket));
+  }
+  o->bucket = f.bucket;
+  if (o->batching == data::Batching::kBucketed && f.ranks > 1) {
+    return Status::unsupported(fmt::format(
+        "--batching bucketed with {} ranks: splitting a step's variable-shape micro-batches "
+        "across ranks is not built yet; use --batching packed under mpirun, or one process",
+        f.ranks));
   }
   HR_ASSIGN_OR_RETURN(o->config, model::resolve_model(f.model));
   o->model_name = f.model;
@@ -490,7 +517,9 @@ json step_json(const train::StepStats& s) {
             {"device_budget", s.device_budget},
             {"predicted_step_ms", s.predicted_step_ms},
             {"replans", s.replans},
-            {"oom_recoveries", s.oom_recoveries}};
+            {"oom_recoveries", s.oom_recoveries},
+            {"padding", s.padding},
+            {"micro_batches", s.micro_batches}};
   if (!s.events.empty()) j["events"] = s.events;
   if (s.val_loss) j["val_loss"] = *s.val_loss;
   return j;
@@ -723,6 +752,7 @@ int run_train(TrainFlags& f) {
         info.memory_table.c_str());
     std::fprintf(stderr, "expected step time: %.0f ms (cost model; speeds %s)\n",
                  info.predicted_step_ms, info.device_source.c_str());
+    if (!info.batching.empty()) std::fprintf(stderr, "batching: %s\n", info.batching.c_str());
   };
   cb.on_step = [&](const train::StepStats& s) {
     if (rank != 0) return;  // every rank's step is the same step
@@ -789,7 +819,14 @@ int run_train(TrainFlags& f) {
               {"out", o.out_dir},
               {"sample", sample_text},
               {"ranks", f.ranks},
-              {"zero", o.zero_stage}};
+              {"zero", o.zero_stage},
+              {"batching", data::batching_name(o.batching)},
+              {"padding", r->padding}};
+    if (o.batching == data::Batching::kBucketed) {
+      j["bucket"] = o.bucket;
+      j["shape_plans"] = r->shape_plans;
+      j["shape_plan_hits"] = r->shape_plan_hits;
+    }
     if (f.ranks > 1) {
       json per_rank = json::array();
       for (int i = 0; i < f.ranks; i++) {
@@ -806,7 +843,12 @@ int run_train(TrainFlags& f) {
   }
   std::fprintf(stderr, "done: loss %.4f", r->final_loss);
   if (r->final_val_loss) std::fprintf(stderr, ", validation loss %.4f", *r->final_val_loss);
-  std::fprintf(stderr, ", median %.0f tokens/s\n", r->tokens_per_s);
+  std::fprintf(stderr, ", median %.0f tokens/s", r->tokens_per_s);
+  if (o.batching == data::Batching::kBucketed) {
+    std::fprintf(stderr, " (real tokens; padding %.1f%%, %llu micro-batch shapes planned)",
+                 100.0 * r->padding, static_cast<unsigned long long>(r->shape_plans));
+  }
+  std::fprintf(stderr, "\n");
   std::fprintf(
       stderr,
       "device memory: peak %s measured, %s planned, lower bound %s (fragmentation "
@@ -1315,6 +1357,13 @@ int run(int argc, char** argv) {
   train_cmd->add_option("--profile", tf.profile,
                         "write trace.json, memory.json and report.html of the run to DIR");
   train_cmd->add_flag("--json", tf.json, "print the result as JSON instead of the progress bar");
+  train_cmd->add_option("--batching", tf.batching,
+                        "packed (default: T-token windows of the concatenated documents) or "
+                        "bucketed (one document per row, rows of one length bucket per step, "
+                        "padding masked out of the loss; docs/notes/batching.md)");
+  tf.bucket_option = train_cmd->add_option(
+      "--bucket", tf.bucket,
+      "--batching bucketed: bucket lengths are multiples of N tokens (default 32), up to --seq");
 
   GenerateFlags gf;
   CLI::App* gen_cmd = app.add_subcommand("generate", "sample text from a trained model");

@@ -58,7 +58,9 @@ json state_json(const TrainerState& s) {
           {"accumulation", s.accumulation},
           {"seq", s.seq},
           {"seed", s.seed},
-          {"data", s.data}};
+          {"data", s.data},
+          {"batching", s.batching},
+          {"bucket", s.bucket}};
 }
 
 // A JSON value for an error message: scalars as written, containers and long strings shortened.
@@ -169,6 +171,14 @@ Result<TrainerState> parse_state(const std::string& path) {
   HR_RETURN_IF_ERROR(fields.integer("seq", 1, &s.seq));
   HR_RETURN_IF_ERROR(fields.unsigned_integer("seed", &s.seed));
   HR_RETURN_IF_ERROR(fields.string("data", &s.data));
+  if (j.contains("batching")) {
+    HR_RETURN_IF_ERROR(fields.string("batching", &s.batching));
+    if (s.batching != "packed" && s.batching != "bucketed") {
+      return Status::corrupt(fmt::format("{}: field 'batching' = \"{}\" must be packed or bucketed",
+                                         path, s.batching));
+    }
+    if (s.batching == "bucketed") HR_RETURN_IF_ERROR(fields.integer("bucket", 1, &s.bucket));
+  }
   // The global batch, micro_batch x accumulation, is an int wherever it is used.
   if (int64_t(s.micro_batch) * s.accumulation > kMaxInt) {
     return Status::corrupt(fmt::format(

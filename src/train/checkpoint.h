@@ -27,6 +27,11 @@ struct TrainerState {
   int seq = 0;
   uint64_t seed = 0;
   std::string data;  // the token file the run reads
+  // How data_position is counted (docs/notes/batching.md): "packed" (a token index) or
+  // "bucketed" (batches served; `bucket` is the bucket granularity). Absent in older
+  // checkpoints, which were packed.
+  std::string batching = "packed";
+  int bucket = 0;
 };
 
 struct CheckpointView {

@@ -96,6 +96,12 @@ Result<memory::Arena> ElasticStep::acquire_uninjected() {
                                memory::Category::kActivations);
 }
 
+Result<memory::Arena> ElasticStep::acquire_shape(const plan::MemoryPlan& shape, bool inject) {
+  memory::MemoryResource* from = inject ? static_cast<memory::MemoryResource*>(&failing_) : &pool_;
+  return memory::Arena::create(from, shape.step.buffers, shape.step.layout,
+                               memory::Category::kActivations);
+}
+
 std::string ElasticStep::describe_policy(const plan::Policy& p) const {
   return fmt::format("micro-batch {} x {} (recompute {}, {})", p.micro_batch, p.accumulation,
                      plan::recompute_summary(p.exec), head_name(p.exec));

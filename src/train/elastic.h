@@ -63,6 +63,11 @@ class ElasticStep {
   Result<memory::Arena> acquire();
   // As acquire(), but never through the failure injection (the warm-up before step one).
   Result<memory::Arena> acquire_uninjected();
+  // The step region of another plan of the same policy: a micro-batch shape of bucketed batching
+  // (train/shape_plans.h), carved from the pool's free region when it fits there. `inject`:
+  // through the failure injection, as acquire().
+  Result<memory::Arena> acquire_shape(const plan::MemoryPlan& shape, bool inject = true);
+  uint64_t persistent_bytes() const { return persistent_bytes_; }
 
   struct Replan {
     std::string change;        // "micro-batch 8 x 1 -> 4 x 2 (recompute none -> selective), ..."

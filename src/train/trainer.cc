@@ -28,6 +28,7 @@
 #include "plan/memory_plan.h"
 #include "train/checkpoint.h"
 #include "train/elastic.h"
+#include "train/shape_plans.h"
 #include "train/step_events.h"
 #include "train/zero.h"
 
@@ -70,6 +71,16 @@ Status check_options(const TrainOptions& o) {
   }
   if (o.zero_stage < 0 || o.zero_stage > 3) {
     return Status::invalid_argument(fmt::format("--zero {}: use 0, 1 or 2", o.zero_stage));
+  }
+  if (o.batching == data::Batching::kBucketed && o.bucket <= 0) {
+    return Status::invalid_argument(
+        fmt::format("--bucket {} must be positive (bucket lengths are its multiples)", o.bucket));
+  }
+  if (o.batching == data::Batching::kBucketed && o.comm && o.comm->size() > 1) {
+    return Status::unsupported(fmt::format(
+        "--batching bucketed with {} ranks: splitting a step's variable-shape micro-batches "
+        "across ranks is not built yet; use --batching packed under mpirun, or one process",
+        o.comm->size()));
   }
   if (o.comm && o.comm->size() > 1 && !o.device_memory_file.empty()) {
     return Status::unsupported(fmt::format(
@@ -168,6 +179,17 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     HR_ASSIGN_OR_RETURN(data::PackedBatcher vb, data::PackedBatcher::create(file, val_range, B, T));
     val_batches.emplace(std::move(vb));
   }
+  // Bucketed batching: one batch of documents per optimizer step, G x T tokens at most (the
+  // same documents whatever the micro-batch); validation stays on packed windows, so that its
+  // loss compares across batching modes. See docs/notes/batching.md.
+  const bool bucketed = o.batching == data::Batching::kBucketed;
+  std::optional<data::DocumentBatcher> docs;
+  if (bucketed) {
+    HR_ASSIGN_OR_RETURN(data::DocumentBatcher d,
+                        data::DocumentBatcher::create(file, train_range, T, o.bucket,
+                                                      int64_t(B) * K * R * T, o.seed));
+    docs.emplace(std::move(d));
+  }
 
   // ---- memory: leaf, budget, tracking; every buffer from an arena made from the plan ----
   plan::Policy policy;
@@ -186,6 +208,26 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
         o.model_name, B, T, format_bytes(mp.peak_bytes), format_bytes(o.device_memory),
         plan::category_table(mp, o.device_memory),
         R > 1 && o.zero_stage == 0 ? " (or --zero 1 to shard the optimizer state)" : ""));
+  }
+  // Bucketed: the step region is planned per micro-batch shape that occurs; the worst one must
+  // fit next to the persistent regions (validation runs the plan's own b x T shape).
+  std::optional<ShapePlans> shapes;
+  std::vector<std::pair<int, int>> mb_shapes;
+  ShapePlans::Largest largest_shape;
+  if (bucketed) {
+    shapes.emplace(cfg, mp.policy);
+    mb_shapes = micro_batch_shapes(docs->batch_shapes(), B, T);
+    HR_ASSIGN_OR_RETURN(largest_shape, shapes->largest(mb_shapes));
+    if (mp.persistent_bytes + largest_shape.step_bytes > o.device_memory) {
+      return Status::out_of_memory(fmt::format(
+          "--batching bucketed: the micro-batch shape {} x {} (rows x length, under the token "
+          "budget {} x {}) needs a step region of {}, {} with the persistent regions, but the "
+          "device budget is {}; try a smaller --batch or a larger --device-memory",
+          largest_shape.shape.first, largest_shape.shape.second, B, T,
+          format_bytes(largest_shape.step_bytes),
+          format_bytes(mp.persistent_bytes + largest_shape.step_bytes),
+          format_bytes(o.device_memory)));
+    }
   }
   memory::HostResource host;
   memory::LimitResource limit(&host, o.device_memory);
@@ -214,10 +256,24 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
   es.head_chunk = o.exec.head_chunk > 0 ? o.exec.head_chunk : 256;
   es.fail_acquisitions = o.fail_step_allocations;
   ElasticStep elastic(std::move(es), &tracking, mp);
-  {
-    // Fault the region's pages in now, not inside step one; the pool keeps them.
-    HR_ASSIGN_OR_RETURN(memory::Arena warm, elastic.acquire_uninjected());
-  }
+  // Fault the region's pages in now, not inside step one; the pool keeps them. Bucketed: the
+  // largest shape's region first, so that every smaller one is carved from it (the measured
+  // peak is the largest shape's plan).
+  auto warm_up = [&]() -> Status {
+    if (shapes && largest_shape.step_bytes > elastic.plan().step_bytes) {
+      HR_ASSIGN_OR_RETURN(memory::Arena warm, elastic.acquire_shape(*largest_shape.plan, false));
+    } else {
+      HR_ASSIGN_OR_RETURN(memory::Arena warm, elastic.acquire_uninjected());
+    }
+    return Status::ok();
+  };
+  HR_RETURN_IF_ERROR(warm_up());
+  // The planned peak: the persistent regions and the largest step region that occurs.
+  auto planned_peak = [&] {
+    return shapes ? std::max(elastic.planned_peak(),
+                             elastic.persistent_bytes() + largest_shape.step_bytes)
+                  : elastic.planned_peak();
+  };
   if (!o.out_dir.empty() && rank == 0) {
     // Room for a checkpoint (weights and two moments) and the final model, and some slack.
     HR_RETURN_IF_ERROR(
@@ -250,14 +306,31 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     }
     // The checkpoint's accumulation counts every rank's micro-batches (global batch / micro-
     // batch), so a run on another number of ranks with the same global batch continues it.
-    if (st.micro_batch != B || st.accumulation != K * R || st.seq != T) {
+    // The global batch and seq fix the data of every step; the micro-batch only how a step is
+    // cut, which changes nothing but rounding (principle 2), so another one may continue it.
+    if (int64_t(st.micro_batch) * st.accumulation != int64_t(B) * K * R || st.seq != T) {
       return Status::invalid_argument(fmt::format(
-          "{}: the checkpoint ran micro-batch {} x {} accumulation at seq {}, this run {} x {} at "
-          "seq {}; resume with --batch {} --global-batch {} --seq {} for an exact continuation",
-          ck.dir, st.micro_batch, st.accumulation, st.seq, B, K * R, T, st.micro_batch,
-          st.micro_batch * st.accumulation, st.seq));
+          "{}: the checkpoint ran global batch {} ({} x {}) at seq {}, this run {} at seq {}; "
+          "resume with --global-batch {} --seq {} to continue it",
+          ck.dir, st.micro_batch * st.accumulation, st.micro_batch, st.accumulation, st.seq,
+          B * K * R, T, st.micro_batch * st.accumulation, st.seq));
     }
-    if (!train_batches.valid_position(st.data_position)) {
+    if (st.batching != data::batching_name(o.batching) || (bucketed && st.bucket != o.bucket)) {
+      return Status::invalid_argument(fmt::format(
+          "{}: the checkpoint was trained with --batching {}{}, this run with --batching {}{}; "
+          "resume with the checkpoint's batching (its data position means nothing to another)",
+          ck.dir, st.batching,
+          st.batching == "bucketed" ? fmt::format(" --bucket {}", st.bucket) : "",
+          data::batching_name(o.batching), bucketed ? fmt::format(" --bucket {}", o.bucket) : ""));
+    }
+    if (st.micro_batch != B && rank == 0) {
+      log_info(
+          "{}: the checkpoint ran micro-batch {} x {}; continuing at {} x {} (the same "
+          "global batch: equal up to floating-point rounding)",
+          ck.dir, st.micro_batch, st.accumulation, B, K * R);
+    }
+    if (bucketed ? !docs->valid_position(st.data_position)
+                 : !train_batches.valid_position(st.data_position)) {
       return Status::corrupt(fmt::format("{}: data_position {} is outside the training data of {}",
                                          ck.dir, st.data_position, o.data));
     }
@@ -285,7 +358,11 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
       zopt.scatter_params(full_v.data(), v);
       cpu::zero(grads, P);
     }
-    train_batches.set_position(st.data_position);
+    if (bucketed) {
+      docs->set_position(st.data_position);
+    } else {
+      train_batches.set_position(st.data_position);
+    }
     start_step = st.step;
     if (rank == 0) log_info("resumed from {} at step {}", ck.dir, st.step);
   }
@@ -309,7 +386,9 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
                     elastic.accumulation() * R,
                     T,
                     o.seed,
-                    o.data};
+                    o.data,
+                    data::batching_name(o.batching),
+                    bucketed ? o.bucket : 0};
     const float* full_m = m;
     const float* full_v = v;
     std::vector<float> host_m;
@@ -372,12 +451,26 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     info.val_tokens = val_range.size();
     info.predicted_step_ms = elastic.predicted_step_ms();
     info.device_source = o.device.source.empty() ? nominal_cpu_spec().source : o.device.source;
+    if (bucketed) {
+      std::string list;
+      for (const auto& [r, l] : mb_shapes)
+        list += fmt::format("{}{}x{}", list.empty() ? "" : " ", r, l);
+      info.batching = fmt::format(
+          "bucketed: {} pieces of documents (at most {} tokens each) in buckets of {} tokens, "
+          "{} steps per epoch of at most {} x {} tokens, padding {:.1f}%; micro-batches of at "
+          "most {} x {} tokens, shapes (rows x length) {}; the largest, {} x {}, plans a step "
+          "region of {}",
+          docs->pieces().size(), T, o.bucket, docs->batches_per_epoch(), G, T,
+          100.0 * docs->padding_fraction(), B, T, list, largest_shape.shape.first,
+          largest_shape.shape.second, format_bytes(largest_shape.step_bytes));
+      info.planned_bytes = planned_peak();
+    }
     cb.on_setup(info);
   }
 
   // ---- elastic re-planning and out-of-memory recovery (docs/notes/elastic.md) ----
-  int steps_done = start_step;                       // optimizer steps completed
-  int64_t done_position = train_batches.position();  // the data position after them
+  int steps_done = start_step;  // optimizer steps completed
+  int64_t done_position = bucketed ? docs->position() : train_batches.position();
   uint64_t ceiling = o.device_memory;  // what plans may use: the budget, lowered after a failure
   std::string last_file_error;
   StepStats cur;  // this step's events and counts, moved into its StepStats at the end
@@ -405,12 +498,32 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     f << report << "\n";
     return f.good() ? path : "";
   };
+  // Bucketed: a re-plan changes the micro-batch (the token budget) or the techniques, so the
+  // shapes are planned again and the largest one's region faulted in first (see warm_up).
+  auto after_replan = [&]() -> Status {
+    if (!shapes) return Status::ok();
+    shapes->reset(elastic.plan().policy);
+    mb_shapes = micro_batch_shapes(docs->batch_shapes(), elastic.micro_batch(), T);
+    HR_ASSIGN_OR_RETURN(largest_shape, shapes->largest(mb_shapes));
+    elastic.release_unused();
+    return warm_up();
+  };
   // The step region for the next micro-batch (or validation). An allocation failure is recovered
   // here, before any compute of that micro-batch: plans are chosen again under less memory (the
   // micro-batch must divide the `remaining` sequences of the step) and the acquisition retried.
-  auto acquire = [&](int step, const std::string& where, int remaining) -> Result<memory::Arena> {
+  // Bucketed (`length` > 0): the region of the micro-batch shape (rows, length) with
+  // rows = min(rows_per_micro_batch, `rows_left`) for the plan's micro-batch, its plan in *shape.
+  auto acquire = [&](int step, const std::string& where, int remaining, int length = 0,
+                     int rows_left = 0,
+                     const plan::MemoryPlan** shape = nullptr) -> Result<memory::Arena> {
+    auto try_acquire = [&]() -> Result<memory::Arena> {
+      if (length == 0) return elastic.acquire();
+      const int rows = std::min(rows_per_micro_batch(elastic.micro_batch(), T, length), rows_left);
+      HR_ASSIGN_OR_RETURN(*shape, shapes->get(rows, length));
+      return elastic.acquire_shape(**shape);
+    };
     while (true) {
-      Result<memory::Arena> a = elastic.acquire();
+      Result<memory::Arena> a = try_acquire();
       if (a.is_ok() || a.status().code() != StatusCode::kOutOfMemory) return a;
       const std::string at = fmt::format("at step {}, {}", step + 1, where);
       std::string report = elastic.oom_report(a.status(), at, limit.budget(), tracking.stats());
@@ -423,7 +536,7 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
                         "--batch or a larger --device-memory",
                         R));
       }
-      ceiling = std::min<uint64_t>(limit.budget(), elastic.planned_peak() - 1);
+      ceiling = std::min<uint64_t>(limit.budget(), planned_peak() - 1);
       Result<ElasticStep::Replan> rp = elastic.replan(ceiling, remaining);
       if (!rp.is_ok()) {
         report += fmt::format("  re-planning under {} found nothing that fits: {}\n",
@@ -433,6 +546,7 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
       }
       report += fmt::format("  alternatives computed by the planner (under {}):\n{}",
                             format_bytes(ceiling), rp->alternatives);
+      if (Status st = after_replan(); !st.is_ok()) return fail_out_of_memory(report + st.message());
       const std::string path = save_report(step + 1, report);
       cur.events.push_back(fmt::format("step {}: out of memory {}: re-planned {}; redoing it{}",
                                        step + 1, where, rp->change,
@@ -468,6 +582,8 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     }
     cur.events.push_back(
         fmt::format("{}: {} {}", head, rp->changed ? "re-planned" : "plan kept,", rp->change));
+    if (Status st = after_replan(); !st.is_ok())
+      return fail_out_of_memory(head + ": " + st.message());
     cur.replans += rp->changed;
     return Status::ok();
   };
@@ -495,12 +611,20 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
   };
 
   std::vector<double> tps;
+  int64_t padded_slots = 0, real_tokens = 0;  // over the run's steps: the padding fraction
   // The loader thread fills the next steps' micro-batches into the staging slots while this
   // thread computes; the slot's tag is the data position after it (what a checkpoint saves).
   // Declared after the arenas, so it stops before they are released.
+  // Bucketed: a slot holds one step batch, rows x length <= G x T tokens; its shape is kept
+  // beside the slot (written by the loader thread before the slot is handed over).
+  std::vector<data::DocumentBatcher::Shape> slot_shape(static_cast<size_t>(depth));
   data::Prefetcher loader(depth, [&](int slot) {
     int32_t* in = static_cast<int32_t*>(staging.data(size_t(2 * slot)));
     int32_t* tg = static_cast<int32_t*>(staging.data(size_t(2 * slot + 1)));
+    if (bucketed) {
+      slot_shape[size_t(slot)] = docs->next(in, tg);
+      return docs->position();
+    }
     for (int k = 0; k < K * R; k++)
       train_batches.next(in + int64_t(k) * B * T, tg + int64_t(k) * B * T);
     return train_batches.position();
@@ -530,32 +654,43 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     record("wait for data", "data", td, step, -1);
     const int32_t* inputs = static_cast<const int32_t*>(staging.data(size_t(2 * batch.slot)));
     const int32_t* targets = static_cast<const int32_t*>(staging.data(size_t(2 * batch.slot + 1)));
+    // The step's shape: G x T when packed; one bucket's rows x length when bucketed.
+    const int len = bucketed ? slot_shape[size_t(batch.slot)].length : T;
+    const int step_rows = bucketed ? slot_shape[size_t(batch.slot)].rows : G;
+    // This rank's rows of the step (bucketed runs on one process: all of them).
+    const int my_rows = bucketed ? step_rows : share, row0 = bucketed ? 0 : first;
     // Every rank has the whole step's tokens: the loss is normalised by the global step's.
     int64_t step_valid = 0;
-    for (int64_t i = 0; i < int64_t(G) * T; i++) step_valid += targets[i] >= 0;
+    for (int64_t i = 0; i < int64_t(step_rows) * len; i++) step_valid += targets[i] >= 0;
     const float dloss = step_valid ? 1.0f / float(step_valid) : 0.0f;
     double loss_sum = 0;
     // This rank's `share` sequences lie in the slot one after another; they are cut into
     // micro-batches of the current plan, which may change between two of them (a recovery).
     Status local;
-    for (int done = 0, k = 0; done < share; k++) {
+    int micro_batches = 0;
+    for (int done = 0, k = 0; done < my_rows; k++) {
+      const plan::MemoryPlan* shape = nullptr;
       Result<memory::Arena> arena = acquire(
-          step, fmt::format("at micro-batch {} (sequence {} of {})", k + 1, first + done + 1, G),
-          share - done);
+          step,
+          fmt::format("at micro-batch {} (sequence {} of {})", k + 1, row0 + done + 1, step_rows),
+          bucketed ? G : share - done, bucketed ? len : 0, my_rows - done, &shape);
       if (!arena.is_ok()) {
         local = arena.status();
         break;
       }
-      const int b = elastic.micro_batch();
-      net.bind_activations(&*arena, &elastic.plan().activations, b, T);
-      const int32_t* in = inputs + int64_t(first + done) * T;
-      const int32_t* tg = targets + int64_t(first + done) * T;
+      // Bucketed: rows of `len` tokens under the plan's token budget b x T (its shape's plan).
+      const plan::MemoryPlan& mbp = shape ? *shape : elastic.plan();
+      const int b = mbp.policy.micro_batch;
+      net.bind_activations(&*arena, &mbp.activations, b, len);
+      const int32_t* in = inputs + int64_t(row0 + done) * len;
+      const int32_t* tg = targets + int64_t(row0 + done) * len;
       auto tm = Clock::now();
-      if (rec) begin_micro_batch(&rec->events, elastic.plan(), step, k, us_since_start(tm));
+      if (rec) begin_micro_batch(&rec->events, mbp, step, k, us_since_start(tm));
       loss_sum += net.forward(in, tg);
       net.backward(in, tg, dloss);
       record("micro-batch", "micro_batch", tm, step, k);
       done += b;
+      micro_batches++;
     }
     loader.release(batch.slot);
     HR_RETURN_IF_ERROR(settle(local));
@@ -577,7 +712,11 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     s.loss = step_valid ? loss_sum / double(step_valid) : 0.0;
     s.lr = lr;
     s.grad_norm = norm;
-    s.tokens = int64_t(G) * T;
+    s.tokens = step_valid;
+    s.padding = step_rows ? 1.0 - double(step_valid) / (double(step_rows) * len) : 0.0;
+    s.micro_batches = micro_batches;
+    padded_slots += int64_t(step_rows) * len;
+    real_tokens += step_valid;
     s.data_wait_ms = data_ms;
     s.optimizer_ms = optimizer_ms;
     s.op_ms = op_times;
@@ -609,7 +748,7 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     memory::MemoryStats ms = tracking.stats();
     s.device_bytes_in_use = ms.current;
     s.device_bytes_peak = ms.peak;
-    s.planned_peak_bytes = elastic.planned_peak();
+    s.planned_peak_bytes = planned_peak();
     s.device_budget = limit.budget();
     if (!std::isfinite(s.loss)) {
       return Status::internal(
@@ -642,7 +781,12 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     result.profile = std::move(rec);
   }
   result.device_bytes_peak = result.memory.peak;
-  result.planned_peak_bytes = elastic.planned_peak();
+  result.planned_peak_bytes = planned_peak();
+  result.padding = padded_slots ? 1.0 - double(real_tokens) / double(padded_slots) : 0.0;
+  if (shapes) {
+    result.shape_plans = shapes->misses();
+    result.shape_plan_hits = shapes->hits();
+  }
   result.lower_bound_bytes = mp.lower_bound_bytes;
   if (result.stopped) return result;
   Status finish;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "data/doc_batcher.h"
 #include "dist/communicator.h"
 #include "memory/adaptors.h"
 #include "model/config.h"
@@ -32,10 +33,17 @@ struct TrainOptions {
   // writes per-bucket windows, so its memory is stage 1's). 3 is refused (Unsupported).
   int zero_stage = 0;
   model::Gpt2Config config;
-  std::string model_name;   // for messages
-  std::string plan_note;    // how micro-batch and accumulation were chosen, for the start-up lines
-  std::string data;         // token file (headroom prepare)
-  int seq = 128;            // T
+  std::string model_name;  // for messages
+  std::string plan_note;   // how micro-batch and accumulation were chosen, for the start-up lines
+  std::string data;        // token file (headroom prepare)
+  int seq = 128;           // T
+  // Batching (docs/notes/batching.md). kPacked: each sequence a T-token window of the
+  // concatenated documents. kBucketed: each row one document (or a T-token piece of a longer
+  // one), padded to a multiple of `bucket` tokens; every optimizer step is one bucket's batch
+  // of rows x length <= G x T tokens (G = ranks x micro_batch x accumulation), cut into
+  // micro-batches of floor(micro_batch x T / length) rows. One process only for now.
+  data::Batching batching = data::Batching::kPacked;
+  int bucket = 32;
   int micro_batch = 8;      // B: sequences per micro-batch
   int accumulation = 1;     // k: micro-batches per optimizer step
   model::ExecOptions exec;  // attention kernel, LM head, recomputation per block
@@ -77,7 +85,9 @@ struct StepStats {
   double loss = 0;
   float lr = 0;
   double grad_norm = 0;
-  int64_t tokens = 0;  // tokens in this step
+  int64_t tokens = 0;     // tokens in this step that are trained on (padding excluded)
+  double padding = 0;     // padded share of the step's rows x length (0 when packed)
+  int micro_batches = 0;  // micro-batches this step ran on this rank
   double tokens_per_s = 0;
   double step_ms = 0;
   double data_wait_ms = 0;
@@ -108,6 +118,7 @@ struct SetupInfo {
   int64_t val_tokens = 0;
   double predicted_step_ms = 0;  // the cost model's time per optimizer step for the plan
   std::string device_source;     // where the speed figures come from ("measured ...", "nominal")
+  std::string batching;  // one paragraph on the batching (documents, buckets, padding, shapes)
 };
 
 // What `--profile` records, in microseconds since the run started.
@@ -135,6 +146,9 @@ struct TrainResult {
   uint64_t lower_bound_bytes = 0;  // most planned bytes live at one moment
   int replans = 0;                 // plan changes over the run (elastic micro-batching)
   int oom_recoveries = 0;
+  double padding = 0;            // padded share of all steps' tokens (bucketed batching)
+  uint64_t shape_plans = 0;      // step-region plans computed per micro-batch shape (bucketed)
+  uint64_t shape_plan_hits = 0;  // micro-batches that found their shape's plan in the cache
   memory::MemoryStats memory;
   std::optional<ProfileRecord> profile;  // with TrainOptions::profile
 };

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <random>
@@ -75,6 +76,34 @@ class Checkpoints : public ::testing::Test {
   std::string data_;
 };
 
+// The micro-batch only says how a step is cut (principle 2): a checkpoint of 2 x 2 continues at
+// 4 x 1 with the same data per step, equal within rounding (the accumulation test's tolerances).
+TEST_F(Checkpoints, ResumeAtAnotherMicroBatchOfTheSameGlobalBatch) {
+  std::vector<double> straight_losses, first, second;
+  std::vector<float> straight, resumed, unused;
+  train::TrainOptions o = options("straight");
+  o.steps = 6;
+  ASSERT_TRUE(run(o, &straight_losses, &straight).is_ok());
+  train::TrainOptions a = options("cut");
+  a.steps = 6;
+  a.save_every = 3;
+  ASSERT_TRUE(run(a, &first, &unused, 3).is_ok());
+  train::TrainOptions b = options("continued");
+  b.steps = 6;
+  b.micro_batch = 4;
+  b.accumulation = 1;
+  b.resume = (dir_ / "cut/checkpoints/step-000003").string();
+  ASSERT_TRUE(run(b, &second, &resumed).is_ok());
+  ASSERT_EQ(second.size(), 3u);
+  for (size_t i = 0; i < 3; i++)
+    EXPECT_NEAR(second[i], straight_losses[i + 3], 1e-5 * straight_losses[i + 3]);
+  ASSERT_EQ(resumed.size(), straight.size());
+  double worst = 0;
+  for (size_t i = 0; i < resumed.size(); i++)
+    worst = std::max(worst, double(std::fabs(resumed[i] - straight[i])));
+  EXPECT_LE(worst, 1e-4);
+}
+
 TEST_F(Checkpoints, ResumeIsBitIdentical) {
   std::vector<double> straight_losses, first, second;
   std::vector<float> straight, resumed, unused;
@@ -133,12 +162,12 @@ TEST_F(Checkpoints, CorruptOrMismatchedCheckpointsAreRefused) {
   train::TrainOptions r = options("run");
   r.steps = 8;
   r.resume = ck.string();
-  // A different batch shape would not continue exactly: refused, and the flags to use named.
+  // Another global batch would train on other data per step: refused, and the flag named.
   r.micro_batch = 4;
-  r.accumulation = 1;
+  r.accumulation = 2;
   Result<train::TrainResult> shape = run(r, &l, &p);
   ASSERT_FALSE(shape.is_ok());
-  EXPECT_NE(shape.status().message().find("--batch 2"), std::string::npos)
+  EXPECT_NE(shape.status().message().find("--global-batch 4"), std::string::npos)
       << shape.status().message();
 
   // A truncated optimizer file: the error names it.
