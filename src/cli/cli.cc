@@ -238,12 +238,6 @@ Status resolve_train_options(TrainFlags& f, train::TrainOptions* o) {
         f.bucket));
   }
   o->bucket = f.bucket;
-  if (o->batching == data::Batching::kBucketed && f.ranks > 1) {
-    return Status::unsupported(fmt::format(
-        "--batching bucketed with {} ranks: splitting a step's variable-shape micro-batches "
-        "across ranks is not built yet; use --batching packed under mpirun, or one process",
-        f.ranks));
-  }
   HR_ASSIGN_OR_RETURN(o->config, model::resolve_model(f.model));
   o->model_name = f.model;
   if (f.device != "cpu") {

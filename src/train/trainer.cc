@@ -76,12 +76,6 @@ Status check_options(const TrainOptions& o) {
     return Status::invalid_argument(
         fmt::format("--bucket {} must be positive (bucket lengths are its multiples)", o.bucket));
   }
-  if (o.batching == data::Batching::kBucketed && o.comm && o.comm->size() > 1) {
-    return Status::unsupported(fmt::format(
-        "--batching bucketed with {} ranks: splitting a step's variable-shape micro-batches "
-        "across ranks is not built yet; use --batching packed under mpirun, or one process",
-        o.comm->size()));
-  }
   if (o.comm && o.comm->size() > 1 && !o.device_memory_file.empty()) {
     return Status::unsupported(fmt::format(
         "--device-memory-file with {} ranks: re-planning while training runs is built for one "
@@ -657,7 +651,8 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     // The step's shape: G x T when packed; one bucket's rows x length when bucketed.
     const int len = bucketed ? slot_shape[size_t(batch.slot)].length : T;
     const int step_rows = bucketed ? slot_shape[size_t(batch.slot)].rows : G;
-    // This rank's rows of the step (bucketed runs on one process: all of them).
+    // This rank's rows of the step. Bucketed: every rank walks the step's micro-batches and runs
+    // every R-th one from its rank on (a step's micro-batches vary in number and shape).
     const int my_rows = bucketed ? step_rows : share, row0 = bucketed ? 0 : first;
     // Every rank has the whole step's tokens: the loss is normalised by the global step's.
     int64_t step_valid = 0;
@@ -669,6 +664,10 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     Status local;
     int micro_batches = 0;
     for (int done = 0, k = 0; done < my_rows; k++) {
+      if (bucketed && k % R != rank) {  // another rank's micro-batch
+        done += rows_per_micro_batch(elastic.micro_batch(), T, len);
+        continue;
+      }
       const plan::MemoryPlan* shape = nullptr;
       Result<memory::Arena> arena = acquire(
           step,

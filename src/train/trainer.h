@@ -41,7 +41,8 @@ struct TrainOptions {
   // concatenated documents. kBucketed: each row one document (or a T-token piece of a longer
   // one), padded to a multiple of `bucket` tokens; every optimizer step is one bucket's batch
   // of rows x length <= G x T tokens (G = ranks x micro_batch x accumulation), cut into
-  // micro-batches of floor(micro_batch x T / length) rows. One process only for now.
+  // micro-batches of floor(micro_batch x T / length) rows; with several ranks, rank r runs the
+  // step's micro-batches r, r + R, ... (every rank reads the whole step).
   data::Batching batching = data::Batching::kPacked;
   int bucket = 32;
   int micro_batch = 8;      // B: sequences per micro-batch
