@@ -157,17 +157,15 @@ Result<ElasticStep::Replan> ElasticStep::replan(uint64_t ceiling, int remaining)
     std::string what;
     for (const std::string& part : parts) what += (what.empty() ? "" : ", ") + part;
     if (what.empty()) what = "the same plan";
-    const bool usable = remaining % b == 0 && setup_.max_micro_batch % b == 0;
+    // (Validation runs its batch of max_micro_batch sequences in pieces of any size.)
+    const bool usable = remaining % b == 0;
     out.alternatives += fmt::format(
         "  - {} fits (micro-batch {} x {}): peak {}, predicted {:.0f} ms/step ({:+.0f}% time){}\n",
         what, b, c.policy.accumulation, format_bytes(peak), ms,
         predicted_ms_ > 0 ? 100.0 * (ms / predicted_ms_ - 1.0) : 0.0,
         usable ? ""
-               : fmt::format(
-                     "; not used: {} does not divide {}", b,
-                     remaining % b
-                         ? fmt::format("the {} sequences left in the step", remaining)
-                         : fmt::format("the validation micro-batch {}", setup_.max_micro_batch)));
+               : fmt::format("; not used: {} does not divide the {} sequences left in the step", b,
+                             remaining));
     if (usable && !best && peak <= ceiling) {
       best = std::move(mp);
       best_ms = ms;
@@ -176,8 +174,8 @@ Result<ElasticStep::Replan> ElasticStep::replan(uint64_t ceiling, int remaining)
   if (!best) {
     std::string why = res.chosen ? fmt::format(
                                        "no micro-batch that divides the {} sequences left in the "
-                                       "step and the validation micro-batch {} fits under {}.\n",
-                                       remaining, setup_.max_micro_batch, format_bytes(ceiling))
+                                       "step fits under {}.\n",
+                                       remaining, format_bytes(ceiling))
                                  : res.advice;
     return Status::out_of_memory(
         why + (out.alternatives.empty() ? std::string() : "plans that fit:\n" + out.alternatives));

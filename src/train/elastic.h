@@ -37,7 +37,8 @@ class ElasticStep {
     plan::DeviceSpec device;
     int seq = 0;
     int global_batch = 0;  // G: sequences per optimizer step, fixed for the run
-    // Micro-batches must divide this (the validation staging holds this many sequences).
+    // The validation staging's batch, in sequences (the run's first micro-batch); validation
+    // runs it in pieces of any micro-batch (train/trainer.cc), so re-plans may grow past it.
     int max_micro_batch = 0;
     int head_chunk = 256;  // for a fused LM head
     // Tests: the 0-based indices of step-region acquisitions that fail as out of memory.
@@ -75,9 +76,9 @@ class ElasticStep {
     bool changed = false;      // the policy differs from the one before
   };
   // Chooses the fastest plan whose peak (with the persistent regions as allocated) is at most
-  // `ceiling` and whose micro-batch divides `remaining` (the sequences of the step still to run)
-  // and max_micro_batch. Hands unused pool memory back when the new step region differs from the
-  // reserved one. OutOfMemory, with the planner's advice, when nothing fits (the plan is kept).
+  // `ceiling` and whose micro-batch divides `remaining` (the sequences of the step still to run).
+  // Hands unused pool memory back when the new step region differs from the reserved one.
+  // OutOfMemory, with the planner's advice, when nothing fits (the plan is kept).
   Result<Replan> replan(uint64_t ceiling, int remaining);
 
   // Issue #7's report of an allocation of the current plan that failed: what was asked for, the

@@ -205,11 +205,12 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
   }
   // Bucketed: the step region is planned per micro-batch shape that occurs; the worst one must
   // fit next to the persistent regions (validation runs the plan's own b x T shape).
+  // (Packed runs use it for validation pieces smaller than the micro-batch, see evaluate.)
   std::optional<ShapePlans> shapes;
+  shapes.emplace(cfg, mp.policy);
   std::vector<std::pair<int, int>> mb_shapes;
   ShapePlans::Largest largest_shape;
   if (bucketed) {
-    shapes.emplace(cfg, mp.policy);
     mb_shapes = micro_batch_shapes(docs->batch_shapes(), B, T);
     HR_ASSIGN_OR_RETURN(largest_shape, shapes->largest(mb_shapes));
     if (mp.persistent_bytes + largest_shape.step_bytes > o.device_memory) {
@@ -254,7 +255,7 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
   // largest shape's region first, so that every smaller one is carved from it (the measured
   // peak is the largest shape's plan).
   auto warm_up = [&]() -> Status {
-    if (shapes && largest_shape.step_bytes > elastic.plan().step_bytes) {
+    if (bucketed && largest_shape.step_bytes > elastic.plan().step_bytes) {
       HR_ASSIGN_OR_RETURN(memory::Arena warm, elastic.acquire_shape(*largest_shape.plan, false));
     } else {
       HR_ASSIGN_OR_RETURN(memory::Arena warm, elastic.acquire_uninjected());
@@ -264,9 +265,9 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
   HR_RETURN_IF_ERROR(warm_up());
   // The planned peak: the persistent regions and the largest step region that occurs.
   auto planned_peak = [&] {
-    return shapes ? std::max(elastic.planned_peak(),
-                             elastic.persistent_bytes() + largest_shape.step_bytes)
-                  : elastic.planned_peak();
+    return bucketed ? std::max(elastic.planned_peak(),
+                               elastic.persistent_bytes() + largest_shape.step_bytes)
+                    : elastic.planned_peak();
   };
   if (!o.out_dir.empty() && rank == 0) {
     // Room for a checkpoint (weights and two moments) and the final model, and some slack.
@@ -495,8 +496,8 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
   // Bucketed: a re-plan changes the micro-batch (the token budget) or the techniques, so the
   // shapes are planned again and the largest one's region faulted in first (see warm_up).
   auto after_replan = [&]() -> Status {
-    if (!shapes) return Status::ok();
     shapes->reset(elastic.plan().policy);
+    if (!bucketed) return Status::ok();
     mb_shapes = micro_batch_shapes(docs->batch_shapes(), elastic.micro_batch(), T);
     HR_ASSIGN_OR_RETURN(largest_shape, shapes->largest(mb_shapes));
     elastic.release_unused();
@@ -583,22 +584,41 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
   };
 
   // Validation over the same sequences whatever the micro-batch: each batch of the validation
-  // staging (the run's first micro-batch, B sequences) runs in pieces of the current micro-batch,
-  // which divides B.
+  // staging (the run's first micro-batch, B sequences) runs in pieces of the current micro-batch
+  // b. When b does not divide B (a re-plan grew the micro-batch past B, or chose one that does
+  // not divide it), the pieces of other sizes take their shape's plan (train/shape_plans.h),
+  // each acquired on its own: never more than b x T tokens of step region.
   auto evaluate = [&](int step) -> Result<std::optional<double>> {
     if (!val_batches) return std::optional<double>();
-    HR_ASSIGN_OR_RETURN(memory::Arena arena, acquire(step, "for validation", G));
-    const int b = elastic.micro_batch();
-    net.bind_activations(&arena, &elastic.plan().activations, b, T);
     val_batches->set_position(val_range.begin);
     double sum = 0;
     int64_t count = 0;
-    for (int i = 0; i < o.eval_batches; i++) {
-      val_batches->next(val_inputs, val_targets);
-      for (int q = 0; q < B; q += b) {
-        int64_t valid = 0;
-        sum += net.forward(val_inputs + int64_t(q) * T, val_targets + int64_t(q) * T, &valid);
-        count += valid;
+    if (B % elastic.micro_batch() == 0) {
+      HR_ASSIGN_OR_RETURN(memory::Arena arena, acquire(step, "for validation", G));
+      const int b = elastic.micro_batch();
+      net.bind_activations(&arena, &elastic.plan().activations, b, T);
+      for (int i = 0; i < o.eval_batches; i++) {
+        val_batches->next(val_inputs, val_targets);
+        for (int q = 0; q < B; q += b) {
+          int64_t valid = 0;
+          sum += net.forward(val_inputs + int64_t(q) * T, val_targets + int64_t(q) * T, &valid);
+          count += valid;
+        }
+      }
+    } else {
+      for (int i = 0; i < o.eval_batches; i++) {
+        val_batches->next(val_inputs, val_targets);
+        for (int q = 0; q < B;) {
+          const plan::MemoryPlan* shape = nullptr;
+          HR_ASSIGN_OR_RETURN(memory::Arena arena,
+                              acquire(step, "for validation", G, T, B - q, &shape));
+          const int rows = shape->policy.micro_batch;
+          net.bind_activations(&arena, &shape->activations, rows, T);
+          int64_t valid = 0;
+          sum += net.forward(val_inputs + int64_t(q) * T, val_targets + int64_t(q) * T, &valid);
+          count += valid;
+          q += rows;
+        }
       }
     }
     return count ? std::optional<double>(sum / double(count)) : std::optional<double>();
@@ -782,7 +802,7 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
   result.device_bytes_peak = result.memory.peak;
   result.planned_peak_bytes = planned_peak();
   result.padding = padded_slots ? 1.0 - double(real_tokens) / double(padded_slots) : 0.0;
-  if (shapes) {
+  if (bucketed) {
     result.shape_plans = shapes->misses();
     result.shape_plan_hits = shapes->hits();
   }

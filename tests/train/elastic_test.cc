@@ -209,6 +209,45 @@ TEST_F(Elastic, BudgetHalvedAndRestoredKeepsTheEffectiveBatch) {
   EXPECT_EQ(elastic.result->replans, 2);
 }
 
+// A run that starts at micro-batch 2 (its validation staging holds 2 sequences per batch) and
+// whose budget then grows re-plans to a larger micro-batch than it started with; validation runs
+// its 2-sequence batches as a smaller shape carved from the larger region. The numbers are the
+// undisturbed 2 x 4 run's, and the measured peak stays the planned one.
+TEST_F(Elastic, BudgetRaisedGrowsPastTheFirstMicroBatch) {
+  train::TrainOptions base = options(2, 4);
+  plan::Policy p{8, 1, kSeq, "fp32", {}};
+  Result<plan::MemoryPlan> mp = plan::plan_training_memory(tiny(), p);
+  ASSERT_TRUE(mp.is_ok());
+  const uint64_t full = mp->peak_bytes + 64 * kKiB;
+  // Under this budget 2 x 4 fits and 8 x 1 does not (nor 4 x 2, which needs more than half).
+  plan::Policy p2{2, 4, kSeq, "fp32", {}};
+  Result<plan::MemoryPlan> mp2 = plan::plan_training_memory(tiny(), p2);
+  ASSERT_TRUE(mp2.is_ok());
+  const uint64_t tight = mp2->peak_bytes + 64 * kKiB;
+  ASSERT_LT(tight, mp->peak_bytes);
+
+  train::TrainOptions ref_o = base;
+  ref_o.device_memory = full;
+  const RunOutput ref = run(ref_o);
+
+  write_budget(tight);
+  train::TrainOptions o = base;
+  o.device_memory = tight;
+  o.device_memory_file = budget_file();
+  const RunOutput grown = run(o, [&](int step) {
+    if (step == 2) write_budget(full);
+  });
+  expect_same_training(grown, ref);
+  ASSERT_EQ(grown.steps.size(), 6u);
+  EXPECT_EQ(grown.steps[1].micro_batch, 2);
+  EXPECT_GT(grown.steps[2].micro_batch, 2) << "the micro-batch did not grow past the first one";
+  for (const train::StepStats& s : grown.steps) {
+    EXPECT_EQ(s.micro_batch * s.accumulation, 8) << "step " << s.step;
+    EXPECT_EQ(s.device_bytes_peak, s.planned_peak_bytes) << "step " << s.step;
+  }
+  ASSERT_TRUE(grown.steps[5].val_loss.has_value());  // validation ran at the grown micro-batch
+}
+
 // Nothing fits any more: the run stops with OutOfMemory, after checkpointing the last completed
 // step, and the checkpoint resumes.
 TEST_F(Elastic, NothingFitsStopsWithACheckpoint) {
