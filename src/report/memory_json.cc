@@ -150,6 +150,27 @@ std::string figures_json(const Profile& p) {
   } else {
     j.null();
   }
+  // The pool that serves the step region: reserved vs in use (its fragmentation), and the device
+  // line (buffers outside the pool plus the pool's reserved bytes). Null without pool events.
+  j.key("pool");
+  const std::vector<PoolSample> pool = pool_timeline_from_events(p.events);
+  if (pool.empty()) {
+    j.null();
+  } else {
+    const PoolSummary ps = summarize_pool(pool, p.events);
+    j.begin_object();
+    j.field("block_acquisitions", ps.acquisitions);
+    j.field("block_releases", ps.releases);
+    j.field("chunks_reserved", ps.reserves);
+    j.field("chunks_unreserved", ps.unreserves);
+    j.field("peak_reserved_bytes", ps.peak_reserved);
+    j.field("peak_in_use_bytes", ps.peak_in_use);
+    j.field("reserved_at_peak_in_use_bytes", ps.reserved_at_peak_in_use);
+    j.field("final_reserved_bytes", ps.final_reserved);
+    j.field("peak_device_bytes", ps.peak_device);
+    j.field("fragmentation", ps.fragmentation);
+    j.end_object();
+  }
   j.key("planned_by_category");
   write_bytes_map(j, p.plan.chosen.by_category);
 
@@ -204,6 +225,7 @@ std::string figures_json(const Profile& p) {
     j.field("t_us", m.t_us);
     j.field("name", m.name);
     j.field("detail", m.detail);
+    j.field("cause", m.cause);
     j.end_object();
   }
   j.end_array();
@@ -211,9 +233,15 @@ std::string figures_json(const Profile& p) {
   j.key("counts");
   j.begin_object();
   j.field("spans", static_cast<uint64_t>(p.spans.size()));
-  const uint64_t memory_events = count_memory_events(p.events);
+  uint64_t memory_events = 0, pool_events = 0, op_events = 0;
+  for (const Event& e : p.events.events()) {
+    memory_events += is_memory_event(e);
+    pool_events += is_pool_event(e.kind);
+    op_events += e.kind == EventKind::kOpBegin || e.kind == EventKind::kOpEnd;
+  }
   j.field("alloc_events", memory_events);  // allocations and releases
-  j.field("op_events", static_cast<uint64_t>(p.events.size()) - memory_events);
+  j.field("pool_events", pool_events);
+  j.field("op_events", op_events);
   j.field("memory_samples", static_cast<uint64_t>(samples.size()));
   j.field("markers", static_cast<uint64_t>(p.markers.size()));
   j.end_object();

@@ -232,7 +232,9 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
   float* m = opt_arena.f32(0);
   float* v = opt_arena.f32(1);
   const int64_t moment_floats = int64_t(mp.persistent[2].buffers[0].bytes() / sizeof(float));
-  ZeroOptimizer zopt(&comm, &table, o.zero_stage);
+  // The optimizer's collectives, recorded as ops of its step when profiling (step_events.h).
+  TracedCommunicator zcomm(&comm);
+  ZeroOptimizer zopt(&zcomm, &table, o.zero_stage);
   HR_CHECK_MSG(zopt.sizes().m <= moment_floats, "the plan's optimizer shard is too small");
   model::gpt2_init_params(cfg, table, params, o.seed);
   cpu::zero(grads, P);
@@ -344,6 +346,15 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     op_times.origin = run_start;
     record_plan(mp, &rec->events);  // persistent allocations at 0; the step's schedule
     op_times.events = &rec->events;
+    // The step region's pool: its block per micro-batch, its reserved chunks.
+    elastic.set_pool_observer(
+        pool_observer(&rec->events, mp.step.name, run_start, elastic.pool_stats(), 0));
+    if (start_step > 0) {
+      note_replan(&rec->events, ReplanCause::kResume, false,
+                  fmt::format("resumed at step {}: micro-batch {} x {}, the checkpoint's",
+                              start_step, B, K),
+                  start_step, 0);
+    }
   }
   if (o.breakdown || o.profile) net.set_op_times(&op_times);
   auto us_since_start = [&](Clock::time_point t) {
@@ -353,6 +364,14 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     if (rec) {
       rec->spans.push_back({name, kind, us_since_start(t0),
                             us_since_start(Clock::now()) - us_since_start(t0), step, mb});
+    }
+  };
+  // An op outside the schedule (data, optimizer) as op_begin/op_end events.
+  auto record_op = [&](const char* name, EventPhase phase, Clock::time_point t0,
+                       Clock::time_point t1, int step, uint8_t thread = kEventThreadTraining) {
+    if (rec) {
+      train::record_op(&rec->events, name, phase, step, us_since_start(t0), us_since_start(t1),
+                       thread);
     }
   };
   const int depth = mp.policy.prefetch_depth;
@@ -437,6 +456,10 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
       cur.events.push_back(fmt::format("step {}: out of memory {}: re-planned {}; redoing it{}",
                                        step + 1, where, rp->change,
                                        path.empty() ? "" : " (report: " + path + ")"));
+      if (rec) {
+        note_replan(&rec->events, ReplanCause::kOutOfMemory, true, cur.events.back(), step,
+                    us_since_start(Clock::now()));
+      }
       cur.oom_reports.push_back(report);
       cur.oom_recoveries++;
       cur.replans++;
@@ -468,6 +491,10 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     }
     cur.events.push_back(
         fmt::format("{}: {} {}", head, rp->changed ? "re-planned" : "plan kept,", rp->change));
+    if (rec) {
+      note_replan(&rec->events, ReplanCause::kBudget, rp->changed, cur.events.back(), step,
+                  us_since_start(Clock::now()));
+    }
     cur.replans += rp->changed;
     return Status::ok();
   };
@@ -477,6 +504,7 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
   // which divides B.
   auto evaluate = [&](int step) -> Result<std::optional<double>> {
     if (!val_batches) return std::optional<double>();
+    if (rec) rec->events.set_pool_context(step, -1);
     HR_ASSIGN_OR_RETURN(memory::Arena arena, acquire(step, "for validation", G));
     const int b = elastic.micro_batch();
     net.bind_activations(&arena, &elastic.plan().activations, b, T);
@@ -498,11 +526,17 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
   // The loader thread fills the next steps' micro-batches into the staging slots while this
   // thread computes; the slot's tag is the data position after it (what a checkpoint saves).
   // Declared after the arenas, so it stops before they are released.
+  // The fill's times per slot (for the profile's loader track): written by the loader thread
+  // before the slot is handed over, read by this thread after acquire() and before release().
+  std::vector<std::pair<Clock::time_point, Clock::time_point>> fill_times(
+      static_cast<size_t>(depth));
   data::Prefetcher loader(depth, [&](int slot) {
+    const Clock::time_point tf = Clock::now();
     int32_t* in = static_cast<int32_t*>(staging.data(size_t(2 * slot)));
     int32_t* tg = static_cast<int32_t*>(staging.data(size_t(2 * slot + 1)));
     for (int k = 0; k < K * R; k++)
       train_batches.next(in + int64_t(k) * B * T, tg + int64_t(k) * B * T);
+    fill_times[size_t(slot)] = {tf, Clock::now()};
     return train_batches.position();
   });
   // A rank's failure inside a step (out of memory, validation) becomes every rank's: agreed at
@@ -527,7 +561,9 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     auto td = Clock::now();
     const data::Prefetcher::Ready batch = loader.acquire();
     const double data_ms = batch.waited_ms;
-    record("wait for data", "data", td, step, -1);
+    record_op("wait for data", EventPhase::kData, td, Clock::now(), step);
+    record_op("load batch", EventPhase::kData, fill_times[size_t(batch.slot)].first,
+              fill_times[size_t(batch.slot)].second, step, kEventThreadLoader);
     const int32_t* inputs = static_cast<const int32_t*>(staging.data(size_t(2 * batch.slot)));
     const int32_t* targets = static_cast<const int32_t*>(staging.data(size_t(2 * batch.slot + 1)));
     // Every rank has the whole step's tokens: the loss is normalised by the global step's.
@@ -539,6 +575,7 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     // micro-batches of the current plan, which may change between two of them (a recovery).
     Status local;
     for (int done = 0, k = 0; done < share; k++) {
+      if (rec) rec->events.set_pool_context(step, k);
       Result<memory::Arena> arena = acquire(
           step, fmt::format("at micro-batch {} (sequence {} of {})", k + 1, first + done + 1, G),
           share - done);
@@ -562,11 +599,19 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     HR_RETURN_IF_ERROR(comm.all_reduce(&loss_sum, 1));
     const float lr = cosine_lr(step, o.steps, o.warmup_steps, o.adamw.lr, o.min_lr_ratio);
     auto topt = Clock::now();
+    // The optimizer step as an op around its parts (collectives, zeroing the gradients).
+    const uint32_t opt_op = rec ? rec->events.log().intern("optimizer step") : 0;
+    if (rec) rec->events.begin_op(us_since_start(topt), opt_op, EventPhase::kOptimizer, step);
     const ZeroBuffers zb{params, grads, grad_shard, m, v, /*grads_reduced=*/false};
-    HR_ASSIGN_OR_RETURN(const double norm, zopt.step(zb, o.adamw, lr, step + 1, params_bf16));
+    if (rec) zcomm.trace(&rec->events, run_start, EventPhase::kOptimizer, step);
+    Result<double> stepped = zopt.step(zb, o.adamw, lr, step + 1, params_bf16);
+    zcomm.trace(nullptr, run_start, EventPhase::kNone, -1);
+    HR_ASSIGN_OR_RETURN(const double norm, std::move(stepped));
+    const Clock::time_point tz = Clock::now();
     cpu::zero(grads, P);
+    record_op("zero gradients", EventPhase::kOptimizer, tz, Clock::now(), step);
+    if (rec) rec->events.end_op(us_since_start(Clock::now()), opt_op, EventPhase::kOptimizer, step);
     const double optimizer_ms = ms_since(topt);
-    record("adamw", "optimizer", topt, step, -1);
 
     StepStats s = std::move(cur);
     cur = StepStats();
@@ -610,6 +655,8 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     s.device_bytes_in_use = ms.current;
     s.device_bytes_peak = ms.peak;
     s.planned_peak_bytes = elastic.planned_peak();
+    s.lower_bound_bytes = elastic.plan().lower_bound_bytes;
+    s.pool_reserved_bytes = elastic.pool_stats().reserved;
     s.device_budget = limit.budget();
     if (!std::isfinite(s.loss)) {
       return Status::internal(
