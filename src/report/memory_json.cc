@@ -3,86 +3,14 @@
 
 #include <iterator>
 
+#include "report/json_writer.h"
 #include "report/profile.h"
 
 namespace headroom::report {
 
 namespace {
 
-using detail::append_json_number;
-using detail::append_json_string;
-
-// A tiny writer for one JSON object at a time: key() handles the commas.
-class Json {
- public:
-  explicit Json(std::string& out) : out_(out) {}
-  void begin_object() { open('{'); }
-  void end_object() { close('}'); }
-  void begin_array() { open('['); }
-  void end_array() { close(']'); }
-  void key(const std::string& k) {
-    comma();
-    append_json_string(out_, k);
-    out_.push_back(':');
-    fresh_ = true;  // the value that follows needs no comma
-  }
-  void value(const std::string& s) {
-    comma();
-    append_json_string(out_, s);
-  }
-  void value(const char* s) { value(std::string(s)); }
-  void value(double v) {
-    comma();
-    append_json_number(out_, v);
-  }
-  void value(uint64_t v) {
-    comma();
-    fmt::format_to(std::back_inserter(out_), "{}", v);
-  }
-  void value(int v) {
-    comma();
-    fmt::format_to(std::back_inserter(out_), "{}", v);
-  }
-  void value(bool v) {
-    comma();
-    out_ += v ? "true" : "false";
-  }
-  void null() {
-    comma();
-    out_ += "null";
-  }
-  template <typename T>
-  void field(const std::string& k, const T& v) {
-    key(k);
-    value(v);
-  }
-  template <typename T>
-  void optional_field(const std::string& k, const std::optional<T>& v) {
-    key(k);
-    if (v) {
-      value(*v);
-    } else {
-      null();
-    }
-  }
-
- private:
-  void comma() {
-    if (!fresh_) out_.push_back(',');
-    fresh_ = false;
-  }
-  void open(char c) {
-    comma();
-    out_.push_back(c);
-    fresh_ = true;
-  }
-  void close(char c) {
-    out_.push_back(c);
-    fresh_ = false;
-  }
-  std::string& out_;
-  bool fresh_ = true;
-};
+using Json = detail::JsonWriter;
 
 void write_bytes_map(Json& j, const std::map<std::string, uint64_t>& m) {
   j.begin_object();

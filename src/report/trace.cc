@@ -13,6 +13,7 @@
 #include <tuple>
 #include <unordered_map>
 
+#include "report/json_writer.h"
 #include "report/profile.h"
 
 namespace headroom::report {
@@ -388,20 +389,35 @@ Status write_trace_json(const Profile& profile, const std::string& path) {
   buf.reserve(kFlushBytes + 4096);
   using detail::append_json_string;
 
-  buf += "{\"displayTimeUnit\":\"ms\",\"otherData\":{\"title\":";
-  append_json_string(buf, profile.title);
-  buf += ",\"model\":";
-  append_json_string(buf, profile.model);
-  buf += ",\"device\":";
-  append_json_string(buf, profile.device);
-  buf += ",\"run\":";
-  append_json_string(buf, profile.run);
-  buf += "},\n\"traceEvents\":[\n";
+  {
+    detail::JsonWriter j(buf);
+    j.begin_object();
+    j.field("displayTimeUnit", "ms");
+    j.key("otherData");
+    j.begin_object();
+    j.field("title", profile.title);
+    j.field("model", profile.model);
+    j.field("device", profile.device);
+    j.field("run", profile.run);
+    j.end_object();
+  }
+  buf += ",\n\"traceEvents\":[\n";
 
-  // Metadata: the process and one name per thread that appears.
-  buf += "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":1,\"tid\":0,\"args\":{\"name\":";
-  append_json_string(buf, profile.title);
-  buf += "}}";
+  // Metadata ("M" events): the process and one name per thread that appears.
+  auto metadata = [&](const char* name, int tid, const char* arg, auto value) {
+    detail::JsonWriter j(buf);
+    j.begin_object();
+    j.field("name", name);
+    j.field("ph", "M");
+    j.field("pid", 1);
+    j.field("tid", tid);
+    j.key("args");
+    j.begin_object();
+    j.field(arg, value);
+    j.end_object();
+    j.end_object();
+  };
+  metadata("process_name", 0, "name", profile.title);
   std::map<int, std::string> threads = profile.thread_names;
   if (threads.empty()) {
     threads = {{kThreadCompute, "compute"}, {kThreadCopy, "copy"}, {kThreadData, "data loader"}};
@@ -415,15 +431,10 @@ Status write_trace_json(const Profile& profile, const std::string& path) {
   }
   if (memory_events && !threads.count(kThreadMemory)) threads[kThreadMemory] = "memory events";
   for (const auto& [tid, name] : threads) {
-    fmt::format_to(std::back_inserter(buf),
-                   ",\n{{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":{},\"args\":{{"
-                   "\"name\":",
-                   tid);
-    append_json_string(buf, name);
-    fmt::format_to(std::back_inserter(buf),
-                   "}}}},\n{{\"name\":\"thread_sort_index\",\"ph\":\"M\",\"pid\":1,\"tid\":{},"
-                   "\"args\":{{\"sort_index\":{}}}}}",
-                   tid, tid);
+    buf += ",\n";
+    metadata("thread_name", tid, "name", name);
+    buf += ",\n";
+    metadata("thread_sort_index", tid, "sort_index", tid);
   }
 
   for (const Span& s : profile.spans) {
@@ -530,18 +541,24 @@ Status write_trace_json(const Profile& profile, const std::string& path) {
     }
   }
 
+  // Markers: global instant events.
   for (const Marker& mk : profile.markers) {
-    buf += ",\n{\"name\":";
-    append_json_string(buf, mk.name);
-    buf += ",\"cat\":\"marker\",\"ph\":\"i\",\"s\":\"g\",\"ts\":";
-    append_us(buf, mk.t_us);
-    buf += ",\"pid\":1,\"tid\":0,\"args\":{\"detail\":";
-    append_json_string(buf, mk.detail);
-    if (!mk.cause.empty()) {
-      buf += ",\"cause\":";
-      append_json_string(buf, mk.cause);
-    }
-    buf += "}}";
+    buf += ",\n";
+    detail::JsonWriter j(buf);
+    j.begin_object();
+    j.field("name", mk.name);
+    j.field("cat", "marker");
+    j.field("ph", "i");
+    j.field("s", "g");
+    j.field("ts", std::isfinite(mk.t_us) ? mk.t_us : 0.0);
+    j.field("pid", 1);
+    j.field("tid", 0);
+    j.key("args");
+    j.begin_object();
+    j.field("detail", mk.detail);
+    if (!mk.cause.empty()) j.field("cause", mk.cause);
+    j.end_object();
+    j.end_object();
   }
   buf += "\n]}\n";
   file.write(buf);
