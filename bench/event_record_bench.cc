@@ -6,6 +6,9 @@
 
 #include <chrono>
 
+#include "dist/communicator.h"
+#include "memory/host_resource.h"
+#include "memory/pool_resource.h"
 #include "model/config.h"
 #include "model/gpt2.h"
 #include "plan/memory_plan.h"
@@ -65,6 +68,69 @@ BENCHMARK(BM_RecordMicroBatch)
     ->Args({12, 2})
     ->Args({48, 0})
     ->Unit(benchmark::kMicrosecond);
+
+// The step region's pool block per micro-batch (train/elastic.h): one acquire and one release of
+// a reserved block (a hit, as in training). Arg 0: 0 no observer (not profiling), 1 the
+// profiler's observer recording both as pool events.
+void BM_PoolBlock(benchmark::State& state) {
+  memory::HostResource host;
+  memory::PoolResource pool(&host, memory::PoolOptions{0, 0});
+  EventRecorder rec;
+  const auto origin = std::chrono::steady_clock::now();
+  if (state.range(0)) {
+    pool.set_observer(train::pool_observer(&rec, "step", origin, pool.stats(), 0));
+  }
+  const size_t bytes = size_t(64) << 20;
+  {  // reserve the chunk once, as the trainer's warm-up does
+    Result<void*> p = pool.allocate(bytes, 4096, memory::Category::kActivations);
+    if (!p.is_ok()) {
+      state.SkipWithError(p.status().to_string().c_str());
+      return;
+    }
+    pool.deallocate(*p, bytes, 4096, memory::Category::kActivations);
+  }
+  for (auto _ : state) {
+    Result<void*> p = pool.allocate(bytes, 4096, memory::Category::kActivations);
+    benchmark::DoNotOptimize(p);
+    pool.deallocate(*p, bytes, 4096, memory::Category::kActivations);
+    if (rec.log().size() > (1 << 20)) rec.log().clear_events();
+  }
+  state.counters["events"] = double(rec.log().size());
+}
+BENCHMARK(BM_PoolBlock)->Arg(0)->Arg(1);
+
+// The events a profiled step adds outside the model's ops (train/trainer.cc): the data wait and
+// the loader's fill (record_op), the optimizer step's begin and end, its gradient all-reduce
+// through TracedCommunicator (a local communicator: the collective itself costs nothing), and
+// zeroing the gradients. Arg 0: 0 not profiling (the traced communicator's pointer test only),
+// 1 profiling.
+void BM_StepOps(benchmark::State& state) {
+  dist::LocalCommunicator local;
+  train::TracedCommunicator comm(&local);
+  EventRecorder rec;
+  const bool on = state.range(0) != 0;
+  const auto origin = std::chrono::steady_clock::now();
+  const uint32_t opt = rec.log().intern("optimizer step");
+  float x = 1;
+  int step = 0;
+  for (auto _ : state) {
+    if (on) {
+      train::record_op(&rec, "wait for data", EventPhase::kData, step, 1, 2);
+      train::record_op(&rec, "load batch", EventPhase::kData, step, 0, 1, kEventThreadLoader);
+      rec.begin_op(3, opt, EventPhase::kOptimizer, step);
+      comm.trace(&rec, origin, EventPhase::kOptimizer, step);
+    }
+    benchmark::DoNotOptimize(comm.all_reduce(&x, 1));
+    if (on) {
+      comm.trace(nullptr, origin, EventPhase::kNone, -1);
+      train::record_op(&rec, "zero gradients", EventPhase::kOptimizer, step, 4, 5);
+      rec.end_op(6, opt, EventPhase::kOptimizer, step);
+    }
+    ++step;
+    if (rec.log().size() > (1 << 20)) rec.log().clear_events();
+  }
+}
+BENCHMARK(BM_StepOps)->Arg(0)->Arg(1);
 
 // What --record adds to each kernel call besides the events (Gpt2::timed): two clock reads and
 // one KernelSpan appended.

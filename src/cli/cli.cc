@@ -10,8 +10,10 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <tuple>
 
 #include <fmt/format.h>
 
@@ -505,6 +507,10 @@ json step_json(const train::StepStats& s) {
             {"device_bytes_in_use", s.device_bytes_in_use},
             {"device_bytes_peak", s.device_bytes_peak},
             {"planned_peak_bytes", s.planned_peak_bytes},
+            {"lower_bound_bytes", s.lower_bound_bytes},
+            {"pool_reserved_bytes", s.pool_reserved_bytes},
+            {"fragmentation",
+             s.lower_bound_bytes ? double(s.device_bytes_peak) / double(s.lower_bound_bytes) : 0.0},
             {"micro_batch", s.micro_batch},
             {"accumulation", s.accumulation},
             {"recompute", s.recompute},
@@ -555,8 +561,9 @@ Status write_profile(const std::string& dir, const TrainFlags& f, const train::T
   p.model = fmt::format("{} ({:.1f}M parameters), {} layers, d_model {}", o.model_name,
                         double(mp.params.num_parameters) / 1e6, o.config.n_layer, o.config.n_embd);
   p.device = fmt::format("cpu, budget {}", format_bytes(o.device_memory));
-  p.run = fmt::format("seq {}, micro-batch {} x {} accumulation, fp32, {}, {} steps", o.seq,
-                      o.micro_batch, o.accumulation, plan::describe_exec(o.exec), o.steps);
+  p.run = fmt::format("seq {}, micro-batch {} x {} accumulation, {}, {}, {} steps", o.seq,
+                      o.micro_batch, o.accumulation, model::precision_name(o.exec.precision),
+                      plan::describe_exec(o.exec), o.steps);
   auto cat = [](memory::Category c) { return std::string(memory::category_name(c)); };
   // Spans: trainer phases, ops, kernels.
   for (const auto& sp : rec.spans) {
@@ -565,29 +572,40 @@ Status write_profile(const std::string& dir, const TrainFlags& f, const train::T
                        sp.kind == "data" ? report::kThreadData : report::kThreadCompute,
                        sp.start_us, sp.dur_us, sp.step, sp.micro_batch, -1});
   }
-  // Op spans from the recorded op_begin/op_end events (one compute thread: they nest); markers
-  // (re-plans) from marker events.
+  // Op spans from the recorded op_begin/op_end events, an end closing the latest open begin of the
+  // same op on the same thread (the model's ops on the training thread; the optimizer step and the
+  // data wait there too, the loader's fills on its own track); markers (re-plans, with their
+  // cause) from marker events. Ops outside the schedule count as their phase ("optimizer",
+  // "data") in the time per category, the loader's as "data loader (background)".
   const EventLog& log = rec.events.log();
-  const Event* open_op = nullptr;
+  std::map<std::tuple<uint8_t, int32_t, uint32_t>, std::vector<const Event*>> open_ops;
+  std::map<std::string, double> by_kind;
   for (const Event& e : log.events()) {
     if (e.kind == EventKind::kMarker) {
-      p.markers.push_back({e.t_us, log.name(e.name), log.name(e.category)});
+      p.markers.push_back({e.t_us, log.name(e.name), log.name(e.category), log.name(e.region)});
     } else if (e.kind == EventKind::kOpBegin) {
-      open_op = &e;
-    } else if (e.kind == EventKind::kOpEnd && open_op && open_op->op == e.op) {
-      p.spans.push_back({log.name(e.name), "op", report::kThreadCompute, open_op->t_us,
-                         e.t_us - open_op->t_us, e.step, e.micro_batch, e.layer});
-      open_op = nullptr;
+      open_ops[{e.thread, e.op, e.name}].push_back(&e);
+    } else if (e.kind == EventKind::kOpEnd) {
+      auto& open = open_ops[{e.thread, e.op, e.name}];
+      if (open.empty()) continue;
+      const Event& b = *open.back();
+      open.pop_back();
+      const bool scheduled = e.op >= 0;
+      const std::string category = scheduled ? "op" : std::string(event_phase_name(e.phase));
+      const int thread =
+          e.thread == kEventThreadLoader ? report::kThreadData : report::kThreadCompute;
+      p.spans.push_back({log.name(e.name), category, thread, b.t_us, e.t_us - b.t_us, e.step,
+                         e.micro_batch, e.layer});
+      if (!scheduled) {
+        by_kind[thread == report::kThreadData ? category + " loader (background)" : category] +=
+            (e.t_us - b.t_us) / 1e3;
+      }
     }
   }
-  std::map<std::string, double> by_kind;
   for (const auto& k : rec.kernels) {
     std::string kind(model::op_kind_name(k.kind));
     p.spans.push_back({kind, kind, report::kThreadCompute, k.start_us, k.dur_us, -1, -1, -1});
     by_kind[kind] += k.dur_us / 1e3;
-  }
-  for (const auto& sp : rec.spans) {
-    if (sp.kind == "optimizer" || sp.kind == "data") by_kind[sp.kind] += sp.dur_us / 1e3;
   }
   for (auto& [k, ms] : by_kind) p.time_by_category_ms[k] = ms / double(o.steps);
 
@@ -759,11 +777,14 @@ int run_train(TrainFlags& f) {
       f.json ? (void)std::fprintf(stderr, "%s", r.c_str()) : bar.println(r);
     }
     if (f.json) return;
-    // Memory: in use / budget, then the step's measured peak against the plan's.
+    // Memory: in use / budget, then the step's measured peak against the plan's, and the
+    // fragmentation: the peak over the most bytes live at one moment (1.00x: no byte wasted).
     std::string text = fmt::format(
-        "loss {:.4f}  lr {:.2e}  {:.0f} tok/s  mem {} / {}  peak {} (plan {})", s.loss, s.lr,
-        s.tokens_per_s, format_bytes(s.device_bytes_in_use), format_bytes(s.device_budget),
-        format_bytes(s.device_bytes_peak), format_bytes(s.planned_peak_bytes));
+        "loss {:.4f}  lr {:.2e}  {:.0f} tok/s  mem {} / {}  peak {} (plan {}, frag {:.2f}x)",
+        s.loss, s.lr, s.tokens_per_s, format_bytes(s.device_bytes_in_use),
+        format_bytes(s.device_budget), format_bytes(s.device_bytes_peak),
+        format_bytes(s.planned_peak_bytes),
+        s.lower_bound_bytes ? double(s.device_bytes_peak) / double(s.lower_bound_bytes) : 1.0);
     if (s.val_loss)
       bar.println(fmt::format("step {}: validation loss {:.4f}", s.step, *s.val_loss));
     if (!s.checkpoint.empty())

@@ -17,6 +17,14 @@ std::string_view event_kind_name(EventKind k) {
       return "op_end";
     case EventKind::kMarker:
       return "marker";
+    case EventKind::kPoolAcquire:
+      return "pool_acquire";
+    case EventKind::kPoolRelease:
+      return "pool_release";
+    case EventKind::kPoolReserve:
+      return "pool_reserve";
+    case EventKind::kPoolUnreserve:
+      return "pool_unreserve";
   }
   return "?";
 }
@@ -33,6 +41,8 @@ std::string_view event_phase_name(EventPhase p) {
       return "optimizer";
     case EventPhase::kValidation:
       return "validation";
+    case EventPhase::kData:
+      return "data";
   }
   return "?";
 }
@@ -44,6 +54,11 @@ uint32_t EventLog::intern(std::string_view s) {
   names_.emplace_back(s);
   ids_.emplace(names_.back(), id);
   return id;
+}
+
+uint32_t EventLog::find(std::string_view s) const {
+  auto it = ids_.find(std::string(s));
+  return it == ids_.end() ? kNoName : it->second;
 }
 
 const std::string& EventLog::name(uint32_t id) const {
@@ -197,10 +212,53 @@ void EventRecorder::free(double t_us, uint32_t name, uint32_t category, uint32_t
   log_.append(e);
 }
 
-void EventRecorder::marker(double t_us, std::string_view name, std::string_view detail) {
+void EventRecorder::marker(double t_us, std::string_view name, std::string_view detail,
+                           std::string_view cause, int step) {
   Event e = context(t_us, EventKind::kMarker);
+  if (step != kCurrentStep) e.step = step;
   e.name = log_.intern(name);
   e.category = log_.intern(detail);
+  e.region = cause.empty() ? EventLog::kNoName : log_.intern(cause);
+  log_.append(e);
+}
+
+namespace {
+Event unscheduled_op(EventKind kind, double t_us, uint32_t name, EventPhase phase, int step,
+                     uint8_t thread) {
+  Event e;
+  e.t_us = t_us;
+  e.kind = kind;
+  e.name = name;
+  e.op_name = name;
+  e.phase = phase;
+  e.step = step;
+  e.thread = thread;
+  return e;
+}
+}  // namespace
+
+void EventRecorder::begin_op(double t_us, uint32_t name, EventPhase phase, int step,
+                             uint8_t thread) {
+  log_.append(unscheduled_op(EventKind::kOpBegin, t_us, name, phase, step, thread));
+}
+
+void EventRecorder::end_op(double t_us, uint32_t name, EventPhase phase, int step, uint8_t thread) {
+  log_.append(unscheduled_op(EventKind::kOpEnd, t_us, name, phase, step, thread));
+}
+
+void EventRecorder::pool_event(EventKind kind, double t_us, uint32_t name, uint32_t category,
+                               uint32_t region, uint64_t bytes, uint64_t offset) {
+  HR_CHECK(is_pool_event(kind));
+  Event e;
+  e.t_us = t_us;
+  e.kind = kind;
+  e.name = name;
+  e.category = category;
+  e.region = region;
+  e.bytes = bytes;
+  e.offset = offset;
+  e.step = pool_step_;
+  e.micro_batch = static_cast<int16_t>(pool_micro_batch_);
   log_.append(e);
 }
 

@@ -13,13 +13,40 @@
 
 namespace headroom {
 
-// kMarker: a point event (a re-plan); its `name` is the marker's name, its `category` the detail.
-enum class EventKind : uint8_t { kAlloc, kFree, kOpBegin, kOpEnd, kMarker };
-std::string_view event_kind_name(EventKind k);  // "alloc", "free", "op_begin", "op_end", "marker"
+// kMarker: a point event (a re-plan); its `name` is the marker's name, its `category` the detail,
+// its `region` the cause ("budget", "out of memory", "resume").
+// kPoolAcquire / kPoolRelease: a block handed out by / given back to a pool (the step region, once
+// per micro-batch); kPoolReserve / kPoolUnreserve: a chunk the pool took from / handed back to its
+// upstream. The planned buffers inside a pool block have their own alloc/free events, so pool
+// events are not part of the bytes-by-category timeline: they give the pool's reserved and in-use
+// bytes (fragmentation) beside it.
+enum class EventKind : uint8_t {
+  kAlloc,
+  kFree,
+  kOpBegin,
+  kOpEnd,
+  kMarker,
+  kPoolAcquire,
+  kPoolRelease,
+  kPoolReserve,
+  kPoolUnreserve
+};
+// "alloc", "free", "op_begin", "op_end", "marker", "pool_acquire", "pool_release",
+// "pool_reserve", "pool_unreserve".
+std::string_view event_kind_name(EventKind k);
+inline bool is_pool_event(EventKind k) {
+  return k == EventKind::kPoolAcquire || k == EventKind::kPoolRelease ||
+         k == EventKind::kPoolReserve || k == EventKind::kPoolUnreserve;
+}
 
-// Where in a training step an event happened.
-enum class EventPhase : uint8_t { kNone, kForward, kBackward, kOptimizer, kValidation };
-std::string_view event_phase_name(EventPhase p);  // "", "forward", "backward", ...
+// Where in a training step an event happened. kData: waiting for and loading the batches.
+enum class EventPhase : uint8_t { kNone, kForward, kBackward, kOptimizer, kValidation, kData };
+std::string_view event_phase_name(EventPhase p);  // "", "forward", "backward", ..., "data"
+
+// The thread an event happened on, as the trace's thread ids (report/profile.h): the training
+// thread, and the prefetching loader's.
+constexpr uint8_t kEventThreadTraining = 0;
+constexpr uint8_t kEventThreadLoader = 2;
 
 // One event, 56 bytes. Strings are indices into EventLog::names(); UINT32_MAX
 // (EventLog::kNoName) means none.
@@ -42,10 +69,12 @@ struct Event {
   int16_t layer = -1;        // transformer block; -1 for embedding, head, and others
   EventKind kind = EventKind::kAlloc;
   EventPhase phase = EventPhase::kNone;
+  uint8_t thread = kEventThreadTraining;
 };
 static_assert(sizeof(Event) == 56);
 
-// Events in the order they were recorded (time order for one recording thread), and the
+// Events in the order they were recorded (time order per thread: the loader's ops are appended by
+// the training thread when it takes their batches, so they may come after later events), and the
 // interned strings they refer to. Not thread-safe.
 class EventLog {
  public:
@@ -55,6 +84,8 @@ class EventLog {
   uint32_t intern(std::string_view s);
   // The string of an index from intern(); "" for kNoName. REQUIRES: id < names().size() or kNoName.
   const std::string& name(uint32_t id) const;
+  // The index of `s` if it was interned, else kNoName.
+  uint32_t find(std::string_view s) const;
   const std::vector<std::string>& names() const { return names_; }
 
   void reserve(size_t events) { events_.reserve(events); }
@@ -116,9 +147,29 @@ class EventRecorder {
              uint64_t offset);
   void free(double t_us, uint32_t name, uint32_t category, uint32_t region, uint64_t bytes,
             uint64_t offset);
-  // A point event in the current context ("re-plan", "step region re-planned: ..."). Interns
-  // both strings: for rare events.
-  void marker(double t_us, std::string_view name, std::string_view detail);
+  // A point event in the current context ("re-plan", "step region re-planned: ...", and what
+  // caused it: "budget", "out of memory", "resume"). Interns the strings: for rare events.
+  // `step`: the optimizer step it belongs to; kCurrentStep: the current context's.
+  static constexpr int kCurrentStep = -2;
+  void marker(double t_us, std::string_view name, std::string_view detail,
+              std::string_view cause = {}, int step = kCurrentStep);
+
+  // An op outside the schedule (the optimizer step and its parts, waiting for data, the loader
+  // filling a batch): its begin or end, with op index -1, no layer and no micro-batch. `step` is
+  // the optimizer step it belongs to. Ops of one thread nest (begin/end pairs match by name).
+  void begin_op(double t_us, uint32_t name, EventPhase phase, int step,
+                uint8_t thread = kEventThreadTraining);
+  void end_op(double t_us, uint32_t name, EventPhase phase, int step,
+              uint8_t thread = kEventThreadTraining);
+
+  // Pool events (kind: one of the kPool* kinds) are recorded with the pool context: the step and
+  // micro-batch whose block is acquired and released (-1: validation's), set before acquiring.
+  void set_pool_context(int step, int micro_batch) {
+    pool_step_ = step;
+    pool_micro_batch_ = micro_batch;
+  }
+  void pool_event(EventKind kind, double t_us, uint32_t name, uint32_t category, uint32_t region,
+                  uint64_t bytes, uint64_t offset);
 
  private:
   Event context(double t_us, EventKind kind) const;
@@ -135,6 +186,7 @@ class EventRecorder {
   bool in_micro_batch_ = false;
   int step_ = -1, micro_batch_ = -1;
   int cur_op_ = -1;
+  int pool_step_ = -1, pool_micro_batch_ = -1;
 };
 
 }  // namespace headroom

@@ -91,7 +91,11 @@ Result<void*> PoolResource::do_allocate(size_t bytes, size_t alignment, Category
     const Block& b = blocks_.at(start);
     if (align_up(start, align) + size <= start + b.size) {
       stats_.hits++;
-      return take(start, size, align);
+      const size_t chunk = b.chunk;
+      void* p = take(start, size, align);
+      if (observer_)
+        notify(PoolEvent::Kind::kAcquire, static_cast<char*>(p), size, chunk, category);
+      return p;
     }
   }
   // A miss: a new chunk (a slab for small classes, the exact size for large ones).
@@ -123,7 +127,10 @@ Result<void*> PoolResource::do_allocate(size_t bytes, size_t alignment, Category
   stats_.upstream_allocations++;
   blocks_[c.base] = {chunk_size, id, true};
   insert_free(c.base, blocks_[c.base]);
-  return take(c.base, size, align);
+  if (observer_) notify(PoolEvent::Kind::kReserve, c.base, chunk_size, id, category);
+  void* p = take(c.base, size, align);
+  if (observer_) notify(PoolEvent::Kind::kAcquire, static_cast<char*>(p), size, id, category);
+  return p;
 }
 
 void PoolResource::do_deallocate(void* ptr, size_t, size_t, Category) {
@@ -133,6 +140,10 @@ void PoolResource::do_deallocate(void* ptr, size_t, size_t, Category) {
                "pool: deallocate of a pointer the pool did not hand out");
   stats_.in_use -= it->second.size;
   it->second.free = true;
+  if (observer_) {
+    notify(PoolEvent::Kind::kRelease, it->first, it->second.size, it->second.chunk,
+           chunks_[it->second.chunk].category);
+  }
   auto adjacent = [](const auto& a, const auto& b) {
     return a->second.chunk == b->second.chunk && a->first + a->second.size == b->first;
   };
@@ -163,13 +174,34 @@ uint64_t PoolResource::release_unused_locked() {
     if (it == blocks_.end() || !it->second.free || it->second.size != c.size) continue;
     erase_free(it->first, it->second);
     blocks_.erase(it);
-    upstream_->deallocate(c.base, c.size, c.alignment, c.category);
-    c.live = false;
+    // The event before the chunk leaves, so its offset still counts the chunks before it.
     stats_.reserved -= c.size;
     stats_.chunks--;
+    if (observer_) notify(PoolEvent::Kind::kUnreserve, c.base, c.size, id, c.category);
+    upstream_->deallocate(c.base, c.size, c.alignment, c.category);
+    c.live = false;
     freed += c.size;
   }
   return freed;
+}
+
+void PoolResource::notify(PoolEvent::Kind kind, const char* p, size_t bytes, size_t chunk,
+                          Category category) {
+  PoolEvent e;
+  e.kind = kind;
+  e.bytes = bytes;
+  e.category = category;
+  for (size_t id = 0; id < chunk; id++) {
+    if (chunks_[id].live) e.offset += chunks_[id].size;
+  }
+  e.offset += uint64_t(p - chunks_[chunk].base);
+  e.after = stats_;
+  observer_(e);
+}
+
+void PoolResource::set_observer(std::function<void(const PoolEvent&)> observer) {
+  std::lock_guard<std::mutex> lock(mu_);
+  observer_ = std::move(observer);
 }
 
 uint64_t PoolResource::release_unused() {

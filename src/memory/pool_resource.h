@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <string>
@@ -32,6 +33,24 @@ struct PoolStats {
   std::string describe() const;
 };
 
+// What the pool did, for an observer (the profiler's event stream, docs/notes/report.md).
+struct PoolEvent {
+  enum class Kind : uint8_t {
+    kAcquire,    // a block handed out (bytes: its rounded size)
+    kRelease,    // a block given back (it stays reserved)
+    kReserve,    // a chunk taken from the upstream
+    kUnreserve,  // a chunk handed back to the upstream
+  };
+  Kind kind = Kind::kAcquire;
+  uint64_t bytes = 0;
+  // Where the block or chunk lies in the pool's reserved bytes: the sizes of the live chunks
+  // before its chunk plus its offset inside the chunk. (Chunks come and go, so an offset is a
+  // position at the time of the event, not an address.)
+  uint64_t offset = 0;
+  Category category = Category::kOther;
+  PoolStats after;  // the pool's figures after the event (largest_free not computed: 0)
+};
+
 // Best-fit with coalescing over chunks from the upstream, in size classes:
 //  - a request below options.small_limit is rounded up to a power of two (at least 64 bytes) and
 //    carved from options.small_chunk slabs, so small blocks are interchangeable;
@@ -56,6 +75,10 @@ class PoolResource final : public MemoryResource {
   PoolResource& operator=(const PoolResource&) = delete;
 
   PoolStats stats() const;
+  // Calls `observer` for every block acquired or released and every chunk reserved or handed back,
+  // on the calling thread while the pool's lock is held (so events arrive in the pool's order; the
+  // observer must not call back into the pool). Empty: none (the default; one test per call).
+  void set_observer(std::function<void(const PoolEvent&)> observer);
   // Hands every chunk that holds no block in use back to the upstream; returns the bytes freed.
   uint64_t release_unused();
 
@@ -82,6 +105,7 @@ class PoolResource final : public MemoryResource {
   void insert_free(char* p, const Block& b);
   void erase_free(char* p, const Block& b);
   uint64_t release_unused_locked();
+  void notify(PoolEvent::Kind kind, const char* p, size_t bytes, size_t chunk, Category category);
 
   MemoryResource* upstream_;
   PoolOptions options_;
@@ -90,6 +114,7 @@ class PoolResource final : public MemoryResource {
   std::multimap<FreeKey, char*> free_;
   std::vector<Chunk> chunks_;
   PoolStats stats_;
+  std::function<void(const PoolEvent&)> observer_;
 };
 
 }  // namespace headroom::memory

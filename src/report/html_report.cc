@@ -304,6 +304,8 @@ footer { color:var(--muted); font-size:12px; text-align:center; margin-top:8px; 
     // Times since the start of the run, as in trace.json; seconds for long runs.
     var tu = runLast - runFirst >= 2e7 ? { div: 1e6, name: 's' } : { div: 1e3, name: 'ms' };
     var runPeak = O.total.reduce(function (m, v) { return v > m ? v : m; }, 0);
+    var P = T.pool;
+    if (P) runPeak = P.device.reduce(function (m, v) { return v > m ? v : m; }, runPeak);
     var unit = byteUnit(Math.max(runPeak, T.peak ? T.peak.bytes : 0));
     var fmtT = function (us) { return tu.name === 's' ? (us / 1e6).toFixed(3) : fmtMs(us / 1e3); };
     // The categories drawn: any with bytes in the window or a change anywhere in the run.
@@ -330,7 +332,7 @@ footer { color:var(--muted); font-size:12px; text-align:center; margin-top:8px; 
     setSeries(T.t_us, function (ci) { return T.bytes[ci]; });
     var vlines = [];
     if (T.peak) vlines.push({ x: T.peak.t_us / tu.div, color: '#111', label: 'peak ' + fmtBytes(T.peak.bytes) });
-    (T.markers || []).forEach(function (m) { vlines.push({ x: m.t_us / tu.div, color: '#c2410c', label: m.name }); });
+    (T.markers || []).forEach(function (m) { vlines.push({ x: m.t_us / tu.div, color: '#c2410c', label: m.name + (m.cause ? ' (' + m.cause + ')' : '') }); });
     var vlinePlugin = {
       id: 'hrVlines',
       afterDatasetsDraw: function (chart) {
@@ -380,6 +382,14 @@ footer { color:var(--muted); font-size:12px; text-align:center; margin-top:8px; 
       budgetSet = { label: 'budget', data: [{ x: tFirst / tu.div, y: budgetLine }, { x: tLast / tu.div, y: budgetLine }],
         borderColor: '#c2410c', borderDash: [6, 4], borderWidth: 1.5, pointRadius: 0, fill: false, stack: 'budget' };
       datasets.push(budgetSet);
+    }
+    if (P && P.t_us.length) {
+      // What the device holds: buffers outside the pool plus the pool's reserved bytes (a line,
+      // not a stacked category: the planned buffers inside the pool's block are in the stack).
+      var devPts = new Array(P.t_us.length);
+      for (var pi = 0; pi < P.t_us.length; ++pi) devPts[pi] = { x: P.t_us[pi] / tu.div, y: P.device[pi] / unit.div };
+      datasets.push({ label: 'device reserved', data: devPts, stepped: 'after', borderColor: '#111827', borderDash: [2, 3],
+        borderWidth: 1.5, pointRadius: 0, pointHitRadius: 0, fill: false, stack: 'reserved' });
     }
     var box = document.querySelector('[data-chart="timeline"]');
     var detailChart = chartIn('timeline', {
@@ -628,7 +638,14 @@ footer { color:var(--muted); font-size:12px; text-align:center; margin-top:8px; 
 
   // Fragmentation: what the arena holds against what no allocator could beat.
   var fr = [['lower bound', D.lower_bound_bytes, '#94a3b8'], ['arena (plan)', D.arena_bytes, '#2563eb'],
-    ['measured peak', D.peak_bytes, '#16a34a'], ['budget', budget, '#c2410c']].filter(function (r) { return r[1] > 0; });
+    ['measured peak', D.peak_bytes, '#16a34a'], ['budget', budget, '#c2410c']];
+  if (D.pool) fr.push(['pool in use (most)', D.pool.peak_in_use_bytes, '#a855f7'], ['pool reserved then', D.pool.reserved_at_peak_in_use_bytes, '#7c3aed'],
+    ['pool reserved (most)', D.pool.peak_reserved_bytes, '#4c1d95']);
+  fr = fr.filter(function (r) { return r[1] > 0; });
+  // A budget far above the rest would squash every other bar to a sliver: the note gives it then.
+  var frOthers = Math.max.apply(null, fr.filter(function (r) { return r[0] !== 'budget'; }).map(function (r) { return r[1]; }).concat([0]));
+  var frBudgetHidden = frOthers > 0 && budget > 4 * frOthers;
+  if (frBudgetHidden) fr = fr.filter(function (r) { return r[0] !== 'budget'; });
   if (fr.length === 0) {
     emptyChart('fragmentation', 'No arena figures in this profile.');
   } else {
@@ -644,7 +661,11 @@ footer { color:var(--muted); font-size:12px; text-align:center; margin-top:8px; 
   }
   setText('frag-note', D.fragmentation === null ? 'No lower bound recorded.' :
     'Arena ' + fmtBytes(D.arena_bytes) + ' over a lower bound of ' + fmtBytes(D.lower_bound_bytes) + ': ' + D.fragmentation.toFixed(3) + '× (' +
-    ((D.fragmentation - 1) * 100).toFixed(1) + '% above the most bytes ever live at once).');
+    ((D.fragmentation - 1) * 100).toFixed(1) + '% above the most bytes ever live at once).' +
+    (D.pool ? ' Pool (the step region, ' + D.pool.block_acquisitions + ' blocks acquired, ' + D.pool.block_releases + ' released): at most ' +
+      fmtBytes(D.pool.peak_in_use_bytes) + ' in use of ' + fmtBytes(D.pool.reserved_at_peak_in_use_bytes) + ' reserved (' +
+      (100 * D.pool.fragmentation).toFixed(1) + '% unused then), at most ' + fmtBytes(D.pool.peak_reserved_bytes) + ' reserved.' : '') +
+    (frBudgetHidden ? ' The budget (' + fmtBytes(budget) + ') is left out of the chart.' : ''));
 
   // Time per op category.
   var tb = Object.keys(D.time_by_category_ms).map(function (k) { return [k, D.time_by_category_ms[k]]; })
@@ -679,8 +700,8 @@ footer { color:var(--muted); font-size:12px; text-align:center; margin-top:8px; 
   if (M.length === 0) {
     document.getElementById('markers-card').hidden = true;
   } else {
-    fillTable('markers-table', [{ label: 'time (ms)', num: true }, { label: 'event' }, { label: 'detail' }],
-      M.map(function (m) { return [fmtMs(m.t_us / 1000), m.name, m.detail]; }));
+    fillTable('markers-table', [{ label: 'time (ms)', num: true }, { label: 'event' }, { label: 'cause' }, { label: 'detail' }],
+      M.map(function (m) { return [fmtMs(m.t_us / 1000), m.name, m.cause || '—', m.detail]; }));
   }
   // report.html#zoom=A,B (microseconds) opens zoomed into [A, B].
   var zm = /zoom=([-0-9.e+]+),([-0-9.e+]+)/.exec(location.hash);
@@ -909,9 +930,35 @@ std::string timeline_json(const Profile& p) {
     detail::append_json_number(out, m.t_us);
     out += ",\"name\":";
     detail::append_json_string(out, m.name);
+    out += ",\"cause\":";
+    detail::append_json_string(out, m.cause);
     out += "}";
   }
-  out += "]}";
+  out += "]";
+  // The pool and the device line (report/profile.h, PoolSample) over the whole run, downsampled
+  // by the device line, drawn over the stack: the gap is memory reserved but not live.
+  const std::vector<PoolSample> pool = pool_timeline_from_events(p.events);
+  if (!pool.empty()) {
+    std::vector<double> dev(pool.size());
+    for (size_t i = 0; i < pool.size(); ++i) dev[i] = static_cast<double>(pool[i].device);
+    const std::vector<size_t> pk = downsample_indices(dev, kMaxTimelinePoints);
+    out += ",\"pool\":{\"t_us\":[";
+    for (size_t k = 0; k < pk.size(); ++k) {
+      if (k) out.push_back(',');
+      detail::append_json_number(out, pool[pk[k]].t_us);
+    }
+    auto column = [&](const char* name, uint64_t PoolSample::*field) {
+      fmt::format_to(std::back_inserter(out), "],\"{}\":[", name);
+      for (size_t k = 0; k < pk.size(); ++k) {
+        fmt::format_to(std::back_inserter(out), "{}{}", k ? "," : "", pool[pk[k]].*field);
+      }
+    };
+    column("reserved", &PoolSample::reserved);
+    column("in_use", &PoolSample::in_use);
+    column("device", &PoolSample::device);
+    out += "]}";
+  }
+  out += "}";
   return out;
 }
 

@@ -3,86 +3,14 @@
 
 #include <iterator>
 
+#include "report/json_writer.h"
 #include "report/profile.h"
 
 namespace headroom::report {
 
 namespace {
 
-using detail::append_json_number;
-using detail::append_json_string;
-
-// A tiny writer for one JSON object at a time: key() handles the commas.
-class Json {
- public:
-  explicit Json(std::string& out) : out_(out) {}
-  void begin_object() { open('{'); }
-  void end_object() { close('}'); }
-  void begin_array() { open('['); }
-  void end_array() { close(']'); }
-  void key(const std::string& k) {
-    comma();
-    append_json_string(out_, k);
-    out_.push_back(':');
-    fresh_ = true;  // the value that follows needs no comma
-  }
-  void value(const std::string& s) {
-    comma();
-    append_json_string(out_, s);
-  }
-  void value(const char* s) { value(std::string(s)); }
-  void value(double v) {
-    comma();
-    append_json_number(out_, v);
-  }
-  void value(uint64_t v) {
-    comma();
-    fmt::format_to(std::back_inserter(out_), "{}", v);
-  }
-  void value(int v) {
-    comma();
-    fmt::format_to(std::back_inserter(out_), "{}", v);
-  }
-  void value(bool v) {
-    comma();
-    out_ += v ? "true" : "false";
-  }
-  void null() {
-    comma();
-    out_ += "null";
-  }
-  template <typename T>
-  void field(const std::string& k, const T& v) {
-    key(k);
-    value(v);
-  }
-  template <typename T>
-  void optional_field(const std::string& k, const std::optional<T>& v) {
-    key(k);
-    if (v) {
-      value(*v);
-    } else {
-      null();
-    }
-  }
-
- private:
-  void comma() {
-    if (!fresh_) out_.push_back(',');
-    fresh_ = false;
-  }
-  void open(char c) {
-    comma();
-    out_.push_back(c);
-    fresh_ = true;
-  }
-  void close(char c) {
-    out_.push_back(c);
-    fresh_ = false;
-  }
-  std::string& out_;
-  bool fresh_ = true;
-};
+using Json = detail::JsonWriter;
 
 void write_bytes_map(Json& j, const std::map<std::string, uint64_t>& m) {
   j.begin_object();
@@ -150,6 +78,27 @@ std::string figures_json(const Profile& p) {
   } else {
     j.null();
   }
+  // The pool that serves the step region: reserved vs in use (its fragmentation), and the device
+  // line (buffers outside the pool plus the pool's reserved bytes). Null without pool events.
+  j.key("pool");
+  const std::vector<PoolSample> pool = pool_timeline_from_events(p.events);
+  if (pool.empty()) {
+    j.null();
+  } else {
+    const PoolSummary ps = summarize_pool(pool, p.events);
+    j.begin_object();
+    j.field("block_acquisitions", ps.acquisitions);
+    j.field("block_releases", ps.releases);
+    j.field("chunks_reserved", ps.reserves);
+    j.field("chunks_unreserved", ps.unreserves);
+    j.field("peak_reserved_bytes", ps.peak_reserved);
+    j.field("peak_in_use_bytes", ps.peak_in_use);
+    j.field("reserved_at_peak_in_use_bytes", ps.reserved_at_peak_in_use);
+    j.field("final_reserved_bytes", ps.final_reserved);
+    j.field("peak_device_bytes", ps.peak_device);
+    j.field("fragmentation", ps.fragmentation);
+    j.end_object();
+  }
   j.key("planned_by_category");
   write_bytes_map(j, p.plan.chosen.by_category);
 
@@ -204,6 +153,7 @@ std::string figures_json(const Profile& p) {
     j.field("t_us", m.t_us);
     j.field("name", m.name);
     j.field("detail", m.detail);
+    j.field("cause", m.cause);
     j.end_object();
   }
   j.end_array();
@@ -211,9 +161,15 @@ std::string figures_json(const Profile& p) {
   j.key("counts");
   j.begin_object();
   j.field("spans", static_cast<uint64_t>(p.spans.size()));
-  const uint64_t memory_events = count_memory_events(p.events);
+  uint64_t memory_events = 0, pool_events = 0, op_events = 0;
+  for (const Event& e : p.events.events()) {
+    memory_events += is_memory_event(e);
+    pool_events += is_pool_event(e.kind);
+    op_events += e.kind == EventKind::kOpBegin || e.kind == EventKind::kOpEnd;
+  }
   j.field("alloc_events", memory_events);  // allocations and releases
-  j.field("op_events", static_cast<uint64_t>(p.events.size()) - memory_events);
+  j.field("pool_events", pool_events);
+  j.field("op_events", op_events);
   j.field("memory_samples", static_cast<uint64_t>(samples.size()));
   j.field("markers", static_cast<uint64_t>(p.markers.size()));
   j.end_object();

@@ -52,8 +52,20 @@ struct MemorySample {
 // A point event: a re-plan, an out-of-memory recovery, a checkpoint.
 struct Marker {
   double t_us = 0;
-  std::string name;    // "re-plan", "oom-recovery"
+  std::string name;    // "re-plan", "plan kept", "resume", "oom-recovery"
   std::string detail;  // "micro-batch 8 -> 4 (accumulation 2 -> 4)"
+  std::string cause;   // "budget", "out of memory", "resume"; empty if not known
+};
+
+// The pool that serves a region at run time (the step region, once per micro-batch), from the
+// pool events of the log: what it holds from its upstream (reserved) and what it has handed out
+// (in_use), and what the device holds: the bytes of the planned buffers outside pool blocks plus
+// the pool's reserved bytes (`device`; the planned buffers inside pool blocks are counted once,
+// as the block's reserved bytes). The gap between `device` and the stacked timeline is memory
+// reserved but not holding a live buffer.
+struct PoolSample {
+  double t_us = 0;
+  uint64_t reserved = 0, in_use = 0, device = 0;
 };
 
 // One configuration the planner priced.
@@ -184,6 +196,21 @@ std::vector<size_t> downsample_indices(const std::vector<double>& totals, size_t
 std::vector<MemorySample> memory_timeline_from_events(const EventLog& events,
                                                       std::vector<std::string>* categories);
 
+// One sample per pool event and per alloc/free of a buffer outside pool blocks, in time order
+// (frees and releases first at equal times). Empty when the log has no pool events.
+std::vector<PoolSample> pool_timeline_from_events(const EventLog& events);
+
+// The pool's figures over the run: acquisitions and releases of blocks, the most bytes reserved
+// and in use, the device line's peak, and fragmentation = 1 - in use / reserved at the moment
+// the pool's blocks in use were largest (0 when every reserved byte serves a block then).
+struct PoolSummary {
+  uint64_t acquisitions = 0, releases = 0, reserves = 0, unreserves = 0;
+  uint64_t peak_reserved = 0, peak_in_use = 0, reserved_at_peak_in_use = 0, final_reserved = 0;
+  uint64_t peak_device = 0;
+  double fragmentation = 0;
+};
+PoolSummary summarize_pool(const std::vector<PoolSample>& samples, const EventLog& events);
+
 // The buffers live at the peak of memory_timeline_from_events(events): the allocations not yet
 // released after the event whose sample is the (first) peak. Empty without memory events.
 std::vector<LiveBuffer> live_at_timeline_peak(const EventLog& events);
@@ -206,7 +233,8 @@ void append_json_number(std::string& out, double v);
 const std::vector<MemorySample>& resolve_timeline(const Profile& profile,
                                                   std::vector<std::string>* categories,
                                                   std::vector<MemorySample>* storage);
-// Alloc and free events (not op events).
+// Alloc and free events (not op or pool events: the planned buffers inside a pool block are
+// counted once, by their own alloc/free).
 inline bool is_memory_event(const Event& e) {
   return e.kind == EventKind::kAlloc || e.kind == EventKind::kFree;
 }

@@ -13,6 +13,7 @@
 #include <tuple>
 #include <unordered_map>
 
+#include "report/json_writer.h"
 #include "report/profile.h"
 
 namespace headroom::report {
@@ -279,6 +280,89 @@ std::vector<MemorySample> memory_timeline_from_events(const EventLog& log,
   return out;
 }
 
+std::vector<PoolSample> pool_timeline_from_events(const EventLog& log) {
+  const std::vector<Event>& events = log.events();
+  // The regions that pool blocks serve: a block is named after its region.
+  std::vector<uint8_t> pooled(log.names().size() + 1, 0);
+  bool any = false;
+  for (const Event& e : events) {
+    if (!is_pool_event(e.kind)) continue;
+    any = true;
+    if (e.kind == EventKind::kPoolAcquire && e.name < log.names().size()) pooled[e.name] = 1;
+  }
+  if (!any) return {};
+  auto inside_pool = [&](const Event& e) {
+    return e.region < log.names().size() && pooled[e.region];
+  };
+  std::vector<uint32_t> order;
+  for (uint32_t i = 0; i < events.size(); ++i) {
+    const Event& e = events[i];
+    if (is_pool_event(e.kind) || (detail::is_memory_event(e) && !inside_pool(e)))
+      order.push_back(i);
+  }
+  auto releases = [](EventKind k) {
+    return k == EventKind::kFree || k == EventKind::kPoolRelease || k == EventKind::kPoolUnreserve;
+  };
+  std::stable_sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
+    const Event &x = events[a], &y = events[b];
+    return x.t_us < y.t_us || (x.t_us == y.t_us && releases(x.kind) && !releases(y.kind));
+  });
+  auto sub = [](uint64_t a, uint64_t b) { return b > a ? 0 : a - b; };  // clamp a missing event
+  uint64_t reserved = 0, in_use = 0, outside = 0;
+  std::vector<PoolSample> out;
+  out.reserve(order.size());
+  for (uint32_t i : order) {
+    const Event& e = events[i];
+    switch (e.kind) {
+      case EventKind::kPoolReserve:
+        reserved += e.bytes;
+        break;
+      case EventKind::kPoolUnreserve:
+        reserved = sub(reserved, e.bytes);
+        break;
+      case EventKind::kPoolAcquire:
+        in_use += e.bytes;
+        break;
+      case EventKind::kPoolRelease:
+        in_use = sub(in_use, e.bytes);
+        break;
+      case EventKind::kAlloc:
+        outside += e.bytes;
+        break;
+      case EventKind::kFree:
+        outside = sub(outside, e.bytes);
+        break;
+      default:
+        break;
+    }
+    out.push_back({e.t_us, reserved, in_use, outside + reserved});
+  }
+  return out;
+}
+
+PoolSummary summarize_pool(const std::vector<PoolSample>& samples, const EventLog& log) {
+  PoolSummary s;
+  for (const Event& e : log.events()) {
+    s.acquisitions += e.kind == EventKind::kPoolAcquire;
+    s.releases += e.kind == EventKind::kPoolRelease;
+    s.reserves += e.kind == EventKind::kPoolReserve;
+    s.unreserves += e.kind == EventKind::kPoolUnreserve;
+  }
+  for (const PoolSample& p : samples) {
+    s.peak_reserved = std::max(s.peak_reserved, p.reserved);
+    s.peak_device = std::max(s.peak_device, p.device);
+    if (p.in_use > s.peak_in_use) {
+      s.peak_in_use = p.in_use;
+      s.reserved_at_peak_in_use = p.reserved;
+    }
+  }
+  if (!samples.empty()) s.final_reserved = samples.back().reserved;
+  if (s.reserved_at_peak_in_use > 0) {
+    s.fragmentation = 1.0 - double(s.peak_in_use) / double(s.reserved_at_peak_in_use);
+  }
+  return s;
+}
+
 std::map<std::string, double> time_by_category_ms(const std::vector<Span>& spans) {
   std::map<std::string, double> out;
   for (const Span& s : spans) out[s.category] += s.dur_us / 1000.0;
@@ -305,20 +389,35 @@ Status write_trace_json(const Profile& profile, const std::string& path) {
   buf.reserve(kFlushBytes + 4096);
   using detail::append_json_string;
 
-  buf += "{\"displayTimeUnit\":\"ms\",\"otherData\":{\"title\":";
-  append_json_string(buf, profile.title);
-  buf += ",\"model\":";
-  append_json_string(buf, profile.model);
-  buf += ",\"device\":";
-  append_json_string(buf, profile.device);
-  buf += ",\"run\":";
-  append_json_string(buf, profile.run);
-  buf += "},\n\"traceEvents\":[\n";
+  {
+    detail::JsonWriter j(buf);
+    j.begin_object();
+    j.field("displayTimeUnit", "ms");
+    j.key("otherData");
+    j.begin_object();
+    j.field("title", profile.title);
+    j.field("model", profile.model);
+    j.field("device", profile.device);
+    j.field("run", profile.run);
+    j.end_object();
+  }
+  buf += ",\n\"traceEvents\":[\n";
 
-  // Metadata: the process and one name per thread that appears.
-  buf += "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":1,\"tid\":0,\"args\":{\"name\":";
-  append_json_string(buf, profile.title);
-  buf += "}}";
+  // Metadata ("M" events): the process and one name per thread that appears.
+  auto metadata = [&](const char* name, int tid, const char* arg, auto value) {
+    detail::JsonWriter j(buf);
+    j.begin_object();
+    j.field("name", name);
+    j.field("ph", "M");
+    j.field("pid", 1);
+    j.field("tid", tid);
+    j.key("args");
+    j.begin_object();
+    j.field(arg, value);
+    j.end_object();
+    j.end_object();
+  };
+  metadata("process_name", 0, "name", profile.title);
   std::map<int, std::string> threads = profile.thread_names;
   if (threads.empty()) {
     threads = {{kThreadCompute, "compute"}, {kThreadCopy, "copy"}, {kThreadData, "data loader"}};
@@ -326,18 +425,16 @@ Status write_trace_json(const Profile& profile, const std::string& path) {
   for (const Span& s : profile.spans) {
     if (!threads.count(s.thread)) threads[s.thread] = fmt::format("thread {}", s.thread);
   }
-  const size_t memory_events = detail::count_memory_events(profile.events);
+  size_t memory_events = 0;  // alloc/free and pool events: the instant events below
+  for (const Event& e : profile.events.events()) {
+    memory_events += detail::is_memory_event(e) || is_pool_event(e.kind);
+  }
   if (memory_events && !threads.count(kThreadMemory)) threads[kThreadMemory] = "memory events";
   for (const auto& [tid, name] : threads) {
-    fmt::format_to(std::back_inserter(buf),
-                   ",\n{{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":{},\"args\":{{"
-                   "\"name\":",
-                   tid);
-    append_json_string(buf, name);
-    fmt::format_to(std::back_inserter(buf),
-                   "}}}},\n{{\"name\":\"thread_sort_index\",\"ph\":\"M\",\"pid\":1,\"tid\":{},"
-                   "\"args\":{{\"sort_index\":{}}}}}",
-                   tid, tid);
+    buf += ",\n";
+    metadata("thread_name", tid, "name", name);
+    buf += ",\n";
+    metadata("thread_sort_index", tid, "sort_index", tid);
   }
 
   for (const Span& s : profile.spans) {
@@ -388,8 +485,24 @@ Status write_trace_json(const Profile& profile, const std::string& path) {
     if (buf.size() >= kFlushBytes) file.write(buf);
   }
 
-  // Every allocation and release as a thread-scoped instant event: name = buffer, cat = alloc or
-  // free, the rest in args. Names are escaped once each, not once per event.
+  // The pool (the step region's blocks): what it holds from the device and what it has handed out,
+  // and what the device holds (buffers outside pool blocks plus the pool's reserved bytes).
+  for (const PoolSample& ps : pool_timeline_from_events(profile.events)) {
+    buf += ",\n{\"name\":\"pool\",\"cat\":\"memory\",\"ph\":\"C\",\"ts\":";
+    append_us(buf, ps.t_us);
+    fmt::format_to(std::back_inserter(buf),
+                   ",\"pid\":1,\"tid\":0,\"args\":{{\"reserved\":{},\"in_use\":{}}}}}", ps.reserved,
+                   ps.in_use);
+    buf += ",\n{\"name\":\"device reserved\",\"cat\":\"memory\",\"ph\":\"C\",\"ts\":";
+    append_us(buf, ps.t_us);
+    fmt::format_to(std::back_inserter(buf), ",\"pid\":1,\"tid\":0,\"args\":{{\"bytes\":{}}}}}",
+                   ps.device);
+    if (buf.size() >= kFlushBytes) file.write(buf);
+  }
+
+  // Every allocation and release (and every pool block and chunk) as a thread-scoped instant
+  // event: name = buffer, cat = alloc, free or pool_*, the rest in args. Names are escaped once
+  // each, not once per event.
   if (memory_events) {
     const EventLog& log = profile.events;
     std::vector<std::string> quoted(log.names().size());
@@ -399,10 +512,10 @@ Status write_trace_json(const Profile& profile, const std::string& path) {
       return id < quoted.size() ? quoted[id] : kEmpty;
     };
     for (const Event& e : log.events()) {
-      if (!detail::is_memory_event(e)) continue;
+      if (!detail::is_memory_event(e) && !is_pool_event(e.kind)) continue;
       buf += ",\n{\"name\":";
       buf += q(e.name);
-      buf += e.kind == EventKind::kAlloc ? ",\"cat\":\"alloc\"" : ",\"cat\":\"free\"";
+      fmt::format_to(std::back_inserter(buf), ",\"cat\":\"{}\"", event_kind_name(e.kind));
       buf += ",\"ph\":\"i\",\"s\":\"t\",\"ts\":";
       append_us(buf, e.t_us);
       fmt::format_to(std::back_inserter(buf),
@@ -428,14 +541,24 @@ Status write_trace_json(const Profile& profile, const std::string& path) {
     }
   }
 
+  // Markers: global instant events.
   for (const Marker& mk : profile.markers) {
-    buf += ",\n{\"name\":";
-    append_json_string(buf, mk.name);
-    buf += ",\"cat\":\"marker\",\"ph\":\"i\",\"s\":\"g\",\"ts\":";
-    append_us(buf, mk.t_us);
-    buf += ",\"pid\":1,\"tid\":0,\"args\":{\"detail\":";
-    append_json_string(buf, mk.detail);
-    buf += "}}";
+    buf += ",\n";
+    detail::JsonWriter j(buf);
+    j.begin_object();
+    j.field("name", mk.name);
+    j.field("cat", "marker");
+    j.field("ph", "i");
+    j.field("s", "g");
+    j.field("ts", std::isfinite(mk.t_us) ? mk.t_us : 0.0);
+    j.field("pid", 1);
+    j.field("tid", 0);
+    j.key("args");
+    j.begin_object();
+    j.field("detail", mk.detail);
+    if (!mk.cause.empty()) j.field("cause", mk.cause);
+    j.end_object();
+    j.end_object();
   }
   buf += "\n]}\n";
   file.write(buf);

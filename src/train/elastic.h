@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -57,6 +58,10 @@ class ElasticStep {
   double predicted_step_ms() const { return predicted_ms_; }
   memory::PoolStats pool_stats() const { return pool_.stats(); }
   uint64_t release_unused() { return pool_.release_unused(); }
+  // Observes the step region's pool (memory::PoolResource::set_observer; the profiler's events).
+  void set_pool_observer(std::function<void(const memory::PoolEvent&)> observer) {
+    pool_.set_observer(std::move(observer));
+  }
   uint64_t injected_failures() const { return failing_.failures(); }
 
   // The step region of the current plan, from the pool (through the failure injection, if set).

@@ -283,7 +283,9 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
   float* m = opt_arena.f32(0);
   float* v = opt_arena.f32(1);
   const int64_t moment_floats = int64_t(mp.persistent[2].buffers[0].bytes() / sizeof(float));
-  ZeroOptimizer zopt(&comm, &table, o.zero_stage);
+  // The optimizer's collectives, recorded as ops of its step when profiling (step_events.h).
+  TracedCommunicator zcomm(&comm);
+  ZeroOptimizer zopt(&zcomm, &table, o.zero_stage);
   HR_CHECK_MSG(zopt.sizes().m <= moment_floats, "the plan's optimizer shard is too small");
   model::gpt2_init_params(cfg, table, params, o.seed);
   cpu::zero(grads, P);
@@ -418,6 +420,15 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     op_times.origin = run_start;
     record_plan(mp, &rec->events);  // persistent allocations at 0; the step's schedule
     op_times.events = &rec->events;
+    // The step region's pool: its block per micro-batch, its reserved chunks.
+    elastic.set_pool_observer(
+        pool_observer(&rec->events, mp.step.name, run_start, elastic.pool_stats(), 0));
+    if (start_step > 0) {
+      note_replan(&rec->events, ReplanCause::kResume, false,
+                  fmt::format("resumed at step {}: micro-batch {} x {}, the checkpoint's",
+                              start_step, B, K),
+                  start_step, 0);
+    }
   }
   if (o.breakdown || o.profile) net.set_op_times(&op_times);
   auto us_since_start = [&](Clock::time_point t) {
@@ -427,6 +438,14 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     if (rec) {
       rec->spans.push_back({name, kind, us_since_start(t0),
                             us_since_start(Clock::now()) - us_since_start(t0), step, mb});
+    }
+  };
+  // An op outside the schedule (data, optimizer) as op_begin/op_end events.
+  auto record_op = [&](const char* name, EventPhase phase, Clock::time_point t0,
+                       Clock::time_point t1, int step, uint8_t thread = kEventThreadTraining) {
+    if (rec) {
+      train::record_op(&rec->events, name, phase, step, us_since_start(t0), us_since_start(t1),
+                       thread);
     }
   };
   const int depth = mp.policy.prefetch_depth;
@@ -546,6 +565,10 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
       cur.events.push_back(fmt::format("step {}: out of memory {}: re-planned {}; redoing it{}",
                                        step + 1, where, rp->change,
                                        path.empty() ? "" : " (report: " + path + ")"));
+      if (rec) {
+        note_replan(&rec->events, ReplanCause::kOutOfMemory, true, cur.events.back(), step,
+                    us_since_start(Clock::now()));
+      }
       cur.oom_reports.push_back(report);
       cur.oom_recoveries++;
       cur.replans++;
@@ -577,6 +600,10 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     }
     cur.events.push_back(
         fmt::format("{}: {} {}", head, rp->changed ? "re-planned" : "plan kept,", rp->change));
+    if (rec) {
+      note_replan(&rec->events, ReplanCause::kBudget, rp->changed, cur.events.back(), step,
+                  us_since_start(Clock::now()));
+    }
     if (Status st = after_replan(); !st.is_ok())
       return fail_out_of_memory(head + ": " + st.message());
     cur.replans += rp->changed;
@@ -590,6 +617,7 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
   // each acquired on its own: never more than b x T tokens of step region.
   auto evaluate = [&](int step) -> Result<std::optional<double>> {
     if (!val_batches) return std::optional<double>();
+    if (rec) rec->events.set_pool_context(step, -1);
     val_batches->set_position(val_range.begin);
     double sum = 0;
     int64_t count = 0;
@@ -632,15 +660,22 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
   // Bucketed: a slot holds one step batch, rows x length <= G x T tokens; its shape is kept
   // beside the slot (written by the loader thread before the slot is handed over).
   std::vector<data::DocumentBatcher::Shape> slot_shape(static_cast<size_t>(depth));
+  // The fill's times per slot (for the profile's loader track): written by the loader thread
+  // before the slot is handed over, read by this thread after acquire() and before release().
+  std::vector<std::pair<Clock::time_point, Clock::time_point>> fill_times(
+      static_cast<size_t>(depth));
   data::Prefetcher loader(depth, [&](int slot) {
+    const Clock::time_point tf = Clock::now();
     int32_t* in = static_cast<int32_t*>(staging.data(size_t(2 * slot)));
     int32_t* tg = static_cast<int32_t*>(staging.data(size_t(2 * slot + 1)));
     if (bucketed) {
       slot_shape[size_t(slot)] = docs->next(in, tg);
+      fill_times[size_t(slot)] = {tf, Clock::now()};
       return docs->position();
     }
     for (int k = 0; k < K * R; k++)
       train_batches.next(in + int64_t(k) * B * T, tg + int64_t(k) * B * T);
+    fill_times[size_t(slot)] = {tf, Clock::now()};
     return train_batches.position();
   });
   // A rank's failure inside a step (out of memory, validation) becomes every rank's: agreed at
@@ -665,7 +700,9 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     auto td = Clock::now();
     const data::Prefetcher::Ready batch = loader.acquire();
     const double data_ms = batch.waited_ms;
-    record("wait for data", "data", td, step, -1);
+    record_op("wait for data", EventPhase::kData, td, Clock::now(), step);
+    record_op("load batch", EventPhase::kData, fill_times[size_t(batch.slot)].first,
+              fill_times[size_t(batch.slot)].second, step, kEventThreadLoader);
     const int32_t* inputs = static_cast<const int32_t*>(staging.data(size_t(2 * batch.slot)));
     const int32_t* targets = static_cast<const int32_t*>(staging.data(size_t(2 * batch.slot + 1)));
     // The step's shape: G x T when packed; one bucket's rows x length when bucketed.
@@ -689,6 +726,7 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
         continue;
       }
       const plan::MemoryPlan* shape = nullptr;
+      if (rec) rec->events.set_pool_context(step, k);
       Result<memory::Arena> arena = acquire(
           step,
           fmt::format("at micro-batch {} (sequence {} of {})", k + 1, row0 + done + 1, step_rows),
@@ -716,11 +754,19 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     HR_RETURN_IF_ERROR(comm.all_reduce(&loss_sum, 1));
     const float lr = cosine_lr(step, o.steps, o.warmup_steps, o.adamw.lr, o.min_lr_ratio);
     auto topt = Clock::now();
+    // The optimizer step as an op around its parts (collectives, zeroing the gradients).
+    const uint32_t opt_op = rec ? rec->events.log().intern("optimizer step") : 0;
+    if (rec) rec->events.begin_op(us_since_start(topt), opt_op, EventPhase::kOptimizer, step);
     const ZeroBuffers zb{params, grads, grad_shard, m, v, /*grads_reduced=*/false};
-    HR_ASSIGN_OR_RETURN(const double norm, zopt.step(zb, o.adamw, lr, step + 1, params_bf16));
+    if (rec) zcomm.trace(&rec->events, run_start, EventPhase::kOptimizer, step);
+    Result<double> stepped = zopt.step(zb, o.adamw, lr, step + 1, params_bf16);
+    zcomm.trace(nullptr, run_start, EventPhase::kNone, -1);
+    HR_ASSIGN_OR_RETURN(const double norm, std::move(stepped));
+    const Clock::time_point tz = Clock::now();
     cpu::zero(grads, P);
+    record_op("zero gradients", EventPhase::kOptimizer, tz, Clock::now(), step);
+    if (rec) rec->events.end_op(us_since_start(Clock::now()), opt_op, EventPhase::kOptimizer, step);
     const double optimizer_ms = ms_since(topt);
-    record("adamw", "optimizer", topt, step, -1);
 
     StepStats s = std::move(cur);
     cur = StepStats();
@@ -768,6 +814,8 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     s.device_bytes_in_use = ms.current;
     s.device_bytes_peak = ms.peak;
     s.planned_peak_bytes = planned_peak();
+    s.lower_bound_bytes = elastic.plan().lower_bound_bytes;
+    s.pool_reserved_bytes = elastic.pool_stats().reserved;
     s.device_budget = limit.budget();
     if (!std::isfinite(s.loss)) {
       return Status::internal(

@@ -95,6 +95,10 @@ struct StepStats {
   uint64_t device_bytes_in_use = 0;
   uint64_t device_bytes_peak = 0;
   uint64_t planned_peak_bytes = 0;
+  // The plan's lower bound (the most bytes live at one moment) and what the step region's pool
+  // holds at the end of the step: the step's fragmentation is device_bytes_peak / lower bound.
+  uint64_t lower_bound_bytes = 0;
+  uint64_t pool_reserved_bytes = 0;
   uint64_t device_budget = 0;
   int micro_batch = 0;              // the plan at the end of the step
   int accumulation = 0;             // global batch / micro_batch

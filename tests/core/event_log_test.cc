@@ -148,6 +148,59 @@ TEST(EventRecorder, OutsideAllocationsTakeTheCurrentContext) {
   EXPECT_EQ(m.t_us, 7);
 }
 
+// Ops outside the schedule, pool events and markers with a cause carry their own context.
+TEST(EventRecorder, UnscheduledOpsPoolEventsAndCauses) {
+  EventRecorder r;
+  EventLog& log = r.log();
+  r.set_schedule({{log.intern("f0"), EventPhase::kForward, 0}}, {});
+  r.begin_micro_batch(3, 1);
+  r.op_boundary(-1, 0, 1);
+  const uint32_t opt = log.intern("optimizer step");
+  r.begin_op(2, opt, EventPhase::kOptimizer, 3);
+  r.end_op(4, opt, EventPhase::kOptimizer, 3);
+  r.begin_op(0.5, log.intern("load batch"), EventPhase::kData, 4, kEventThreadLoader);
+  const std::vector<Event>& ev = log.events();
+  ASSERT_EQ(ev.size(), 4u);
+  for (size_t i = 1; i < 3; ++i) {
+    EXPECT_EQ(ev[i].op, -1);
+    EXPECT_EQ(ev[i].name, opt);
+    EXPECT_EQ(ev[i].op_name, opt);
+    EXPECT_EQ(ev[i].phase, EventPhase::kOptimizer);
+    EXPECT_EQ(ev[i].step, 3);
+    EXPECT_EQ(ev[i].micro_batch, -1);
+    EXPECT_EQ(ev[i].layer, -1);
+    EXPECT_EQ(ev[i].thread, kEventThreadTraining);
+  }
+  EXPECT_EQ(ev[1].kind, EventKind::kOpBegin);
+  EXPECT_EQ(ev[2].kind, EventKind::kOpEnd);
+  EXPECT_EQ(ev[3].thread, kEventThreadLoader);
+  EXPECT_EQ(ev[3].step, 4);
+  EXPECT_EQ(event_phase_name(ev[3].phase), "data");
+
+  r.set_pool_context(5, 2);
+  r.pool_event(EventKind::kPoolAcquire, 6, log.intern("step"), log.intern("activations"),
+               log.intern("pool"), 4096, 64);
+  const Event& p = log.events().back();
+  EXPECT_EQ(event_kind_name(p.kind), "pool_acquire");
+  EXPECT_TRUE(is_pool_event(p.kind));
+  EXPECT_EQ(p.step, 5);
+  EXPECT_EQ(p.micro_batch, 2);
+  EXPECT_EQ(p.op, -1);
+  EXPECT_EQ(p.bytes, 4096u);
+  EXPECT_EQ(p.offset, 64u);
+  EXPECT_FALSE(is_pool_event(EventKind::kAlloc));
+
+  r.marker(7, "re-plan", "budget 2 GiB -> 1 GiB", "budget", 6);
+  const Event& m = log.events().back();
+  EXPECT_EQ(log.name(m.region), "budget");
+  EXPECT_EQ(m.step, 6);
+  r.marker(8, "re-plan", "no cause");
+  EXPECT_EQ(log.events().back().region, EventLog::kNoName);
+  EXPECT_EQ(log.events().back().step, 3);  // the context's
+  EXPECT_EQ(log.find("budget"), m.region);
+  EXPECT_EQ(log.find("never interned"), EventLog::kNoName);
+}
+
 TEST(EventLog, InternsOnce) {
   EventLog log;
   const uint32_t a = log.intern("a"), b = log.intern("b");

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "data/token_file.h"
+#include "../train/train_test_util.h"
 #include "model/gpt2.h"
 #include "plan/zero.h"
 #include "test_env.h"
@@ -26,39 +26,20 @@ namespace {
 namespace fs = std::filesystem;
 using dist::test::world;
 
-model::Gpt2Config tiny() {
-  model::Gpt2Config c;
-  c.n_layer = 2;
-  c.n_embd = 64;
-  c.n_head = 4;
-  c.vocab_size = 211;
-  c.n_positions = 32;
-  return c;
-}
+using test::RunOutput;
+model::Gpt2Config tiny() { return test::tiny_config(); }
 
 constexpr int kSeq = 16;
 constexpr int kMicroBatch = 2;  // every run's micro-batch; a step is 2 x ranks sequences
-
-struct RunOutput {
-  Result<TrainResult> result = Status::internal("not run");
-  std::vector<float> params;  // the final weights (on_finish)
-};
 
 // A token file and output directories for this rank. Every rank writes the same tokens (the same
 // seed) to its own file: the same stream, as a shared file would give.
 class DataParallelTrainer : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::path(testing::TempDir()) /
-           ("headroom_dp_" + std::to_string(getpid()) + "_" +
-            testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
+    dir_ = test::fresh_test_dir("headroom_dp");
     data_ = (dir_ / "data.tok").string();
-    std::mt19937 rng(21);
-    std::vector<int32_t> toks(20000);
-    for (auto& t : toks) t = int32_t(rng() % 210u);
-    ASSERT_TRUE(data::write_token_file(data_, toks, 211, 210, 1).is_ok());
+    test::write_random_tokens(data_, 21, 20000);
   }
   void TearDown() override { fs::remove_all(dir_); }
 
@@ -83,16 +64,7 @@ class DataParallelTrainer : public ::testing::Test {
   }
   std::string out(const std::string& name) const { return (dir_ / name).string(); }
 
-  static RunOutput run(const TrainOptions& o) {
-    RunOutput r;
-    TrainCallbacks cb;
-    cb.on_finish = [&](const model::Gpt2Config& c, const float* p, memory::MemoryResource*) {
-      r.params.assign(p, p + model::gpt2_param_table(c).total_floats);
-      return Status::ok();
-    };
-    r.result = run_training(o, cb);
-    return r;
-  }
+  static RunOutput run(const TrainOptions& o) { return test::run_collecting(o); }
 
   fs::path dir_;
   std::string data_;

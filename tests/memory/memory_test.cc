@@ -175,6 +175,45 @@ TEST(PoolResource, ReusesFreedBlocksWithoutUpstreamCalls) {
   EXPECT_EQ(pool.stats().reserved, 0u);
 }
 
+// The observer sees every block and chunk, in order, with positions in the reserved bytes and the
+// pool's figures after each event.
+TEST(PoolResource, ObserverSeesBlocksAndChunks) {
+  HostResource host;
+  PoolResource pool(&host, PoolOptions{0, 0});
+  std::vector<PoolEvent> seen;
+  pool.set_observer([&](const PoolEvent& e) { seen.push_back(e); });
+  using K = PoolEvent::Kind;
+  void* a = *pool.allocate(1000, 64, Category::kActivations);  // a miss: reserve, then acquire
+  void* b = *pool.allocate(3 * kMiB, 4096, Category::kWorkspace);
+  pool.deallocate(a, 1000, 64, Category::kActivations);
+  void* c = *pool.allocate(1000, 64, Category::kActivations);  // a hit: acquire only
+  pool.deallocate(c, 1000, 64, Category::kActivations);
+  pool.deallocate(b, 3 * kMiB, 4096, Category::kWorkspace);
+  EXPECT_EQ(pool.release_unused(), 1024 + 3 * kMiB);
+  ASSERT_EQ(seen.size(), 10u);
+  const K want[] = {K::kReserve, K::kAcquire, K::kReserve, K::kAcquire,   K::kRelease,
+                    K::kAcquire, K::kRelease, K::kRelease, K::kUnreserve, K::kUnreserve};
+  for (size_t i = 0; i < seen.size(); ++i) EXPECT_EQ(seen[i].kind, want[i]) << i;
+  EXPECT_EQ(seen[0].bytes, 1024u);  // rounded to 64 bytes
+  EXPECT_EQ(seen[0].after.reserved, 1024u);
+  EXPECT_EQ(seen[1].after.in_use, 1024u);
+  EXPECT_EQ(seen[1].category, Category::kActivations);
+  EXPECT_EQ(seen[2].offset, 1024u);  // the second chunk lies after the first
+  EXPECT_EQ(seen[3].category, Category::kWorkspace);
+  EXPECT_EQ(seen[3].offset, 1024u);
+  EXPECT_EQ(seen[3].after.reserved, 1024 + 3 * kMiB);
+  EXPECT_EQ(seen[5].offset, 0u);
+  EXPECT_EQ(seen[7].after.in_use, 0u);
+  EXPECT_EQ(seen[8].offset, 0u);
+  EXPECT_EQ(seen[8].after.reserved, 3 * kMiB);
+  EXPECT_EQ(seen[9].offset, 0u);  // the first chunk is gone: the second one starts the pool now
+  EXPECT_EQ(seen[9].after.reserved, 0u);
+  pool.set_observer(nullptr);
+  void* d = *pool.allocate(64, 64, Category::kActivations);
+  pool.deallocate(d, 64, 64, Category::kActivations);
+  EXPECT_EQ(seen.size(), 10u);
+}
+
 TEST(PoolResource, BestFitSplitsAndCoalesces) {
   HostResource host;
   PoolResource pool(&host);

@@ -217,6 +217,38 @@ EventLog known_log(int micro_batches) {
   return log;
 }
 
+// known_log with the pool around the step region: a 128-byte chunk reserved at 0, one block
+// (named after the region it serves, "step") acquired before and released after each
+// micro-batch, the chunk handed back at the end; a re-plan marker with its cause.
+EventLog pooled_log(int micro_batches) {
+  EventRecorder r;
+  EventLog& log = r.log();
+  const uint32_t act = log.intern("activations"), step = log.intern("step"),
+                 pool = log.intern("pool"), chunk = log.intern("chunk");
+  r.set_schedule(
+      {{log.intern("fwd0"), EventPhase::kForward, 0},
+       {log.intern("fwd1"), EventPhase::kForward, 1},
+       {log.intern("bwd0"), EventPhase::kBackward, 0}},
+      {{log.intern("a0"), act, step, 30, 0, 0, 2}, {log.intern("a1"), act, step, 50, 32, 1, 1}});
+  r.alloc(0, log.intern("wte"), log.intern("weights"), log.intern("parameters"), 100, 0);
+  r.pool_event(EventKind::kPoolReserve, 0, chunk, act, pool, 128, 0);
+  double t = 10;
+  for (int m = 0; m < micro_batches; ++m) {
+    r.set_pool_context(0, m);
+    r.pool_event(EventKind::kPoolAcquire, t - 1, step, act, pool, 128, 0);
+    r.begin_micro_batch(0, m);
+    r.op_boundary(-1, 0, t);
+    r.op_boundary(0, 1, t + 10);
+    r.op_boundary(1, 2, t + 20);
+    r.op_boundary(2, -1, t + 30);
+    r.pool_event(EventKind::kPoolRelease, t + 31, step, act, pool, 128, 0);
+    t += 40;
+  }
+  r.marker(t, "re-plan", "budget 1 GiB -> 512 MiB", "budget", 1);
+  r.pool_event(EventKind::kPoolUnreserve, t, chunk, act, pool, 128, 0);
+  return log;
+}
+
 // A GPT-2-shaped event log recorded through EventRecorder: `micro_batches` micro-batches of 2L+3
 // ops (embedding, L blocks, head; head backward, L blocks, embedding) over 8 activations per
 // block (live from the block's forward to its backward), the logits (head forward to head
@@ -532,6 +564,96 @@ TEST(MemoryJson, CountsTheRecordedEvents) {
   EXPECT_EQ(m["counts"]["op_events"], 12);    // three ops begin and end twice
   EXPECT_EQ(m["counts"]["memory_samples"], 9);
   EXPECT_EQ(m["timeline_peak"]["bytes"], 180);  // wte + a0 + a1
+}
+
+// The pool block holds the planned buffers: it is a line (device reserved, pool reserved and in
+// use), never a stacked category, so the bytes-by-category timeline is not doubled.
+TEST(PoolTimeline, BlockIsALineNotACategory) {
+  const EventLog log = pooled_log(2);
+  std::vector<std::string> cats;
+  const std::vector<MemorySample> stacked = memory_timeline_from_events(log, &cats);
+  uint64_t peak = 0;
+  for (const MemorySample& m : stacked) peak = std::max(peak, detail::sample_total(m));
+  EXPECT_EQ(peak, 180u);  // wte + a0 + a1: the block's 128 bytes are not added
+  EXPECT_EQ(stacked.size(), 9u);
+  const std::vector<PoolSample> pool = pool_timeline_from_events(log);
+  // reserve, 2 x (acquire, release), unreserve, and wte's alloc (outside the pool); a0 and a1
+  // lie inside the block (region "step", which the block serves) and add no sample.
+  ASSERT_EQ(pool.size(), 7u);
+  uint64_t dev = 0, in_use = 0;
+  for (const PoolSample& p : pool) {
+    dev = std::max(dev, p.device);
+    in_use = std::max(in_use, p.in_use);
+    EXPECT_LE(p.in_use, p.reserved);
+  }
+  EXPECT_EQ(dev, 228u);  // wte + the chunk
+  EXPECT_EQ(in_use, 128u);
+  EXPECT_EQ(pool.back().reserved, 0u);
+  EXPECT_EQ(pool.back().device, 100u);
+  const PoolSummary ps = summarize_pool(pool, log);
+  EXPECT_EQ(ps.acquisitions, 2u);
+  EXPECT_EQ(ps.releases, 2u);
+  EXPECT_EQ(ps.reserves, 1u);
+  EXPECT_EQ(ps.unreserves, 1u);
+  EXPECT_EQ(ps.peak_reserved, 128u);
+  EXPECT_EQ(ps.reserved_at_peak_in_use, 128u);
+  EXPECT_EQ(ps.fragmentation, 0.0);
+  EXPECT_EQ(ps.peak_device, 228u);
+  // Without pool events: no pool timeline.
+  EXPECT_TRUE(pool_timeline_from_events(known_log(2)).empty());
+}
+
+TEST(PoolTimeline, TraceAndMemoryJsonShowThePool) {
+  TempDir dir;
+  Profile p;
+  p.events = pooled_log(2);
+  p.markers.push_back({90, "re-plan", "budget 1 GiB -> 512 MiB", "budget"});
+  ASSERT_TRUE(write_trace_json(p, dir.file("trace.json")).is_ok());
+  const json trace = json::parse(read_all(dir.file("trace.json")));
+  std::map<std::string, int> cats;
+  int pool_counters = 0, device_counters = 0;
+  uint64_t max_reserved = 0;
+  for (const json& e : trace["traceEvents"]) {
+    if (e["ph"] == "i" && e["s"] == "t") ++cats[e["cat"].get<std::string>()];
+    if (e["ph"] == "C" && e["name"] == "pool") {
+      ++pool_counters;
+      EXPECT_LE(e["args"]["in_use"].get<uint64_t>(), e["args"]["reserved"].get<uint64_t>());
+      max_reserved = std::max(max_reserved, e["args"]["reserved"].get<uint64_t>());
+    }
+    if (e["ph"] == "C" && e["name"] == "device reserved") ++device_counters;
+    if (e["ph"] == "i" && e["s"] == "g") {
+      EXPECT_EQ(e["args"]["cause"], "budget");
+    }
+    if (e["ph"] == "C" && e["name"] == "device memory") {
+      uint64_t total = 0;
+      for (const auto& [k, v] : e["args"].items()) total += v.get<uint64_t>();
+      EXPECT_LE(total, 180u);
+    }
+  }
+  EXPECT_EQ(cats["pool_acquire"], 2);
+  EXPECT_EQ(cats["pool_release"], 2);
+  EXPECT_EQ(cats["pool_reserve"], 1);
+  EXPECT_EQ(cats["pool_unreserve"], 1);
+  EXPECT_EQ(cats["alloc"], 5);
+  EXPECT_EQ(pool_counters, 7);
+  EXPECT_EQ(device_counters, 7);
+  EXPECT_EQ(max_reserved, 128u);
+
+  ASSERT_TRUE(write_memory_json(p, dir.file("m.json")).is_ok());
+  const json m = json::parse(read_all(dir.file("m.json")));
+  EXPECT_EQ(m["pool"]["block_acquisitions"], 2);
+  EXPECT_EQ(m["pool"]["block_releases"], 2);
+  EXPECT_EQ(m["pool"]["peak_reserved_bytes"], 128);
+  EXPECT_EQ(m["pool"]["peak_in_use_bytes"], 128);
+  EXPECT_EQ(m["pool"]["peak_device_bytes"], 228);
+  EXPECT_EQ(m["counts"]["pool_events"], 6);
+  EXPECT_EQ(m["timeline_peak"]["bytes"], 180);
+  EXPECT_EQ(m["markers"][0]["cause"], "budget");
+  // Without pool events memory.json says so.
+  Profile q;
+  q.events = known_log(1);
+  ASSERT_TRUE(write_memory_json(q, dir.file("q.json")).is_ok());
+  EXPECT_TRUE(json::parse(read_all(dir.file("q.json")))["pool"].is_null());
 }
 
 TEST(MemoryJson, EmptyProfileIsValid) {

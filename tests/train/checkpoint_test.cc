@@ -7,46 +7,27 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <random>
 
-#include "data/token_file.h"
-#include "model/gpt2.h"
-#include "train/trainer.h"
+#include "train_test_util.h"
 
 namespace headroom {
 namespace {
 
 namespace fs = std::filesystem;
-
-model::Gpt2Config tiny() {
-  model::Gpt2Config c;
-  c.n_layer = 2;
-  c.n_embd = 64;
-  c.n_head = 4;
-  c.vocab_size = 211;
-  c.n_positions = 32;
-  return c;
-}
+using train::test::tiny_config;
 
 class Checkpoints : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::path(testing::TempDir()) /
-           ("headroom_ckpt_" + std::to_string(getpid()) + "_" +
-            testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
+    dir_ = train::test::fresh_test_dir("headroom_ckpt");
     data_ = (dir_ / "data.tok").string();
-    std::mt19937 rng(5);
-    std::vector<int32_t> toks(30000);
-    for (auto& t : toks) t = int32_t(rng() % 210u);
-    ASSERT_TRUE(data::write_token_file(data_, toks, 211, 210, 1).is_ok());
+    train::test::write_random_tokens(data_, 5, 30000);
   }
   void TearDown() override { fs::remove_all(dir_); }
 
   train::TrainOptions options(const std::string& out) {
     train::TrainOptions o;
-    o.config = tiny();
+    o.config = tiny_config();
     o.model_name = "tiny";
     o.data = data_;
     o.seq = 16;
@@ -62,15 +43,12 @@ class Checkpoints : public ::testing::Test {
   // Runs `o`; collects the losses and the final parameters; stops after `stop_after` steps.
   Result<train::TrainResult> run(const train::TrainOptions& o, std::vector<double>* losses,
                                  std::vector<float>* params, int stop_after = 0) {
-    train::TrainCallbacks cb;
-    cb.on_step = [&](const train::StepStats& s) { losses->push_back(s.loss); };
-    if (stop_after)
-      cb.should_stop = [&](const train::StepStats& s) { return s.step == stop_after; };
-    cb.on_finish = [&](const model::Gpt2Config& c, const float* p, memory::MemoryResource*) {
-      params->assign(p, p + model::gpt2_param_table(c).total_floats);
-      return Status::ok();
-    };
-    return train::run_training(o, cb);
+    std::function<bool(const train::StepStats&)> stop;
+    if (stop_after) stop = [=](const train::StepStats& s) { return s.step == stop_after; };
+    train::test::RunOutput r = train::test::run_collecting(o, nullptr, stop);
+    for (const train::StepStats& s : r.steps) losses->push_back(s.loss);
+    if (!r.params.empty()) *params = std::move(r.params);
+    return std::move(r.result);
   }
   fs::path dir_;
   std::string data_;

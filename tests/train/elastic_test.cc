@@ -12,49 +12,27 @@
 #include <set>
 
 #include "core/units.h"
-#include "data/token_file.h"
-#include "model/gpt2.h"
 #include "plan/memory_plan.h"
 #include "train/checkpoint.h"
 #include "train/elastic.h"
-#include "train/trainer.h"
+#include "train_test_util.h"
 
 namespace headroom {
 namespace {
 
 namespace fs = std::filesystem;
 
-model::Gpt2Config tiny() {
-  model::Gpt2Config c;
-  c.n_layer = 2;
-  c.n_embd = 64;
-  c.n_head = 4;
-  c.vocab_size = 211;
-  c.n_positions = 32;
-  return c;
-}
+using train::test::RunOutput;
+model::Gpt2Config tiny() { return train::test::tiny_config(); }
 
 constexpr int kSeq = 32;
-
-struct RunOutput {
-  Result<train::TrainResult> result = Status::internal("not run");
-  std::vector<train::StepStats> steps;
-  std::vector<float> params;
-};
 
 class Elastic : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::path(testing::TempDir()) /
-           ("headroom_elastic_" + std::to_string(getpid()) + "_" +
-            testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
+    dir_ = train::test::fresh_test_dir("headroom_elastic");
     data_ = (dir_ / "data.tok").string();
-    std::mt19937 rng(9);
-    std::vector<int32_t> toks(30000);
-    for (auto& t : toks) t = int32_t(rng() % 210u);
-    ASSERT_TRUE(data::write_token_file(data_, toks, 211, 210, 1).is_ok());
+    train::test::write_random_tokens(data_, 9, 30000);
   }
   void TearDown() override { fs::remove_all(dir_); }
 
@@ -76,18 +54,9 @@ class Elastic : public ::testing::Test {
 
   // `between(step)` runs after each step's report (e.g. to edit the budget file).
   RunOutput run(const train::TrainOptions& o, std::function<void(int)> between = nullptr) {
-    RunOutput r;
-    train::TrainCallbacks cb;
-    cb.on_step = [&](const train::StepStats& s) {
-      r.steps.push_back(s);
+    return train::test::run_collecting(o, [&](const train::StepStats& s) {
       if (between) between(s.step);
-    };
-    cb.on_finish = [&](const model::Gpt2Config& c, const float* p, memory::MemoryResource*) {
-      r.params.assign(p, p + model::gpt2_param_table(c).total_floats);
-      return Status::ok();
-    };
-    r.result = train::run_training(o, cb);
-    return r;
+    });
   }
 
   void write_budget(uint64_t bytes) {
