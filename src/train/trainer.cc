@@ -266,6 +266,22 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
                stage == 3 ? std::optional<ZeroWindowPtrs>(param_windows) : std::nullopt);
     zw->set_record(o.record_zero_events);
   }
+  // Stages 0-1 with several ranks: the last micro-batch's gradients are reduced in buckets on the
+  // communication thread as backward finishes them (BucketHooks), not after backward.
+  std::optional<dist::BucketReducer> reducer;
+  std::optional<BucketHooks> bucket_hooks;
+  if (stage < 2 && R > 1) {
+    comm_queue.emplace();
+    // DDP's default bucket: 25 MiB.
+    constexpr int64_t kBucketFloats = 25 * kMiB / sizeof(float);
+    reducer.emplace(&*comm_queue, &comm,
+                    stage == 0 ? dist::BucketReducer::Mode::kAllReduce
+                               : dist::BucketReducer::Mode::kReduceScatter,
+                    grads, gpt2_zero_units(table),
+                    dist::make_buckets(gpt2_backward_order(table), kBucketFloats),
+                    stage == 1 ? &zopt.layout() : nullptr, grad_shard);
+    bucket_hooks.emplace(&table, params, grads, &*reducer);
+  }
   if (grads) cpu::zero(grads, P);
   if (grad_shard) cpu::zero(grad_shard, moment_floats);
   cpu::zero(m, moment_floats);
@@ -396,6 +412,7 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
   // ZeRO-2/3: backward writes gradient windows that the communication thread reduce-scatters
   // while backward continues; stage 3 gathers each block's parameters just before use.
   if (zw) net.set_block_hooks(&*zw);
+  if (bucket_hooks) net.set_block_hooks(&*bucket_hooks);
   model::OpTimes op_times;
   const Clock::time_point run_start = Clock::now();
   std::optional<ProfileRecord> rec;
@@ -627,6 +644,7 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
       auto tm = Clock::now();
       if (rec) begin_micro_batch(&rec->events, elastic.plan(), step, k, us_since_start(tm));
       if (zw) zw->begin_micro_batch(true);
+      if (bucket_hooks) bucket_hooks->set_active(done + b >= share);
       loss_sum += net.forward(in, tg);
       net.backward(in, tg, dloss);
       record("micro-batch", "micro_batch", tm, step, k);
@@ -643,13 +661,24 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
       Status reduced = zw->finish_step();
       if (local.is_ok()) local = std::move(reduced);
     }
+    if (reducer) {
+      // A rank that could not compute launches every bucket the others are reducing.
+      if (!local.is_ok()) reducer->flush();
+      bucket_hooks->set_active(false);
+      Status reduced = reducer->wait();
+      if (local.is_ok()) local = std::move(reduced);
+    }
     HR_RETURN_IF_ERROR(settle(local));
     HR_RETURN_IF_ERROR(comm.all_reduce(&loss_sum, 1));
     const float lr = cosine_lr(step, o.steps, o.warmup_steps, o.adamw.lr, o.min_lr_ratio);
     auto topt = Clock::now();
     // ZeRO-2/3: the windows were reduce-scattered into grad_shard during backward.
-    const ZeroBuffers zb{stage == 3 ? param_shard : params, grads, grad_shard, m, v,
-                         /*grads_reduced=*/zw.has_value()};
+    const ZeroBuffers zb{stage == 3 ? param_shard : params,
+                         grads,
+                         grad_shard,
+                         m,
+                         v,
+                         /*grads_reduced=*/zw.has_value() || reducer.has_value()};
     HR_ASSIGN_OR_RETURN(const double norm, zopt.step(zb, o.adamw, lr, step + 1, params_bf16));
     if (grads) cpu::zero(grads, P);
     const double optimizer_ms = ms_since(topt);

@@ -292,6 +292,34 @@ std::vector<ZeroWindows::Event> ZeroWindows::events() const {
   return e;
 }
 
+BucketHooks::BucketHooks(const model::ParamTable* table, float* params, float* grads,
+                         dist::BucketReducer* reducer)
+    : table_(table), params_(params), grads_(grads), reducer_(reducer) {
+  HR_CHECK(table_ && params_ && grads_ && reducer_);
+  const std::vector<dist::Range> units = gpt2_zero_units(*table_);
+  int n_layer = 0;
+  for (const model::ParamDesc& p : table_->params) {
+    const int g = group_of(p.name);
+    if (g != -1 && g != INT32_MAX) n_layer = std::max(n_layer, g + 1);
+  }
+  // Sites: -1 embedding, 0..L-1 blocks, L the head (ln_f): index layer + 1.
+  units_of_site_.assign(size_t(n_layer + 2), {});
+  for (size_t u = 0; u < units.size(); ++u) {
+    for (const model::ParamDesc& p : table_->params) {
+      if (p.offset != units[u].begin) continue;
+      const int g = group_of(p.name);
+      const int site = g == INT32_MAX ? n_layer : g;
+      units_of_site_[size_t(site + 1)].push_back(u);
+      break;
+    }
+  }
+}
+
+void BucketHooks::after(model::OpDesc::Phase phase, int layer) {
+  if (!active_ || phase != model::OpDesc::Phase::kBackward) return;
+  for (size_t u : units_of_site_[size_t(layer + 1)]) reducer_->mark_ready(u);
+}
+
 Status gather_through(dist::Communicator* comm, const dist::ShardLayout& layout, const float* shard,
                       float* staging, int64_t staging_floats, float* full) {
   HR_CHECK(staging_floats > 0);

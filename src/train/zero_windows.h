@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "dist/bucket_reducer.h"
 #include "dist/comm_queue.h"
 #include "dist/communicator.h"
 #include "dist/param_gatherer.h"
@@ -121,6 +122,33 @@ class ZeroWindows : public model::BlockHooks {
   std::vector<Event> events_;  // guarded by events_mu_
   mutable std::mutex events_mu_;
   std::atomic<uint64_t> seq_{0};
+};
+
+// Stages 0-1 with several ranks: the full gradient buffer stays (it accumulates over
+// micro-batches), and in the step's last micro-batch each op's units (tensors of the reducer:
+// gpt2_zero_units) are marked ready after its backward (the head: ln_f; block l: its two units;
+// the embedding: wte + wpe, whose tied gradient is final last), so `reducer` launches complete
+// buckets on the communication thread while backward continues. Parameters and gradients are
+// the flat buffers. Not thread-safe (the training thread).
+class BucketHooks : public model::BlockHooks {
+ public:
+  BucketHooks(const model::ParamTable* table, float* params, float* grads,
+              dist::BucketReducer* reducer);
+  // true in the step's last micro-batch: its backward's gradients are final.
+  void set_active(bool on) { active_ = on; }
+
+  void before(model::OpDesc::Phase, int) override {}
+  void after(model::OpDesc::Phase phase, int layer) override;
+  float* param(size_t tensor) override { return params_ + table_->params[tensor].offset; }
+  float* grad(size_t tensor) override { return grads_ + table_->params[tensor].offset; }
+
+ private:
+  const model::ParamTable* table_;
+  float* params_;
+  float* grads_;
+  dist::BucketReducer* reducer_;
+  bool active_ = false;
+  std::vector<std::vector<size_t>> units_of_site_;  // [layer + 1] -> units marked after it
 };
 
 // Gathers `layout`'s shard (this rank's `shard`) chunk by chunk through `staging` (at most

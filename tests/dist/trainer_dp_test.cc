@@ -166,16 +166,17 @@ TEST_F(DataParallelTrainer, RanksEqualOneProcessWithTheSameGlobalBatchForStages0
   }
 }
 
-// Stages 2-3 accumulate over micro-batches in the reduced shard: each micro-batch's windows are
-// reduce-scattered with the shard so far added by its owner. 2 micro-batches of 1 per rank equal
-// one process's 2 x ranks micro-batches of 1 (tolerance as above: accumulation rounding).
-TEST_F(DataParallelTrainer, Stages2And3AccumulateMicroBatchesInTheShard) {
+// Accumulation over micro-batches on R ranks: stages 0-1 accumulate in the full buffer and reduce
+// it in buckets during the last micro-batch's backward only; stages 2-3 reduce-scatter every
+// micro-batch's windows with the shard so far added by its owner. 2 micro-batches of 1 per rank
+// equal one process's 2 x ranks micro-batches of 1 (tolerance as above: accumulation rounding).
+TEST_F(DataParallelTrainer, AccumulatedMicroBatchesEqualOneProcessForStages0To3) {
   TrainOptions one = options(false, 0);
   one.micro_batch = 1;
   one.accumulation = 2 * world().size();
   const RunOutput ref = run(one);
   ASSERT_TRUE(ref.result.is_ok()) << ref.result.status().to_string();
-  for (int stage : {2, 3}) {
+  for (int stage : {0, 1, 2, 3}) {
     TrainOptions o = options(true, stage);
     o.micro_batch = 1;
     o.accumulation = 2;
