@@ -392,7 +392,7 @@ TEST_F(DataParallelTrainer, Bf16CopyIsRefreshedOnEveryRank) {
   };
   const RunOutput ref = run(bf16(false, 0));
   ASSERT_TRUE(ref.result.is_ok()) << ref.result.status().to_string();
-  for (int stage : {0, 1}) {
+  for (int stage : {0, 1, 2}) {
     const RunOutput dp = run(bf16(true, stage));
     ASSERT_TRUE(dp.result.is_ok()) << dp.result.status().to_string();
     EXPECT_LE(max_abs_diff(dp.params, ref.params), kWeightTol) << "stage " << stage;
