@@ -272,18 +272,16 @@ Status resolve_train_options(TrainFlags& f, train::TrainOptions* o) {
         "--global-batch {} must be divisible by the {} ranks (each computes an equal share)",
         global, f.ranks));
   }
+  std::optional<int> zero;  // explicit --zero
   if (f.zero == "auto") {
-    // ZeRO-1 sends what stage 0 sends (reduce-scatter + all-gather = all-reduce) and shards the
-    // optimizer state: with several ranks it is never worse. Stage 2 saves nothing more here yet.
+    // With --plan auto the planner picks the stage (below); with a plan file, ZeRO-1: it sends
+    // what stage 0 sends (reduce-scatter + all-gather = all-reduce) and holds less.
     o->zero_stage = f.ranks > 1 ? 1 : 0;
-  } else if (f.zero == "0" || f.zero == "1" || f.zero == "2") {
-    o->zero_stage = f.zero[0] - '0';
-  } else if (f.zero == "3") {
-    return Status::unsupported(
-        "--zero 3 is not built into the trainer yet (the model reads one full parameter buffer, "
-        "so sharding parameters would save nothing); use --zero 0, 1 or 2");
+  } else if (f.zero == "0" || f.zero == "1" || f.zero == "2" || f.zero == "3") {
+    zero = f.zero[0] - '0';
+    o->zero_stage = *zero;
   } else {
-    return Status::invalid_argument(fmt::format("--zero {}: use auto, 0, 1 or 2", f.zero));
+    return Status::invalid_argument(fmt::format("--zero {}: use auto, 0, 1, 2 or 3", f.zero));
   }
   if (f.plan == "auto") {
     plan::SearchRequest req;
@@ -294,9 +292,15 @@ Status resolve_train_options(TrainFlags& f, train::TrainOptions* o) {
     req.precision = f.precision;
     req.device_memory = o->device_memory;
     req.seq = o->seq;
-    // One rank's share, planned as one device (a full replica: conservative for ZeRO-1/2, whose
-    // smaller optimizer state the trainer's own plan then counts).
-    req.global_batch = global / f.ranks;
+    // With several ranks: the ZeRO-aware search over the job's ranks, each rank planned exactly
+    // as the trainer allocates it (stages 0-3 with the executor's windows), so the chosen plan's
+    // peak is the trainer's. An explicit --zero is a constraint; auto searches every stage.
+    req.global_batch = global;
+    req.devices = f.ranks;
+    req.executor_layout = true;
+    // Bucketed ranks run different numbers of micro-batches: no per-micro-batch windows (2-3).
+    req.max_zero_stage = o->batching == data::Batching::kBucketed ? 1 : 3;
+    if (f.ranks > 1) req.zero_stage = zero;
     if (f.batch > 0) req.micro_batch = f.batch;
     HR_ASSIGN_OR_RETURN(req.recompute, parse_recompute(f.recompute));
     req.sweep = !f.profile.empty();  // the report shows memory versus micro-batch
@@ -310,6 +314,7 @@ Status resolve_train_options(TrainFlags& f, train::TrainOptions* o) {
     o->micro_batch = res.chosen->policy.micro_batch;
     o->exec = res.chosen->policy.exec;
     o->accumulation = res.chosen->policy.accumulation;
+    if (f.ranks > 1) o->zero_stage = res.chosen->policy.zero_stage;
     o->plan_note = fmt::format(
         "chosen by the planner: fastest of {} that fit, {} rejected; the "
         "largest micro-batch that fits is {}",
@@ -1014,10 +1019,10 @@ int run_plan(PlanFlags& pf) {
     req.zero_stage = pf.zero[0] - '0';
   }
   if (dev->kind == "cpu") {
-    // Plan what `headroom train` runs here under mpirun: stages 0-2 with the trainer's buffers
-    // (a full gradient buffer; docs/notes/zero.md). Named GPUs are planned as ZeRO designs them.
-    req.zero_windows = false;
-    req.max_zero_stage = 2;
+    // Plan what `headroom train` runs here under mpirun: each rank exactly as the trainer
+    // allocates it (docs/notes/zero.md). Named GPUs are planned as ZeRO designs them.
+    req.executor_layout = true;
+    req.max_zero_stage = 3;
   }
   Result<plan::SearchResult> r = plan::search_plan(req);
   if (!r.is_ok()) return fail(r.status());
@@ -1364,7 +1369,9 @@ int run(int argc, char** argv) {
   train_cmd
       ->add_option("--zero", tf.zero,
                    "ZeRO stage with several ranks (mpirun -np N headroom train ...): 0 all-reduces "
-                   "gradients, 1 and 2 shard the optimizer state; auto: 1 with several ranks")
+                   "gradients, 1 shards the optimizer state, 2 also the gradients (per-layer "
+                   "windows), 3 also the parameters (gathered per layer); auto: the planner's "
+                   "choice")
       ->capture_default_str();
   train_cmd->add_option("--resume", tf.resume,
                         "continue exactly from a checkpoint directory, or from OUT (its newest "

@@ -312,7 +312,8 @@ const T* Gpt2::gemm_weight(const float* w) const {
     return w;
   } else {
     if (acts_->options.bf16_weight_copy) {
-      HR_CHECK_MSG(params_bf16_ != nullptr, "bf16 precision needs the bf16 weight copy bound");
+      HR_CHECK_MSG(params_bf16_ != nullptr && params_ != nullptr,
+                   "bf16 precision needs the bf16 weight copy bound");
       return params_bf16_ + (w - params_);
     }
     for (const Cast& c : casts_) {
@@ -327,7 +328,7 @@ void Gpt2::cast_block_weights(int l) {
   const Gpt2ActivationIds& id = acts_->ids;
   if (id.block_weights_bf16 == SIZE_MAX) return;
   const int64_t C = config_.n_embd;
-  const LayerParams w = layer_params(params_, l);
+  const LayerParams w = layer_params(l, false);
   bf16_t* dst = static_cast<bf16_t*>(arena_->data(id.block_weights_bf16));
   const std::array<std::pair<const float*, int64_t>, 4> parts = {
       {{w.qkv_w, 3 * C * C}, {w.attproj_w, C * C}, {w.fc_w, 4 * C * C}, {w.fcproj_w, 4 * C * C}}};
@@ -343,7 +344,7 @@ void Gpt2::cast_block_weights(int l) {
 void Gpt2::cast_head_weights() {
   const Gpt2ActivationIds& id = acts_->ids;
   if (id.head_weights_bf16 == SIZE_MAX) return;
-  const float* wte = params_ + table_->params[0].offset;
+  const float* wte = param_ptr(0);
   bf16_t* dst = static_cast<bf16_t*>(arena_->data(id.head_weights_bf16));
   timed(OpKind::kElementwise,
         [&] { cpu::cast_to_bf16(dst, wte, int64_t(config_.vocab_size) * config_.n_embd); });
@@ -358,10 +359,18 @@ void Gpt2::bind_activations(const memory::Arena* arena, const ActivationTable* t
   T_ = T;
 }
 
-Gpt2::LayerParams Gpt2::layer_params(float* base, int l) const {
+float* Gpt2::param_ptr(size_t tensor) const {
+  return hooks_ ? hooks_->param(tensor) : params_ + table_->params[tensor].offset;
+}
+
+float* Gpt2::grad_ptr(size_t tensor) const {
+  return hooks_ ? hooks_->grad(tensor) : grads_ + table_->params[tensor].offset;
+}
+
+Gpt2::LayerParams Gpt2::layer_params(int l, bool grads) const {
   // The table lists each layer's 12 tensors in order after wte and wpe.
-  const ParamDesc* p = &table_->params[2 + size_t(l) * 12];
-  auto at = [&](int i) { return base + p[i].offset; };
+  const size_t first = 2 + size_t(l) * 12;
+  auto at = [&](size_t i) { return grads ? grad_ptr(first + i) : param_ptr(first + i); };
   return {at(0), at(1), at(2), at(3), at(4), at(5), at(6), at(7), at(8), at(9), at(10), at(11)};
 }
 
@@ -414,7 +423,7 @@ void Gpt2::block_forward(int l, const Gpt2ActivationIds::Layer& s, const float* 
   const int B = B_, Tu = T_used_, C = config_.n_embd, NH = config_.n_head, N = B * Tu;
   const int64_t ld4 = acts_->options.mlp_row_stride(4 * C);
   const memory::Arena& a = *arena_;
-  const LayerParams w = layer_params(params_, l);
+  const LayerParams w = layer_params(l, false);
   T* ln1 = buf<T>(a, s.ln1);
   T* qkv = buf<T>(a, s.qkv);
   T* atty = buf<T>(a, s.atty);
@@ -468,7 +477,7 @@ void Gpt2::block_forward(int l, const Gpt2ActivationIds::Layer& s, const float* 
 }
 
 double Gpt2::forward(const int32_t* inputs, const int32_t* targets, int64_t* valid, int T_used) {
-  HR_CHECK(params_ && arena_);
+  HR_CHECK((params_ || hooks_) && arena_);
   const int T = T_used > 0 ? T_used : T_;
   HR_CHECK(T <= T_ && T <= config_.n_positions);
   HR_CHECK_MSG(targets || acts_->ids.logits != SIZE_MAX, "the fused LM head needs targets");
@@ -483,23 +492,32 @@ double Gpt2::forward_t(const int32_t* inputs, const int32_t* targets, int64_t* v
   const int B = B_, Tu = T_used_, C = config_.n_embd, V = config_.vocab_size, L = config_.n_layer;
   const int N = B * Tu;
   const memory::Arena& a = *arena_;
-  const float* wte = params_ + table_->params[0].offset;
-  const float* wpe = params_ + table_->params[1].offset;
+  using Phase = OpDesc::Phase;
 
   // Op indices follow gpt2_step_ops: embedding, blocks, head; then backward.
   op_boundary(0);
-  timed(OpKind::kEmbedding,
-        [&] { cpu::embedding_forward(a.f32(id.encoded), inputs, wte, wpe, B, Tu, C); });
+  hook_before(Phase::kForward, BlockHooks::kEmbedding);
+  {
+    const float* wte = param_ptr(0);
+    const float* wpe = param_ptr(1);
+    timed(OpKind::kEmbedding,
+          [&] { cpu::embedding_forward(a.f32(id.encoded), inputs, wte, wpe, B, Tu, C); });
+  }
+  hook_after(Phase::kForward, BlockHooks::kEmbedding);
   const float* x = a.f32(id.encoded);
   for (int l = 0; l < L; l++) {
     op_boundary(1 + l);
+    hook_before(Phase::kForward, l);
     block_forward<T>(l, id.fwd[size_t(l)], x, true);
+    hook_after(Phase::kForward, l);
     x = a.f32(id.fwd[size_t(l)].residual3);
   }
   op_boundary(L + 1);
+  hook_before(Phase::kForward, L);
   const size_t np = table_->params.size();
-  const float* lnf_w = params_ + table_->params[np - 2].offset;
-  const float* lnf_b = params_ + table_->params[np - 1].offset;
+  const float* wte = param_ptr(0);
+  const float* lnf_w = param_ptr(np - 2);
+  const float* lnf_b = param_ptr(np - 1);
   T* lnf = buf<T>(a, id.lnf);
   cast_head_weights();
   timed(OpKind::kNorm, [&] {
@@ -517,6 +535,7 @@ double Gpt2::forward_t(const int32_t* inputs, const int32_t* targets, int64_t* v
                           cpu::WeightLayout::kOutIn);
     });
     if (!targets) {
+      hook_after(Phase::kForward, L);
       op_boundary(-1);
       return 0.0;
     }
@@ -532,12 +551,13 @@ double Gpt2::forward_t(const int32_t* inputs, const int32_t* targets, int64_t* v
     }
   }
   if (valid) *valid = count;
+  hook_after(Phase::kForward, L);
   op_boundary(-1);
   return sum;
 }
 
 void Gpt2::backward(const int32_t* inputs, const int32_t* targets, float dloss) {
-  HR_CHECK(grads_ && acts_->ids.dresidual != SIZE_MAX);
+  HR_CHECK((grads_ || hooks_) && acts_->ids.dresidual != SIZE_MAX);
   if (acts_->options.precision == Precision::kBf16) {
     backward_t<bf16_t>(inputs, targets, dloss);
   } else {
@@ -553,9 +573,7 @@ void Gpt2::backward_t(const int32_t* inputs, const int32_t* targets, float dloss
   const int N = B * Tu;
   const memory::Arena& a = *arena_;
   const size_t np = table_->params.size();
-  const float* wte = params_ + table_->params[0].offset;
-  float* dwte = grads_ + table_->params[0].offset;
-  float* dwpe = grads_ + table_->params[1].offset;
+  using Phase = OpDesc::Phase;
   float* dres = a.f32(id.dresidual);
   T* dc = buf<T>(a, id.d_c);
   T* d3c = buf<T>(a, id.d_3c);
@@ -576,6 +594,9 @@ void Gpt2::backward_t(const int32_t* inputs, const int32_t* targets, float dloss
 
   // Loss and LM head into dc = d(lnf).
   op_boundary(L + 2);
+  hook_before(Phase::kBackward, L);
+  const float* wte = param_ptr(0);
+  float* dwte = grad_ptr(0);
   if (id.logits == SIZE_MAX) {
     timed(OpKind::kLoss, [&] {
       cpu::lm_head_ce_backward(dc, dwte, lnf, gemm_weight<T>(wte), targets, a.f32(id.head_lse), N,
@@ -601,16 +622,16 @@ void Gpt2::backward_t(const int32_t* inputs, const int32_t* targets, float dloss
   const float* last = L > 0 ? a.f32(id.fwd[size_t(L - 1)].residual3) : a.f32(id.encoded);
   timed(OpKind::kElementwise, [&] { cpu::zero(dres, int64_t(N) * C); });
   timed(OpKind::kNorm, [&] {
-    cpu::layernorm_backward(dres, grads_ + table_->params[np - 2].offset,
-                            grads_ + table_->params[np - 1].offset, dc, last,
-                            params_ + table_->params[np - 2].offset, a.f32(id.lnf_mean),
-                            a.f32(id.lnf_rstd), N, C);
+    cpu::layernorm_backward(dres, grad_ptr(np - 2), grad_ptr(np - 1), dc, last, param_ptr(np - 2),
+                            a.f32(id.lnf_mean), a.f32(id.lnf_rstd), N, C);
   });
+  hook_after(Phase::kBackward, L);
   // dres now holds the gradient of the last block's output; walk the blocks backwards.
   for (int l = L - 1; l >= 0; l--) {
     op_boundary(L + 3 + (L - 1 - l));
-    const LayerParams w = layer_params(params_, l);
-    const LayerParams g = layer_params(grads_, l);
+    hook_before(Phase::kBackward, l);
+    const LayerParams w = layer_params(l, false);
+    const LayerParams g = layer_params(l, true);
     const Gpt2ActivationIds::Layer& s = id.bwd[size_t(l)];
     const Recompute rc = acts_->options.recompute_at(l);
     const float* x = l > 0 ? a.f32(id.fwd[size_t(l - 1)].residual3) : a.f32(id.encoded);
@@ -674,9 +695,17 @@ void Gpt2::backward_t(const int32_t* inputs, const int32_t* targets, float dloss
       cpu::layernorm_backward(dres, g.ln1_w, g.ln1_b, dc, x, w.ln1_w, a.f32(s.ln1_mean),
                               a.f32(s.ln1_rstd), N, C);
     });
+    hook_after(Phase::kBackward, l);
   }
   op_boundary(2 * L + 3);
-  timed(OpKind::kEmbedding, [&] { cpu::embedding_backward(dwte, dwpe, dres, inputs, B, Tu, C); });
+  hook_before(Phase::kBackward, BlockHooks::kEmbedding);
+  {
+    float* dwte_e = grad_ptr(0);
+    float* dwpe = grad_ptr(1);
+    timed(OpKind::kEmbedding,
+          [&] { cpu::embedding_backward(dwte_e, dwpe, dres, inputs, B, Tu, C); });
+  }
+  hook_after(Phase::kBackward, BlockHooks::kEmbedding);
   op_boundary(-1);
 }
 

@@ -156,6 +156,29 @@ struct OpTimes {
   EventRecorder* events = nullptr;
 };
 
+// Per-block hooks of the executor (docs/notes/zero.md, "Executor hooks"): where each op reads its
+// parameters and writes its gradients, and calls around every op. ZeRO-3 gathers a block's
+// parameters in before() and releases them in after(); ZeRO-2/3 hand a block's finished gradients
+// to the communication thread in after() of its backward, while backward continues. Without hooks
+// the executor reads and writes the bound flat buffers.
+//
+// Sites: layer -1 is the embedding (wte, wpe; its backward writes their gradients), 0..n_layer-1
+// the blocks, n_layer the head (ln_f and the tied wte; its backward writes both gradients). The
+// executor calls before(phase, layer) and after(phase, layer) around every op of gpt2_step_ops, in
+// that order; an op reads param(i) and writes grad(i) only for tensors i of its site (the head
+// also reads wte). Hooks run on the training thread between the op's kernels, never inside them.
+class BlockHooks {
+ public:
+  static constexpr int kEmbedding = -1;
+  virtual ~BlockHooks() = default;
+  virtual void before(OpDesc::Phase phase, int layer) = 0;
+  virtual void after(OpDesc::Phase phase, int layer) = 0;
+  // Tensor i of the ParamTable (its numel floats). Valid from before() to after() of an op that
+  // uses it.
+  virtual float* param(size_t tensor) = 0;
+  virtual float* grad(size_t tensor) = 0;
+};
+
 // Forward and backward over bound buffers. Not thread-safe (the kernels use OpenMP inside).
 class Gpt2 {
  public:
@@ -165,6 +188,10 @@ class Gpt2 {
   // With bf16 precision, params_bf16 is the bf16 copy of params (same offsets) that the GEMMs
   // read; params stay the fp32 master weights (embeddings, biases and LayerNorm read them).
   void bind_params(float* params, float* grads, const bf16_t* params_bf16 = nullptr);
+  // With hooks (not owned; null = none), parameters and gradients come from them instead of the
+  // bound buffers (which may then be null). The persistent bf16 copy indexes the bound fp32
+  // buffer, so hooks that move parameters need the per-layer cast (bf16_weight_copy false).
+  void set_block_hooks(BlockHooks* hooks) { hooks_ = hooks; }
   // The arena must hold the buffers of `table` (from gpt2_activation_table for B, T) in order.
   void bind_activations(const memory::Arena* arena, const ActivationTable* table, int B, int T);
 
@@ -190,7 +217,16 @@ class Gpt2 {
     float *ln1_w, *ln1_b, *qkv_w, *qkv_b, *attproj_w, *attproj_b, *ln2_w, *ln2_b, *fc_w, *fc_b,
         *fcproj_w, *fcproj_b;
   };
-  LayerParams layer_params(float* base, int l) const;
+  // Block l's parameters (grads == false) or gradients, from the hooks or the bound buffers.
+  LayerParams layer_params(int l, bool grads) const;
+  float* param_ptr(size_t tensor) const;
+  float* grad_ptr(size_t tensor) const;
+  void hook_before(OpDesc::Phase phase, int layer) {
+    if (hooks_) hooks_->before(phase, layer);
+  }
+  void hook_after(OpDesc::Phase phase, int layer) {
+    if (hooks_) hooks_->after(phase, layer);
+  }
   template <typename F>
   void timed(OpKind kind, F&& f);
   // Runs block l's forward from input x into the buffers `s`; with_output == false stops before
@@ -218,6 +254,7 @@ class Gpt2 {
   float* params_ = nullptr;
   float* grads_ = nullptr;
   const bf16_t* params_bf16_ = nullptr;
+  BlockHooks* hooks_ = nullptr;
   // Weights cast on the fly: master pointer -> its bf16 cast (at most 5: a block's 4 and wte).
   struct Cast {
     const float* src;

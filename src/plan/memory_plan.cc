@@ -3,6 +3,9 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <map>
+
 #include "core/units.h"
 #include "memory/offset_planner.h"
 #include "plan/zero.h"
@@ -35,12 +38,6 @@ Result<MemoryPlan> plan_training_memory(const model::Gpt2Config& config, const P
   if (p.ranks <= 0 || p.zero_stage < 0 || p.zero_stage > 3) {
     return Status::invalid_argument(fmt::format(
         "ranks {} must be positive and the ZeRO stage {} one of 0-3", p.ranks, p.zero_stage));
-  }
-  if (p.zero_stage == 3) {
-    return Status::unsupported(
-        "ZeRO-3 is not built into the trainer yet: the model reads one full parameter buffer, so "
-        "sharding the parameters would save nothing (it needs per-layer parameter windows); use "
-        "--zero 0, 1 or 2");
   }
   MemoryPlan plan;
   plan.policy = p;
@@ -76,17 +73,51 @@ Result<MemoryPlan> plan_training_memory(const model::Gpt2Config& config, const P
   // With bf16 the fp32 parameters are the master weights, and a bf16 copy (region 4, after
   // staging) is what the GEMMs read.
   const Category param_cat = bf16 ? Category::kMaster : Category::kWeights;
-  plan.persistent.push_back(single_region(bf16 ? "master weights" : "parameters", param_cat,
-                                          {{"parameters", DType::kF32, Shape{P}, param_cat}}));
-  // ZeRO-1/2 (plan/zero.h): m and v are this rank's shard, and the gradients reduce-scattered to
-  // this rank land in a shard next to the full accumulation buffer. Every rank plans the largest
-  // shard, so that all ranks hold the same plan (the last one's piece may be shorter).
+  if (p.zero_stage == 3 && bf16 && plan.policy.exec.bf16_weight_copy) {
+    return Status::invalid_argument(
+        "ZeRO-3 with bf16 casts each block's weights when it is gathered: a persistent bf16 "
+        "copy of the whole model would undo the sharding (use --bf16-weights cast)");
+  }
+  // ZeRO (plan/zero.h): m and v are this rank's shard, and the gradients reduce-scattered to
+  // this rank land in a shard. Every rank plans the largest shard, so that all ranks hold the
+  // same plan (the last one's piece may be shorter). Stages 1-2 shard the flat buffer as one
+  // unit, stage 3 each unit of gpt2_zero_units.
+  const ZeroWindowSizes win = gpt2_zero_window_sizes(plan.params, p.ranks);
   ZeroSpec zs;
   zs.stage = p.zero_stage;
   zs.ranks = p.ranks;
   zs.param_floats = P;
+  if (p.zero_stage == 3) zs.shard_floats = win.unit_shard;
   const int64_t shard = p.zero_stage == 0 ? P : zero_memory(zs).optimizer / 8;
-  std::vector<BufferDesc> grads = {{"gradients", DType::kF32, Shape{P}, Category::kGrads}};
+  // The six windows of one kind, in ZeroWindowPtrs' order (train/zero_windows.h).
+  auto windows = [&](const std::string& prefix, Category cat) {
+    std::vector<BufferDesc> w;
+    w.push_back({prefix + ".embeddings", DType::kF32, Shape{win.embedding}, cat});
+    w.push_back({prefix + ".ln_f", DType::kF32, Shape{win.final_norm}, cat});
+    for (int slot = 0; slot < 2; slot++) {
+      const std::string s = prefix + ".slot" + std::to_string(slot);
+      w.push_back({s + ".decay", DType::kF32, Shape{win.block_decay}, cat});
+      w.push_back({s + ".other", DType::kF32, Shape{win.block_other}, cat});
+    }
+    return w;
+  };
+  if (p.zero_stage < 3) {
+    plan.persistent.push_back(single_region(bf16 ? "master weights" : "parameters", param_cat,
+                                            {{"parameters", DType::kF32, Shape{P}, param_cat}}));
+  } else {
+    // This rank's shard (the fp32 master with bf16) and the gathered units it computes with.
+    std::vector<BufferDesc> params = {{"parameter_shard", DType::kF32, Shape{shard}, param_cat}};
+    for (BufferDesc& b : windows("parameter_window", Category::kComm)) params.push_back(b);
+    plan.persistent.push_back(
+        single_region(bf16 ? "master weights" : "parameters", param_cat, std::move(params)));
+  }
+  std::vector<BufferDesc> grads;
+  if (p.zero_stage < 2) {
+    grads.push_back({"gradients", DType::kF32, Shape{P}, Category::kGrads});
+  } else {
+    // Backward writes each unit into a window that is reduce-scattered as soon as it is final.
+    grads = windows("gradient_window", Category::kGrads);
+  }
   if (p.zero_stage > 0) {
     grads.push_back({"gradient_shard", DType::kF32, Shape{shard}, Category::kGrads});
   }
@@ -180,6 +211,38 @@ Result<MemoryPlan> plan_training_memory(const model::Gpt2Config& config, const P
     }
   }
   return plan;
+}
+
+ZeroWindowSizes gpt2_zero_window_sizes(const model::ParamTable& table, int ranks) {
+  // Units as train/zero.cc's gpt2_groups: (group, decay) -> the range of its tensors, groups
+  // -1 embeddings, l block l, INT32_MAX ln_f.
+  std::map<std::pair<int, bool>, std::pair<int64_t, int64_t>> units;
+  for (const model::ParamDesc& d : table.params) {
+    const bool emb = d.name.rfind("wte.", 0) == 0 || d.name.rfind("wpe.", 0) == 0;
+    const int group = emb                          ? -1
+                      : d.name.rfind("h.", 0) == 0 ? std::stoi(d.name.substr(2))
+                                                   : INT32_MAX;
+    const int64_t end = d.offset + (d.shape.numel() + 15) / 16 * 16;
+    auto [it, fresh] = units.try_emplace({group, d.decay}, std::make_pair(d.offset, end));
+    if (!fresh) {
+      it->second.first = std::min(it->second.first, d.offset);
+      it->second.second = std::max(it->second.second, end);
+    }
+  }
+  ZeroWindowSizes w;
+  for (const auto& [key, range] : units) {
+    const int64_t n = range.second - range.first;
+    if (key.first == -1) {
+      w.embedding = std::max(w.embedding, n);
+    } else if (key.first == INT32_MAX) {
+      w.final_norm = std::max(w.final_norm, n);
+    } else {
+      int64_t& slot = key.second ? w.block_decay : w.block_other;
+      slot = std::max(slot, n);
+    }
+    w.unit_shard += std::min(n, ((n + ranks - 1) / ranks + 15) / 16 * 16);
+  }
+  return w;
 }
 
 uint64_t live_bytes_at(const MemoryPlan& plan, int op) {

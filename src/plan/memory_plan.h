@@ -25,11 +25,27 @@ struct Policy {
   int prefetch_depth = 2;          // steps of token ids the loader prepares ahead
   // Data parallelism: micro_batch and accumulation are per rank; each rank stages the whole
   // global step (ranks x accumulation x micro_batch sequences) and reads its share. With
-  // zero_stage 1-2 the optimizer state (m, v) is a shard per rank and a reduced-gradient shard
-  // is added (plan/zero.h); the gradient buffer stays full (docs/notes/zero.md).
+  // zero_stage 1-3 the optimizer state (m, v) is a shard per rank and a reduced-gradient shard
+  // is added (plan/zero.h).
+  // Stages 2-3 replace the full gradient buffer by gradient windows (gpt2_zero_window_sizes),
+  // and stage 3 the full parameters by a per-unit shard plus parameter windows
+  // (docs/notes/zero.md, "Windows in the executor").
   int ranks = 1;
-  int zero_stage = 0;  // 0, 1 or 2 (3 needs per-layer parameter windows: refused)
+  int zero_stage = 0;  // 0-3
 };
+
+// GPT-2's ZeRO units (train/zero.h's gpt2_zero_units) as the executor's windows hold them: the
+// embedding unit (wte, wpe), the ln_f unit, and the largest block's decayed and other units (two
+// slots of each: block l uses slot l % 2). Floats.
+struct ZeroWindowSizes {
+  int64_t embedding = 0, final_norm = 0, block_decay = 0, block_other = 0;
+  // One set of windows: the embedding, ln_f and two block slots.
+  int64_t total() const { return embedding + final_norm + 2 * (block_decay + block_other); }
+  // The largest rank's stage-3 shard: per unit ceil(n / ranks) rounded up to 16 floats
+  // (dist::ShardLayout::max_local_floats over gpt2_zero_units).
+  int64_t unit_shard = 0;
+};
+ZeroWindowSizes gpt2_zero_window_sizes(const model::ParamTable& table, int ranks);
 
 // A block of memory that the trainer allocates as one arena.
 struct Region {

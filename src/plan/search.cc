@@ -132,7 +132,7 @@ void shard_plan(MemoryPlan* mp, const ZeroSpec& z, bool executor_layout) {
 
 StepCost price(const SearchRequest& r, const MemoryPlan& mp) {
   if (r.devices <= 1) return estimate_step(r.config, mp, r.device);
-  const ZeroSpec z = planned_zero_spec(mp.params, mp.policy, r.zero_windows);
+  const ZeroSpec z = planned_zero_spec(mp.params, mp.policy, r.zero_windows || r.executor_layout);
   return estimate_step(r.config, mp, r.device, &z);
 }
 
@@ -419,6 +419,15 @@ Result<SearchResult> search_leaf(const SearchRequest& r, PlanCache& cache) {
     if (r.devices > 1) {
       auto own = sharded.find(key);
       if (own != sharded.end()) return &own->second;
+    }
+    if (r.devices > 1 && r.executor_layout) {
+      // The trainer's own plan of one rank (its regions are what the rank allocates).
+      Policy zp = policy(b, k, e);
+      zp.zero_stage = stage;
+      // ZeRO-3 keeps no persistent bf16 copy of the whole model: weights are cast per layer.
+      if (stage == 3) zp.exec.bf16_weight_copy = false;
+      HR_ASSIGN_OR_RETURN(MemoryPlan mp, plan_training_memory(r.config, zp, same, do_place));
+      return &sharded.emplace(key, std::move(mp)).first->second;
     }
     auto hit = cache.find(key);
     if (hit == cache.end()) {

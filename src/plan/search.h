@@ -43,8 +43,13 @@ struct SearchRequest {
   // buffer and, with bf16, whole fp32 master weights; stage 3 a full parameter buffer), so that
   // stage 2 saves nothing over stage 1 and stages 0-2 match plan_training_memory's regions.
   bool zero_windows = true;
-  // The highest stage `auto` searches (an explicit zero_stage is not limited): 2 where the
-  // plan is for the CPU trainer, which runs stages 0-2.
+  // true: plan each rank exactly as the CPU trainer allocates it (plan_training_memory with
+  // policy.ranks = devices and the stage: stages 2-3 with the executor's gradient and parameter
+  // windows, stage 3 with bf16 casting weights per layer), so that a candidate's peak is the
+  // trainer's planned (and measured) peak. Overrides zero_windows for the memory; the traffic is
+  // priced with windows.
+  bool executor_layout = false;
+  // The highest stage `auto` searches (an explicit zero_stage is not limited).
   int max_zero_stage = 3;
 };
 

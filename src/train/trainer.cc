@@ -31,6 +31,7 @@
 #include "train/shape_plans.h"
 #include "train/step_events.h"
 #include "train/zero.h"
+#include "train/zero_windows.h"
 
 namespace headroom::train {
 
@@ -63,14 +64,8 @@ Status check_options(const TrainOptions& o) {
   if (!(o.adamw.lr > 0) || !std::isfinite(o.adamw.lr)) {
     return Status::invalid_argument(fmt::format("--lr {} must be positive", o.adamw.lr));
   }
-  if (o.zero_stage == 3) {
-    return Status::unsupported(
-        "--zero 3 is not built into the trainer yet: the model reads one full parameter buffer, "
-        "so sharding the parameters would save nothing until it reads per-layer windows; use "
-        "--zero 0, 1 or 2");
-  }
   if (o.zero_stage < 0 || o.zero_stage > 3) {
-    return Status::invalid_argument(fmt::format("--zero {}: use 0, 1 or 2", o.zero_stage));
+    return Status::invalid_argument(fmt::format("--zero {}: use 0, 1, 2 or 3", o.zero_stage));
   }
   if (o.batching == data::Batching::kBucketed && o.bucket <= 0) {
     return Status::invalid_argument(
@@ -131,11 +126,17 @@ std::string describe_ranks(int ranks, int zero_stage) {
                         ": optimizer state (AdamW m, v) sharded, 1/{} per rank; gradients "
                         "reduce-scattered, updated parameters all-gathered",
                         ranks);
+    case 2:
+      return head + fmt::format(
+                        ": optimizer state sharded 1/{} per rank; backward writes each layer's "
+                        "gradients into a window reduce-scattered while backward continues (no "
+                        "full gradient buffer)",
+                        ranks);
     default:
       return head + fmt::format(
-                        ": as ZeRO-1 (m, v sharded 1/{} per rank, gradients reduce-scattered); the "
-                        "gradient accumulation buffer stays full until backward writes per-bucket "
-                        "windows, so its memory is ZeRO-1's",
+                        ": parameters, gradients and optimizer state sharded 1/{} per rank; each "
+                        "layer's parameters gathered just before use (the next one prefetched) and "
+                        "released after; gradients as ZeRO-2",
                         ranks);
   }
 }
@@ -178,6 +179,15 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
   // loss compares across batching modes. See docs/notes/batching.md.
   const bool bucketed = o.batching == data::Batching::kBucketed;
   std::optional<data::DocumentBatcher> docs;
+  if (bucketed && o.zero_stage >= 2) {
+    // The windows are reduced every micro-batch, a collective, and bucketed ranks run different
+    // numbers of micro-batches.
+    return Status::invalid_argument(fmt::format(
+        "--batching bucketed runs with --zero 0 or 1 (ZeRO-{} reduces gradient windows in every "
+        "micro-batch and bucketed ranks run different numbers of them): use --zero 1 or "
+        "--batching packed",
+        o.zero_stage));
+  }
   if (bucketed) {
     HR_ASSIGN_OR_RETURN(data::DocumentBatcher d,
                         data::DocumentBatcher::create(file, train_range, T, o.bucket,
@@ -276,19 +286,66 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
   }
 
   const int64_t P = table.total_floats;
-  float* params = params_arena.f32(0);
-  float* grads = grads_arena.f32(0);
-  // ZeRO-1/2: this rank's piece of the reduced gradient, m and v (docs/notes/zero.md).
-  float* grad_shard = o.zero_stage > 0 ? grads_arena.f32(1) : nullptr;
+  const int stage = o.zero_stage;
+  // Stages 0-2: the full parameters. Stage 3: this rank's shard, and six windows of gathered
+  // units (plan_training_memory's order, train/zero_windows.h).
+  float* params = stage < 3 ? params_arena.f32(0) : nullptr;
+  float* param_shard = stage == 3 ? params_arena.f32(0) : nullptr;
+  // Stages 0-1: the full gradient (accumulation) buffer. Stages 2-3: six gradient windows.
+  float* grads = stage < 2 ? grads_arena.f32(0) : nullptr;
+  ZeroWindowPtrs grad_windows{}, param_windows{};
+  for (size_t w = 0; w < grad_windows.size() && stage >= 2; w++) {
+    grad_windows[w] = grads_arena.f32(w);
+    if (stage == 3) param_windows[w] = params_arena.f32(1 + w);
+  }
+  const int64_t staging_floats =
+      stage >= 2 ? int64_t(mp.persistent[1].buffers[0].bytes() / sizeof(float)) : 0;
+  // ZeRO-1-3: this rank's piece of the reduced gradient, m and v (docs/notes/zero.md).
+  float* grad_shard = stage > 0 ? grads_arena.f32(stage < 2 ? 1 : grad_windows.size()) : nullptr;
   float* m = opt_arena.f32(0);
   float* v = opt_arena.f32(1);
   const int64_t moment_floats = int64_t(mp.persistent[2].buffers[0].bytes() / sizeof(float));
   // The optimizer's collectives, recorded as ops of its step when profiling (step_events.h).
   TracedCommunicator zcomm(&comm);
-  ZeroOptimizer zopt(&zcomm, &table, o.zero_stage);
+  ZeroOptimizer zopt(&zcomm, &table, stage);
   HR_CHECK_MSG(zopt.sizes().m <= moment_floats, "the plan's optimizer shard is too small");
-  model::gpt2_init_params(cfg, table, params, o.seed);
-  cpu::zero(grads, P);
+  if (stage < 3) {
+    model::gpt2_init_params(cfg, table, params, o.seed);
+  } else {
+    // The initialisation draws every tensor from one generator: made whole in host memory (as a
+    // checkpoint is read), then each rank keeps its pieces.
+    std::vector<float> full(static_cast<size_t>(P));
+    model::gpt2_init_params(cfg, table, full.data(), o.seed);
+    zopt.scatter_params(full.data(), param_shard);
+  }
+  // ZeRO-2/3's executor hooks and the communication thread they submit to (docs/notes/zero.md).
+  std::optional<dist::CommQueue> comm_queue;
+  std::optional<ZeroWindows> zw;
+  if (stage >= 2) {
+    comm_queue.emplace();
+    zw.emplace(stage, &*comm_queue, &comm, &table, &zopt.layout(),
+               stage == 3 ? param_shard : params, grad_shard, grad_windows,
+               stage == 3 ? std::optional<ZeroWindowPtrs>(param_windows) : std::nullopt);
+    zw->set_record(o.record_zero_events);
+  }
+  // Stages 0-1 with several ranks: the last micro-batch's gradients are reduced in buckets on the
+  // communication thread as backward finishes them (BucketHooks), not after backward.
+  std::optional<dist::BucketReducer> reducer;
+  std::optional<BucketHooks> bucket_hooks;
+  // Bucketed batching gives ranks different numbers of micro-batches: the optimizer reduces.
+  if (stage < 2 && R > 1 && !bucketed) {
+    comm_queue.emplace();
+    // DDP's default bucket: 25 MiB.
+    constexpr int64_t kBucketFloats = 25 * kMiB / sizeof(float);
+    reducer.emplace(&*comm_queue, &comm,
+                    stage == 0 ? dist::BucketReducer::Mode::kAllReduce
+                               : dist::BucketReducer::Mode::kReduceScatter,
+                    grads, gpt2_zero_units(table),
+                    dist::make_buckets(gpt2_backward_order(table), kBucketFloats),
+                    stage == 1 ? &zopt.layout() : nullptr, grad_shard);
+    bucket_hooks.emplace(&table, params, grads, &*reducer);
+  }
+  if (grads) cpu::zero(grads, P);
   if (grad_shard) cpu::zero(grad_shard, moment_floats);
   cpu::zero(m, moment_floats);
   cpu::zero(v, moment_floats);
@@ -343,8 +400,18 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
           "warmup {} now; {}, {}, {} then): the continuation follows the new schedule",
           ck.dir, o.steps, o.adamw.lr, o.warmup_steps, st.total_steps, st.lr, st.warmup_steps);
     }
-    if (o.zero_stage == 0) {
+    if (stage == 0) {
       HR_RETURN_IF_ERROR(load_checkpoint(ck, table, params, m, v));
+    } else if (stage >= 2) {
+      // No full device buffer to read the moments (stage 3: the parameters) through: host
+      // copies, as a GPU run reads a file; every rank keeps its pieces.
+      std::vector<float> full_p(static_cast<size_t>(stage == 3 ? P : 0));
+      std::vector<float> full_m(static_cast<size_t>(P)), full_v(static_cast<size_t>(P));
+      HR_RETURN_IF_ERROR(load_checkpoint(ck, table, stage == 3 ? full_p.data() : params,
+                                         full_m.data(), full_v.data()));
+      if (stage == 3) zopt.scatter_params(full_p.data(), param_shard);
+      zopt.scatter_params(full_m.data(), m);
+      zopt.scatter_params(full_v.data(), v);
     } else {
       // Checkpoints hold the full moments: every rank reads them (m through the gradient buffer,
       // free before step one; v through a host copy, as a GPU run reads a file) and keeps its
@@ -386,10 +453,28 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
                     o.data,
                     data::batching_name(o.batching),
                     bucketed ? o.bucket : 0};
+    const float* full_p = params;
     const float* full_m = m;
     const float* full_v = v;
-    std::vector<float> host_m;
-    if (o.zero_stage > 0) {
+    std::vector<float> host_p, host_m, host_v;
+    if (zw) zw->quiesce();  // a checkpoint taken mid-step: the windows' reductions are done
+    if (stage >= 2) {
+      // Gathered unit by unit through the embedding's gradient window (free at a step boundary,
+      // or once quiesced) into host copies on rank 0: the checkpoint's I/O staging.
+      auto gather = [&](const float* shard, std::vector<float>* host) -> Status {
+        if (rank == 0) host->resize(static_cast<size_t>(P));
+        return gather_through(&comm, zopt.layout(), shard, grad_windows[0], staging_floats,
+                              rank == 0 ? host->data() : nullptr);
+      };
+      if (stage == 3) {
+        HR_RETURN_IF_ERROR(gather(param_shard, &host_p));
+        full_p = host_p.data();
+      }
+      HR_RETURN_IF_ERROR(gather(m, &host_m));
+      HR_RETURN_IF_ERROR(gather(v, &host_v));
+      full_m = host_m.data();
+      full_v = host_v.data();
+    } else if (stage == 1) {
       HR_RETURN_IF_ERROR(zopt.gather_params(m, grads));
       if (rank == 0) host_m.assign(grads, grads + P);
       HR_RETURN_IF_ERROR(zopt.gather_params(v, grads));
@@ -399,9 +484,9 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     Result<std::string> written = std::string();
     if (rank == 0) {
       written = save_checkpoint(o.out_dir + "/checkpoints",
-                                {&cfg, &table, params, full_m, full_v, st}, o.keep_checkpoints);
+                                {&cfg, &table, full_p, full_m, full_v, st}, o.keep_checkpoints);
     }
-    if (o.zero_stage > 0) cpu::zero(grads, P);
+    if (stage == 1) cpu::zero(grads, P);
     HR_RETURN_IF_ERROR(dist::agree(comm, written.status()));
     return written;
   };
@@ -410,6 +495,10 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
   if (params_bf16) cpu::cast_to_bf16(params_bf16, params, table.total_floats);
   model::Gpt2 net(cfg, &table);
   net.bind_params(params, grads, params_bf16);
+  // ZeRO-2/3: backward writes gradient windows that the communication thread reduce-scatters
+  // while backward continues; stage 3 gathers each block's parameters just before use.
+  if (zw) net.set_block_hooks(&*zw);
+  if (bucket_hooks) net.set_block_hooks(&*bucket_hooks);
   model::OpTimes op_times;
   const Clock::time_point run_start = Clock::now();
   std::optional<ProfileRecord> rec;
@@ -622,18 +711,28 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     double sum = 0;
     int64_t count = 0;
     if (B % elastic.micro_batch() == 0) {
-      HR_ASSIGN_OR_RETURN(memory::Arena arena, acquire(step, "for validation", G));
       const int b = elastic.micro_batch();
-      net.bind_activations(&arena, &elastic.plan().activations, b, T);
+      Result<memory::Arena> arena = acquire(step, "for validation", G);
+      if (!arena.is_ok()) {
+        // ZeRO-3 gathers parameters in every forward: the others expect this rank's gathers.
+        if (zw) {
+          for (int i = 0; i < o.eval_batches * (B / b); i++) zw->skip_micro_batch(false);
+          (void)zw->finish_step();
+        }
+        return arena.status();
+      }
+      net.bind_activations(&*arena, &elastic.plan().activations, b, T);
       for (int i = 0; i < o.eval_batches; i++) {
         val_batches->next(val_inputs, val_targets);
         for (int q = 0; q < B; q += b) {
           int64_t valid = 0;
+          if (zw) zw->begin_micro_batch(false);
           sum += net.forward(val_inputs + int64_t(q) * T, val_targets + int64_t(q) * T, &valid);
           count += valid;
         }
       }
     } else {
+      // Only after a re-plan of one process (several ranks never re-plan).
       for (int i = 0; i < o.eval_batches; i++) {
         val_batches->next(val_inputs, val_targets);
         for (int q = 0; q < B;) {
@@ -643,12 +742,14 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
           const int rows = shape->policy.micro_batch;
           net.bind_activations(&arena, &shape->activations, rows, T);
           int64_t valid = 0;
+          if (zw) zw->begin_micro_batch(false);
           sum += net.forward(val_inputs + int64_t(q) * T, val_targets + int64_t(q) * T, &valid);
           count += valid;
           q += rows;
         }
       }
     }
+    if (zw) HR_RETURN_IF_ERROR(zw->finish_step());
     return count ? std::optional<double>(sum / double(count)) : std::optional<double>();
   };
 
@@ -719,8 +820,10 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     // This rank's `share` sequences lie in the slot one after another; they are cut into
     // micro-batches of the current plan, which may change between two of them (a recovery).
     Status local;
+    if (zw) zw->begin_step();
     int micro_batches = 0;
-    for (int done = 0, k = 0; done < my_rows; k++) {
+    int done = 0;
+    for (int k = 0; done < my_rows; k++) {
       if (bucketed && k % R != rank) {  // another rank's micro-batch
         done += rows_per_micro_batch(elastic.micro_batch(), T, len);
         continue;
@@ -743,6 +846,8 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
       const int32_t* tg = targets + int64_t(row0 + done) * len;
       auto tm = Clock::now();
       if (rec) begin_micro_batch(&rec->events, mbp, step, k, us_since_start(tm));
+      if (zw) zw->begin_micro_batch(true);
+      if (bucket_hooks) bucket_hooks->set_active(done + b >= my_rows);
       loss_sum += net.forward(in, tg);
       net.backward(in, tg, dloss);
       record("micro-batch", "micro_batch", tm, step, k);
@@ -750,6 +855,23 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
       micro_batches++;
     }
     loader.release(batch.slot);
+    if (zw) {
+      // A rank that could not compute still owes the others the collectives of the step's
+      // remaining micro-batches (several ranks never re-plan, so the micro-batch is unchanged);
+      // then the queue drains before agree(), a collective of the training thread.
+      if (!local.is_ok()) {
+        for (; done < my_rows; done += elastic.micro_batch()) zw->skip_micro_batch(true);
+      }
+      Status reduced = zw->finish_step();
+      if (local.is_ok()) local = std::move(reduced);
+    }
+    if (reducer) {
+      // A rank that could not compute launches every bucket the others are reducing.
+      if (!local.is_ok()) reducer->flush();
+      bucket_hooks->set_active(false);
+      Status reduced = reducer->wait();
+      if (local.is_ok()) local = std::move(reduced);
+    }
     HR_RETURN_IF_ERROR(settle(local));
     HR_RETURN_IF_ERROR(comm.all_reduce(&loss_sum, 1));
     const float lr = cosine_lr(step, o.steps, o.warmup_steps, o.adamw.lr, o.min_lr_ratio);
@@ -757,13 +879,19 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     // The optimizer step as an op around its parts (collectives, zeroing the gradients).
     const uint32_t opt_op = rec ? rec->events.log().intern("optimizer step") : 0;
     if (rec) rec->events.begin_op(us_since_start(topt), opt_op, EventPhase::kOptimizer, step);
-    const ZeroBuffers zb{params, grads, grad_shard, m, v, /*grads_reduced=*/false};
+    // ZeRO-2/3: the windows were reduce-scattered into grad_shard during backward.
+    const ZeroBuffers zb{stage == 3 ? param_shard : params,
+                         grads,
+                         grad_shard,
+                         m,
+                         v,
+                         /*grads_reduced=*/zw.has_value() || reducer.has_value()};
     if (rec) zcomm.trace(&rec->events, run_start, EventPhase::kOptimizer, step);
     Result<double> stepped = zopt.step(zb, o.adamw, lr, step + 1, params_bf16);
     zcomm.trace(nullptr, run_start, EventPhase::kNone, -1);
     HR_ASSIGN_OR_RETURN(const double norm, std::move(stepped));
     const Clock::time_point tz = Clock::now();
-    cpu::zero(grads, P);
+    if (grads) cpu::zero(grads, P);
     record_op("zero gradients", EventPhase::kOptimizer, tz, Clock::now(), step);
     if (rec) rec->events.end_op(us_since_start(Clock::now()), opt_op, EventPhase::kOptimizer, step);
     const double optimizer_ms = ms_since(topt);
@@ -855,15 +983,26 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     result.shape_plan_hits = shapes->hits();
   }
   result.lower_bound_bytes = mp.lower_bound_bytes;
+  if (zw) result.zero_events = zw->events();
   if (result.stopped) return result;
   Status finish;
-  if (!o.out_dir.empty() && rank == 0)
-    finish = model::save_pretrained(o.out_dir, cfg, table, params);
+  // ZeRO-3: the final weights gathered into host memory on every rank (the model file and the
+  // callback's input, I/O staging as a checkpoint's).
+  const float* final_params = params;
+  std::vector<float> gathered;
+  if (stage == 3) {
+    gathered.resize(static_cast<size_t>(P));
+    finish = gather_through(&comm, zopt.layout(), param_shard, grad_windows[0], staging_floats,
+                            gathered.data());
+    final_params = gathered.data();
+  }
+  if (finish.is_ok() && !o.out_dir.empty() && rank == 0)
+    finish = model::save_pretrained(o.out_dir, cfg, table, final_params);
   if (finish.is_ok() && cb.on_finish) {
     // The step region is done: release it, so that what the callback plans (e.g. the sampling
     // arena) is served from the same budget.
     elastic.release_unused();
-    finish = cb.on_finish(cfg, params, &tracking);
+    finish = cb.on_finish(cfg, final_params, &tracking);
   }
   HR_RETURN_IF_ERROR(dist::agree(comm, finish));
   return result;

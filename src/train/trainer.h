@@ -18,6 +18,7 @@
 #include "plan/device_spec.h"
 #include "plan/memory_plan.h"
 #include "train/optimizer.h"
+#include "train/zero_windows.h"
 
 namespace headroom::train {
 
@@ -28,9 +29,10 @@ struct TrainOptions {
   // the data order is one process's. Every rank calls run_training with the same options (the
   // test hooks and profile excepted); only rank 0 writes checkpoints and the final model.
   dist::Communicator* comm = nullptr;
-  // ZeRO stage: 0 all-reduces the gradients; 1 and 2 reduce-scatter them, shard AdamW's m and v
-  // and all-gather the updated parameters (2 keeps the full gradient buffer until backward
-  // writes per-bucket windows, so its memory is stage 1's). 3 is refused (Unsupported).
+  // ZeRO stage: 0 all-reduces the gradients; 1 reduce-scatters them, shards AdamW's m and v and
+  // all-gathers the updated parameters; 2 as 1 with gradient windows instead of a full gradient
+  // buffer, reduce-scattered per layer while backward continues; 3 as 2 with the parameters
+  // sharded and gathered per layer (bf16 needs exec.bf16_weight_copy false).
   int zero_stage = 0;
   model::Gpt2Config config;
   std::string model_name;  // for messages
@@ -73,6 +75,9 @@ struct TrainOptions {
   // Fault injection for tests: the 0-based indices of the step-region acquisitions (one per
   // micro-batch and per validation run, counted from step one) that fail as out of memory.
   std::vector<uint64_t> fail_step_allocations;
+  // For tests of the overlap (ZeRO-2/3): record the order of backward ops and gradient
+  // reductions (TrainResult::zero_events).
+  bool record_zero_events = false;
 };
 
 // The start-up line for the rank layout: "2 ranks, ZeRO-1: optimizer state sharded (...)".
@@ -155,7 +160,8 @@ struct TrainResult {
   uint64_t shape_plans = 0;      // step-region plans computed per micro-batch shape (bucketed)
   uint64_t shape_plan_hits = 0;  // micro-batches that found their shape's plan in the cache
   memory::MemoryStats memory;
-  std::optional<ProfileRecord> profile;  // with TrainOptions::profile
+  std::optional<ProfileRecord> profile;         // with TrainOptions::profile
+  std::vector<ZeroWindows::Event> zero_events;  // with TrainOptions::record_zero_events
 };
 
 struct TrainCallbacks {

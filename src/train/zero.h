@@ -48,7 +48,8 @@ struct ZeroBuffers {
 //      sharded m/v, all-gather params. Reduce-scatter + all-gather sends 2(R-1)/R x the buffer,
 //      like stage 0's all-reduce (the ZeRO paper's P_os and P_os+g); an all-reduce followed by
 //      the gather would send 3(R-1)/R. The stages differ in what the executor keeps: stage 1 a
-//      full gradient accumulation buffer, stage 2 only gradient windows (after integration).
+//      full gradient accumulation buffer, stage 2 only gradient windows that ZeroWindows
+//      reduce-scatters during backward (train/zero_windows.h; then grads_reduced).
 //   3: reduce-scatter grads into grad_shard, AdamW on the sharded params; no gather (the next
 //      forward gathers per unit with dist::ParamGatherer).
 // Stages 1-2 shard the flat buffer as one unit; stage 3 per unit (gpt2_zero_units by default).

@@ -218,13 +218,14 @@ TEST(ZeroSearch, PerRankBytesShrinkByStageAsZeroMemorySays) {
 }
 
 TEST(ZeroSearch, ExecutorLayoutMatchesTheTrainersPlan) {
-  // zero_windows false: the buffers the CPU trainer allocates. For stages 0-2 the search's
-  // per-rank peak must equal plan_training_memory's plan of that rank (the trainer's arenas).
+  // executor_layout: the buffers the CPU trainer allocates. For stages 0-3 the search's per-rank
+  // peak must equal plan_training_memory's plan of that rank (the trainer's arenas), and stage 3
+  // with bf16 casts weights per layer.
   for (const char* precision : {"fp32", "bf16"}) {
-    for (int z = 0; z <= 2; z++) {
+    for (int z = 0; z <= 3; z++) {
       SearchRequest r = gpt2_request(64 * kGiB, 2, 8);
       r.precision = precision;
-      r.zero_windows = false;
+      r.executor_layout = true;
       r.zero_stage = z;
       r.micro_batch = 2;
       r.recompute = model::Recompute::kNone;
@@ -235,6 +236,8 @@ TEST(ZeroSearch, ExecutorLayoutMatchesTheTrainersPlan) {
       Result<MemoryPlan> trainer = plan_training_memory(r.config, c.policy);
       ASSERT_TRUE(trainer.is_ok()) << trainer.status().to_string();
       EXPECT_EQ(trainer->policy.zero_stage, z);
+      EXPECT_EQ(trainer->policy.ranks, 2);
+      if (z == 3) EXPECT_FALSE(c.policy.exec.bf16_weight_copy);
       EXPECT_EQ(c.peak_bytes, trainer->peak_bytes) << precision << " stage " << z;
       EXPECT_EQ(c.by_category, trainer->by_category) << precision << " stage " << z;
     }
