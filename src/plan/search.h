@@ -46,6 +46,13 @@ struct SearchRequest {
   // The highest stage `auto` searches (an explicit zero_stage is not limited): 2 where the
   // plan is for the CPU trainer, which runs stages 0-2.
   int max_zero_stage = 3;
+  // Optimizer offload (Policy::offload_optimizer; docs/notes/offload.md): a constraint when set;
+  // unset, every plan is tried with and without it, and offload wins only where it fits and the
+  // plan without does not, or where it is predicted faster (ties go to no offload).
+  std::optional<bool> offload_optimizer;
+  // The offload tier's budget per device (bytes); 0: not limited. A plan whose offload bytes
+  // exceed it does not fit.
+  uint64_t offload_memory = 0;
 };
 
 // "tiled attention, fused LM head (chunk 256), recompute: 4 full, 8 none".
@@ -60,6 +67,7 @@ struct Candidate {
   uint64_t peak_bytes = 0;
   uint64_t lower_bound_bytes = 0;
   std::array<uint64_t, memory::kNumCategories> by_category{};
+  uint64_t offload_bytes = 0;  // the offload tier's bytes (per rank), 0 without offload
   StepCost cost;
   bool fits = false;
   bool placed = true;            // false: rejected on the lower bound, never placed

@@ -15,6 +15,7 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include "backend/cpu/device.h"
 #include "backend/cpu/kernels.h"
 #include "core/log.h"
 #include "core/units.h"
@@ -28,6 +29,7 @@
 #include "plan/memory_plan.h"
 #include "train/checkpoint.h"
 #include "train/elastic.h"
+#include "train/offload.h"
 #include "train/step_events.h"
 #include "train/zero.h"
 
@@ -178,20 +180,25 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
   policy.precision = std::string(model::precision_name(o.exec.precision));
   policy.ranks = R;
   policy.zero_stage = o.zero_stage;
+  policy.offload_optimizer = o.offload_optimizer;
   HR_ASSIGN_OR_RETURN(const plan::MemoryPlan mp, plan::plan_training_memory(cfg, policy));
   if (mp.peak_bytes > o.device_memory) {
     return Status::out_of_memory(fmt::format(
         "model {} with micro-batch {} x seq {} needs {} but the device budget is {}:\n{}"
-        "try a smaller --batch or --seq, or a larger --device-memory{}",
+        "try a smaller --batch or --seq, or a larger --device-memory{}{}",
         o.model_name, B, T, format_bytes(mp.peak_bytes), format_bytes(o.device_memory),
         plan::category_table(mp, o.device_memory),
-        R > 1 && o.zero_stage == 0 ? " (or --zero 1 to shard the optimizer state)" : ""));
+        R > 1 && o.zero_stage == 0 ? " (or --zero 1 to shard the optimizer state)" : "",
+        o.offload_optimizer
+            ? ""
+            : " (or --offload-optimizer on to move the optimizer state off the device)"));
   }
   memory::HostResource host;
   memory::LimitResource limit(&host, o.device_memory);
   memory::TrackingResource tracking(&limit);
   const model::ParamTable& table = mp.params;
-  auto make = [&](const plan::Region& r) {
+  auto make = [&](const plan::Region& r) -> Result<memory::Arena> {
+    if (r.layout.size == 0) return memory::Arena();  // the optimizer region, when offloaded
     return memory::Arena::create(&tracking, r.buffers, r.layout, r.category);
   };
   HR_ASSIGN_OR_RETURN(memory::Arena params_arena, make(mp.persistent[0]));
@@ -229,10 +236,20 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
   float* grads = grads_arena.f32(0);
   // ZeRO-1/2: this rank's piece of the reduced gradient, m and v (docs/notes/zero.md).
   float* grad_shard = o.zero_stage > 0 ? grads_arena.f32(1) : nullptr;
-  float* m = opt_arena.f32(0);
-  float* v = opt_arena.f32(1);
-  const int64_t moment_floats = int64_t(mp.persistent[2].buffers[0].bytes() / sizeof(float));
   ZeroOptimizer zopt(&comm, &table, o.zero_stage);
+  // Optimizer offload: m and v (and the master weights) live in the offload tier.
+  std::unique_ptr<OptimizerOffload> offload;
+  if (mp.policy.offload_optimizer) {
+    uint64_t budget = o.offload_memory;
+    if (budget == 0) budget = cpu::query_cpu_device().available_bytes;
+    HR_ASSIGN_OR_RETURN(offload,
+                        OptimizerOffload::create(mp, budget, &comm, o.zero_stage, &zopt.layout()));
+  }
+  float* m = offload ? offload->m() : opt_arena.f32(0);
+  float* v = offload ? offload->v() : opt_arena.f32(1);
+  const int64_t moment_floats = offload
+                                    ? offload->shard_floats()
+                                    : int64_t(mp.persistent[2].buffers[0].bytes() / sizeof(float));
   HR_CHECK_MSG(zopt.sizes().m <= moment_floats, "the plan's optimizer shard is too small");
   model::gpt2_init_params(cfg, table, params, o.seed);
   cpu::zero(grads, P);
@@ -330,6 +347,7 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     return written;
   };
 
+  if (offload) offload->load_master(params);  // after initialisation or the checkpoint
   bf16_t* params_bf16 = bf16_arena.size() > 0 ? static_cast<bf16_t*>(bf16_arena.data(0)) : nullptr;
   if (params_bf16) cpu::cast_to_bf16(params_bf16, params, table.total_floats);
   model::Gpt2 net(cfg, &table);
@@ -368,6 +386,11 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     info.num_parameters = table.num_parameters;
     info.planned_bytes = mp.peak_bytes;
     info.memory_table = plan::category_table(mp, o.device_memory);
+    if (offload) {
+      info.offload_table = plan::offload_table(mp, offload->budget());
+      info.offload_bytes = mp.offload_bytes;
+      info.offload_budget = offload->budget();
+    }
     info.train_tokens = train_range.size();
     info.val_tokens = val_range.size();
     info.predicted_step_ms = elastic.predicted_step_ms();
@@ -563,7 +586,10 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     const float lr = cosine_lr(step, o.steps, o.warmup_steps, o.adamw.lr, o.min_lr_ratio);
     auto topt = Clock::now();
     const ZeroBuffers zb{params, grads, grad_shard, m, v, /*grads_reduced=*/false};
-    HR_ASSIGN_OR_RETURN(const double norm, zopt.step(zb, o.adamw, lr, step + 1, params_bf16));
+    HR_ASSIGN_OR_RETURN(
+        const double norm,
+        offload ? offload->step(params, grads, grad_shard, params_bf16, o.adamw, lr, step + 1)
+                : zopt.step(zb, o.adamw, lr, step + 1, params_bf16));
     cpu::zero(grads, P);
     const double optimizer_ms = ms_since(topt);
     record("adamw", "optimizer", topt, step, -1);
@@ -611,6 +637,13 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     s.device_bytes_peak = ms.peak;
     s.planned_peak_bytes = elastic.planned_peak();
     s.device_budget = limit.budget();
+    if (offload) {
+      const memory::MemoryStats os = offload->stats();
+      s.offload_bytes_in_use = os.current;
+      s.offload_bytes_peak = os.peak;
+      s.planned_offload_bytes = offload->planned_bytes();
+      s.offload_copy_ms = offload->last_copy_ms();
+    }
     if (!std::isfinite(s.loss)) {
       return Status::internal(
           fmt::format("loss became {} at step {} (lr {}); try a lower --lr", s.loss, s.step, lr));
@@ -644,6 +677,11 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
   result.device_bytes_peak = result.memory.peak;
   result.planned_peak_bytes = elastic.planned_peak();
   result.lower_bound_bytes = mp.lower_bound_bytes;
+  if (offload) {
+    result.offload_memory = offload->stats();
+    result.offload_bytes_peak = result.offload_memory.peak;
+    result.planned_offload_bytes = offload->planned_bytes();
+  }
   if (result.stopped) return result;
   Status finish;
   if (!o.out_dir.empty() && rank == 0)
