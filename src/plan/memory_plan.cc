@@ -13,6 +13,19 @@ using memory::BufferDesc;
 using memory::Category;
 
 namespace {
+// The parameter table of `c`, kept per thread: the search plans thousands of configurations of
+// one model, and building the table (names, shapes, offsets) cost more than copying it.
+const model::ParamTable& param_table_of(const model::Gpt2Config& c) {
+  thread_local std::array<int, 5> key{};
+  thread_local model::ParamTable table;
+  const std::array<int, 5> k = {c.n_layer, c.n_head, c.n_embd, c.vocab_size, c.n_positions};
+  if (k != key || table.params.empty()) {
+    table = model::gpt2_param_table(c);
+    key = k;
+  }
+  return table;
+}
+
 Region single_region(std::string name, Category c, std::vector<BufferDesc> buffers) {
   Region r{std::move(name), c, std::move(buffers), {}};
   r.layout = memory::sequential_layout(r.buffers);
@@ -58,7 +71,7 @@ Result<MemoryPlan> plan_training_memory(const model::Gpt2Config& config, const P
         p.precision));
   }
   const bool bf16 = plan.policy.exec.precision == model::Precision::kBf16;
-  plan.params = model::gpt2_param_table(config);
+  plan.params = param_table_of(config);
   if (!p.exec.recompute.empty() && int(p.exec.recompute.size()) != config.n_layer) {
     return Status::invalid_argument(
         fmt::format("a recompute choice per block is needed: got {} for {} blocks",
@@ -162,9 +175,18 @@ Result<MemoryPlan> plan_training_memory(const model::Gpt2Config& config, const P
   plan.peak_bytes = plan.persistent_bytes + plan.step_bytes;
   plan.lower_bound_bytes = plan.persistent_bytes + plan.step_lower_bound;
 
-  uint64_t best = 0;
+  // The first op with the most live step bytes (live_bytes_at of every op, in one sweep over
+  // the lifetimes instead of one pass over the buffers per op: the search plans thousands).
+  std::vector<int64_t> delta(plan.ops.size() + 1, 0);
+  for (size_t i = 0; i < plan.step.buffers.size(); i++) {
+    const int64_t b = int64_t((plan.step.buffers[i].bytes() + memory::kBufferAlignment - 1) /
+                              memory::kBufferAlignment * memory::kBufferAlignment);
+    delta[size_t(plan.first_op[i])] += b;
+    delta[size_t(plan.last_op[i]) + 1] -= b;
+  }
+  int64_t live = 0, best = 0;
   for (int o = 0; o < int(plan.ops.size()); o++) {
-    uint64_t live = live_bytes_at(plan, o);
+    live += delta[size_t(o)];
     if (live > best) {
       best = live;
       plan.peak_op = o;

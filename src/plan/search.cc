@@ -461,7 +461,52 @@ Result<SearchResult> search_leaf(const SearchRequest& r, PlanCache& cache) {
   // Optimizer offload moves only model state: the replicas in `cache` (planned without it) are
   // shared by the offload-off and offload-on searches, which derive their own copies.
   const bool offload = r.offload_optimizer.value_or(false);
-  std::map<std::string, MemoryPlan> sharded;  // this stage's share of the replicas in `cache`
+  // This stage's share of the replicas in `cache`, with or without offload: derived plans without
+  // the op list, the activation table and the step offsets (the search reads byte counts, the
+  // step buffers and the parameter table; copying a large model's whole plan for each of them
+  // cost more than the search). `replica_of` maps each back to its replica, which serves as the
+  // step layout to reuse and completes the chosen plan (complete()).
+  std::map<std::string, MemoryPlan> sharded;
+  std::map<const MemoryPlan*, const MemoryPlan*> replica_of;
+  const auto light_copy = [](const MemoryPlan& full) {
+    MemoryPlan mp;
+    mp.policy = full.policy;
+    mp.params = full.params;
+    mp.persistent = full.persistent;
+    mp.step.name = full.step.name;
+    mp.step.category = full.step.category;
+    mp.step.buffers = full.step.buffers;
+    mp.step.layout.size = full.step.layout.size;
+    mp.persistent_bytes = full.persistent_bytes;
+    mp.step_bytes = full.step_bytes;
+    mp.step_lower_bound = full.step_lower_bound;
+    mp.peak_bytes = full.peak_bytes;
+    mp.lower_bound_bytes = full.lower_bound_bytes;
+    mp.peak_op = full.peak_op;
+    mp.by_category = full.by_category;
+    mp.step_strategy = full.step_strategy;
+    mp.placed = full.placed;
+    mp.offload = full.offload;
+    mp.offload_bytes = full.offload_bytes;
+    return mp;
+  };
+  const auto full_of = [&replica_of](const MemoryPlan* mp) {
+    auto it = replica_of.find(mp);
+    return it == replica_of.end() ? mp : it->second;
+  };
+  // The whole plan of `mp`: its replica's op list, activation table and step layout, with the
+  // derived model state, bytes and policy.
+  const auto complete = [&full_of](const MemoryPlan* mp) {
+    const MemoryPlan* full = full_of(mp);
+    if (full == mp) return *mp;
+    MemoryPlan out = *mp;
+    out.activations = full->activations;
+    out.ops = full->ops;
+    out.first_op = full->first_op;
+    out.last_op = full->last_op;
+    out.step = full->step;
+    return out;
+  };
   auto plan_mem = [&](int b, int k, const model::ExecOptions& e, const MemoryPlan* same,
                       bool do_place) -> Result<const MemoryPlan*> {
     const std::string key =
@@ -477,13 +522,16 @@ Result<SearchResult> search_leaf(const SearchRequest& r, PlanCache& cache) {
       hit = cache.emplace(key, std::move(fresh)).first;
     }
     if (r.devices <= 1 && !offload) return &hit->second;
-    MemoryPlan mp = hit->second;
+    MemoryPlan mp = light_copy(hit->second);
     if (offload) offload_optimizer_state(&mp);
-    if (r.devices <= 1) return &sharded.emplace(key, std::move(mp)).first->second;
-    Policy zp = mp.policy;
-    zp.zero_stage = stage;
-    shard_plan(&mp, planned_zero_spec(mp.params, zp, r.zero_windows), !r.zero_windows);
-    return &sharded.emplace(key, std::move(mp)).first->second;
+    if (r.devices > 1) {
+      Policy zp = mp.policy;
+      zp.zero_stage = stage;
+      shard_plan(&mp, planned_zero_spec(mp.params, zp, r.zero_windows), !r.zero_windows);
+    }
+    const MemoryPlan* derived = &sharded.emplace(key, std::move(mp)).first->second;
+    replica_of.emplace(derived, &hit->second);
+    return derived;
   };
   auto place = [&](int b, int k, const model::ExecOptions& e) -> Result<const MemoryPlan*> {
     auto key = std::make_pair(b, describe_exec(e));
@@ -491,7 +539,7 @@ Result<SearchResult> search_leaf(const SearchRequest& r, PlanCache& cache) {
     if (it == placed.end()) res.plans_placed++;
     HR_ASSIGN_OR_RETURN(const MemoryPlan* mp,
                         plan_mem(b, k, e, it == placed.end() ? nullptr : it->second, true));
-    if (it == placed.end()) placed.emplace(key, mp);
+    if (it == placed.end()) placed.emplace(key, full_of(mp));  // the step layout to reuse
     return mp;
   };
   struct Choice {
@@ -594,22 +642,27 @@ Result<SearchResult> search_leaf(const SearchRequest& r, PlanCache& cache) {
     return ch;
   };
 
-  // Memory grows with the micro-batch for every technique: when no technique fits at
-  // micro-batch 1 even on the lower bound, none fits at any, and each micro-batch's entry is its
-  // leanest plan, as choose() would find after pricing everything (this saves most of the work
-  // of searches that cannot succeed: ZeRO stages and offload choices too small for the model).
+  // Memory grows with the micro-batch for every technique (the lower bound strictly: every
+  // buffer is as large or larger, with the same lifetimes): once no technique fits a
+  // micro-batch even on the lower bound, none fits any larger one, and each of those gets its
+  // leanest plan, as choose() would find after pricing everything. This saves most of the work
+  // of searches that cannot succeed (ZeRO stages and offload choices too small for the model).
   const MemoryPlan* chosen_plan = nullptr;  // copied into res once the choice is made
-  bool any_fits = false;
-  for (const model::ExecOptions& e : options) {
-    HR_ASSIGN_OR_RETURN(const MemoryPlan* rough, plan_mem(1, per_device, e, nullptr, false));
-    if (evaluate(r, *rough).fits) {
-      any_fits = true;
-      break;
-    }
-  }
+  bool any_fits = true;
   // Candidates: every micro-batch that divides the per-device batch (or the one given).
   for (int b = 1; b <= per_device; b++) {
     if (per_device % b != 0 || (r.micro_batch && *r.micro_batch != b)) continue;
+    if (any_fits) {
+      any_fits = false;
+      for (const model::ExecOptions& e : options) {
+        HR_ASSIGN_OR_RETURN(const MemoryPlan* rough,
+                            plan_mem(b, per_device / b, e, nullptr, false));
+        if (evaluate(r, *rough).fits) {
+          any_fits = true;
+          break;
+        }
+      }
+    }
     Choice ch;
     if (any_fits) {
       HR_ASSIGN_OR_RETURN(ch, choose(b, per_device / b));
@@ -634,7 +687,7 @@ Result<SearchResult> search_leaf(const SearchRequest& r, PlanCache& cache) {
       res.rejected.push_back(ch.leanest);
     }
   }
-  if (chosen_plan) res.chosen_plan = *chosen_plan;
+  if (chosen_plan) res.chosen_plan = complete(chosen_plan);
   std::stable_sort(res.candidates.begin(), res.candidates.end(),
                    [](const Candidate& a, const Candidate& b) {
                      return a.cost.tokens_per_s > b.cost.tokens_per_s;
