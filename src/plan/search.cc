@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <future>
+#include <limits>
 #include <map>
 #include <tuple>
 
@@ -256,6 +257,15 @@ std::string advise(const SearchRequest& r, const MemoryPlan& lean) {
 }  // namespace
 
 namespace {
+// Whether optimizer offload makes every plan slower than the same plan without it: its copies
+// (4 bytes a float out, at least 2 back) and host pass (36 bytes a float at host bandwidth) cost
+// more than the device's optimizer pass it replaces (36 bytes a float at device bandwidth).
+bool offload_never_faster(const DeviceSpec& d) {
+  const double host = d.host_memory_bandwidth > 0 ? d.host_memory_bandwidth : d.mem_bandwidth;
+  const double link = offload_link_bandwidth(d);
+  return link > 0 && host > 0 && 6.0 / link + 36.0 / host >= 36.0 / d.mem_bandwidth;
+}
+
 // Two searches side by side (fp32 and bf16; ZeRO stages): the faster choice wins, ties go to the
 // first (the simpler technique), and when neither fits the second (the leaner: bf16, a higher
 // stage) gives the advice. The candidates of both are listed.
@@ -275,6 +285,8 @@ SearchResult merge_results(SearchResult first, SearchResult second) {
   out.rejected.insert(out.rejected.end(), other.rejected.begin(), other.rejected.end());
   out.plans_placed += other.plans_placed;
   out.max_micro_batch = std::max(out.max_micro_batch, other.max_micro_batch);
+  out.fastest_rejected_tokens_per_s =
+      std::max(out.fastest_rejected_tokens_per_s, other.fastest_rejected_tokens_per_s);
   out.planning_ms += other.planning_ms;
   return out;
 }
@@ -347,12 +359,21 @@ Result<SearchResult> search_plan(const SearchRequest& r) {
     }
     // One thread per precision (their plans share nothing; the stages of one precision share
     // a cache), merged in a fixed order, so the result does not depend on timing.
-    auto group = [&leaves](const std::string& precision) -> Result<std::optional<SearchResult>> {
+    auto group = [&leaves,
+                  &r](const std::string& precision) -> Result<std::optional<SearchResult>> {
       std::optional<SearchResult> out;
       PlanCache cache;
+      // The plan without offload of the previous leaf (the same stage), to skip offload where it
+      // cannot win: with offload every plan is slower than the same plan without it
+      // (offload_never_faster), so it wins only through a plan that does not fit without it.
+      bool skip_offload = false;
       for (const SearchRequest& leaf : leaves) {
         if (leaf.precision != precision) continue;
+        const bool offload = leaf.offload_optimizer.value_or(false);
+        if (offload && !r.offload_optimizer && skip_offload) continue;
         HR_ASSIGN_OR_RETURN(SearchResult one, search_leaf(leaf, cache));
+        skip_offload = !offload && one.chosen && offload_never_faster(leaf.device) &&
+                       one.fastest_rejected_tokens_per_s <= one.chosen->cost.tokens_per_s;
         out = out ? merge_results(std::move(*out), std::move(one)) : std::move(one);
       }
       return out;
@@ -564,6 +585,8 @@ Result<SearchResult> search_leaf(const SearchRequest& r, PlanCache& cache) {
     for (auto& [rough, e] : priced) {
       if (ch->best && rough.cost.tokens_per_s <= ch->best->cost.tokens_per_s) break;
       if (!rough.fits) {
+        res.fastest_rejected_tokens_per_s =
+            std::max(res.fastest_rejected_tokens_per_s, rough.cost.tokens_per_s);
         rough.rejected_because = fmt::format(
             "needs at least {}, {} over the {} budget", format_bytes(rough.peak_bytes),
             format_bytes(rough.peak_bytes - r.device_memory), format_bytes(r.device_memory));
@@ -576,6 +599,8 @@ Result<SearchResult> search_leaf(const SearchRequest& r, PlanCache& cache) {
         ch->plan = mp;
         break;
       }
+      res.fastest_rejected_tokens_per_s =
+          std::max(res.fastest_rejected_tokens_per_s, c.cost.tokens_per_s);
     }
     return Status::ok();
   };
@@ -667,6 +692,8 @@ Result<SearchResult> search_leaf(const SearchRequest& r, PlanCache& cache) {
     if (any_fits) {
       HR_ASSIGN_OR_RETURN(ch, choose(b, per_device / b));
     } else {
+      // Not priced: as fast as anything, for all the search knows.
+      res.fastest_rejected_tokens_per_s = std::numeric_limits<double>::infinity();
       HR_ASSIGN_OR_RETURN(const MemoryPlan* mp, plan_mem(b, per_device / b, lean, nullptr, false));
       ch.leanest = evaluate(r, *mp);
       ch.leanest.placed = false;

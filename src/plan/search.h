@@ -85,6 +85,9 @@ struct SearchResult {
   std::vector<Candidate> candidates;
   std::vector<Candidate> rejected;
   int plans_placed = 0;  // offset plans computed (the rest were rejected on the lower bound)
+  // The fastest plan priced that did not fit (infinity when some were never priced): the search
+  // skips optimizer offload where the plan without it is already the fastest of all.
+  double fastest_rejected_tokens_per_s = 0;
   std::vector<Candidate> sweep;  // micro-batch 1, 2, 4, ... past the largest that fits
   int max_micro_batch = 0;       // largest micro-batch whose plan fits (0: none)
   std::string advice;            // when nothing fits: what is missing and what would help

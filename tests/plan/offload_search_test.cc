@@ -197,6 +197,36 @@ TEST(OffloadPlan, OnOnlyWhereItFitsAndNoOffloadDoesNotOrIsFaster) {
   EXPECT_TRUE(enough->chosen);
 }
 
+// auto is the faster of off and on (ties to off), whatever the budget: skipping the offload
+// search where the plan without it is already the fastest of all loses nothing.
+TEST(OffloadPlan, AutoIsTheFasterOfOffAndOn) {
+  int with = 0, without = 0;
+  for (double gib : {0.9, 1.2, 1.6, 2.5, 4.0, 16.0}) {
+    SearchRequest r;
+    r.config = *model::preset_config("gpt2");
+    r.seq = 256;
+    r.global_batch = 8;
+    r.precision = "fp32";
+    r.device = cpu_like(uint64_t(gib * double(kGiB)));
+    r.device_memory = r.device.memory_bytes;
+    SearchRequest off = r, on = r;
+    off.offload_optimizer = false;
+    on.offload_optimizer = true;
+    Result<SearchResult> a = search_plan(r), f = search_plan(off), n = search_plan(on);
+    ASSERT_TRUE(a.is_ok() && f.is_ok() && n.is_ok());
+    const double fs = f->chosen ? f->chosen->cost.tokens_per_s : -1;
+    const double ns = n->chosen ? n->chosen->cost.tokens_per_s : -1;
+    SCOPED_TRACE(::testing::Message() << gib << " GiB: off " << fs << ", on " << ns);
+    ASSERT_EQ(bool(a->chosen), fs > 0 || ns > 0);
+    if (!a->chosen) continue;
+    EXPECT_EQ(a->chosen->cost.tokens_per_s, std::max(fs, ns));
+    EXPECT_EQ(a->chosen->policy.offload_optimizer, ns > fs);
+    (a->chosen->policy.offload_optimizer ? with : without)++;
+  }
+  EXPECT_GT(with, 0);  // both regimes were seen
+  EXPECT_GT(without, 0);
+}
+
 TEST(OffloadPlan, ExecutorLayoutMatchesTheTrainersPlan) {
   // With several ranks, the search's per-rank bytes with offload equal the trainer's plan.
   for (const char* precision : {"fp32", "bf16"}) {
