@@ -214,26 +214,28 @@ std::string advise(const SearchRequest& r, const MemoryPlan& lean) {
                      b <= budget ? "fits" : fmt::format("still {} over", format_bytes(b - budget)));
   };
   if (r.devices > 1) {
-    // From this rank's bytes: what leaves the device, or shrinks with more ranks.
-    const double now =
-        double(zero_memory(planned_zero_spec(lean.params, lean.policy, r.zero_windows)).total());
+    // From this rank's bytes: what leaves the device, or shrinks with more ranks. The CPU
+    // executor keeps whole fp32 parameters with bf16 in stages 0-2 (as shard_plan counts).
+    const auto rank_state = [&](const Policy& p) {
+      const ZeroMemory m = zero_memory(planned_zero_spec(lean.params, p, r.zero_windows));
+      double bytes = double(m.total());
+      if (!r.zero_windows && p.precision == "bf16" && p.zero_stage <= 2) {
+        bytes += 4.0 * P - double(m.master);
+      }
+      return bytes;
+    };
+    const double now = rank_state(lean.policy);
     if (!offloaded) {
       Policy off = lean.policy;
       off.offload_optimizer = true;
-      double then =
-          double(zero_memory(planned_zero_spec(lean.params, off, r.zero_windows)).total());
-      // The CPU executor keeps fp32 working weights on the device (shard_plan).
-      if (!r.zero_windows && off.precision == "bf16" && stage <= 2) then += 4.0 * P;
       line(fmt::format("ZeRO-{} + optimizer offload (built: --offload-optimizer on)", stage),
-           double(need) - now + then);
+           double(need) - now + rank_state(off));
     }
     Policy wider = lean.policy;
     wider.ranks = 2 * r.devices;
-    const double then =
-        double(zero_memory(planned_zero_spec(lean.params, wider, r.zero_windows)).total());
     line(fmt::format("ZeRO-{} over {} devices{} (built: --devices {})", stage, 2 * r.devices,
                      offloaded ? " with optimizer offload" : "", 2 * r.devices),
-         double(need) - now + then);
+         double(need) - now + rank_state(wider));
     return s;
   }
   const double other = double(lean.by_category[size_t(memory::Category::kStaging)]);
