@@ -133,7 +133,9 @@ struct TrainFlags {
   std::string zero = "auto";  // train: --zero auto|0|1|2
   std::string batching;       // train: packed|bucketed; empty: packed, or the checkpoint's
   int bucket = 32;            // train: bucket granularity in tokens
-  CLI::Option* bucket_option = nullptr;  // to tell a given --bucket from the default
+  CLI::Option* bucket_option = nullptr;    // to tell a given --bucket from the default
+  std::string offload_optimizer = "auto";  // --offload-optimizer auto|on|off
+  std::string offload_memory = "auto";     // --offload-memory SIZE (the offload tier's budget)
   int ranks = 1;  // train: the processes of the job (mpirun), set by run_train
 };
 
@@ -173,6 +175,43 @@ void add_train_flags(CLI::App* app, TrainFlags& f) {
   app->add_option("--warmup", f.warmup, "warmup steps (default: 10% of --steps, at most 100)");
   app->add_option("--threads", f.threads, "OpenMP threads (default: the cores available)");
   app->add_option("--vocab", f.vocab, "directory with the GPT-2 vocabulary (default: set-up's)");
+  app->add_option("--offload-optimizer", f.offload_optimizer,
+                  "optimizer offload: auto (the planner chooses: on only where it fits and no "
+                  "offload does not, or is faster), on (fp32 master weights and AdamW m, v in the "
+                  "offload tier, where AdamW runs), or off")
+      ->capture_default_str();
+  app->add_option("--offload-memory", f.offload_memory,
+                  "the offload tier's budget (host memory), e.g. 64GiB (default: the host's "
+                  "available memory, MemAvailable; `plan` for a named GPU: not limited)")
+      ->capture_default_str();
+}
+
+// --offload-optimizer: auto (unset), on, off.
+Result<std::optional<bool>> parse_offload(const std::string& flag) {
+  if (flag == "auto") return std::optional<bool>();
+  if (flag == "on") return std::optional<bool>(true);
+  if (flag == "off") return std::optional<bool>(false);
+  return Status::invalid_argument(fmt::format("--offload-optimizer {}: use auto, on or off", flag));
+}
+
+// --offload-memory: a size, or auto: the host's available memory (MemAvailable, cgroup limits
+// respected) when the offload tier is this host's, or not limited (0) for a named GPU's host.
+Result<uint64_t> offload_budget(const std::string& flag, bool this_host) {
+  if (flag.empty() || flag == "auto") {
+    return this_host ? cpu::query_cpu_device().available_bytes : uint64_t(0);
+  }
+  Result<uint64_t> b = parse_bytes(flag);
+  if (!b.is_ok()) {
+    return Status::invalid_argument(
+        fmt::format("--offload-memory {}: {} (give a size such as 64GiB, or auto)", flag,
+                    b.status().message()));
+  }
+  if (*b == 0) {
+    return Status::invalid_argument(
+        "--offload-memory 0: the offload tier's budget must be positive (or auto: the host's "
+        "available memory)");
+  }
+  return *b;
 }
 
 Result<plan::DeviceSpec> resolve_device(const std::string& device, const std::string& memory_flag,
@@ -273,6 +312,8 @@ Status resolve_train_options(TrainFlags& f, train::TrainOptions* o) {
         global, f.ranks));
   }
   std::optional<int> zero;  // explicit --zero
+  HR_ASSIGN_OR_RETURN(const std::optional<bool> offload, parse_offload(f.offload_optimizer));
+  HR_ASSIGN_OR_RETURN(o->offload_memory, offload_budget(f.offload_memory, true));
   if (f.zero == "auto") {
     // With --plan auto the planner picks the stage (below); with a plan file, ZeRO-1: it sends
     // what stage 0 sends (reduce-scatter + all-gather = all-reduce) and holds less.
@@ -303,6 +344,8 @@ Status resolve_train_options(TrainFlags& f, train::TrainOptions* o) {
     if (f.ranks > 1) req.zero_stage = zero;
     if (f.batch > 0) req.micro_batch = f.batch;
     HR_ASSIGN_OR_RETURN(req.recompute, parse_recompute(f.recompute));
+    HR_ASSIGN_OR_RETURN(req.offload_optimizer, parse_offload(f.offload_optimizer));
+    req.offload_memory = o->offload_memory;
     req.sweep = !f.profile.empty();  // the report shows memory versus micro-batch
     HR_ASSIGN_OR_RETURN(plan::SearchResult res, plan::search_plan(req));
     if (!res.chosen) {
@@ -315,6 +358,7 @@ Status resolve_train_options(TrainFlags& f, train::TrainOptions* o) {
     o->exec = res.chosen->policy.exec;
     o->accumulation = res.chosen->policy.accumulation;
     if (f.ranks > 1) o->zero_stage = res.chosen->policy.zero_stage;
+    o->offload_optimizer = res.chosen->policy.offload_optimizer;
     o->plan_note = fmt::format(
         "chosen by the planner: fastest of {} that fit, {} rejected; the "
         "largest micro-batch that fits is {}",
@@ -361,6 +405,20 @@ Status resolve_train_options(TrainFlags& f, train::TrainOptions* o) {
       o->exec.precision = model::Precision::kBf16;
     }
     if (ch.contains("attention")) o->exec.tiled_attention = ch["attention"] != "plain";
+    if (ch.contains("offload")) {
+      if (ch["offload"] != "none" && ch["offload"] != "optimizer") {
+        return Status::invalid_argument(
+            fmt::format("--plan {}: field 'chosen.offload' is {}; expected \"none\" or "
+                        "\"optimizer\"",
+                        f.plan, ch["offload"].dump()));
+      }
+      o->offload_optimizer = ch["offload"] == "optimizer";
+    }
+    if (offload && *offload != o->offload_optimizer) {
+      return Status::invalid_argument(fmt::format(
+          "--offload-optimizer {} contradicts the plan's offload {} in {}", f.offload_optimizer,
+          ch.contains("offload") ? ch["offload"].dump() : std::string("\"none\""), f.plan));
+    }
     if (ch.contains("bf16_weights")) {
       if (ch["bf16_weights"] != "copy" && ch["bf16_weights"] != "cast per layer") {
         return Status::invalid_argument(fmt::format(
@@ -485,7 +543,11 @@ json candidate_json(const plan::Candidate& c) {
             {"head_chunk", c.policy.exec.head_chunk},
             {"bf16_weights", c.policy.exec.bf16_weight_copy ? "copy" : "cast per layer"},
             {"techniques", plan::describe_exec(c.policy.exec)},
-            {"offload", "none"},
+            {"offload", c.policy.offload_optimizer ? "optimizer" : "none"},
+            {"offload_bytes", c.offload_bytes},
+            {"offload_link_bytes_per_step", c.cost.offload_bytes},
+            {"offload_seconds", c.cost.offload_seconds},
+            {"host_optimizer_seconds", c.cost.host_optimizer_seconds},
             {"zero", c.policy.zero_stage},
             {"ranks", c.policy.ranks},
             {"comm_bytes_per_step", c.cost.comm_bytes},
@@ -525,6 +587,12 @@ json step_json(const train::StepStats& s) {
             {"oom_recoveries", s.oom_recoveries},
             {"padding", s.padding},
             {"micro_batches", s.micro_batches}};
+  if (s.planned_offload_bytes) {
+    j["offload_bytes_in_use"] = s.offload_bytes_in_use;
+    j["offload_bytes_peak"] = s.offload_bytes_peak;
+    j["planned_offload_bytes"] = s.planned_offload_bytes;
+    j["offload_copy_ms"] = s.offload_copy_ms;
+  }
   if (!s.events.empty()) j["events"] = s.events;
   if (s.val_loss) j["val_loss"] = *s.val_loss;
   return j;
@@ -767,6 +835,12 @@ int run_train(TrainFlags& f) {
             ? ""
             : fmt::format(" (from {}, read before every step)", o.device_memory_file).c_str(),
         info.memory_table.c_str());
+    if (!info.offload_table.empty()) {
+      std::fprintf(stderr,
+                   "optimizer offload: AdamW runs on the offload tier (host memory, budget %s); "
+                   "per step the gradients go there and the updated weights come back\n%s",
+                   format_bytes(info.offload_budget).c_str(), info.offload_table.c_str());
+    }
     std::fprintf(stderr, "expected step time: %.0f ms (cost model; speeds %s)\n",
                  info.predicted_step_ms, info.device_source.c_str());
     if (!info.batching.empty()) std::fprintf(stderr, "batching: %s\n", info.batching.c_str());
@@ -790,6 +864,10 @@ int run_train(TrainFlags& f) {
         format_bytes(s.device_budget), format_bytes(s.device_bytes_peak),
         format_bytes(s.planned_peak_bytes),
         s.lower_bound_bytes ? double(s.device_bytes_peak) / double(s.lower_bound_bytes) : 1.0);
+    if (s.planned_offload_bytes) {
+      text += fmt::format("  offload {} (plan {})", format_bytes(s.offload_bytes_peak),
+                          format_bytes(s.planned_offload_bytes));
+    }
     if (s.val_loss)
       bar.println(fmt::format("step {}: validation loss {:.4f}", s.step, *s.val_loss));
     if (!s.checkpoint.empty())
@@ -841,7 +919,13 @@ int run_train(TrainFlags& f) {
               {"ranks", f.ranks},
               {"zero", o.zero_stage},
               {"batching", data::batching_name(o.batching)},
-              {"padding", r->padding}};
+              {"padding", r->padding},
+              {"offload", o.offload_optimizer ? "optimizer" : "none"}};
+    if (o.offload_optimizer) {
+      j["offload_bytes_peak"] = r->offload_bytes_peak;
+      j["planned_offload_bytes"] = r->planned_offload_bytes;
+      j["offload_memory"] = o.offload_memory;
+    }
     if (o.batching == data::Batching::kBucketed) {
       j["bucket"] = o.bucket;
       j["shape_plans"] = r->shape_plans;
@@ -877,6 +961,12 @@ int run_train(TrainFlags& f) {
       format_bytes(r->lower_bound_bytes).c_str(),
       r->lower_bound_bytes ? double(r->planned_peak_bytes) / double(r->lower_bound_bytes) : 1.0,
       format_bytes(o.device_memory).c_str());
+  if (o.offload_optimizer) {
+    std::fprintf(stderr, "offload tier: peak %s measured, %s planned, budget %s\n",
+                 format_bytes(r->offload_bytes_peak).c_str(),
+                 format_bytes(r->planned_offload_bytes).c_str(),
+                 format_bytes(o.offload_memory).c_str());
+  }
   for (int i = 0; i < f.ranks && f.ranks > 1; i++) {
     std::fprintf(stderr, "  rank %d: peak %s measured, %s planned\n", i,
                  format_bytes(uint64_t(peaks[size_t(2 * i)])).c_str(),
@@ -1011,6 +1101,12 @@ int run_plan(PlanFlags& pf) {
   Result<std::optional<model::Recompute>> rc = parse_recompute(f.recompute);
   if (!rc.is_ok()) return fail(rc.status());
   req.recompute = *rc;
+  Result<std::optional<bool>> off = parse_offload(f.offload_optimizer);
+  if (!off.is_ok()) return fail(off.status());
+  req.offload_optimizer = *off;
+  Result<uint64_t> off_budget = offload_budget(f.offload_memory, dev->kind == "cpu");
+  if (!off_budget.is_ok()) return fail(off_budget.status());
+  req.offload_memory = *off_budget;
   if (pf.zero != "auto") {
     if (pf.zero.size() != 1 || pf.zero[0] < '0' || pf.zero[0] > '3') {
       return fail(
@@ -1034,12 +1130,18 @@ int run_plan(PlanFlags& pf) {
         {"name", f.model},       {"n_layer", cfg->n_layer},       {"n_head", cfg->n_head},
         {"n_embd", cfg->n_embd}, {"vocab_size", cfg->vocab_size}, {"n_positions", cfg->n_positions},
         {"parameters", nparams}};
-    j["device"] = {{"name", dev->name},
-                   {"memory_bytes", dev->memory_bytes},
-                   {"flops_fp32", dev->flops_fp32},
-                   {"mem_bandwidth", dev->mem_bandwidth},
-                   {"interconnect_bandwidth", dev->interconnect_bandwidth},
-                   {"source", dev->source}};
+    j["device"] = {
+        {"name", dev->name},
+        {"memory_bytes", dev->memory_bytes},
+        {"flops_fp32", dev->flops_fp32},
+        {"mem_bandwidth", dev->mem_bandwidth},
+        {"interconnect_bandwidth", dev->interconnect_bandwidth},
+        {"host_link_bandwidth", dev->host_link_bandwidth},
+        {"offload_link_bandwidth", plan::offload_link_bandwidth(*dev)},
+        {"host_memory_bandwidth",
+         dev->host_memory_bandwidth > 0 ? dev->host_memory_bandwidth : dev->mem_bandwidth},
+        {"source", dev->source}};
+    j["offload_memory"] = req.offload_memory;
     j["devices"] = pf.devices;
     j["seq"] = req.seq;
     j["global_batch"] = req.global_batch;
@@ -1071,10 +1173,11 @@ int run_plan(PlanFlags& pf) {
   };
   if (r->chosen) {
     const plan::Candidate& c = *r->chosen;
-    std::printf("\nchosen: micro-batch %d x %d accumulation steps%s, %s, %s, %sno offload\n",
+    std::printf("\nchosen: micro-batch %d x %d accumulation steps%s, %s, %s, %s%s\n",
                 c.policy.micro_batch, c.policy.accumulation, multi ? " per device" : "",
                 c.policy.precision.c_str(), plan::describe_exec(c.policy.exec).c_str(),
-                multi ? fmt::format("ZeRO stage {}, ", c.policy.zero_stage).c_str() : "");
+                multi ? fmt::format("ZeRO stage {}, ", c.policy.zero_stage).c_str() : "",
+                c.policy.offload_optimizer ? "optimizer offload" : "no offload");
     std::printf(
         "  peak %s per device (lower bound %s), predicted %.0f tokens/s%s (%.0f ms a step)\n",
         format_bytes(c.peak_bytes).c_str(), format_bytes(c.lower_bound_bytes).c_str(),
@@ -1090,17 +1193,41 @@ int run_plan(PlanFlags& pf) {
           c.cost.comm_seconds * 1e3, dev->interconnect_bandwidth / 1e9,
           dev->kind == "cpu" ? "shared-memory MPI, measured" : "interconnect, datasheet x 0.8");
     }
+    if (c.policy.offload_optimizer) {
+      const double host_bw =
+          dev->host_memory_bandwidth > 0 ? dev->host_memory_bandwidth : dev->mem_bandwidth;
+      std::printf(
+          "  optimizer offload: %s%s in the offload tier (fp32 master weights, AdamW m and v, "
+          "the gradient copy%s)%s\n"
+          "    per step %s over the host link (gradients out, weights back): %.0f ms at %.1f "
+          "GB/s (%s), and AdamW on the host: %.0f ms at %.1f GB/s (%s); not overlapped\n",
+          format_bytes(c.offload_bytes).c_str(), multi ? " per device" : "",
+          multi && c.policy.zero_stage > 0 ? ", this rank's shard" : "",
+          req.offload_memory ? fmt::format(", budget {}", format_bytes(req.offload_memory)).c_str()
+                             : ", budget not limited",
+          format_bytes(uint64_t(c.cost.offload_bytes)).c_str(), c.cost.offload_seconds * 1e3,
+          plan::offload_link_bandwidth(*dev) / 1e9,
+          dev->kind == "cpu" ? "memcpy, measured" : "host link, datasheet x 0.8",
+          c.cost.host_optimizer_seconds * 1e3, host_bw / 1e9,
+          dev->kind == "cpu" ? "triad, measured" : "assumed host share");
+    }
     std::printf("\nmemory%s at the peak (%s):\n%s", multi ? " per device" : "",
                 r->chosen_plan->ops[size_t(r->chosen_plan->peak_op)].name.c_str(),
                 plan::category_table(*r->chosen_plan, dev->memory_bytes).c_str());
+    if (c.policy.offload_optimizer && !multi) {
+      std::printf("\noffload tier:\n%s",
+                  plan::offload_table(*r->chosen_plan, req.offload_memory).c_str());
+    }
     if (r->candidates.size() > 1) {
       std::printf("\nrunners-up:\n");
       for (size_t i = 1; i < r->candidates.size() && i < 6; i++) {
         const plan::Candidate& o = r->candidates[i];
-        std::printf("  micro-batch %3d x %3d:%s %s, peak %10s, predicted %6.0f tokens/s (%s)\n",
+        std::printf("  micro-batch %3d x %3d:%s %s%s, peak %10s, predicted %6.0f tokens/s (%s)\n",
                     o.policy.micro_batch, o.policy.accumulation, stage_of(o).c_str(),
-                    o.policy.precision.c_str(), format_bytes(o.peak_bytes).c_str(),
-                    o.cost.tokens_per_s, plan::describe_exec(o.policy.exec).c_str());
+                    o.policy.precision.c_str(),
+                    o.policy.offload_optimizer ? ", optimizer offload" : "",
+                    format_bytes(o.peak_bytes).c_str(), o.cost.tokens_per_s,
+                    plan::describe_exec(o.policy.exec).c_str());
       }
     }
   }
@@ -1114,8 +1241,9 @@ int run_plan(PlanFlags& pf) {
     std::printf("\nrejected:\n");
     for (size_t i = 0; i < rejected.size() && i < 10; i++) {
       const plan::Candidate& o = rejected[i];
-      std::printf("  micro-batch %3d x %3d:%s %s: %s\n", o.policy.micro_batch,
+      std::printf("  micro-batch %3d x %3d:%s %s%s: %s\n", o.policy.micro_batch,
                   o.policy.accumulation, stage_of(o).c_str(), o.policy.precision.c_str(),
+                  o.policy.offload_optimizer ? ", optimizer offload" : "",
                   o.rejected_because.c_str());
     }
     if (rejected.size() > 10) {

@@ -42,10 +42,13 @@ StepCost estimate_step(const model::Gpt2Config& c, const MemoryPlan& plan, const
   double step_buffer_bytes = 0;
   for (const memory::BufferDesc& buf : plan.step.buffers) step_buffer_bytes += double(buf.bytes());
   const bool sharded = zero && zero->ranks > 1;
-  // Stages 1-3 run AdamW on this rank's shard only.
-  const double optimizer_floats = sharded && zero->stage > 0
-                                      ? double(zero_memory(*zero).optimizer) / 8.0
-                                      : double(plan.params.total_floats);
+  // Stages 1-3 run AdamW on this rank's shard only (m's floats: counted as if on the device).
+  double optimizer_floats = double(plan.params.total_floats);
+  if (sharded && zero->stage > 0) {
+    ZeroSpec on_device = *zero;
+    on_device.offload_optimizer = false;
+    optimizer_floats = double(zero_memory(on_device).optimizer) / 8.0;
+  }
   const double param_bytes = optimizer_floats * 4.0;
   // Selective recomputation reads x and residual2 (C each) and fch (4C) and writes ln1, ln2
   // (C each) and fch_gelu (4C) again: 12 C floats per token per block. A full recompute also
@@ -65,15 +68,31 @@ StepCost estimate_step(const model::Gpt2Config& c, const MemoryPlan& plan, const
       bf16_bytes = k * (2.0 * L * 12.0 * C * C + V * C) * 6.0;
     }
   }
-  s.memory_bytes = k * 4.0 * step_buffer_bytes + 9.0 * param_bytes + recompute_bytes + bf16_bytes;
+  // AdamW reads p, g, m, v and writes p, m, v, plus zeroing and the norm: about nine passes over
+  // the (sharded) parameter-sized state, on the device, or with offload on the host.
+  const double optimizer_bytes = 9.0 * param_bytes;
+  const bool offload = plan.policy.offload_optimizer;
+  s.memory_bytes = k * 4.0 * step_buffer_bytes + (offload ? 0.0 : optimizer_bytes) +
+                   recompute_bytes + bf16_bytes;
   s.memory_seconds = s.memory_bytes / d.mem_bandwidth;
+  if (offload) {
+    // Without a ZeRO spec: one device holding the CPU executor's layout (fp32 working weights).
+    s.offload_bytes = zero && zero->offload_optimizer ? double(offload_link_bytes(*zero))
+                                                      : optimizer_floats * (4.0 + 4.0);
+    const double link = offload_link_bandwidth(d);
+    HR_CHECK_MSG(link > 0, "estimate_step: no host link bandwidth to price optimizer offload");
+    s.offload_seconds = s.offload_bytes / link;
+    const double host_bw = d.host_memory_bandwidth > 0 ? d.host_memory_bandwidth : d.mem_bandwidth;
+    s.host_optimizer_seconds = optimizer_bytes / host_bw;
+  }
 
   if (sharded) {
     HR_CHECK_MSG(d.interconnect_bandwidth > 0, "estimate_step: no interconnect bandwidth");
     s.comm_bytes = double(zero_traffic(*zero).total());
     s.comm_seconds = zero_comm_seconds(*zero, d.interconnect_bandwidth);
   }
-  s.step_seconds = s.gemm_seconds + s.memory_seconds + s.comm_seconds;
+  s.step_seconds = s.gemm_seconds + s.memory_seconds + s.comm_seconds + s.offload_seconds +
+                   s.host_optimizer_seconds;
   s.tokens_per_s = tokens * (sharded ? zero->ranks : 1) / s.step_seconds;
   return s;
 }

@@ -17,7 +17,13 @@ struct StepCost {
   double memory_seconds = 0;
   double comm_bytes = 0;    // bytes each rank sends per optimizer step (ZeRO collectives)
   double comm_seconds = 0;  // comm_bytes at the device's interconnect bandwidth, not overlapped
-  double step_seconds = 0;  // gemm + memory + comm seconds
+  // Optimizer offload (docs/notes/offload.md): gradients to the offload tier and updated
+  // weights back over the host link, and AdamW's pass over master, m, v and gradients at the
+  // host's memory bandwidth. Not overlapped with compute.
+  double offload_bytes = 0;
+  double offload_seconds = 0;
+  double host_optimizer_seconds = 0;
+  double step_seconds = 0;  // gemm + memory + comm + offload + host optimizer seconds
   double tokens_per_s = 0;  // all ranks together: ranks x tokens per rank / step_seconds
 };
 

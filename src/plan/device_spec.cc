@@ -96,9 +96,17 @@ bool iequals(std::string_view a, std::string_view b) {
 
 }  // namespace
 
+double offload_link_bandwidth(const DeviceSpec& d) {
+  return d.kind == "gpu" ? d.host_link_bandwidth * 0.8 : d.host_link_bandwidth;
+}
+
 Result<DeviceSpec> named_device(std::string_view name) {
   for (const DeviceSpec& spec : table()) {
-    if (iequals(spec.name, name)) return spec;
+    if (iequals(spec.name, name)) {
+      DeviceSpec out = spec;
+      if (out.host_memory_bandwidth <= 0) out.host_memory_bandwidth = kAssumedHostBandwidth;
+      return out;
+    }
   }
   std::string known;
   for (const std::string& n : named_device_names()) {

@@ -33,7 +33,20 @@ struct DeviceSpec {
   // bandwidth": one direction of the link). The planner prices ZeRO's traffic with it. 0: no
   // figure (the planner refuses --devices above 1).
   double interconnect_bandwidth = 0;
+  // bytes/s, the host memory bandwidth this device's share of the host sustains (STREAM triad):
+  // what optimizer offload's AdamW pass on the host runs at (docs/notes/offload.md). CPU: the
+  // measured triad (mem_bandwidth). Named GPUs: kAssumedHostBandwidth unless set.
+  double host_memory_bandwidth = 0;
 };
+
+// The host memory bandwidth assumed for a named GPU's share of its server (no datasheet gives
+// it): a two-socket server's triad of about 2 x 150 GB/s shared by 4-8 GPUs, about 50 GB/s each.
+constexpr double kAssumedHostBandwidth = 50e9;
+
+// The bandwidth an offload copy (device <-> offload tier) moves at: the host link's one-direction
+// figure, times 0.8 on a GPU for what pinned copies sustain (cudaMemcpyAsync over PCIe reaches
+// 80-90% of the link); on the CPU the measured memcpy bandwidth itself.
+double offload_link_bandwidth(const DeviceSpec& device);
 
 // The spec of a named GPU from the datasheet table. Case-insensitive ("h100-80gb" works).
 // Returns NotFound, with every known name in the message, for a name not in the table.

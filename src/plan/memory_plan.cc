@@ -16,6 +16,19 @@ using memory::BufferDesc;
 using memory::Category;
 
 namespace {
+// The parameter table of `c`, kept per thread: the search plans thousands of configurations of
+// one model, and building the table (names, shapes, offsets) cost more than copying it.
+const model::ParamTable& param_table_of(const model::Gpt2Config& c) {
+  thread_local std::array<int, 5> key{};
+  thread_local model::ParamTable table;
+  const std::array<int, 5> k = {c.n_layer, c.n_head, c.n_embd, c.vocab_size, c.n_positions};
+  if (k != key || table.params.empty()) {
+    table = model::gpt2_param_table(c);
+    key = k;
+  }
+  return table;
+}
+
 Region single_region(std::string name, Category c, std::vector<BufferDesc> buffers) {
   Region r{std::move(name), c, std::move(buffers), {}};
   r.layout = memory::sequential_layout(r.buffers);
@@ -55,7 +68,7 @@ Result<MemoryPlan> plan_training_memory(const model::Gpt2Config& config, const P
         p.precision));
   }
   const bool bf16 = plan.policy.exec.precision == model::Precision::kBf16;
-  plan.params = model::gpt2_param_table(config);
+  plan.params = param_table_of(config);
   if (!p.exec.recompute.empty() && int(p.exec.recompute.size()) != config.n_layer) {
     return Status::invalid_argument(
         fmt::format("a recompute choice per block is needed: got {} for {} blocks",
@@ -193,9 +206,18 @@ Result<MemoryPlan> plan_training_memory(const model::Gpt2Config& config, const P
   plan.peak_bytes = plan.persistent_bytes + plan.step_bytes;
   plan.lower_bound_bytes = plan.persistent_bytes + plan.step_lower_bound;
 
-  uint64_t best = 0;
+  // The first op with the most live step bytes (live_bytes_at of every op, in one sweep over
+  // the lifetimes instead of one pass over the buffers per op: the search plans thousands).
+  std::vector<int64_t> delta(plan.ops.size() + 1, 0);
+  for (size_t i = 0; i < plan.step.buffers.size(); i++) {
+    const int64_t b = int64_t((plan.step.buffers[i].bytes() + memory::kBufferAlignment - 1) /
+                              memory::kBufferAlignment * memory::kBufferAlignment);
+    delta[size_t(plan.first_op[i])] += b;
+    delta[size_t(plan.last_op[i]) + 1] -= b;
+  }
+  int64_t live = 0, best = 0;
   for (int o = 0; o < int(plan.ops.size()); o++) {
-    uint64_t live = live_bytes_at(plan, o);
+    live += delta[size_t(o)];
     if (live > best) {
       best = live;
       plan.peak_op = o;
@@ -209,6 +231,10 @@ Result<MemoryPlan> plan_training_memory(const model::Gpt2Config& config, const P
     if (plan.first_op[i] <= plan.peak_op && plan.peak_op <= plan.last_op[i]) {
       plan.by_category[size_t(bufs[i].category)] += bufs[i].bytes();
     }
+  }
+  if (p.offload_optimizer) {
+    plan.policy.offload_optimizer = false;  // planned without, then moved
+    offload_optimizer_state(&plan);
   }
   return plan;
 }
@@ -245,6 +271,47 @@ ZeroWindowSizes gpt2_zero_window_sizes(const model::ParamTable& table, int ranks
   return w;
 }
 
+// See Note [Optimizer offload] in docs/notes/offload.md.
+void offload_optimizer_state(MemoryPlan* plan) {
+  HR_CHECK_MSG(plan->persistent.size() > 2 && plan->offload.empty(),
+               "offload_optimizer_state: a training plan without offload expected");
+  Region& params = plan->persistent[0];
+  Region& opt = plan->persistent[2];
+  const int64_t shard = opt.buffers.at(0).shape.numel();  // m's floats: the optimizer's shard
+  // The executor reads the fp32 parameters (with bf16 too: LayerNorm, biases, embeddings and the
+  // casts read them), so they stay as working weights; the master copy is the offload tier's.
+  const auto moved = [plan](const Region& r) {
+    for (const BufferDesc& b : r.buffers) plan->by_category[size_t(b.category)] -= b.bytes();
+    plan->persistent_bytes -= std::min(plan->persistent_bytes, r.layout.size);
+  };
+  if (params.category != Category::kWeights) {
+    for (const BufferDesc& b : params.buffers) {
+      plan->by_category[size_t(b.category)] -= b.bytes();
+      plan->by_category[size_t(Category::kWeights)] += b.bytes();
+    }
+    params.name = "parameters";
+    params.category = Category::kWeights;
+    for (BufferDesc& b : params.buffers) b.category = Category::kWeights;
+  }
+  moved(opt);
+  plan->offload.clear();
+  plan->offload.push_back(
+      single_region("master weights", Category::kMaster,
+                    {{"master_weights", DType::kF32, Shape{shard}, Category::kMaster}}));
+  plan->offload.push_back(single_region("optimizer", Category::kOptimizer, std::move(opt.buffers)));
+  plan->offload.push_back(
+      single_region("gradients", Category::kGrads,
+                    {{"offload_gradients", DType::kF32, Shape{shard}, Category::kGrads}}));
+  opt.name = "optimizer (offloaded)";
+  opt.buffers.clear();
+  opt.layout = memory::Layout{};
+  plan->offload_bytes = 0;
+  for (const Region& r : plan->offload) plan->offload_bytes += r.layout.size;
+  plan->peak_bytes = plan->persistent_bytes + plan->step_bytes;
+  plan->lower_bound_bytes = plan->persistent_bytes + plan->step_lower_bound;
+  plan->policy.offload_optimizer = true;
+}
+
 uint64_t live_bytes_at(const MemoryPlan& plan, int op) {
   uint64_t live = 0;
   const auto& bufs = plan.step.buffers;
@@ -276,6 +343,24 @@ std::string category_table(const MemoryPlan& plan, uint64_t budget) {
                    format_bytes(plan.peak_bytes),
                    budget ? 100.0 * double(plan.peak_bytes) / double(budget) : 0.0,
                    format_bytes(budget), format_bytes(plan.lower_bound_bytes));
+  return s;
+}
+
+std::string offload_table(const MemoryPlan& plan, uint64_t budget) {
+  if (plan.offload.empty()) return "";
+  std::string s = fmt::format("  {:<20} {:>12} {:>7}\n", "offload tier", "bytes", "share");
+  for (const Region& r : plan.offload) {
+    for (const BufferDesc& b : r.buffers) {
+      s += fmt::format(
+          "  {:<20} {:>12} {:>6.1f}%\n", b.name, format_bytes(b.bytes()),
+          100.0 * double(b.bytes()) / double(std::max<uint64_t>(1, plan.offload_bytes)));
+    }
+  }
+  s += fmt::format("  {:<20} {:>12}   {}\n", "total", format_bytes(plan.offload_bytes),
+                   budget ? fmt::format("({:.1f}% of the {} offload budget)",
+                                        100.0 * double(plan.offload_bytes) / double(budget),
+                                        format_bytes(budget))
+                          : std::string("(offload budget not limited)"));
   return s;
 }
 

@@ -32,6 +32,11 @@ struct Policy {
   // (docs/notes/zero.md, "Windows in the executor").
   int ranks = 1;
   int zero_stage = 0;  // 0-3
+  // Optimizer offload (ZeRO-Offload; docs/notes/offload.md): the fp32 master weights, AdamW's m
+  // and v (this rank's shard with ZeRO 1-2) and the gradient copy the update reads live in the
+  // offload tier (MemoryPlan::offload), where AdamW runs; the device keeps the parameters the
+  // executor reads and the gradients.
+  bool offload_optimizer = false;
 };
 
 // GPT-2's ZeRO units (train/zero.h's gpt2_zero_units) as the executor's windows hold them: the
@@ -81,7 +86,25 @@ struct MemoryPlan {
   std::array<uint64_t, memory::kNumCategories> by_category{};
   std::string step_strategy;  // which placement heuristic won
   bool placed = true;         // false: step offsets not computed (see plan_training_memory)
+
+  // The offload tier (a separate host resource with its own budget; pinned host memory on a
+  // GPU): regions allocated from it, not counted in peak_bytes. With Policy::offload_optimizer:
+  // kOffloadMasterRegion (fp32 master weights), kOffloadOptimizerRegion (adam_m, adam_v) and
+  // kOffloadGradientsRegion (the reduced gradients the host update reads), each the rank's
+  // shard; the device's optimizer region (index 2) is then empty.
+  static constexpr size_t kOffloadMasterRegion = 0;
+  static constexpr size_t kOffloadOptimizerRegion = 1;
+  static constexpr size_t kOffloadGradientsRegion = 2;
+  std::vector<Region> offload;
+  uint64_t offload_bytes = 0;  // the offload tier's regions together
 };
+
+// Moves the optimizer state of `plan` to the offload tier (Policy::offload_optimizer): m and v
+// leave the device's optimizer region (which stays, empty, so region indices do not move), the
+// device's fp32 parameters become working weights (category weights), and the offload tier gets
+// the master weights, m, v and a gradient copy of the optimizer's shard. Updates the byte
+// counts. plan_training_memory calls it; the search applies it to plans it already has.
+void offload_optimizer_state(MemoryPlan* plan);
 
 // Plans the memory of training `config` under `policy`. Errors: InvalidArgument for a policy
 // that cannot run (seq above n_positions, non-positive sizes).
@@ -97,5 +120,8 @@ uint64_t live_bytes_at(const MemoryPlan& plan, int op);
 
 // A fixed-width table by category: bytes and share of the peak.
 std::string category_table(const MemoryPlan& plan, uint64_t budget);
+
+// The offload tier's regions: buffer, bytes, share ("" when nothing is offloaded).
+std::string offload_table(const MemoryPlan& plan, uint64_t budget);
 
 }  // namespace headroom::plan

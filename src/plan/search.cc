@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <future>
+#include <limits>
 #include <map>
 #include <tuple>
 
@@ -48,6 +49,10 @@ ZeroSpec planned_zero_spec(const model::ParamTable& params, const Policy& p, boo
   z.grad_bytes = 4;              // gradients stay fp32 (docs/notes/mixed-precision.md)
   z.master = bf16;
   z.micro_batches = p.accumulation;
+  z.offload_optimizer = p.offload_optimizer;
+  // Updated weights come back in the working copy's dtype: bf16 where the device holds bf16
+  // weights only (windows: the GPU layout), fp32 for the CPU executor (it casts its bf16 copy).
+  z.offload_return_bytes = windows && bf16 ? 2 : 4;
   // Units as train/zero.h's gpt2_zero_units: per group (embeddings, block l, the rest) its
   // decayed and its other tensors, each padded to 16 floats. The search asks for the same table
   // thousands of times: the last answer is kept per thread (a GPT-2 table is identified by its
@@ -116,14 +121,24 @@ void shard_plan(MemoryPlan* mp, const ZeroSpec& z, bool executor_layout) {
     }
   }
   ZeroMemory m = zero_memory(z);
-  if (executor_layout && z.master && (z.stage == 1 || z.stage == 2)) m.master = z.param_floats * 4;
+  // The CPU executor reads whole fp32 parameters in stages 0-2 (with bf16 too): the master
+  // weights, or with optimizer offload working weights (the master is the offload tier's).
+  int64_t fp32_working = 0;
+  if (executor_layout && z.master && z.stage <= 2) {
+    if (z.offload_optimizer) {
+      fp32_working = z.param_floats * 4;
+    } else if (z.stage >= 1) {
+      m.master = z.param_floats * 4;
+    }
+  }
   const int64_t gathered = z.stage == 3 ? z.gather_window_floats * z.param_bytes : 0;
-  mp->by_category[size_t(Category::kWeights)] += uint64_t(m.params - gathered);
+  mp->by_category[size_t(Category::kWeights)] += uint64_t(m.params - gathered + fp32_working);
   mp->by_category[size_t(Category::kComm)] += uint64_t(gathered);
   mp->by_category[size_t(Category::kMaster)] += uint64_t(m.master);
   mp->by_category[size_t(Category::kGrads)] += uint64_t(m.grads + m.grad_shard);
   mp->by_category[size_t(Category::kOptimizer)] += uint64_t(m.optimizer);
-  mp->persistent_bytes += uint64_t(m.total());
+  mp->persistent_bytes += uint64_t(m.total() + fp32_working);
+  mp->offload_bytes = uint64_t(m.offloaded);
   mp->peak_bytes = mp->persistent_bytes + mp->step_bytes;
   mp->lower_bound_bytes = mp->persistent_bytes + mp->step_lower_bound;
   mp->policy.ranks = z.ranks;
@@ -142,12 +157,19 @@ Candidate evaluate(const SearchRequest& r, const MemoryPlan& mp) {
   c.peak_bytes = mp.peak_bytes;
   c.lower_bound_bytes = mp.lower_bound_bytes;
   c.by_category = mp.by_category;
+  c.offload_bytes = mp.offload_bytes;
   c.cost = price(r, mp);
-  c.fits = mp.peak_bytes <= r.device_memory;
-  if (!c.fits) {
+  const bool offload_fits = r.offload_memory == 0 || mp.offload_bytes <= r.offload_memory;
+  c.fits = mp.peak_bytes <= r.device_memory && offload_fits;
+  if (mp.peak_bytes > r.device_memory) {
     c.rejected_because =
         fmt::format("needs {}, {} over the {} budget", format_bytes(mp.peak_bytes),
                     format_bytes(mp.peak_bytes - r.device_memory), format_bytes(r.device_memory));
+  } else if (!offload_fits) {
+    c.rejected_because = fmt::format(
+        "the offload tier needs {} (optimizer state), {} over the {} offload budget",
+        format_bytes(mp.offload_bytes), format_bytes(mp.offload_bytes - r.offload_memory),
+        format_bytes(r.offload_memory));
   }
   return c;
 }
@@ -163,68 +185,89 @@ Policy policy_for(const SearchRequest& r, int b, int k) {
   return p;
 }
 
-// What the techniques not built yet would bring, from the leanest plan the engine can run
-// (micro-batch 1, every activation technique on).
+// What the techniques not used by `lean` would bring, from the leanest plan the engine can run
+// (micro-batch 1, every activation technique on, and optimizer offload when it was allowed).
 std::string advise(const SearchRequest& r, const MemoryPlan& lean) {
   const uint64_t budget = r.device_memory;
   const uint64_t need = lean.peak_bytes;
   const double P = double(lean.params.total_floats);
   const double step = double(lean.step_bytes);
-  const double other = double(lean.persistent_bytes) - 16.0 * P;  // token staging
+  const bool offloaded = lean.policy.offload_optimizer;
   const int stage = lean.policy.zero_stage;
   std::string s = fmt::format(
       "nothing fits: even micro-batch 1 with full recomputation, tiled attention and the fused LM "
-      "head needs {} per device ({} persistent: weights, gradients, optimizer state{}; {} for one "
-      "micro-batch), {} more than the {} budget.\n",
+      "head needs {} per device ({} persistent: {}{}; {} for one micro-batch), {} more than the {} "
+      "budget.\n",
       format_bytes(need), format_bytes(lean.persistent_bytes),
+      offloaded ? fmt::format("weights and gradients, with the optimizer state ({}) in the "
+                              "offload tier",
+                              format_bytes(lean.offload_bytes))
+                : std::string("weights, gradients, optimizer state"),
       r.devices > 1
           ? fmt::format(", {} precision, ZeRO-{} over {} devices", r.precision, stage, r.devices)
           : std::string(),
       format_bytes(lean.step_bytes), format_bytes(need - budget), format_bytes(budget));
-  s += "techniques that would close the gap (estimates at micro-batch 1; offload is not built "
-       "yet):\n";
+  s += "techniques that would close the gap (estimates at micro-batch 1):\n";
   auto line = [&](const std::string& what, double bytes) {
     uint64_t b = uint64_t(bytes);
     s += fmt::format("  - {:<66} ~{:>10} per device  {}\n", what, format_bytes(b),
                      b <= budget ? "fits" : fmt::format("still {} over", format_bytes(b - budget)));
   };
   if (r.devices > 1) {
-    // From this rank's bytes: what leaves the device, or shrinks with more ranks.
-    const auto cat = [&](memory::Category c) { return double(lean.by_category[size_t(c)]); };
-    const double optimizer = cat(memory::Category::kOptimizer);
-    const double master = cat(memory::Category::kMaster);
-    line(fmt::format("ZeRO-{} + optimizer offload (Adam moments on the host)", stage),
-         double(need) - optimizer);
-    if (master > 0) {
-      line(fmt::format("ZeRO-{} + optimizer offload with the fp32 master weights", stage),
-           double(need) - optimizer - master);
+    // From this rank's bytes: what leaves the device, or shrinks with more ranks. The CPU
+    // executor keeps whole fp32 parameters with bf16 in stages 0-2 (as shard_plan counts).
+    const auto rank_state = [&](const Policy& p) {
+      const ZeroMemory m = zero_memory(planned_zero_spec(lean.params, p, r.zero_windows));
+      double bytes = double(m.total());
+      if (!r.zero_windows && p.precision == "bf16" && p.zero_stage <= 2) {
+        bytes += 4.0 * P - double(m.master);
+      }
+      return bytes;
+    };
+    const double now = rank_state(lean.policy);
+    if (!offloaded) {
+      Policy off = lean.policy;
+      off.offload_optimizer = true;
+      line(fmt::format("ZeRO-{} + optimizer offload (built: --offload-optimizer on)", stage),
+           double(need) - now + rank_state(off));
     }
     Policy wider = lean.policy;
     wider.ranks = 2 * r.devices;
-    const double now =
-        double(zero_memory(planned_zero_spec(lean.params, lean.policy, r.zero_windows)).total());
-    const double then =
-        double(zero_memory(planned_zero_spec(lean.params, wider, r.zero_windows)).total());
-    line(fmt::format("ZeRO-{} over {} devices (built: --devices {})", stage, 2 * r.devices,
-                     2 * r.devices),
-         double(need) - now + then);
+    line(fmt::format("ZeRO-{} over {} devices{} (built: --devices {})", stage, 2 * r.devices,
+                     offloaded ? " with optimizer offload" : "", 2 * r.devices),
+         double(need) - now + rank_state(wider));
     return s;
   }
+  const double other = double(lean.by_category[size_t(memory::Category::kStaging)]);
   if (r.precision == "fp32") {
     line("bf16 mixed precision (built: --precision bf16; +2 bytes per parameter, bf16 activations)",
-         18.0 * P + other + step / 2.0);
+         double(need) + 2.0 * P - step / 2.0);
   }
-  line("optimizer offload (fp32 moments on the host)", 8.0 * P + other + step);
-  line("bf16 + optimizer offload (fp32 master and moments on the host)",
-       4.0 * P + other + step / 2.0);
-  line("ZeRO-3 over 4 devices (built in the planner: --devices 4; all model state sharded)",
-       16.0 * P / 4.0 + other + step);
+  if (!offloaded) {
+    MemoryPlan alt = lean;
+    offload_optimizer_state(&alt);
+    line("optimizer offload (built: --offload-optimizer on; master, m, v in the offload tier)",
+         double(alt.peak_bytes));
+  }
+  line(fmt::format("ZeRO-3 over 4 devices (built in the planner: --devices 4; all model state "
+                   "sharded{})",
+                   offloaded ? ", optimizer offload" : ""),
+       (offloaded ? 8.0 : 16.0) * P / 4.0 + other + step);
   return s;
 }
 
 }  // namespace
 
 namespace {
+// Whether optimizer offload makes every plan slower than the same plan without it: its copies
+// (4 bytes a float out, at least 2 back) and host pass (36 bytes a float at host bandwidth) cost
+// more than the device's optimizer pass it replaces (36 bytes a float at device bandwidth).
+bool offload_never_faster(const DeviceSpec& d) {
+  const double host = d.host_memory_bandwidth > 0 ? d.host_memory_bandwidth : d.mem_bandwidth;
+  const double link = offload_link_bandwidth(d);
+  return link > 0 && host > 0 && 6.0 / link + 36.0 / host >= 36.0 / d.mem_bandwidth;
+}
+
 // Two searches side by side (fp32 and bf16; ZeRO stages): the faster choice wins, ties go to the
 // first (the simpler technique), and when neither fits the second (the leaner: bf16, a higher
 // stage) gives the advice. The candidates of both are listed.
@@ -233,7 +276,8 @@ SearchResult merge_results(SearchResult first, SearchResult second) {
     return s.chosen ? s.chosen->cost.tokens_per_s : -1.0;
   };
   const bool second_wins = second.chosen ? speed(second) > speed(first) : !first.chosen;
-  SearchResult out = second_wins ? second : first;
+  // Moved, not copied: a large model's chosen plan is costly to copy.
+  SearchResult out = second_wins ? std::move(second) : std::move(first);
   const SearchResult& other = second_wins ? first : second;
   out.candidates.insert(out.candidates.end(), other.candidates.begin(), other.candidates.end());
   std::stable_sort(out.candidates.begin(), out.candidates.end(),
@@ -243,6 +287,8 @@ SearchResult merge_results(SearchResult first, SearchResult second) {
   out.rejected.insert(out.rejected.end(), other.rejected.begin(), other.rejected.end());
   out.plans_placed += other.plans_placed;
   out.max_micro_batch = std::max(out.max_micro_batch, other.max_micro_batch);
+  out.fastest_rejected_tokens_per_s =
+      std::max(out.fastest_rejected_tokens_per_s, other.fastest_rejected_tokens_per_s);
   out.planning_ms += other.planning_ms;
   return out;
 }
@@ -274,9 +320,16 @@ Result<SearchResult> search_plan(const SearchRequest& r) {
                     "communication with",
                     r.devices, r.device.name));
   }
-  if (r.precision == "auto" || (r.devices > 1 && !r.zero_stage)) {
+  if (r.offload_optimizer.value_or(false) && !(offload_link_bandwidth(r.device) > 0)) {
+    return Status::invalid_argument(
+        fmt::format("--offload-optimizer on: device {} has no host link bandwidth to price the "
+                    "offload copies with",
+                    r.device.name));
+  }
+  if (r.precision == "auto" || (r.devices > 1 && !r.zero_stage) || !r.offload_optimizer) {
     // Searched side by side: precisions (fp32, and bf16 where the device has bf16 GEMMs), then
-    // ZeRO stages 0-3 for several devices; the fastest fitting choice wins.
+    // ZeRO stages 0-3 for several devices, then optimizer offload off and on; the fastest
+    // fitting choice wins (ties: the earlier, simpler one).
     auto t0 = std::chrono::steady_clock::now();
     std::vector<SearchRequest> leaves;
     for (const char* precision : {"fp32", "bf16"}) {
@@ -288,25 +341,46 @@ Result<SearchResult> search_plan(const SearchRequest& r) {
         if (r.devices > 1 ? (r.zero_stage ? *r.zero_stage != z : z > r.max_zero_stage) : z > 0) {
           continue;
         }
-        SearchRequest leaf = r;
-        leaf.precision = r.precision == "auto" ? precision : r.precision;
-        leaf.zero_stage = r.devices > 1 ? z : 0;
-        leaves.push_back(std::move(leaf));
+        for (bool offload : {false, true}) {
+          if (r.offload_optimizer && *r.offload_optimizer != offload) continue;
+          // No host link figure: offload cannot be priced (an explicit request is refused below).
+          if (offload && !r.offload_optimizer && !(offload_link_bandwidth(r.device) > 0)) continue;
+          // The CPU trainer runs optimizer offload with ZeRO 0-2 (ZeRO-3's parameter shards are
+          // not copied back from the offload tier yet).
+          if (offload && !r.offload_optimizer && r.executor_layout && r.devices > 1 && z == 3) {
+            continue;
+          }
+          SearchRequest leaf = r;
+          leaf.precision = r.precision == "auto" ? precision : r.precision;
+          leaf.zero_stage = r.devices > 1 ? z : 0;
+          leaf.offload_optimizer = offload;
+          leaves.push_back(std::move(leaf));
+        }
       }
     }
     if (r.precision != "auto" && leaves.empty()) {  // an unknown precision: the leaf says so
       SearchRequest leaf = r;
       leaf.zero_stage = 0;
+      leaf.offload_optimizer = r.offload_optimizer.value_or(false);
       leaves.push_back(leaf);
     }
     // One thread per precision (their plans share nothing; the stages of one precision share
     // a cache), merged in a fixed order, so the result does not depend on timing.
-    auto group = [&leaves](const std::string& precision) -> Result<std::optional<SearchResult>> {
+    auto group = [&leaves,
+                  &r](const std::string& precision) -> Result<std::optional<SearchResult>> {
       std::optional<SearchResult> out;
       PlanCache cache;
+      // The plan without offload of the previous leaf (the same stage), to skip offload where it
+      // cannot win: with offload every plan is slower than the same plan without it
+      // (offload_never_faster), so it wins only through a plan that does not fit without it.
+      bool skip_offload = false;
       for (const SearchRequest& leaf : leaves) {
         if (leaf.precision != precision) continue;
+        const bool offload = leaf.offload_optimizer.value_or(false);
+        if (offload && !r.offload_optimizer && skip_offload) continue;
         HR_ASSIGN_OR_RETURN(SearchResult one, search_leaf(leaf, cache));
+        skip_offload = !offload && one.chosen && offload_never_faster(leaf.device) &&
+                       one.fastest_rejected_tokens_per_s <= one.chosen->cost.tokens_per_s;
         out = out ? merge_results(std::move(*out), std::move(one)) : std::move(one);
       }
       return out;
@@ -399,7 +473,8 @@ Result<SearchResult> search_leaf(const SearchRequest& r, PlanCache& cache) {
   const model::ExecOptions lean = options.back();
 
   // Placed plans, by micro-batch and technique; the step region does not depend on k.
-  std::map<std::pair<int, std::string>, MemoryPlan> placed;
+  // (Pointers into the plan maps below, which keep every plan for the whole search.)
+  std::map<std::pair<int, std::string>, const MemoryPlan*> placed;
   auto policy = [&](int b, int k, const model::ExecOptions& e) {
     Policy p = policy_for(r, b, k);
     p.exec = e;
@@ -411,12 +486,60 @@ Result<SearchResult> search_leaf(const SearchRequest& r, PlanCache& cache) {
   // for the same few dozen many times, and a copy of a large model's plan costs more than the
   // pricing.
   const int stage = r.zero_stage.value_or(0);
-  std::map<std::string, MemoryPlan> sharded;  // this stage's share of the replicas in `cache`
+  // Optimizer offload moves only model state: the replicas in `cache` (planned without it) are
+  // shared by the offload-off and offload-on searches, which derive their own copies.
+  const bool offload = r.offload_optimizer.value_or(false);
+  // This stage's share of the replicas in `cache`, with or without offload: derived plans without
+  // the op list, the activation table and the step offsets (the search reads byte counts, the
+  // step buffers and the parameter table; copying a large model's whole plan for each of them
+  // cost more than the search). `replica_of` maps each back to its replica, which serves as the
+  // step layout to reuse and completes the chosen plan (complete()).
+  std::map<std::string, MemoryPlan> sharded;
+  std::map<const MemoryPlan*, const MemoryPlan*> replica_of;
+  const auto light_copy = [](const MemoryPlan& full) {
+    MemoryPlan mp;
+    mp.policy = full.policy;
+    mp.params = full.params;
+    mp.persistent = full.persistent;
+    mp.step.name = full.step.name;
+    mp.step.category = full.step.category;
+    mp.step.buffers = full.step.buffers;
+    mp.step.layout.size = full.step.layout.size;
+    mp.persistent_bytes = full.persistent_bytes;
+    mp.step_bytes = full.step_bytes;
+    mp.step_lower_bound = full.step_lower_bound;
+    mp.peak_bytes = full.peak_bytes;
+    mp.lower_bound_bytes = full.lower_bound_bytes;
+    mp.peak_op = full.peak_op;
+    mp.by_category = full.by_category;
+    mp.step_strategy = full.step_strategy;
+    mp.placed = full.placed;
+    mp.offload = full.offload;
+    mp.offload_bytes = full.offload_bytes;
+    return mp;
+  };
+  const auto full_of = [&replica_of](const MemoryPlan* mp) {
+    auto it = replica_of.find(mp);
+    return it == replica_of.end() ? mp : it->second;
+  };
+  // The whole plan of `mp`: its replica's op list, activation table and step layout, with the
+  // derived model state, bytes and policy.
+  const auto complete = [&full_of](const MemoryPlan* mp) {
+    const MemoryPlan* full = full_of(mp);
+    if (full == mp) return *mp;
+    MemoryPlan out = *mp;
+    out.activations = full->activations;
+    out.ops = full->ops;
+    out.first_op = full->first_op;
+    out.last_op = full->last_op;
+    out.step = full->step;
+    return out;
+  };
   auto plan_mem = [&](int b, int k, const model::ExecOptions& e, const MemoryPlan* same,
                       bool do_place) -> Result<const MemoryPlan*> {
     const std::string key =
         fmt::format("{} {} {} {} {}", r.precision, b, k, do_place, describe_exec(e));
-    if (r.devices > 1) {
+    if (r.devices > 1 || offload) {
       auto own = sharded.find(key);
       if (own != sharded.end()) return &own->second;
     }
@@ -426,6 +549,7 @@ Result<SearchResult> search_leaf(const SearchRequest& r, PlanCache& cache) {
       zp.zero_stage = stage;
       // ZeRO-3 keeps no persistent bf16 copy of the whole model: weights are cast per layer.
       if (stage == 3) zp.exec.bf16_weight_copy = false;
+      zp.offload_optimizer = offload;  // moved to the offload tier by plan_training_memory
       HR_ASSIGN_OR_RETURN(MemoryPlan mp, plan_training_memory(r.config, zp, same, do_place));
       return &sharded.emplace(key, std::move(mp)).first->second;
     }
@@ -435,26 +559,31 @@ Result<SearchResult> search_leaf(const SearchRequest& r, PlanCache& cache) {
                           plan_training_memory(r.config, policy(b, k, e), same, do_place));
       hit = cache.emplace(key, std::move(fresh)).first;
     }
-    if (r.devices <= 1) return &hit->second;
-    MemoryPlan mp = hit->second;
-    Policy zp = mp.policy;
-    zp.zero_stage = stage;
-    shard_plan(&mp, planned_zero_spec(mp.params, zp, r.zero_windows), !r.zero_windows);
-    return &sharded.emplace(key, std::move(mp)).first->second;
+    if (r.devices <= 1 && !offload) return &hit->second;
+    MemoryPlan mp = light_copy(hit->second);
+    if (offload) offload_optimizer_state(&mp);
+    if (r.devices > 1) {
+      Policy zp = mp.policy;
+      zp.zero_stage = stage;
+      shard_plan(&mp, planned_zero_spec(mp.params, zp, r.zero_windows), !r.zero_windows);
+    }
+    const MemoryPlan* derived = &sharded.emplace(key, std::move(mp)).first->second;
+    replica_of.emplace(derived, &hit->second);
+    return derived;
   };
-  auto place = [&](int b, int k, const model::ExecOptions& e) -> Result<MemoryPlan> {
+  auto place = [&](int b, int k, const model::ExecOptions& e) -> Result<const MemoryPlan*> {
     auto key = std::make_pair(b, describe_exec(e));
     auto it = placed.find(key);
     if (it == placed.end()) res.plans_placed++;
     HR_ASSIGN_OR_RETURN(const MemoryPlan* mp,
-                        plan_mem(b, k, e, it == placed.end() ? nullptr : &it->second, true));
-    if (it == placed.end()) placed.emplace(key, *mp);
-    return *mp;
+                        plan_mem(b, k, e, it == placed.end() ? nullptr : it->second, true));
+    if (it == placed.end()) placed.emplace(key, full_of(mp));  // the step layout to reuse
+    return mp;
   };
   struct Choice {
-    std::optional<Candidate> best;  // fastest that fits
-    std::optional<MemoryPlan> plan;
-    Candidate leanest;  // when nothing fits
+    std::optional<Candidate> best;     // fastest that fits
+    const MemoryPlan* plan = nullptr;  // copied out only when chosen
+    Candidate leanest;                 // when nothing fits
   };
   // Tries `opts` fastest first (priced on the unplaced tables), rejecting on the lower bound
   // before placing; the first that fits is the fastest that fits.
@@ -473,18 +602,22 @@ Result<SearchResult> search_leaf(const SearchRequest& r, PlanCache& cache) {
     for (auto& [rough, e] : priced) {
       if (ch->best && rough.cost.tokens_per_s <= ch->best->cost.tokens_per_s) break;
       if (!rough.fits) {
+        res.fastest_rejected_tokens_per_s =
+            std::max(res.fastest_rejected_tokens_per_s, rough.cost.tokens_per_s);
         rough.rejected_because = fmt::format(
             "needs at least {}, {} over the {} budget", format_bytes(rough.peak_bytes),
             format_bytes(rough.peak_bytes - r.device_memory), format_bytes(r.device_memory));
         continue;
       }
-      HR_ASSIGN_OR_RETURN(MemoryPlan mp, place(b, k, e));
-      Candidate c = evaluate(r, mp);
+      HR_ASSIGN_OR_RETURN(const MemoryPlan* mp, place(b, k, e));
+      Candidate c = evaluate(r, *mp);
       if (c.fits) {
         ch->best = c;
-        ch->plan = std::move(mp);
+        ch->plan = mp;
         break;
       }
+      res.fastest_rejected_tokens_per_s =
+          std::max(res.fastest_rejected_tokens_per_s, c.cost.tokens_per_s);
     }
     return Status::ok();
   };
@@ -541,28 +674,64 @@ Result<SearchResult> search_leaf(const SearchRequest& r, PlanCache& cache) {
       HR_ASSIGN_OR_RETURN(const MemoryPlan* mp, plan_mem(b, k, lean, nullptr, false));
       ch.leanest = evaluate(r, *mp);
       ch.leanest.placed = false;
-      ch.leanest.rejected_because = fmt::format(
-          "needs at least {} even with {}, {} over the {} budget", format_bytes(mp->peak_bytes),
-          describe_exec(lean), format_bytes(mp->peak_bytes - r.device_memory),
-          format_bytes(r.device_memory));
+      // Past the device (the offload tier's refusal, from evaluate, stands otherwise).
+      if (mp->peak_bytes > r.device_memory)
+        ch.leanest.rejected_because = fmt::format(
+            "needs at least {} even with {}, {} over the {} budget", format_bytes(mp->peak_bytes),
+            describe_exec(lean), format_bytes(mp->peak_bytes - r.device_memory),
+            format_bytes(r.device_memory));
     }
     return ch;
   };
 
+  // Memory grows with the micro-batch for every technique (the lower bound strictly: every
+  // buffer is as large or larger, with the same lifetimes): once no technique fits a
+  // micro-batch even on the lower bound, none fits any larger one, and each of those gets its
+  // leanest plan, as choose() would find after pricing everything. This saves most of the work
+  // of searches that cannot succeed (ZeRO stages and offload choices too small for the model).
+  const MemoryPlan* chosen_plan = nullptr;  // copied into res once the choice is made
+  bool any_fits = true;
   // Candidates: every micro-batch that divides the per-device batch (or the one given).
   for (int b = 1; b <= per_device; b++) {
     if (per_device % b != 0 || (r.micro_batch && *r.micro_batch != b)) continue;
-    HR_ASSIGN_OR_RETURN(Choice ch, choose(b, per_device / b));
+    if (any_fits) {
+      any_fits = false;
+      for (const model::ExecOptions& e : options) {
+        HR_ASSIGN_OR_RETURN(const MemoryPlan* rough,
+                            plan_mem(b, per_device / b, e, nullptr, false));
+        if (evaluate(r, *rough).fits) {
+          any_fits = true;
+          break;
+        }
+      }
+    }
+    Choice ch;
+    if (any_fits) {
+      HR_ASSIGN_OR_RETURN(ch, choose(b, per_device / b));
+    } else {
+      // Not priced: as fast as anything, for all the search knows.
+      res.fastest_rejected_tokens_per_s = std::numeric_limits<double>::infinity();
+      HR_ASSIGN_OR_RETURN(const MemoryPlan* mp, plan_mem(b, per_device / b, lean, nullptr, false));
+      ch.leanest = evaluate(r, *mp);
+      ch.leanest.placed = false;
+      if (mp->peak_bytes > r.device_memory) {
+        ch.leanest.rejected_because = fmt::format(
+            "needs at least {} even with {}, {} over the {} budget", format_bytes(mp->peak_bytes),
+            describe_exec(lean), format_bytes(mp->peak_bytes - r.device_memory),
+            format_bytes(r.device_memory));
+      }
+    }
     if (ch.best) {
       res.candidates.push_back(*ch.best);
       if (!res.chosen || ch.best->cost.tokens_per_s > res.chosen->cost.tokens_per_s) {
         res.chosen = ch.best;
-        res.chosen_plan = std::move(ch.plan);
+        chosen_plan = ch.plan;
       }
     } else {
       res.rejected.push_back(ch.leanest);
     }
   }
+  if (chosen_plan) res.chosen_plan = complete(chosen_plan);
   std::stable_sort(res.candidates.begin(), res.candidates.end(),
                    [](const Candidate& a, const Candidate& b) {
                      return a.cost.tokens_per_s > b.cost.tokens_per_s;
@@ -573,8 +742,9 @@ Result<SearchResult> search_leaf(const SearchRequest& r, PlanCache& cache) {
   auto fits = [&](int b) -> Result<bool> {
     HR_ASSIGN_OR_RETURN(const MemoryPlan* rough, plan_mem(b, 1, lean, nullptr, false));
     if (rough->peak_bytes > r.device_memory) return false;
-    HR_ASSIGN_OR_RETURN(MemoryPlan mp, place(b, 1, lean));
-    return mp.peak_bytes <= r.device_memory;
+    if (r.offload_memory && rough->offload_bytes > r.offload_memory) return false;
+    HR_ASSIGN_OR_RETURN(const MemoryPlan* mp, place(b, 1, lean));
+    return mp->peak_bytes <= r.device_memory;
   };
   HR_ASSIGN_OR_RETURN(bool one_fits, fits(1));
   if (one_fits) {
@@ -606,9 +776,19 @@ Result<SearchResult> search_leaf(const SearchRequest& r, PlanCache& cache) {
     }
   }
   if (!res.chosen) {
-    HR_ASSIGN_OR_RETURN(MemoryPlan mp, place(1, per_device, lean));
+    HR_ASSIGN_OR_RETURN(const MemoryPlan* lean_plan, place(1, per_device, lean));
+    const MemoryPlan& mp = *lean_plan;
     if (mp.peak_bytes > r.device_memory) {
       res.advice = advise(r, mp);
+    } else if (r.offload_memory && mp.offload_bytes > r.offload_memory) {
+      res.advice = fmt::format(
+          "nothing fits: with optimizer offload the device holds micro-batch 1 ({} of {}), but the "
+          "offload tier needs {} for the master weights, AdamW moments and gradient copy, {} more "
+          "than its {} budget: raise --offload-memory, or shard the optimizer state over more "
+          "devices (ZeRO-1 or higher)\n",
+          format_bytes(mp.peak_bytes), format_bytes(r.device_memory),
+          format_bytes(mp.offload_bytes), format_bytes(mp.offload_bytes - r.offload_memory),
+          format_bytes(r.offload_memory));
     } else {
       res.advice = fmt::format(
           "nothing fits with the constraints given{}{}; the largest micro-batch that fits is {}.\n",

@@ -51,6 +51,13 @@ struct SearchRequest {
   bool executor_layout = false;
   // The highest stage `auto` searches (an explicit zero_stage is not limited).
   int max_zero_stage = 3;
+  // Optimizer offload (Policy::offload_optimizer; docs/notes/offload.md): a constraint when set;
+  // unset, every plan is tried with and without it, and offload wins only where it fits and the
+  // plan without does not, or where it is predicted faster (ties go to no offload).
+  std::optional<bool> offload_optimizer;
+  // The offload tier's budget per device (bytes); 0: not limited. A plan whose offload bytes
+  // exceed it does not fit.
+  uint64_t offload_memory = 0;
 };
 
 // "tiled attention, fused LM head (chunk 256), recompute: 4 full, 8 none".
@@ -65,6 +72,7 @@ struct Candidate {
   uint64_t peak_bytes = 0;
   uint64_t lower_bound_bytes = 0;
   std::array<uint64_t, memory::kNumCategories> by_category{};
+  uint64_t offload_bytes = 0;  // the offload tier's bytes (per rank), 0 without offload
   StepCost cost;
   bool fits = false;
   bool placed = true;            // false: rejected on the lower bound, never placed
@@ -82,6 +90,9 @@ struct SearchResult {
   std::vector<Candidate> candidates;
   std::vector<Candidate> rejected;
   int plans_placed = 0;  // offset plans computed (the rest were rejected on the lower bound)
+  // The fastest plan priced that did not fit (infinity when some were never priced): the search
+  // skips optimizer offload where the plan without it is already the fastest of all.
+  double fastest_rejected_tokens_per_s = 0;
   std::vector<Candidate> sweep;  // micro-batch 1, 2, 4, ... past the largest that fits
   int max_micro_batch = 0;       // largest micro-batch whose plan fits (0: none)
   std::string advice;            // when nothing fits: what is missing and what would help

@@ -29,7 +29,19 @@ ZeroMemory zero_memory(const ZeroSpec& s) {
   m.grads = (s.stage <= 1 ? P : grad_window) * s.grad_bytes;
   m.grad_shard = s.stage == 0 ? 0 : S * 4;
   m.optimizer = 2 * S * 4;
+  if (s.offload_optimizer) {
+    // Master, m, v and the gradient copy the host update reads: 16 bytes a shard float.
+    m.offloaded = 16 * S;
+    m.master = 0;
+    m.optimizer = 0;
+  }
   return m;
+}
+
+int64_t offload_link_bytes(const ZeroSpec& s) {
+  if (!s.offload_optimizer) return 0;
+  const int64_t S = s.stage == 0 ? s.param_floats : shard_of(s);
+  return S * 4 + S * s.offload_return_bytes;
 }
 
 ZeroTraffic zero_traffic(const ZeroSpec& s) {

@@ -31,6 +31,14 @@ struct ZeroSpec {
   // Micro-batches per optimizer step (stage 3 gathers the parameters in each micro-batch's
   // forward and backward).
   int micro_batches = 1;
+  // Optimizer offload (docs/notes/offload.md): the fp32 master weights, m and v of this rank's
+  // shard, and a copy of its reduced gradient that the host update reads, live in the offload
+  // tier (16 bytes a shard float); the device keeps the working parameters and the gradients.
+  bool offload_optimizer = false;
+  // Bytes per float of the updated weights copied back to the device after the host update: the
+  // working copy's dtype (4 for fp32, and for the CPU executor's bf16, which keeps fp32 working
+  // weights and casts its bf16 copy on the device; 2 where the device holds bf16 weights only).
+  int offload_return_bytes = 4;
 };
 
 // Bytes per rank by category (the plan's weights, master, grads, optimizer).
@@ -40,6 +48,9 @@ struct ZeroMemory {
   int64_t grads = 0;       // the working gradient buffer
   int64_t grad_shard = 0;  // the reduced fp32 gradient shard (stages 1-3)
   int64_t optimizer = 0;   // AdamW m and v, fp32
+  // With offload_optimizer: bytes in the offload tier (not on the device, not in total()):
+  // master 4 S, m and v 8 S, the gradient copy 4 S; master and optimizer above are then 0.
+  int64_t offloaded = 0;
   int64_t total() const { return params + master + grads + grad_shard + optimizer; }
 };
 ZeroMemory zero_memory(const ZeroSpec& spec);
@@ -58,5 +69,10 @@ ZeroTraffic zero_traffic(const ZeroSpec& spec);
 // Seconds of communication per step at `bytes_per_s` per rank (a calibrated all-reduce bus
 // bandwidth), without overlap. 0 for one rank.
 double zero_comm_seconds(const ZeroSpec& spec, double bytes_per_s);
+
+// Optimizer offload's traffic over the host link per optimizer step, per rank: the reduced
+// gradient shard to the offload tier (4 S) and the updated weights back (offload_return_bytes
+// x S). 0 without offload.
+int64_t offload_link_bytes(const ZeroSpec& spec);
 
 }  // namespace headroom::plan

@@ -60,6 +60,7 @@ plan::DeviceSpec nominal_cpu_spec() {
   d.flops_fp32 = 50e9;
   d.mem_bandwidth = 10e9;
   d.host_link_bandwidth = 5e9;
+  d.host_memory_bandwidth = 10e9;
   d.gemm_efficiency = 1;
   d.source = "nominal (no calibration given)";
   return d;
@@ -132,6 +133,8 @@ Result<ElasticStep::Replan> ElasticStep::replan(uint64_t ceiling, int remaining)
   req.seq = setup_.seq;
   req.global_batch = G;
   req.precision = plan_.policy.precision;
+  // The offload tier's regions are allocated for the run: re-plans keep the run's choice.
+  req.offload_optimizer = plan_.policy.offload_optimizer;
   req.head_chunk = setup_.head_chunk;
   HR_ASSIGN_OR_RETURN(plan::SearchResult res, plan::search_plan(req));
 

@@ -15,6 +15,7 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include "backend/cpu/device.h"
 #include "backend/cpu/kernels.h"
 #include "core/log.h"
 #include "core/units.h"
@@ -28,6 +29,7 @@
 #include "plan/memory_plan.h"
 #include "train/checkpoint.h"
 #include "train/elastic.h"
+#include "train/offload.h"
 #include "train/shape_plans.h"
 #include "train/step_events.h"
 #include "train/zero.h"
@@ -204,14 +206,18 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
   policy.precision = std::string(model::precision_name(o.exec.precision));
   policy.ranks = R;
   policy.zero_stage = o.zero_stage;
+  policy.offload_optimizer = o.offload_optimizer;
   HR_ASSIGN_OR_RETURN(const plan::MemoryPlan mp, plan::plan_training_memory(cfg, policy));
   if (mp.peak_bytes > o.device_memory) {
     return Status::out_of_memory(fmt::format(
         "model {} with micro-batch {} x seq {} needs {} but the device budget is {}:\n{}"
-        "try a smaller --batch or --seq, or a larger --device-memory{}",
+        "try a smaller --batch or --seq, or a larger --device-memory{}{}",
         o.model_name, B, T, format_bytes(mp.peak_bytes), format_bytes(o.device_memory),
         plan::category_table(mp, o.device_memory),
-        R > 1 && o.zero_stage == 0 ? " (or --zero 1 to shard the optimizer state)" : ""));
+        R > 1 && o.zero_stage == 0 ? " (or --zero 1 to shard the optimizer state)" : "",
+        o.offload_optimizer
+            ? ""
+            : " (or --offload-optimizer on to move the optimizer state off the device)"));
   }
   // Bucketed: the step region is planned per micro-batch shape that occurs; the worst one must
   // fit next to the persistent regions (validation runs the plan's own b x T shape).
@@ -238,7 +244,8 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
   memory::LimitResource limit(&host, o.device_memory);
   memory::TrackingResource tracking(&limit);
   const model::ParamTable& table = mp.params;
-  auto make = [&](const plan::Region& r) {
+  auto make = [&](const plan::Region& r) -> Result<memory::Arena> {
+    if (r.layout.size == 0) return memory::Arena();  // the optimizer region, when offloaded
     return memory::Arena::create(&tracking, r.buffers, r.layout, r.category);
   };
   HR_ASSIGN_OR_RETURN(memory::Arena params_arena, make(mp.persistent[0]));
@@ -302,12 +309,27 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
       stage >= 2 ? int64_t(mp.persistent[1].buffers[0].bytes() / sizeof(float)) : 0;
   // ZeRO-1-3: this rank's piece of the reduced gradient, m and v (docs/notes/zero.md).
   float* grad_shard = stage > 0 ? grads_arena.f32(stage < 2 ? 1 : grad_windows.size()) : nullptr;
-  float* m = opt_arena.f32(0);
-  float* v = opt_arena.f32(1);
-  const int64_t moment_floats = int64_t(mp.persistent[2].buffers[0].bytes() / sizeof(float));
   // The optimizer's collectives, recorded as ops of its step when profiling (step_events.h).
   TracedCommunicator zcomm(&comm);
   ZeroOptimizer zopt(&zcomm, &table, stage);
+  // Optimizer offload: m and v (and the master weights) live in the offload tier.
+  std::unique_ptr<OptimizerOffload> offload;
+  if (mp.policy.offload_optimizer) {
+    if (stage == 3) {
+      return Status::unsupported(
+          "optimizer offload runs with ZeRO 0-2 in the trainer (ZeRO-3's parameter shards are not "
+          "copied back from the offload tier yet): use --zero 2 or --offload-optimizer off");
+    }
+    uint64_t budget = o.offload_memory;
+    if (budget == 0) budget = cpu::query_cpu_device().available_bytes;
+    HR_ASSIGN_OR_RETURN(offload,
+                        OptimizerOffload::create(mp, budget, &comm, stage, &zopt.layout()));
+  }
+  float* m = offload ? offload->m() : opt_arena.f32(0);
+  float* v = offload ? offload->v() : opt_arena.f32(1);
+  const int64_t moment_floats = offload
+                                    ? offload->shard_floats()
+                                    : int64_t(mp.persistent[2].buffers[0].bytes() / sizeof(float));
   HR_CHECK_MSG(zopt.sizes().m <= moment_floats, "the plan's optimizer shard is too small");
   if (stage < 3) {
     model::gpt2_init_params(cfg, table, params, o.seed);
@@ -491,6 +513,7 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     return written;
   };
 
+  if (offload) offload->load_master(params);  // after initialisation or the checkpoint
   bf16_t* params_bf16 = bf16_arena.size() > 0 ? static_cast<bf16_t*>(bf16_arena.data(0)) : nullptr;
   if (params_bf16) cpu::cast_to_bf16(params_bf16, params, table.total_floats);
   model::Gpt2 net(cfg, &table);
@@ -550,6 +573,11 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     info.num_parameters = table.num_parameters;
     info.planned_bytes = mp.peak_bytes;
     info.memory_table = plan::category_table(mp, o.device_memory);
+    if (offload) {
+      info.offload_table = plan::offload_table(mp, offload->budget());
+      info.offload_bytes = mp.offload_bytes;
+      info.offload_budget = offload->budget();
+    }
     info.train_tokens = train_range.size();
     info.val_tokens = val_range.size();
     info.predicted_step_ms = elastic.predicted_step_ms();
@@ -887,7 +915,9 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
                          v,
                          /*grads_reduced=*/zw.has_value() || reducer.has_value()};
     if (rec) zcomm.trace(&rec->events, run_start, EventPhase::kOptimizer, step);
-    Result<double> stepped = zopt.step(zb, o.adamw, lr, step + 1, params_bf16);
+    Result<double> stepped = offload ? offload->step(params, grads, grad_shard, params_bf16,
+                                                     o.adamw, lr, step + 1, zb.grads_reduced)
+                                     : zopt.step(zb, o.adamw, lr, step + 1, params_bf16);
     zcomm.trace(nullptr, run_start, EventPhase::kNone, -1);
     HR_ASSIGN_OR_RETURN(const double norm, std::move(stepped));
     const Clock::time_point tz = Clock::now();
@@ -945,6 +975,13 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     s.lower_bound_bytes = elastic.plan().lower_bound_bytes;
     s.pool_reserved_bytes = elastic.pool_stats().reserved;
     s.device_budget = limit.budget();
+    if (offload) {
+      const memory::MemoryStats os = offload->stats();
+      s.offload_bytes_in_use = os.current;
+      s.offload_bytes_peak = os.peak;
+      s.planned_offload_bytes = offload->planned_bytes();
+      s.offload_copy_ms = offload->last_copy_ms();
+    }
     if (!std::isfinite(s.loss)) {
       return Status::internal(
           fmt::format("loss became {} at step {} (lr {}); try a lower --lr", s.loss, s.step, lr));
@@ -984,6 +1021,11 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
   }
   result.lower_bound_bytes = mp.lower_bound_bytes;
   if (zw) result.zero_events = zw->events();
+  if (offload) {
+    result.offload_memory = offload->stats();
+    result.offload_bytes_peak = result.offload_memory.peak;
+    result.planned_offload_bytes = offload->planned_bytes();
+  }
   if (result.stopped) return result;
   Status finish;
   // ZeRO-3: the final weights gathered into host memory on every rank (the model file and the

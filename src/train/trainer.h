@@ -72,6 +72,12 @@ struct TrainOptions {
   // micro-batch, accumulation and recomputation with the same effective batch. Empty: the budget
   // is device_memory for the whole run.
   std::string device_memory_file;
+  // Optimizer offload (docs/notes/offload.md): the fp32 master weights, AdamW's m and v (this
+  // rank's shard) and a gradient copy live in the offload tier, a host memory stack of its own
+  // under `offload_memory` bytes (0: the host's available memory, MemAvailable), where AdamW
+  // runs; the device budget counts only what stays (parameters, gradients, step region).
+  bool offload_optimizer = false;
+  uint64_t offload_memory = 0;
   // Fault injection for tests: the 0-based indices of the step-region acquisitions (one per
   // micro-batch and per validation run, counted from step one) that fail as out of memory.
   std::vector<uint64_t> fail_step_allocations;
@@ -105,6 +111,11 @@ struct StepStats {
   uint64_t lower_bound_bytes = 0;
   uint64_t pool_reserved_bytes = 0;
   uint64_t device_budget = 0;
+  // Optimizer offload: the offload tier's bytes in use, its peak and the plan's (0 without).
+  uint64_t offload_bytes_in_use = 0;
+  uint64_t offload_bytes_peak = 0;
+  uint64_t planned_offload_bytes = 0;
+  double offload_copy_ms = 0;       // this step's copies between the device and the offload tier
   int micro_batch = 0;              // the plan at the end of the step
   int accumulation = 0;             // global batch / micro_batch
   std::string recompute;            // the plan's recomputation: none, selective, full or mixed
@@ -124,6 +135,9 @@ struct SetupInfo {
   int64_t num_parameters = 0;
   uint64_t planned_bytes = 0;  // all arenas together
   std::string memory_table;    // by category, planned
+  std::string offload_table;   // the offload tier's buffers, planned ("" without offload)
+  uint64_t offload_bytes = 0;  // the offload tier, planned
+  uint64_t offload_budget = 0;
   int64_t train_tokens = 0;
   int64_t val_tokens = 0;
   double predicted_step_ms = 0;  // the cost model's time per optimizer step for the plan
@@ -153,8 +167,11 @@ struct TrainResult {
   double tokens_per_s = 0;  // median over steps after the first
   uint64_t device_bytes_peak = 0;
   uint64_t planned_peak_bytes = 0;
-  uint64_t lower_bound_bytes = 0;  // most planned bytes live at one moment
-  int replans = 0;                 // plan changes over the run (elastic micro-batching)
+  uint64_t lower_bound_bytes = 0;      // most planned bytes live at one moment
+  uint64_t offload_bytes_peak = 0;     // optimizer offload: the offload tier, measured
+  uint64_t planned_offload_bytes = 0;  // and planned (0 without offload)
+  memory::MemoryStats offload_memory;
+  int replans = 0;  // plan changes over the run (elastic micro-batching)
   int oom_recoveries = 0;
   double padding = 0;            // padded share of all steps' tokens (bucketed batching)
   uint64_t shape_plans = 0;      // step-region plans computed per micro-batch shape (bucketed)

@@ -18,10 +18,12 @@ namespace fs = std::filesystem;
 using e2e::Outcome;
 using e2e::run;
 
-std::string seven_b(int devices) {
+// Optimizer offload off unless asked (plan_offload_cli_test.cc covers it).
+std::string seven_b(int devices, const std::string& offload = "off") {
   return "plan --model " + std::string(HEADROOM_SOURCE_DIR) + "/configs/gpt-7b.json --devices " +
          std::to_string(devices) +
-         " --device-memory 24GiB --device L4 --seq 2048 --global-batch 64";
+         " --device-memory 24GiB --device L4 --seq 2048 --global-batch 64 --offload-optimizer " +
+         offload;
 }
 
 bool has(const std::string& out, const std::string& what) {

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <optional>
 
 #include "core/units.h"
 #include "model/config.h"
@@ -38,8 +39,11 @@ SearchRequest gpt2_request(uint64_t memory, int devices, int global) {
 
 // The case: a GPT-shaped 7B (configs/gpt-7b.json), seq 2048, global batch 64, on L4s
 // with 24 GiB each.
-SearchRequest seven_b(int devices) {
+// Without optimizer offload unless `offload` is unset (searched) or true (tests/plan/
+// offload_search_test.cc covers offload).
+SearchRequest seven_b(int devices, std::optional<bool> offload = false) {
   SearchRequest r;
+  r.offload_optimizer = offload;
   r.config = *model::resolve_model(std::string(HEADROOM_SOURCE_DIR) + "/configs/gpt-7b.json");
   r.device = *named_device("L4");
   r.device_memory = 24 * kGiB;
@@ -75,8 +79,8 @@ TEST(ZeroSearch, SevenBOnFourL4sNeedsMoreThanShardingCanGive) {
   // gradients, two Adam moments), 99 GiB against 24.
   EXPECT_GT(16.0 * P, double(24 * kGiB));
   // Even stage 3 leaves 16 P / 4 bytes per device (the ZeRO paper's figure): 24.8 GiB, more than
-  // the budget before a single activation. What closes the gap is offload (not built) or more
-  // devices; the planner says so.
+  // the budget before a single activation. What closes the gap is optimizer offload (searched
+  // off here: offload_search_test.cc) or more devices; the planner says so.
   EXPECT_GT(16.0 * P / 4, double(24 * kGiB));
   double ms = 0;
   Result<SearchResult> res = timed_search(r, &ms);

@@ -112,6 +112,70 @@ TEST(PlanEquality, MeasuredPeakEqualsPlannedPeak) {
   }
 }
 
+// Optimizer offload: the device holds what the plan says (m and v gone), and the offload tier,
+// a memory stack of its own, holds exactly the plan's offload regions.
+TEST(PlanEquality, OptimizerOffloadMeasuredEqualsPlannedOnBothTiers) {
+  const Case cases[] = {
+      {2, 64, 4, 257, 64, 2, 16, 2},
+      {3, 48, 3, 500, 32, 3, 32, 1, true, 24, model::Recompute::kSelective},
+      {2, 64, 4, 257, 64, 2, 16, 2, true, 0, model::Recompute::kNone, model::Precision::kBf16},
+      {3, 64, 4, 500, 64, 3, 32, 2, true, 16, model::Recompute::kFull, model::Precision::kBf16,
+       false},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(::testing::Message() << "L=" << c.L << " C=" << c.C << " B=" << c.B << " K=" << c.K
+                                      << " precision=" << model::precision_name(c.precision));
+    train::TrainOptions o;
+    o.config = small_config(c.L, c.C, c.NH, c.V, c.P);
+    o.model_name = "test";
+    o.data = random_token_file(c.V, 20000);
+    o.seq = c.T;
+    o.micro_batch = c.B;
+    o.accumulation = c.K;
+    o.exec.tiled_attention = c.tiled;
+    o.exec.head_chunk = c.head_chunk;
+    if (c.recompute != model::Recompute::kNone) o.exec.recompute.assign(size_t(c.L), c.recompute);
+    o.exec.precision = c.precision;
+    o.exec.bf16_weight_copy = c.bf16_weight_copy;
+    o.steps = 2;
+    o.warmup_steps = 1;
+    o.device_memory = uint64_t(1) << 32;
+    o.eval_batches = 1;
+    o.offload_optimizer = true;
+    o.offload_memory = uint64_t(1) << 32;
+    int steps = 0;
+    train::TrainCallbacks cb;
+    cb.on_step = [&](const train::StepStats& s) {
+      steps++;
+      EXPECT_EQ(s.device_bytes_peak, s.planned_peak_bytes);
+      EXPECT_EQ(s.offload_bytes_peak, s.planned_offload_bytes);
+    };
+    Result<train::TrainResult> r = train::run_training(o, cb);
+    ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+    EXPECT_EQ(steps, 2);
+    plan::Policy p{c.B, c.K, c.T, std::string(model::precision_name(c.precision)), o.exec};
+    Result<plan::MemoryPlan> without = plan::plan_training_memory(o.config, p);
+    p.offload_optimizer = true;
+    Result<plan::MemoryPlan> mp = plan::plan_training_memory(o.config, p);
+    ASSERT_TRUE(mp.is_ok() && without.is_ok());
+    EXPECT_EQ(r->device_bytes_peak, mp->peak_bytes);
+    EXPECT_EQ(r->planned_peak_bytes, mp->peak_bytes);
+    EXPECT_EQ(r->offload_bytes_peak, mp->offload_bytes);
+    EXPECT_EQ(r->planned_offload_bytes, mp->offload_bytes);
+    // By arithmetic: m and v (8 bytes a parameter, 64-byte aligned) left the device; the offload
+    // tier holds master, m, v and the gradient copy (16 bytes a parameter).
+    const uint64_t p4 = (uint64_t(mp->params.total_floats) * 4 + 63) / 64 * 64;
+    EXPECT_EQ(without->peak_bytes - mp->peak_bytes, 2 * p4);
+    EXPECT_EQ(mp->offload_bytes, 4 * p4);
+    // One allocation per non-empty device region and the step region; three on the offload tier.
+    size_t regions = 0;
+    for (const plan::Region& reg : mp->persistent) regions += reg.layout.size > 0;
+    EXPECT_EQ(r->memory.allocations, regions + 1);
+    EXPECT_EQ(r->offload_memory.allocations, mp->offload.size());
+    fs::remove(o.data);
+  }
+}
+
 TEST(PlanEquality, TheStepRegionReusesMemory) {
   // Backward workspaces reuse the logits' memory once the LM head's backward is done.
   model::Gpt2Config c = small_config(4, 128, 4, 5000, 128);

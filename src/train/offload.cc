@@ -1,0 +1,157 @@
+// Optimizer offload: the offload tier's regions and the optimizer step on them (offload.h).
+#include "train/offload.h"
+
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+
+#include "backend/cpu/kernels.h"
+#include "core/check.h"
+#include "core/units.h"
+
+namespace headroom::train {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// A copy between the device and the offload tier. Both are host memory on the CPU backend; on a
+// GPU this is one cudaMemcpyAsync over the host link. One memcpy on one thread, like one copy
+// engine, and like the copy `headroom calibrate` measures (DeviceSpec::host_link_bandwidth), so
+// the cost model prices the copy that runs.
+void copy_between_tiers(float* dst, const float* src, int64_t n) {
+  std::memcpy(dst, src, size_t(n) * sizeof(float));
+}
+
+// torch.nn.utils.clip_grad_norm_, exactly as adamw_step and ZeroOptimizer compute it.
+float clip_scale(const AdamWConfig& config, double norm) {
+  if (config.grad_clip > 0) {
+    const double coef = double(config.grad_clip) / (norm + 1e-6);
+    if (coef < 1.0) return float(coef);
+  }
+  return 1.0f;
+}
+
+}  // namespace
+
+OptimizerOffload::OptimizerOffload(dist::Communicator* comm, const model::ParamTable* table,
+                                   int stage, const dist::ShardLayout* layout, uint64_t budget)
+    : limit_(&host_, budget),
+      tracking_(&limit_),
+      comm_(comm),
+      table_(table),
+      stage_(stage),
+      layout_(layout) {}
+
+Result<std::unique_ptr<OptimizerOffload>> OptimizerOffload::create(
+    const plan::MemoryPlan& plan, uint64_t budget, dist::Communicator* comm, int stage,
+    const dist::ShardLayout* layout) {
+  HR_CHECK_MSG(plan.policy.offload_optimizer && plan.offload.size() == 3,
+               "OptimizerOffload: the plan has no optimizer offload regions");
+  if (stage < 0 || stage > 2) {
+    return Status::unsupported(fmt::format(
+        "optimizer offload with ZeRO-{}: the trainer runs it with ZeRO 0, 1 or 2", stage));
+  }
+  if (plan.offload_bytes > budget) {
+    std::string what;
+    for (const plan::Region& r : plan.offload) {
+      what += fmt::format("{}{} {}", what.empty() ? "" : ", ", r.name, format_bytes(r.layout.size));
+    }
+    return Status::out_of_memory(fmt::format(
+        "the offload tier (host memory for optimizer offload) needs {} ({}) but its budget is {}: "
+        "raise --offload-memory, shard the optimizer state over more ranks (--zero 1 under "
+        "mpirun), or train without offload (--offload-optimizer off) under a larger "
+        "--device-memory",
+        format_bytes(plan.offload_bytes), what, format_bytes(budget)));
+  }
+  std::unique_ptr<OptimizerOffload> o(
+      new OptimizerOffload(comm, &plan.params, stage, layout, budget));
+  auto make = [&](const plan::Region& r) {
+    return memory::Arena::create(&o->tracking_, r.buffers, r.layout, r.category);
+  };
+  using MP = plan::MemoryPlan;
+  HR_ASSIGN_OR_RETURN(o->master_, make(plan.offload[MP::kOffloadMasterRegion]));
+  HR_ASSIGN_OR_RETURN(o->optimizer_, make(plan.offload[MP::kOffloadOptimizerRegion]));
+  HR_ASSIGN_OR_RETURN(o->grads_, make(plan.offload[MP::kOffloadGradientsRegion]));
+  o->shard_floats_ = plan.offload[MP::kOffloadMasterRegion].buffers.at(0).shape.numel();
+  o->planned_bytes_ = plan.offload_bytes;
+  HR_CHECK_MSG(o->piece_floats() <= o->shard_floats_, "the plan's offload shard is too small");
+  // The padding past this rank's piece stays zero: AdamW never touches it.
+  cpu::zero(o->master(), o->shard_floats_);
+  cpu::zero(o->m(), o->shard_floats_);
+  cpu::zero(o->v(), o->shard_floats_);
+  cpu::zero(o->grads(), o->shard_floats_);
+  return o;
+}
+
+int64_t OptimizerOffload::piece_floats() const {
+  return stage_ == 0 ? table_->total_floats : layout_->piece(0).size();
+}
+
+void OptimizerOffload::load_master(const float* device_params) {
+  const int64_t begin = stage_ == 0 ? 0 : layout_->piece(0).begin;
+  copy_between_tiers(master(), device_params + begin, piece_floats());
+}
+
+Result<double> OptimizerOffload::step(float* params, float* grads, float* grad_shard,
+                                      bf16_t* params_bf16, const AdamWConfig& config, float lr,
+                                      int step, bool grads_reduced) {
+  const int64_t P = table_->total_floats, n = piece_floats();
+  double copy_ms = 0;
+  auto timed_copy = [&copy_ms](float* dst, const float* src, int64_t count) {
+    const auto t0 = Clock::now();
+    copy_between_tiers(dst, src, count);
+    copy_ms += std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  };
+  double norm = 0;
+  if (stage_ == 0) {
+    // 1-2: the reduction stays on the device; the summed gradients go to the offload tier.
+    if (!grads_reduced) HR_RETURN_IF_ERROR(comm_->all_reduce(grads, P));
+    timed_copy(this->grads(), grads, P);
+    // 3: adamw_step on the offload tier's buffers (the bf16 copy is cast on the device below).
+    norm = adamw_step(*table_, master(), this->grads(), m(), v(), config, lr, step);
+  } else {
+    HR_CHECK(grad_shard != nullptr && layout_->units().size() == 1);
+    if (!grads_reduced) {
+      HR_RETURN_IF_ERROR(comm_->reduce_scatter(grads, grad_shard, layout_->counts(0)));
+    }
+    timed_copy(this->grads(), grad_shard, n);
+    // The global norm as ZeroOptimizer::step computes it: this piece's sum of squares, summed
+    // over the ranks in double.
+    double sq = cpu::sum_squares(this->grads(), n);
+    HR_RETURN_IF_ERROR(comm_->all_reduce(&sq, 1));
+    norm = std::sqrt(sq);
+    cpu::AdamWParams ap{lr,
+                        config.beta1,
+                        config.beta2,
+                        config.eps,
+                        config.weight_decay,
+                        step,
+                        clip_scale(config, norm)};
+    // The decay split (a multiple of 16 floats, like the piece boundaries): the same kernel
+    // calls on the same elements as ZeroOptimizer's adamw_pieces.
+    const dist::Range p = layout_->piece(0);
+    const int64_t decay = table_->decay_floats;
+    const dist::Range parts[2] = {{p.begin, std::min(p.end, decay)},
+                                  {std::max(p.begin, decay), p.end}};
+    const float weight_decay = ap.weight_decay;
+    for (int i = 0; i < 2; ++i) {
+      if (parts[i].empty()) continue;
+      const int64_t l = parts[i].begin - p.begin;
+      ap.weight_decay = i == 0 ? weight_decay : 0.0f;
+      cpu::adamw_update(master() + l, this->grads() + l, m() + l, v() + l, parts[i].size(), ap);
+    }
+  }
+  // 4: the updated weights back to the device, gathered across ranks, and the bf16 copy cast
+  // from them with adamw_update's rounding (nearest even), as ZeroOptimizer does.
+  const int64_t begin = stage_ == 0 ? 0 : layout_->piece(0).begin;
+  timed_copy(params + begin, master(), n);
+  if (stage_ > 0) HR_RETURN_IF_ERROR(comm_->all_gather(params + begin, params, layout_->counts(0)));
+  if (params_bf16) cpu::cast_to_bf16(params_bf16, params, P);
+  last_copy_ms_ = copy_ms;
+  return norm;
+}
+
+}  // namespace headroom::train

@@ -1,0 +1,95 @@
+// Optimizer offload (ZeRO-Offload style) in the trainer: the offload tier's own memory stack and
+// the regions the plan puts there, and the optimizer step that runs on them. See
+// docs/notes/offload.md ("Note [Optimizer offload]").
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "core/status.h"
+#include "dist/communicator.h"
+#include "dist/shard.h"
+#include "memory/adaptors.h"
+#include "memory/arena.h"
+#include "memory/host_resource.h"
+#include "plan/memory_plan.h"
+#include "train/optimizer.h"
+
+namespace headroom::train {
+
+// The offload tier: a host leaf under its own budget (TrainOptions::offload_memory) with
+// tracking, holding the plan's offload regions (MemoryPlan::offload): the fp32 master weights,
+// AdamW's m and v, and the gradient copy the update reads, each this rank's shard (the whole
+// buffer at ZeRO-0). On a GPU the leaf would be pinned host memory; here it is host memory like
+// the device, and every copy between the two is a real memcpy, so the path is exercised and
+// measured.
+//
+// The step (ZeRO stages 0-2):
+//   1. reduce on the device: all-reduce the gradients (stage 0), or reduce-scatter them into
+//      the device's gradient shard (stages 1-2);
+//   2. copy this rank's reduced gradients device -> offload tier;
+//   3. AdamW on the offload tier (master, m, v), with the global norm's clipping;
+//   4. copy the updated master device <- offload tier into the device parameters (this rank's
+//      piece), all-gather the pieces (stages 1-2), and cast the bf16 copy on the device.
+// The arithmetic is adamw_step's / ZeroOptimizer::step's on the same values in the same order,
+// so weights, m and v are bit-identical to the run without offload (tested).
+//
+// Not thread-safe: the training thread calls it, with no communication in flight.
+class OptimizerOffload {
+ public:
+  // Allocates `plan.offload` from the offload tier. `layout`: the optimizer's shard layout
+  // (ZeroOptimizer::layout(); the flat one-unit layout of stages 0-2). Errors: OutOfMemory
+  // naming the offload tier, what it needs and the budget, when `budget` does not hold the
+  // regions; Unsupported for ZeRO-3.
+  // REQUIRES: plan.policy.offload_optimizer; comm, table and layout outlive this object.
+  static Result<std::unique_ptr<OptimizerOffload>> create(const plan::MemoryPlan& plan,
+                                                          uint64_t budget, dist::Communicator* comm,
+                                                          int stage,
+                                                          const dist::ShardLayout* layout);
+
+  float* master() const { return master_.f32(0); }
+  float* m() const { return optimizer_.f32(0); }
+  float* v() const { return optimizer_.f32(1); }
+  float* grads() const { return grads_.f32(0); }
+  int64_t shard_floats() const { return shard_floats_; }  // floats of each offload buffer
+
+  // Sets the master weights from the device parameters (full buffer): this rank's piece. Call
+  // after initialisation and after loading a checkpoint.
+  void load_master(const float* device_params);
+
+  // One optimizer step (see the class comment). `grad_shard` is the device's reduced-gradient
+  // shard (stages 1-2), null at stage 0; `params_bf16` the device's bf16 copy or null. Returns
+  // the global gradient norm before clipping. A collective with several ranks.
+  // grads_reduced: the reduction already ran during backward (dist::BucketReducer at stages
+  // 0-1, ZeRO-2's gradient windows): grads holds the sum (stage 0) or grad_shard does (1-2).
+  Result<double> step(float* params, float* grads, float* grad_shard, bf16_t* params_bf16,
+                      const AdamWConfig& config, float lr, int step, bool grads_reduced = false);
+
+  memory::MemoryStats stats() const { return tracking_.stats(); }
+  uint64_t budget() const { return limit_.budget(); }
+  uint64_t planned_bytes() const { return planned_bytes_; }
+  // Bytes copied per step each way, and the time the copies of the last step took.
+  uint64_t bytes_to_offload() const { return uint64_t(piece_floats()) * 4; }
+  uint64_t bytes_to_device() const { return uint64_t(piece_floats()) * 4; }
+  double last_copy_ms() const { return last_copy_ms_; }
+
+ private:
+  OptimizerOffload(dist::Communicator* comm, const model::ParamTable* table, int stage,
+                   const dist::ShardLayout* layout, uint64_t budget);
+  int64_t piece_floats() const;
+
+  memory::HostResource host_;
+  memory::LimitResource limit_;
+  memory::TrackingResource tracking_;
+  memory::Arena master_, optimizer_, grads_;
+  dist::Communicator* comm_;
+  const model::ParamTable* table_;
+  int stage_;
+  const dist::ShardLayout* layout_;
+  int64_t shard_floats_ = 0;
+  uint64_t planned_bytes_ = 0;
+  double last_copy_ms_ = 0;
+};
+
+}  // namespace headroom::train
