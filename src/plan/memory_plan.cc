@@ -50,14 +50,22 @@ Result<MemoryPlan> plan_training_memory(const model::Gpt2Config& config, const P
     if (!p.exec.tiled_attention) {
       return Status::invalid_argument("bf16 precision needs tiled attention (--attention tiled)");
     }
+  } else if (p.precision == "fp16") {
+    plan.policy.exec.precision = model::Precision::kFp16;
+    // fp16 casts its GEMM weights per layer (Note [fp16 GEMMs]): no persistent copy.
+    plan.policy.exec.bf16_weight_copy = false;
+    if (!p.exec.tiled_attention) {
+      return Status::invalid_argument("fp16 precision needs tiled attention (--attention tiled)");
+    }
   } else if (p.precision == "fp32") {
     plan.policy.exec.precision = model::Precision::kFp32;
   } else {
-    return Status::unsupported(fmt::format(
-        "precision {} is not built yet (fp32 and bf16 are; fp16 with loss scaling is planned)",
-        p.precision));
+    return Status::invalid_argument(
+        fmt::format("precision {}: expected fp32, bf16 or fp16", p.precision));
   }
   const bool bf16 = plan.policy.exec.precision == model::Precision::kBf16;
+  // Mixed precision (bf16 or fp16): the fp32 parameters are the master weights.
+  const bool mixed = plan.policy.exec.precision != model::Precision::kFp32;
   plan.params = model::gpt2_param_table(config);
   if (!p.exec.recompute.empty() && int(p.exec.recompute.size()) != config.n_layer) {
     return Status::invalid_argument(
@@ -75,8 +83,8 @@ Result<MemoryPlan> plan_training_memory(const model::Gpt2Config& config, const P
   const int64_t tokens = int64_t(p.ranks) * p.accumulation * p.micro_batch * p.seq;
   // With bf16 the fp32 parameters are the master weights, and a bf16 copy (region 4, after
   // staging) is what the GEMMs read.
-  const Category param_cat = bf16 ? Category::kMaster : Category::kWeights;
-  plan.persistent.push_back(single_region(bf16 ? "master weights" : "parameters", param_cat,
+  const Category param_cat = mixed ? Category::kMaster : Category::kWeights;
+  plan.persistent.push_back(single_region(mixed ? "master weights" : "parameters", param_cat,
                                           {{"parameters", DType::kF32, Shape{P}, param_cat}}));
   // ZeRO-1/2 (plan/zero.h): m and v are this rank's shard, and the gradients reduce-scattered to
   // this rank land in a shard next to the full accumulation buffer. Every rank plans the largest

@@ -7,11 +7,13 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "core/status.h"
 #include "model/config.h"
 #include "model/gpt2.h"
+#include "train/loss_scale.h"
 
 namespace headroom::train {
 
@@ -27,6 +29,9 @@ struct TrainerState {
   int seq = 0;
   uint64_t seed = 0;
   std::string data;  // the token file the run reads
+  // fp16: the dynamic loss scaler's state ("loss_scale" in trainer_state.json; absent for fp32
+  // and bf16, and in checkpoints written before fp16 existed).
+  std::optional<LossScaleState> loss_scale;
 };
 
 struct CheckpointView {

@@ -16,6 +16,7 @@
 #include "model/gpt2.h"
 #include "plan/device_spec.h"
 #include "plan/memory_plan.h"
+#include "train/loss_scale.h"
 #include "train/optimizer.h"
 
 namespace headroom::train {
@@ -64,6 +65,11 @@ struct TrainOptions {
   // Fault injection for tests: the 0-based indices of the step-region acquisitions (one per
   // micro-batch and per validation run, counted from step one) that fail as out of memory.
   std::vector<uint64_t> fail_step_allocations;
+  // fp16 only (exec.precision kFp16): dynamic or fixed loss scaling (train/loss_scale.h).
+  LossScaleConfig loss_scale;
+  // Fault injection for tests: the 0-based steps whose gradients get an infinity (in the first
+  // parameter's gradient, after the backward), as an fp16 overflow would put there.
+  std::vector<int> inject_overflow_steps;
 };
 
 // The start-up line for the rank layout: "2 ranks, ZeRO-1: optimizer state sharded (...)".
@@ -76,7 +82,11 @@ struct StepStats {
   int steps = 0;
   double loss = 0;
   float lr = 0;
-  double grad_norm = 0;
+  double grad_norm = 0;  // unscaled (inf or NaN on a skipped step)
+  // fp16: the loss scale this step ran with, and whether its update was skipped (an overflow);
+  // 1 and false for fp32 and bf16, which are not scaled.
+  float loss_scale = 1.0f;
+  bool skipped = false;
   int64_t tokens = 0;  // tokens in this step
   double tokens_per_s = 0;
   double step_ms = 0;

@@ -1,7 +1,9 @@
-// Element access for kernels that are written once over their storage type (float or bf16_t):
-// load as float, compute in float, store with one round to nearest even. Written as plain scalar
-// code that GCC vectorises inside `omp simd` loops (the bf16 round is integer arithmetic plus a
-// select for NaN), so the vector and scalar paths give the same bits.
+// Element access for kernels that are written once over their storage type (float, bf16_t or
+// f16_t): load as float, compute in float, store with one round to nearest even. Written as plain
+// scalar code that GCC vectorises inside `omp simd` loops (the bf16 round is integer arithmetic
+// plus a select for NaN; the f16 conversions are the compiler's _Float16 conversions, which
+// become F16C / AVX512-FP16 vcvtph2ps / vcvtps2ph), so the vector and scalar paths give the same
+// bits. Without _Float16 the f16 conversions fall back to core/dtype.h's portable ones.
 #pragma once
 
 #include <immintrin.h>
@@ -17,6 +19,12 @@ namespace headroom::cpu {
 inline float to_f32(float x) { return x; }
 inline float to_f32(bf16_t x) { return std::bit_cast<float>(uint32_t(x.bits) << 16); }
 
+#if defined(__FLT16_MANT_DIG__)
+inline float to_f32(f16_t x) { return static_cast<float>(std::bit_cast<_Float16>(x.bits)); }
+#else
+inline float to_f32(f16_t x) { return f16_bits_to_f32(x.bits); }
+#endif
+
 template <typename T>
 inline T from_f32(float x);
 template <>
@@ -30,6 +38,20 @@ inline bf16_t from_f32<bf16_t>(float x) {
   const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
   return bf16_t{uint16_t(nan ? ((u >> 16) | 0x40u) : rounded)};
 }
+
+// Round to nearest even (IEEE), overflow to infinity, NaN stays NaN (quieted), as
+// core/dtype.h's f32_to_f16_bits (which may differ in a NaN's payload bits only).
+template <>
+inline f16_t from_f32<f16_t>(float x) {
+#if defined(__FLT16_MANT_DIG__)
+  return f16_t{std::bit_cast<uint16_t>(static_cast<_Float16>(x))};
+#else
+  return f16_t{f32_to_f16_bits(x)};
+#endif
+}
+
+// x rounded to the nearest f16 value, as a float (exact: every f16 is a float).
+inline float round_f16(float x) { return to_f32(from_f32<f16_t>(x)); }
 
 #if defined(__AVX512F__)
 // 16 floats to bf16 with the same rounding (and NaN handling) as from_f32<bf16_t>. (The maskz
@@ -49,6 +71,8 @@ template <typename T>
 constexpr DType dtype_of() {
   if constexpr (std::is_same_v<T, bf16_t>) {
     return DType::kBF16;
+  } else if constexpr (std::is_same_v<T, f16_t>) {
+    return DType::kF16;
   } else {
     static_assert(std::is_same_v<T, float>);
     return DType::kF32;
