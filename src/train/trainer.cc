@@ -294,6 +294,10 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     train_batches.set_position(st.data_position);
     start_step = st.step;
     if (scaler && st.loss_scale) scaler->restore(*st.loss_scale);
+    if (!scaler && st.loss_scale && rank == 0) {
+      log_warn("{}: the checkpoint trained in fp16 (loss scale {:g}); this run is {} and unscaled",
+               ck.dir, double(st.loss_scale->scale), model::precision_name(o.exec.precision));
+    }
     if (rank == 0) log_info("resumed from {} at step {}", ck.dir, st.step);
   }
   // A collective: every rank calls it; rank 0 writes (the path is returned there, "" elsewhere)

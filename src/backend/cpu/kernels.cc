@@ -325,8 +325,10 @@ inline void f16_span_to_f32(float* d, const f16_t* s, int64_t n) {
   int64_t j = 0;
 #if defined(__AVX512F__)
   for (; j + 16 <= n; j += 16) {
-    _mm512_storeu_ps(d + j,
-                     _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + j))));
+    // (maskz forms with a full mask: GCC 12 warns falsely about the plain ones, as in bf16.h.)
+    _mm512_storeu_ps(
+        d + j,
+        _mm512_maskz_cvtph_ps(0xFFFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + j))));
   }
 #endif
   for (; j < n; ++j) d[j] = to_f32(s[j]);
@@ -337,25 +339,32 @@ inline void f32_span_to_f16(f16_t* d, const float* s, int64_t n) {
   int64_t j = 0;
 #if defined(__AVX512F__)
   for (; j + 16 <= n; j += 16) {
-    _mm256_storeu_si256(
-        reinterpret_cast<__m256i*>(d + j),
-        _mm512_cvtps_ph(_mm512_loadu_ps(s + j), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + j),
+                        _mm512_maskz_cvtps_ph(0xFFFF, _mm512_loadu_ps(s + j),
+                                              _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
   }
 #endif
   for (; j < n; ++j) d[j] = from_f32<f16_t>(s[j]);
 }
 
-// dst[r*cols + c] = src[r*ld + c] (dense rows).
-void widen_f16(float* dst, const f16_t* src, int64_t rows, int64_t cols, int64_t ld) {
+// dst[r*ld_dst + c] = src[r*ld_src + c].
+void widen_f16(float* dst, int64_t ld_dst, const f16_t* src, int64_t ld_src, int64_t rows,
+               int64_t cols) {
 #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < rows; ++r) f16_span_to_f32(dst + r * cols, src + r * ld, cols);
+  for (int64_t r = 0; r < rows; ++r) f16_span_to_f32(dst + r * ld_dst, src + r * ld_src, cols);
 }
 
-// dst[r*ld + c] = f16(src[r*cols + c]).
-void narrow_f16(f16_t* dst, const float* src, int64_t rows, int64_t cols, int64_t ld) {
+// dst[r*ld_dst + c] = f16(src[r*ld_src + c]).
+void narrow_f16(f16_t* dst, int64_t ld_dst, const float* src, int64_t ld_src, int64_t rows,
+                int64_t cols) {
 #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < rows; ++r) f32_span_to_f16(dst + r * ld, src + r * cols, cols);
+  for (int64_t r = 0; r < rows; ++r) f32_span_to_f16(dst + r * ld_dst, src + r * ld_src, cols);
 }
+
+// The row stride of a staged fp32 matrix of `cols` columns: padded off multiples of 4 KiB, as
+// the fp32 activations are (activation_row_stride; dense 3072-float rows ran the MLP GEMMs about
+// 2x slower here too).
+int64_t staged_ld(int64_t cols) { return activation_row_stride(cols, 4); }
 
 // Takes `floats` from the staging area at *cursor.
 float* take_staging(size_t* cursor, size_t floats) {
@@ -375,9 +384,10 @@ const float* as_f32(const T* x, int64_t rows, int64_t cols, int* ld, size_t* cur
   if constexpr (std::is_same_v<T, float>) {
     return x;
   } else {
-    float* w = take_staging(cursor, size_t(rows * cols));
-    widen_f16(w, x, rows, cols, *ld);
-    *ld = int(cols);
+    const int64_t ldw = staged_ld(cols);
+    float* w = take_staging(cursor, size_t(rows * ldw));
+    widen_f16(w, ldw, x, *ld, rows, cols);
+    *ld = int(ldw);
     return w;
   }
 }
@@ -393,9 +403,10 @@ void mm16(bool ta, bool tb, int M, int N, int K, const TA* A, int lda, const TB*
     gemm(ta, tb, M, N, K, a, lda, b, ldb, C, ldc, bias, accumulate);
   } else {
     HR_CHECK(!accumulate);  // f16 outputs are activations or their gradients: overwritten
-    float* c = take_staging(&cursor, size_t(M) * N);
-    gemm(ta, tb, M, N, K, a, lda, b, ldb, c, N, bias, false);
-    narrow_f16(C, c, M, N, ldc);
+    const int64_t ldt = staged_ld(N);
+    float* c = take_staging(&cursor, size_t(M * ldt));
+    gemm(ta, tb, M, N, K, a, lda, b, ldb, c, int(ldt), bias, false);
+    narrow_f16(C, ldc, c, ldt, M, N);
   }
 }
 
@@ -453,8 +464,8 @@ F16GemmStaging::~F16GemmStaging() {
 
 size_t f16_matmul_staging_floats(int64_t N, int64_t IC, int64_t OC) {
   // Forward: inp (N x IC) and an f16 out (N x OC); backward dinp: dout and dinp; dweight: inp
-  // and dout. The weight operand is fp32 and never staged.
-  return size_t(N * (IC + OC));
+  // and dout. The weight operand is fp32 and never staged. Rows padded as staged_ld.
+  return size_t(N * (staged_ld(IC) + staged_ld(OC)));
 }
 
 void matmul_forward(float* out, const f16_t* inp, const float* weight, const float* bias, int N,

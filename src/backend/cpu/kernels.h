@@ -166,7 +166,8 @@ void gemm_f16(bool trans_a, bool trans_b, int M, int N, int K, const float* A, i
 void gemm_f16(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda,
               const float* B, int ldb, f16_t* C, int ldc, const float* bias);
 // Floats of staging that the f16 overloads of matmul_forward / matmul_backward need for an
-// [N, IC] x [IC, OC] matmul (the largest of its GEMMs): N * (IC + OC).
+// [N, IC] x [IC, OC] matmul (the largest of its GEMMs): N * (IC + OC), each row padded as
+// activation_row_stride pads fp32 rows (e.g. 3072 -> 3088 floats).
 size_t f16_matmul_staging_floats(int64_t N, int64_t IC, int64_t OC);
 // Binds the staging area (planned by the caller) for the f16 GEMMs of this scope on every
 // thread; restores the previous binding when it ends. Not reentrant across threads: one model
