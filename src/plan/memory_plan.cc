@@ -60,8 +60,8 @@ Result<MemoryPlan> plan_training_memory(const model::Gpt2Config& config, const P
   } else if (p.precision == "fp32") {
     plan.policy.exec.precision = model::Precision::kFp32;
   } else {
-    return Status::invalid_argument(
-        fmt::format("precision {}: expected fp32, bf16 or fp16", p.precision));
+    return Status::unsupported(
+        fmt::format("precision {} is not built (fp32, bf16 and fp16 are)", p.precision));
   }
   const bool bf16 = plan.policy.exec.precision == model::Precision::kBf16;
   // Mixed precision (bf16 or fp16): the fp32 parameters are the master weights.
