@@ -136,7 +136,10 @@ struct TrainFlags {
   CLI::Option* bucket_option = nullptr;    // to tell a given --bucket from the default
   std::string offload_optimizer = "auto";  // --offload-optimizer auto|on|off
   std::string offload_memory = "auto";     // --offload-memory SIZE (the offload tier's budget)
-  int ranks = 1;  // train: the processes of the job (mpirun), set by run_train
+  int ranks = 1;                       // train: the processes of the job (mpirun), set by run_train
+  std::string loss_scale = "dynamic";  // train, fp16: --loss-scale dynamic|VALUE
+  int loss_scale_window = 2000;        // train, fp16: --loss-scale-window (growth interval)
+  std::vector<int> inject_overflow;    // train: --inject-overflow-at STEP (tests; hidden)
 };
 
 void add_train_flags(CLI::App* app, TrainFlags& f) {
@@ -152,8 +155,9 @@ void add_train_flags(CLI::App* app, TrainFlags& f) {
                   "sequences per optimizer step; a multiple of --batch (default: --batch, or 8)");
   app->add_option("--steps", f.steps, "optimizer steps")->capture_default_str();
   app->add_option("--precision", f.precision,
-                  "auto (the planner chooses), fp32, or bf16 (mixed: bf16 GEMMs and activations, "
-                  "fp32 master weights and optimizer state)")
+                  "auto (the planner chooses fp32 or bf16), fp32, bf16 (mixed: bf16 GEMMs and "
+                  "activations, fp32 master weights and optimizer state), or fp16 (the same with "
+                  "IEEE half activations and dynamic loss scaling; an explicit choice only)")
       ->capture_default_str();
   app->add_option("--recompute", f.recompute,
                   "activation recomputation: auto (the planner chooses, per block), none, "
@@ -227,12 +231,12 @@ Result<std::optional<model::Recompute>> parse_recompute(const std::string& flag)
       fmt::format("--recompute {}: use auto, none, selective or full", flag));
 }
 
-// --precision: auto, fp32 or bf16; bf16 only where this machine has bf16 GEMM kernels.
+// --precision: auto, fp32, bf16 or fp16; bf16 only where this machine has bf16 GEMM kernels.
+// fp16 runs everywhere (its GEMMs widen to fp32 on a CPU without f16 ones: Note [fp16 GEMMs]).
 Status check_precision(const std::string& precision, const plan::DeviceSpec& dev) {
-  if (precision != "auto" && precision != "fp32" && precision != "bf16") {
-    return Status::invalid_argument(fmt::format(
-        "--precision {}: use auto, fp32 or bf16 (fp16 with loss scaling is not built yet)",
-        precision));
+  if (precision != "auto" && precision != "fp32" && precision != "bf16" && precision != "fp16") {
+    return Status::invalid_argument(
+        fmt::format("--precision {}: use auto, fp32, bf16 or fp16", precision));
   }
   if (precision == "bf16" && !(dev.flops_bf16 > 0)) {
     return Status::unsupported(fmt::format(
@@ -244,7 +248,9 @@ Status check_precision(const std::string& precision, const plan::DeviceSpec& dev
 }
 
 model::Precision precision_of(const std::string& name) {
-  return name == "bf16" ? model::Precision::kBf16 : model::Precision::kFp32;
+  if (name == "bf16") return model::Precision::kBf16;
+  if (name == "fp16") return model::Precision::kFp16;
+  return model::Precision::kFp32;
 }
 
 Status resolve_train_options(TrainFlags& f, train::TrainOptions* o) {
@@ -390,9 +396,10 @@ Status resolve_train_options(TrainFlags& f, train::TrainOptions* o) {
     const json& ch = j["chosen"];
     if (ch.contains("precision")) {
       if (!ch["precision"].is_string() ||
-          (ch["precision"] != "fp32" && ch["precision"] != "bf16")) {
+          (ch["precision"] != "fp32" && ch["precision"] != "bf16" && ch["precision"] != "fp16")) {
         return Status::invalid_argument(
-            fmt::format("--plan {}: field 'chosen.precision' is {}; expected \"fp32\" or \"bf16\"",
+            fmt::format("--plan {}: field 'chosen.precision' is {}; expected \"fp32\", \"bf16\" "
+                        "or \"fp16\"",
                         f.plan, ch["precision"].dump()));
       }
       o->exec.precision = precision_of(ch["precision"].get<std::string>());
@@ -401,8 +408,8 @@ Status resolve_train_options(TrainFlags& f, train::TrainOptions* o) {
             fmt::format("--precision {} contradicts the plan's {} in {}", f.precision,
                         ch["precision"].dump(), f.plan));
       }
-    } else if (f.precision == "bf16") {
-      o->exec.precision = model::Precision::kBf16;
+    } else if (f.precision == "bf16" || f.precision == "fp16") {
+      o->exec.precision = precision_of(f.precision);
     }
     if (ch.contains("attention")) o->exec.tiled_attention = ch["attention"] != "plain";
     if (ch.contains("offload")) {
@@ -487,6 +494,27 @@ Status resolve_train_options(TrainFlags& f, train::TrainOptions* o) {
         fmt::format("--val-fraction {} must be in [0, 0.5)", f.val_fraction));
   }
   o->eval_every = f.eval_every;
+  // Loss scaling (fp16 only; Note [Loss scaling]).
+  HR_ASSIGN_OR_RETURN(o->loss_scale, train::parse_loss_scale(f.loss_scale));
+  if (f.loss_scale_window <= 0) {
+    return Status::invalid_argument(fmt::format(
+        "--loss-scale-window {}: the good steps before the loss scale grows must be positive",
+        f.loss_scale_window));
+  }
+  o->loss_scale.growth_interval = f.loss_scale_window;
+  if (o->exec.precision != model::Precision::kFp16 &&
+      (f.loss_scale != "dynamic" || f.loss_scale_window != 2000)) {
+    return Status::invalid_argument(fmt::format(
+        "--loss-scale {} / --loss-scale-window {}: loss scaling applies to --precision fp16 only "
+        "(this run is {}, whose gradients need no scaling); drop the flag or use --precision fp16",
+        f.loss_scale, f.loss_scale_window, model::precision_name(o->exec.precision)));
+  }
+  for (int k : f.inject_overflow) {
+    if (k < 1) {
+      return Status::invalid_argument(fmt::format("--inject-overflow-at {}: steps are 1-based", k));
+    }
+    o->inject_overflow_steps.push_back(k - 1);
+  }
   if (f.data.empty()) {
     HR_ASSIGN_OR_RETURN(o->data, default_corpus(f.vocab));
   } else {
@@ -586,7 +614,9 @@ json step_json(const train::StepStats& s) {
             {"replans", s.replans},
             {"oom_recoveries", s.oom_recoveries},
             {"padding", s.padding},
-            {"micro_batches", s.micro_batches}};
+            {"micro_batches", s.micro_batches},
+            {"loss_scale", s.loss_scale},
+            {"skipped", s.skipped}};
   if (s.planned_offload_bytes) {
     j["offload_bytes_in_use"] = s.offload_bytes_in_use;
     j["offload_bytes_peak"] = s.offload_bytes_peak;
@@ -1327,12 +1357,14 @@ int run_bench(BenchFlags& bf) {
   // bench measures one configuration: auto means fp32 here.
   if (Status st = check_precision(f.precision, *dev); !st.is_ok()) return fail(st);
   o.exec.precision = precision_of(f.precision);
-  if (o.exec.precision == model::Precision::kBf16 && !o.exec.tiled_attention) {
-    return fail(Status::invalid_argument("--precision bf16 needs --attention tiled"));
+  if (o.exec.precision != model::Precision::kFp32 && !o.exec.tiled_attention) {
+    return fail(Status::invalid_argument(
+        fmt::format("--precision {} needs --attention tiled", f.precision)));
   }
   const bool bf16 = o.exec.precision == model::Precision::kBf16;
+  // fp16's GEMMs are fp32 GEMMs on this CPU (Note [fp16 GEMMs]): MFU against the fp32 rate.
   const double gemm_peak = bf16 ? dev->flops_bf16 : dev->flops_fp32;
-  const char* prec = bf16 ? "bf16" : "fp32";
+  const std::string prec(model::precision_name(o.exec.precision));
 
   // Random tokens in a temporary token file: the data path is the trainer's own.
   std::string tmp =
@@ -1413,9 +1445,9 @@ int run_bench(BenchFlags& bf) {
         "  %.1f tokens/s, %.1f GFLOP/s of model FLOPs (6N + 12LTC = %.0f MFLOP/token), "
         "MFU %.1f%% of the measured %s GEMM peak (%.0f GFLOP/s)\n"
         "  peak device memory %s\n",
-        f.model.c_str(), o.micro_batch, o.seq, prec, plan::describe_exec(o.exec).c_str(),
+        f.model.c_str(), o.micro_batch, o.seq, prec.c_str(), plan::describe_exec(o.exec).c_str(),
         omp_get_max_threads(), med, step_ms.size(), tps, mflops / 1e9, flops_per_token / 1e6,
-        100 * mfu, prec, gemm_peak / 1e9, format_bytes(peak).c_str());
+        100 * mfu, bf16 ? "bf16" : "fp32", gemm_peak / 1e9, format_bytes(peak).c_str());
     if (bf.breakdown) {
       const double n = double(step_ms.size());
       double sum = 0;
@@ -1506,6 +1538,19 @@ int run(int argc, char** argv) {
                         "checkpoint); --steps is the run's total");
   train_cmd->add_option("--profile", tf.profile,
                         "write trace.json, memory.json and report.html of the run to DIR");
+  train_cmd
+      ->add_option("--loss-scale", tf.loss_scale,
+                   "fp16: dynamic (start at 2^16, halve on an overflow and skip that step, double "
+                   "after --loss-scale-window good steps) or a fixed scale >= 1")
+      ->capture_default_str();
+  train_cmd
+      ->add_option("--loss-scale-window", tf.loss_scale_window,
+                   "fp16, dynamic loss scale: good steps in a row before the scale doubles")
+      ->capture_default_str();
+  train_cmd
+      ->add_option("--inject-overflow-at", tf.inject_overflow,
+                   "tests: put an infinity into the gradients at these 1-based steps")
+      ->group("");  // hidden
   train_cmd->add_flag("--json", tf.json, "print the result as JSON instead of the progress bar");
   train_cmd->add_option("--batching", tf.batching,
                         "packed (default: T-token windows of the concatenated documents) or "
@@ -1564,7 +1609,7 @@ int run(int argc, char** argv) {
   bench_cmd->add_option("--model", bnf.t.model, "preset or config.json")->capture_default_str();
   bench_cmd->add_option("--batch", bnf.t.batch, "micro-batch in sequences (default: 8)");
   bench_cmd->add_option("--seq", bnf.t.seq, "sequence length (default: min(256, n_positions))");
-  bench_cmd->add_option("--precision", bnf.t.precision, "fp32 or bf16 (auto: fp32)")
+  bench_cmd->add_option("--precision", bnf.t.precision, "fp32, bf16 or fp16 (auto: fp32)")
       ->capture_default_str();
   bench_cmd->add_option("--steps", bnf.t.steps, "timed steps")->capture_default_str();
   bench_cmd->add_option("--warmup", bnf.warmup, "untimed steps first")->capture_default_str();

@@ -87,11 +87,21 @@ ParamTable gpt2_param_table(const Gpt2Config& c) {
 int64_t ExecOptions::mlp_row_stride(int64_t four_c) const {
   // bf16 rows of 4C = 3072 are 6 KiB apart, not a multiple of 4 KiB: no padding, and oneDNN's
   // AMX kernels take dense rows (padded ones fell back to its slower gemm:jit path).
-  const int64_t elem = precision == Precision::kBf16 ? 2 : 4;
+  const int64_t elem = precision == Precision::kFp32 ? 4 : 2;
   return pad_rows ? cpu::activation_row_stride(four_c, elem) : four_c;
 }
 
-std::string_view precision_name(Precision p) { return p == Precision::kBf16 ? "bf16" : "fp32"; }
+std::string_view precision_name(Precision p) {
+  switch (p) {
+    case Precision::kFp32:
+      return "fp32";
+    case Precision::kBf16:
+      return "bf16";
+    case Precision::kFp16:
+      return "fp16";
+  }
+  return "?";
+}
 
 std::string_view recompute_name(Recompute r) {
   switch (r) {
@@ -109,12 +119,14 @@ ActivationTable gpt2_activation_table(const Gpt2Config& c, int B, int T, bool tr
                                       const ExecOptions& options) {
   HR_CHECK(options.recompute.empty() || int(options.recompute.size()) == c.n_layer);
   HR_CHECK_MSG(options.precision == Precision::kFp32 || options.tiled_attention,
-               "bf16 precision needs tiled attention");
+               "bf16 and fp16 precision need tiled attention");
   ActivationTable t;
   t.options = options;
   // The GEMM-side activations (and their gradients) take the precision's storage type; the
   // residual stream, statistics, losses and scratch of fp32 arithmetic stay fp32.
-  const DType low = options.precision == Precision::kBf16 ? DType::kBF16 : DType::kF32;
+  const DType low = options.precision == Precision::kBf16   ? DType::kBF16
+                    : options.precision == Precision::kFp16 ? DType::kF16
+                                                            : DType::kF32;
   auto add_as = [&](DType dtype, std::string name, Shape shape, Category cat) {
     t.buffers.push_back({std::move(name), dtype, std::move(shape), cat});
     return t.buffers.size() - 1;
@@ -155,6 +167,17 @@ ActivationTable gpt2_activation_table(const Gpt2Config& c, int B, int T, bool tr
     t.ids.block_weights_bf16 = add_low("block_weights_bf16", {12 * C * C}, Category::kWeights);
     t.ids.head_weights_bf16 = add_low("head_weights_bf16", {V, C}, Category::kWeights);
   }
+  t.ids.f16_staging = SIZE_MAX;
+  if (low == DType::kF16) {
+    // fp16 GEMMs read fp32 weights rounded to f16 values, cast per layer (no persistent copy:
+    // see Note [fp16 GEMMs]), and widen their f16 activation operands into one staging area
+    // sized for the largest: the MLP's [N, C] x [C, 4C] (the heads' need N x C at most).
+    t.ids.block_weights_bf16 = add("block_weights_f16", {12 * C * C}, Category::kWeights);
+    t.ids.head_weights_bf16 = add("head_weights_f16", {V, C}, Category::kWeights);
+    t.ids.f16_staging =
+        add("f16_gemm_staging", {int64_t(cpu::f16_matmul_staging_floats(int64_t(B) * T, C, 4 * C))},
+            Category::kWorkspace);
+  }
   for (int l = 0; l < c.n_layer; l++)
     t.ids.fwd.push_back(block("h." + std::to_string(l) + ".", A, true));
   t.ids.lnf = add_low("lnf", {B, T, C}, A);
@@ -194,7 +217,10 @@ ActivationTable gpt2_activation_table(const Gpt2Config& c, int B, int T, bool tr
       {int64_t(tiled ? cpu::attention_tiled_backward_scratch_floats(B, T, c.n_embd, c.n_head, low)
                      : cpu::attention_backward_scratch_floats(B, T, c.n_head))},
       W);
-  t.ids.dresidual_low = low == DType::kF32 ? SIZE_MAX : add_low("d_residual_bf16", {B, T, C}, W);
+  t.ids.dresidual_low =
+      low == DType::kF32
+          ? SIZE_MAX
+          : add_low(low == DType::kF16 ? "d_residual_f16" : "d_residual_bf16", {B, T, C}, W);
   // Recomputation: backward reads recomputed values from buffers shared by all blocks.
   bool any_full = false, any_selective = false;
   for (Recompute r : options.recompute) {
@@ -251,17 +277,17 @@ std::vector<OpDesc> gpt2_step_ops(const Gpt2Config& c, const ActivationTable& ta
   push("forward embedding", Phase::kForward, -1, {id.encoded});
   for (int l = 0; l < L; l++) {
     std::vector<size_t> b = fields(id.fwd[size_t(l)]);
-    b.insert(b.end(),
-             {input_of(l), id.fwd[size_t(l)].residual3, id.att_fwd_scratch, id.block_weights_bf16});
+    b.insert(b.end(), {input_of(l), id.fwd[size_t(l)].residual3, id.att_fwd_scratch,
+                       id.block_weights_bf16, id.f16_staging});
     push("forward h." + std::to_string(l), Phase::kForward, l, std::move(b));
   }
   push("forward head", Phase::kForward, -1,
        {input_of(L), id.lnf, id.lnf_mean, id.lnf_rstd, id.logits, id.head_lse, id.head_scratch,
-        id.losses, id.head_weights_bf16});
+        id.losses, id.head_weights_bf16, id.f16_staging});
   if (!training) return ops;
   push("backward head", Phase::kBackward, -1,
        {input_of(L), id.lnf, id.lnf_mean, id.lnf_rstd, id.logits, id.head_lse, id.head_scratch,
-        id.d_c, id.dresidual, id.head_weights_bf16});
+        id.d_c, id.dresidual, id.head_weights_bf16, id.f16_staging});
   const size_t dres_low = id.dresidual_low;
   for (int l = L - 1; l >= 0; l--) {
     // The backward of block l reads its saved (or recomputed) buffers but not its own output,
@@ -273,7 +299,7 @@ std::vector<OpDesc> gpt2_step_ops(const Gpt2Config& c, const ActivationTable& ta
     }
     if (table.options.recompute_at(l) == Recompute::kFull) b.push_back(id.att_fwd_scratch);
     b.insert(b.end(), {input_of(l), id.dresidual, id.d_c, id.d_3c, id.d_4c, id.att_scratch,
-                       dres_low, id.block_weights_bf16});
+                       dres_low, id.block_weights_bf16, id.f16_staging});
     push("backward h." + std::to_string(l), Phase::kBackward, l, std::move(b));
   }
   push("backward embedding", Phase::kBackward, -1, {id.dresidual});
@@ -307,19 +333,19 @@ void Gpt2::bind_params(float* params, float* grads, const bf16_t* params_bf16) {
 }
 
 template <typename T>
-const T* Gpt2::gemm_weight(const float* w) const {
+const GemmWeightT<T>* Gpt2::gemm_weight(const float* w) const {
   if constexpr (std::is_same_v<T, float>) {
     return w;
   } else {
-    if (acts_->options.bf16_weight_copy) {
+    if (std::is_same_v<T, bf16_t> && acts_->options.bf16_weight_copy) {
       HR_CHECK_MSG(params_bf16_ != nullptr && params_ != nullptr,
                    "bf16 precision needs the bf16 weight copy bound");
-      return params_bf16_ + (w - params_);
+      return reinterpret_cast<const GemmWeightT<T>*>(params_bf16_ + (w - params_));
     }
     for (const Cast& c : casts_) {
-      if (c.src == w) return c.dst;
+      if (c.src == w) return static_cast<const GemmWeightT<T>*>(c.dst);
     }
-    HR_CHECK_MSG(false, "a bf16 weight was used before it was cast");
+    HR_CHECK_MSG(false, "a low-precision GEMM weight was used before it was cast");
     return nullptr;
   }
 }
@@ -329,14 +355,19 @@ void Gpt2::cast_block_weights(int l) {
   if (id.block_weights_bf16 == SIZE_MAX) return;
   const int64_t C = config_.n_embd;
   const LayerParams w = layer_params(l, false);
-  bf16_t* dst = static_cast<bf16_t*>(arena_->data(id.block_weights_bf16));
+  const bool f16 = acts_->options.precision == Precision::kFp16;
+  char* dst = static_cast<char*>(arena_->data(id.block_weights_bf16));
   const std::array<std::pair<const float*, int64_t>, 4> parts = {
       {{w.qkv_w, 3 * C * C}, {w.attproj_w, C * C}, {w.fc_w, 4 * C * C}, {w.fcproj_w, 4 * C * C}}};
   timed(OpKind::kElementwise, [&] {
     for (size_t i = 0; i < parts.size(); i++) {
-      cpu::cast_to_bf16(dst, parts[i].first, parts[i].second);
+      if (f16) {
+        cpu::round_to_f16_values(reinterpret_cast<float*>(dst), parts[i].first, parts[i].second);
+      } else {
+        cpu::cast_to_bf16(reinterpret_cast<bf16_t*>(dst), parts[i].first, parts[i].second);
+      }
       casts_[i] = {parts[i].first, dst};
-      dst += parts[i].second;
+      dst += parts[i].second * (f16 ? 4 : 2);
     }
   });
 }
@@ -345,9 +376,15 @@ void Gpt2::cast_head_weights() {
   const Gpt2ActivationIds& id = acts_->ids;
   if (id.head_weights_bf16 == SIZE_MAX) return;
   const float* wte = param_ptr(0);
-  bf16_t* dst = static_cast<bf16_t*>(arena_->data(id.head_weights_bf16));
-  timed(OpKind::kElementwise,
-        [&] { cpu::cast_to_bf16(dst, wte, int64_t(config_.vocab_size) * config_.n_embd); });
+  void* dst = arena_->data(id.head_weights_bf16);
+  const int64_t n = int64_t(config_.vocab_size) * config_.n_embd;
+  timed(OpKind::kElementwise, [&] {
+    if (acts_->options.precision == Precision::kFp16) {
+      cpu::round_to_f16_values(static_cast<float*>(dst), wte, n);
+    } else {
+      cpu::cast_to_bf16(static_cast<bf16_t*>(dst), wte, n);
+    }
+  });
   casts_[4] = {wte, dst};
 }
 
@@ -482,8 +519,18 @@ double Gpt2::forward(const int32_t* inputs, const int32_t* targets, int64_t* val
   HR_CHECK(T <= T_ && T <= config_.n_positions);
   HR_CHECK_MSG(targets || acts_->ids.logits != SIZE_MAX, "the fused LM head needs targets");
   T_used_ = T;
-  return acts_->options.precision == Precision::kBf16 ? forward_t<bf16_t>(inputs, targets, valid)
-                                                      : forward_t<float>(inputs, targets, valid);
+  switch (acts_->options.precision) {
+    case Precision::kBf16:
+      return forward_t<bf16_t>(inputs, targets, valid);
+    case Precision::kFp16: {
+      const cpu::F16GemmStaging staging(arena_->f32(acts_->ids.f16_staging),
+                                        arena_->buffers()[acts_->ids.f16_staging].bytes() / 4);
+      return forward_t<f16_t>(inputs, targets, valid);
+    }
+    case Precision::kFp32:
+      break;
+  }
+  return forward_t<float>(inputs, targets, valid);
 }
 
 template <typename T>
@@ -558,10 +605,19 @@ double Gpt2::forward_t(const int32_t* inputs, const int32_t* targets, int64_t* v
 
 void Gpt2::backward(const int32_t* inputs, const int32_t* targets, float dloss) {
   HR_CHECK((grads_ || hooks_) && acts_->ids.dresidual != SIZE_MAX);
-  if (acts_->options.precision == Precision::kBf16) {
-    backward_t<bf16_t>(inputs, targets, dloss);
-  } else {
-    backward_t<float>(inputs, targets, dloss);
+  switch (acts_->options.precision) {
+    case Precision::kBf16:
+      backward_t<bf16_t>(inputs, targets, dloss);
+      return;
+    case Precision::kFp16: {
+      const cpu::F16GemmStaging staging(arena_->f32(acts_->ids.f16_staging),
+                                        arena_->buffers()[acts_->ids.f16_staging].bytes() / 4);
+      backward_t<f16_t>(inputs, targets, dloss);
+      return;
+    }
+    case Precision::kFp32:
+      backward_t<float>(inputs, targets, dloss);
+      return;
   }
 }
 
@@ -587,7 +643,13 @@ void Gpt2::backward_t(const int32_t* inputs, const int32_t* targets, float dloss
       return dres;
     } else {
       T* low = buf<T>(a, id.dresidual_low);
-      timed(OpKind::kElementwise, [&] { cpu::cast_to_bf16(low, dres, int64_t(N) * C); });
+      timed(OpKind::kElementwise, [&] {
+        if constexpr (std::is_same_v<T, f16_t>) {
+          cpu::cast_to_f16(low, dres, int64_t(N) * C);
+        } else {
+          cpu::cast_to_bf16(low, dres, int64_t(N) * C);
+        }
+      });
       return low;
     }
   };
@@ -612,6 +674,11 @@ void Gpt2::backward_t(const int32_t* inputs, const int32_t* targets, float dloss
       if constexpr (std::is_same_v<T, float>) {
         cpu::matmul_backward(dc, dwte, nullptr, dlogits, lnf, wte, N, C, V,
                              cpu::WeightLayout::kOutIn);
+      } else if constexpr (std::is_same_v<T, f16_t>) {
+        // fp16: dlogits rounded to f16 values in place (as the f16 GEMMs of autocast read them).
+        cpu::round_to_f16_values(dlogits, dlogits, int64_t(N) * V);
+        cpu::matmul_backward(dc, dwte, nullptr, static_cast<const float*>(dlogits), lnf,
+                             gemm_weight<T>(wte), N, C, V, cpu::WeightLayout::kOutIn);
       } else {
         cpu::round_to_bf16_dense_inplace(dlogits, N, V);
         cpu::matmul_backward(dc, dwte, nullptr, reinterpret_cast<const T*>(dlogits), lnf,

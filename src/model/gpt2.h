@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "core/event_log.h"
@@ -50,9 +51,12 @@ std::string_view recompute_name(Recompute r);
 // The arithmetic of a step. kBf16 is mixed precision as torch.autocast does it: GEMMs on bf16
 // operands (bf16 copies of the weights, bf16 activations around them) accumulating in fp32; the
 // residual stream, LayerNorm statistics, softmax, loss, parameter gradients, master weights and
-// optimizer state stay fp32. See docs/notes/mixed-precision.md.
-enum class Precision : uint8_t { kFp32, kBf16 };
-std::string_view precision_name(Precision p);  // "fp32", "bf16"
+// optimizer state stay fp32. kFp16 stores the same activations in IEEE half and trains with
+// dynamic loss scaling (train/loss_scale.h); its GEMMs read fp32 weights rounded to f16 values,
+// cast per layer, and widen the f16 activations in a planned staging area (oneDNN 2.6 has no
+// f16 matmul on x86). See docs/notes/mixed-precision.md.
+enum class Precision : uint8_t { kFp32, kBf16, kFp16 };
+std::string_view precision_name(Precision p);  // "fp32", "bf16", "fp16"
 
 // How a micro-batch is executed: choices that change memory and time, never the mathematics
 // beyond rounding (each has an invariance test against the plain path).
@@ -65,7 +69,7 @@ struct ExecOptions {
                        // (the B x T x V logits never exist); 0: full logits buffer
   std::vector<Recompute> recompute;  // per block; empty means kNone everywhere
   bool pad_rows = true;  // pad the 4C-wide activations' rows off 4 KiB multiples (speed only)
-  Precision precision = Precision::kFp32;  // kBf16 needs tiled attention
+  Precision precision = Precision::kFp32;  // kBf16 and kFp16 need tiled attention
   // bf16 only: true keeps a persistent bf16 copy of the parameters (2 bytes each; AdamW refreshes
   // it); false casts each block's GEMM weights (and the LM head's) into step buffers just before
   // they are used, forward and backward: less memory, a cast pass per use.
@@ -101,7 +105,10 @@ struct Gpt2ActivationIds {
   size_t dresidual, d_c, d_3c, d_4c, att_scratch, dresidual_low;
   // bf16 without the persistent weight copy: one block's GEMM weights cast to bf16
   // ([qkv | attproj | fc | fcproj], 12 C^2) and the LM head's (V x C); SIZE_MAX otherwise.
+  // fp16 (always cast per layer): the same buffers in fp32 holding f16-rounded values.
   size_t block_weights_bf16, head_weights_bf16;
+  // fp16: the staging area of the f16 GEMMs (cpu::F16GemmStaging); SIZE_MAX otherwise.
+  size_t f16_staging;
 };
 
 struct ActivationTable {
@@ -179,6 +186,11 @@ class BlockHooks {
   virtual float* grad(size_t tensor) = 0;
 };
 
+// The element type of the GEMM weights for activations of type T: T itself, except for f16,
+// whose GEMMs read fp32 weights holding f16 values (cpu kernels.h, fp16 section).
+template <typename T>
+using GemmWeightT = std::conditional_t<std::is_same_v<T, f16_t>, float, T>;
+
 // Forward and backward over bound buffers. Not thread-safe (the kernels use OpenMP inside).
 class Gpt2 {
  public:
@@ -241,7 +253,7 @@ class Gpt2 {
   // The GEMM copy of a weight: itself in fp32, its bf16 copy with bf16 precision (from the
   // persistent copy, or from the step buffer it was last cast into).
   template <typename T>
-  const T* gemm_weight(const float* w) const;
+  const GemmWeightT<T>* gemm_weight(const float* w) const;
   // Without the persistent bf16 copy: casts block l's GEMM weights (the LM head's) into their
   // step buffer; gemm_weight then finds them there. No-ops otherwise.
   void cast_block_weights(int l);
@@ -255,10 +267,11 @@ class Gpt2 {
   float* grads_ = nullptr;
   const bf16_t* params_bf16_ = nullptr;
   BlockHooks* hooks_ = nullptr;
-  // Weights cast on the fly: master pointer -> its bf16 cast (at most 5: a block's 4 and wte).
+  // Weights cast on the fly: master pointer -> its bf16 cast, or its f16-valued fp32 copy (at
+  // most 5: a block's 4 and wte).
   struct Cast {
     const float* src;
-    const bf16_t* dst;
+    const void* dst;
   };
   std::array<Cast, 5> casts_{};
   const memory::Arena* arena_ = nullptr;

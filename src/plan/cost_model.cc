@@ -31,8 +31,14 @@ StepCost estimate_step(const model::Gpt2Config& c, const MemoryPlan& plan, const
   const double non_embedding = double(plan.params.num_parameters) - double(c.n_positions) * C;
   s.model_flops = (6.0 * non_embedding + 12.0 * L * T * C) * tokens;
 
-  const double peak =
-      (plan.policy.precision == "bf16" && d.flops_bf16 > 0) ? d.flops_bf16 : d.flops_fp32;
+  // fp16 runs at the device's fp16 rate where it has fp16 GEMMs (a GPU's tensor cores); the CPU
+  // backend has none (flops_fp16 0: oneDNN 2.6 has no f16 matmul on x86), so its fp16 GEMMs are
+  // fp32 GEMMs on widened operands (Note [fp16 GEMMs]), priced at the fp32 rate plus the
+  // widening traffic below.
+  const bool fp16_widened = plan.policy.precision == "fp16" && !(d.flops_fp16 > 0);
+  double peak = d.flops_fp32;
+  if (plan.policy.precision == "bf16" && d.flops_bf16 > 0) peak = d.flops_bf16;
+  if (plan.policy.precision == "fp16" && d.flops_fp16 > 0) peak = d.flops_fp16;
   const double efficiency = d.gemm_efficiency * rows / (rows + kGemmHalfRows);
   s.gemm_seconds = s.gemm_flops / (peak * efficiency);
 
@@ -68,12 +74,25 @@ StepCost estimate_step(const model::Gpt2Config& c, const MemoryPlan& plan, const
       bf16_bytes = k * (2.0 * L * 12.0 * C * C + V * C) * 6.0;
     }
   }
+  // fp16: every micro-batch rounds each block's GEMM weights to f16 values twice (forward,
+  // backward) and the head's once (4 bytes read, 4 written per weight); on the CPU the GEMMs
+  // also widen their f16 activation operands: 46 C values per token per block (14 C forward,
+  // 32 C backward; f16 outputs go through the staging too), each read as f16 (2 bytes), written
+  // to the staging (4) and read from it (4); the unfused head rounds its dlogits (8 bytes each).
+  double f16_bytes = 0;
+  if (plan.policy.precision == "fp16") {
+    f16_bytes = k * (2.0 * L * 12.0 * C * C + V * C) * 8.0;
+    if (fp16_widened) {
+      f16_bytes += 46.0 * C * L * tokens * 10.0;
+      if (plan.policy.exec.head_chunk == 0) f16_bytes += V * tokens * 8.0;
+    }
+  }
   // AdamW reads p, g, m, v and writes p, m, v, plus zeroing and the norm: about nine passes over
   // the (sharded) parameter-sized state, on the device, or with offload on the host.
   const double optimizer_bytes = 9.0 * param_bytes;
   const bool offload = plan.policy.offload_optimizer;
   s.memory_bytes = k * 4.0 * step_buffer_bytes + (offload ? 0.0 : optimizer_bytes) +
-                   recompute_bytes + bf16_bytes;
+                   recompute_bytes + bf16_bytes + f16_bytes;
   s.memory_seconds = s.memory_bytes / d.mem_bandwidth;
   if (offload) {
     // Without a ZeRO spec: one device holding the CPU executor's layout (fp32 working weights).

@@ -60,14 +60,22 @@ Result<MemoryPlan> plan_training_memory(const model::Gpt2Config& config, const P
     if (!p.exec.tiled_attention) {
       return Status::invalid_argument("bf16 precision needs tiled attention (--attention tiled)");
     }
+  } else if (p.precision == "fp16") {
+    plan.policy.exec.precision = model::Precision::kFp16;
+    // fp16 casts its GEMM weights per layer (Note [fp16 GEMMs]): no persistent copy.
+    plan.policy.exec.bf16_weight_copy = false;
+    if (!p.exec.tiled_attention) {
+      return Status::invalid_argument("fp16 precision needs tiled attention (--attention tiled)");
+    }
   } else if (p.precision == "fp32") {
     plan.policy.exec.precision = model::Precision::kFp32;
   } else {
-    return Status::unsupported(fmt::format(
-        "precision {} is not built yet (fp32 and bf16 are; fp16 with loss scaling is planned)",
-        p.precision));
+    return Status::unsupported(
+        fmt::format("precision {} is not built (fp32, bf16 and fp16 are)", p.precision));
   }
   const bool bf16 = plan.policy.exec.precision == model::Precision::kBf16;
+  // Mixed precision (bf16 or fp16): the fp32 parameters are the master weights.
+  const bool mixed = plan.policy.exec.precision != model::Precision::kFp32;
   plan.params = param_table_of(config);
   if (!p.exec.recompute.empty() && int(p.exec.recompute.size()) != config.n_layer) {
     return Status::invalid_argument(
@@ -85,7 +93,7 @@ Result<MemoryPlan> plan_training_memory(const model::Gpt2Config& config, const P
   const int64_t tokens = int64_t(p.ranks) * p.accumulation * p.micro_batch * p.seq;
   // With bf16 the fp32 parameters are the master weights, and a bf16 copy (region 4, after
   // staging) is what the GEMMs read.
-  const Category param_cat = bf16 ? Category::kMaster : Category::kWeights;
+  const Category param_cat = mixed ? Category::kMaster : Category::kWeights;
   if (p.zero_stage == 3 && bf16 && plan.policy.exec.bf16_weight_copy) {
     return Status::invalid_argument(
         "ZeRO-3 with bf16 casts each block's weights when it is gathered: a persistent bf16 "
@@ -115,14 +123,14 @@ Result<MemoryPlan> plan_training_memory(const model::Gpt2Config& config, const P
     return w;
   };
   if (p.zero_stage < 3) {
-    plan.persistent.push_back(single_region(bf16 ? "master weights" : "parameters", param_cat,
+    plan.persistent.push_back(single_region(mixed ? "master weights" : "parameters", param_cat,
                                             {{"parameters", DType::kF32, Shape{P}, param_cat}}));
   } else {
     // This rank's shard (the fp32 master with bf16) and the gathered units it computes with.
     std::vector<BufferDesc> params = {{"parameter_shard", DType::kF32, Shape{shard}, param_cat}};
     for (BufferDesc& b : windows("parameter_window", Category::kComm)) params.push_back(b);
     plan.persistent.push_back(
-        single_region(bf16 ? "master weights" : "parameters", param_cat, std::move(params)));
+        single_region(mixed ? "master weights" : "parameters", param_cat, std::move(params)));
   }
   std::vector<BufferDesc> grads;
   if (p.zero_stage < 2) {

@@ -35,7 +35,11 @@ std::string describe_exec(const model::ExecOptions& e) {
   } else {
     s += ", recompute " + rc;
   }
-  if (!e.bf16_weight_copy) s += ", bf16 weights cast per layer";
+  if (e.precision == model::Precision::kFp16) {
+    s += ", f16 weights cast per layer";
+  } else if (!e.bf16_weight_copy) {
+    s += ", bf16 weights cast per layer";
+  }
   return s;
 }
 
@@ -332,8 +336,11 @@ Result<SearchResult> search_plan(const SearchRequest& r) {
     // fitting choice wins (ties: the earlier, simpler one).
     auto t0 = std::chrono::steady_clock::now();
     std::vector<SearchRequest> leaves;
-    for (const char* precision : {"fp32", "bf16"}) {
+    for (const char* precision : {"fp32", "bf16", "fp16"}) {
       if (r.precision != "auto" && r.precision != precision) continue;
+      // fp16 is an explicit choice: on the CPU its GEMMs are fp32 ones on widened operands
+      // (never faster than fp32), and it needs loss scaling (docs/notes/mixed-precision.md).
+      if (std::string(precision) == "fp16" && r.precision == "auto") continue;
       if (std::string(precision) == "bf16" && r.precision == "auto" && !(r.device.flops_bf16 > 0)) {
         continue;
       }
@@ -417,9 +424,9 @@ Result<SearchResult> search_plan(const SearchRequest& r) {
 namespace {
 
 Result<SearchResult> search_leaf(const SearchRequest& r, PlanCache& cache) {
-  if (r.precision != "fp32" && r.precision != "bf16") {
-    return Status::invalid_argument(fmt::format(
-        "--precision {}: expected auto, fp32 or bf16 (fp16 is not built yet)", r.precision));
+  if (r.precision != "fp32" && r.precision != "bf16" && r.precision != "fp16") {
+    return Status::invalid_argument(
+        fmt::format("--precision {}: expected auto, fp32, bf16 or fp16", r.precision));
   }
   auto t0 = std::chrono::steady_clock::now();
   HR_RETURN_IF_ERROR(r.config.validate());

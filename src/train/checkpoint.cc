@@ -47,20 +47,26 @@ std::vector<fs::path> checkpoint_dirs(const fs::path& root) {
 }
 
 json state_json(const TrainerState& s) {
-  return {{"version", kStateVersion},
-          {"step", s.step},
-          {"data_position", s.data_position},
-          {"total_steps", s.total_steps},
-          {"warmup_steps", s.warmup_steps},
-          {"lr", s.lr},
-          {"min_lr_ratio", s.min_lr_ratio},
-          {"micro_batch", s.micro_batch},
-          {"accumulation", s.accumulation},
-          {"seq", s.seq},
-          {"seed", s.seed},
-          {"data", s.data},
-          {"batching", s.batching},
-          {"bucket", s.bucket}};
+  json j = {{"version", kStateVersion},
+            {"step", s.step},
+            {"data_position", s.data_position},
+            {"total_steps", s.total_steps},
+            {"warmup_steps", s.warmup_steps},
+            {"lr", s.lr},
+            {"min_lr_ratio", s.min_lr_ratio},
+            {"micro_batch", s.micro_batch},
+            {"accumulation", s.accumulation},
+            {"seq", s.seq},
+            {"seed", s.seed},
+            {"data", s.data},
+            {"batching", s.batching},
+            {"bucket", s.bucket}};
+  if (s.loss_scale) {
+    j["loss_scale"] = {{"scale", s.loss_scale->scale},
+                       {"good_steps", s.loss_scale->good_steps},
+                       {"skipped", s.loss_scale->skipped}};
+  }
+  return j;
 }
 
 // A JSON value for an error message: scalars as written, containers and long strings shortened.
@@ -178,6 +184,16 @@ Result<TrainerState> parse_state(const std::string& path) {
                                          path, s.batching));
     }
     if (s.batching == "bucketed") HR_RETURN_IF_ERROR(fields.integer("bucket", 1, &s.bucket));
+  }
+  if (auto ls = j.find("loss_scale"); ls != j.end()) {
+    if (!ls->is_object()) return fields.bad("loss_scale", *ls, "an object");
+    const std::string sub = path + " (loss_scale)";
+    const StateFields lf(*ls, sub);
+    LossScaleState st;
+    HR_RETURN_IF_ERROR(lf.number("scale", 1, 16777216.0, &st.scale));
+    HR_RETURN_IF_ERROR(lf.integer("good_steps", 0, &st.good_steps));
+    HR_RETURN_IF_ERROR(lf.integer("skipped", 0, std::numeric_limits<int64_t>::max(), &st.skipped));
+    s.loss_scale = st;
   }
   // The global batch, micro_batch x accumulation, is an int wherever it is used.
   if (int64_t(s.micro_batch) * s.accumulation > kMaxInt) {

@@ -7,11 +7,13 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "core/status.h"
 #include "model/config.h"
 #include "model/gpt2.h"
+#include "train/loss_scale.h"
 
 namespace headroom::train {
 
@@ -32,6 +34,9 @@ struct TrainerState {
   // checkpoints, which were packed.
   std::string batching = "packed";
   int bucket = 0;
+  // fp16: the dynamic loss scaler's state ("loss_scale" in trainer_state.json; absent for fp32
+  // and bf16, and in checkpoints written before fp16 existed).
+  std::optional<LossScaleState> loss_scale;
 };
 
 struct CheckpointView {

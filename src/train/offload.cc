@@ -97,7 +97,7 @@ void OptimizerOffload::load_master(const float* device_params) {
 
 Result<double> OptimizerOffload::step(float* params, float* grads, float* grad_shard,
                                       bf16_t* params_bf16, const AdamWConfig& config, float lr,
-                                      int step, bool grads_reduced) {
+                                      int step, bool grads_reduced, float loss_scale) {
   const int64_t P = table_->total_floats, n = piece_floats();
   double copy_ms = 0;
   auto timed_copy = [&copy_ms](float* dst, const float* src, int64_t count) {
@@ -111,7 +111,9 @@ Result<double> OptimizerOffload::step(float* params, float* grads, float* grad_s
     if (!grads_reduced) HR_RETURN_IF_ERROR(comm_->all_reduce(grads, P));
     timed_copy(this->grads(), grads, P);
     // 3: adamw_step on the offload tier's buffers (the bf16 copy is cast on the device below).
-    norm = adamw_step(*table_, master(), this->grads(), m(), v(), config, lr, step);
+    norm = adamw_step(*table_, master(), this->grads(), m(), v(), config, lr, step, nullptr,
+                      loss_scale);
+    if (loss_scale > 0 && !std::isfinite(norm)) return norm;  // overflow: skipped, nothing moves
   } else {
     HR_CHECK(grad_shard != nullptr && layout_->units().size() == 1);
     if (!grads_reduced) {
@@ -122,14 +124,17 @@ Result<double> OptimizerOffload::step(float* params, float* grads, float* grad_s
     // over the ranks in double.
     double sq = cpu::sum_squares(this->grads(), n);
     HR_RETURN_IF_ERROR(comm_->all_reduce(&sq, 1));
-    norm = std::sqrt(sq);
+    // fp16 (loss_scale > 0): the gradients are scaled; the norm and the update are not
+    // (ZeroOptimizer::step's unscaling, folded into the clipping factor).
+    norm = std::sqrt(sq) / (loss_scale > 0 ? double(loss_scale) : 1.0);
+    if (loss_scale > 0 && !std::isfinite(norm)) return norm;  // overflow: every rank skips
     cpu::AdamWParams ap{lr,
                         config.beta1,
                         config.beta2,
                         config.eps,
                         config.weight_decay,
                         step,
-                        clip_scale(config, norm)};
+                        clip_scale(config, norm) / (loss_scale > 0 ? loss_scale : 1.0f)};
     // The decay split (a multiple of 16 floats, like the piece boundaries): the same kernel
     // calls on the same elements as ZeroOptimizer's adamw_pieces.
     const dist::Range p = layout_->piece(0);

@@ -61,10 +61,13 @@ class OptimizerOffload {
   // One optimizer step (see the class comment). `grad_shard` is the device's reduced-gradient
   // shard (stages 1-2), null at stage 0; `params_bf16` the device's bf16 copy or null. Returns
   // the global gradient norm before clipping. A collective with several ranks.
+  // loss_scale > 0 (fp16): the gradients are scaled by it; on an overflow (a non-finite
+  // unscaled norm) nothing is updated or copied and the norm is returned, as adamw_step does.
   // grads_reduced: the reduction already ran during backward (dist::BucketReducer at stages
   // 0-1, ZeRO-2's gradient windows): grads holds the sum (stage 0) or grad_shard does (1-2).
   Result<double> step(float* params, float* grads, float* grad_shard, bf16_t* params_bf16,
-                      const AdamWConfig& config, float lr, int step, bool grads_reduced = false);
+                      const AdamWConfig& config, float lr, int step, bool grads_reduced = false,
+                      float loss_scale = 0.0f);
 
   memory::MemoryStats stats() const { return tracking_.stats(); }
   uint64_t budget() const { return limit_.budget(); }

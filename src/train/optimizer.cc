@@ -22,14 +22,17 @@ double grad_norm(const model::ParamTable& table, const float* grads) {
 }
 
 double adamw_step(const model::ParamTable& table, float* params, const float* grads, float* m,
-                  float* v, const AdamWConfig& config, float lr, int step, bf16_t* params_bf16) {
-  const double norm = grad_norm(table, grads);
+                  float* v, const AdamWConfig& config, float lr, int step, bf16_t* params_bf16,
+                  float loss_scale) {
+  const double norm = grad_norm(table, grads) / (loss_scale > 0 ? double(loss_scale) : 1.0);
+  if (loss_scale > 0 && !std::isfinite(norm)) return norm;  // overflow: the caller skips the step
   float scale = 1.0f;
   // torch.nn.utils.clip_grad_norm_: multiply by max_norm / (norm + 1e-6) when that is below 1.
   if (config.grad_clip > 0) {
     double coef = double(config.grad_clip) / (norm + 1e-6);
     if (coef < 1.0) scale = float(coef);
   }
+  if (loss_scale > 0) scale /= loss_scale;
   // Two contiguous ranges (ParamTable puts decayed tensors first). The padding between tensors
   // has zero gradient and zero parameter, so AdamW leaves it zero.
   const int64_t split = table.decay_floats;

@@ -27,8 +27,13 @@ double grad_norm(const model::ParamTable& table, const float* grads);
 // scale). `step` is 1-based. m and v have the parameter buffer's layout. Returns the gradient
 // norm before clipping. With params_bf16 (mixed precision), the updated parameters are also
 // written there rounded to bf16, in the same pass.
+// loss_scale > 0 (fp16, train/loss_scale.h): the gradients are multiplied by it. The returned
+// norm is the unscaled one (the scaled norm / loss_scale, computed in the same pass as always);
+// when it is not finite (an inf or NaN in some gradient) nothing is updated (params, m, v and
+// params_bf16 untouched) and the caller skips the step. Otherwise the update unscales in the
+// clipping factor (grad_scale = clip / loss_scale: exact for power-of-two scales).
 double adamw_step(const model::ParamTable& table, float* params, const float* grads, float* m,
                   float* v, const AdamWConfig& config, float lr, int step,
-                  bf16_t* params_bf16 = nullptr);
+                  bf16_t* params_bf16 = nullptr, float loss_scale = 0.0f);
 
 }  // namespace headroom::train

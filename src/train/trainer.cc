@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -372,6 +373,11 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
   cpu::zero(m, moment_floats);
   cpu::zero(v, moment_floats);
   int start_step = 0;
+  // fp16: loss scaling (Note [Loss scaling] in docs/notes/mixed-precision.md); its state is
+  // restored from the checkpoint when resuming. `applied` counts the updates AdamW made (its
+  // bias-correction step): the steps done less the skipped ones.
+  std::optional<LossScaler> scaler;
+  if (o.exec.precision == model::Precision::kFp16) scaler.emplace(o.loss_scale);
   if (!o.resume.empty()) {
     HR_ASSIGN_OR_RETURN(LoadedCheckpoint ck, find_checkpoint(o.resume));
     const TrainerState& st = ck.state;
@@ -450,6 +456,11 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
       train_batches.set_position(st.data_position);
     }
     start_step = st.step;
+    if (scaler && st.loss_scale) scaler->restore(*st.loss_scale);
+    if (!scaler && st.loss_scale && rank == 0) {
+      log_warn("{}: the checkpoint trained in fp16 (loss scale {:g}); this run is {} and unscaled",
+               ck.dir, double(st.loss_scale->scale), model::precision_name(o.exec.precision));
+    }
     if (rank == 0) log_info("resumed from {} at step {}", ck.dir, st.step);
   }
   // A collective: every rank calls it; rank 0 writes (the path is returned there, "" elsewhere)
@@ -474,7 +485,8 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
                     o.seed,
                     o.data,
                     data::batching_name(o.batching),
-                    bucketed ? o.bucket : 0};
+                    bucketed ? o.bucket : 0,
+                    scaler ? std::optional<LossScaleState>(scaler->state()) : std::nullopt};
     const float* full_p = params;
     const float* full_m = m;
     const float* full_v = v;
@@ -515,6 +527,7 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
 
   if (offload) offload->load_master(params);  // after initialisation or the checkpoint
   bf16_t* params_bf16 = bf16_arena.size() > 0 ? static_cast<bf16_t*>(bf16_arena.data(0)) : nullptr;
+
   if (params_bf16) cpu::cast_to_bf16(params_bf16, params, table.total_floats);
   model::Gpt2 net(cfg, &table);
   net.bind_params(params, grads, params_bf16);
@@ -843,7 +856,15 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     // Every rank has the whole step's tokens: the loss is normalised by the global step's.
     int64_t step_valid = 0;
     for (int64_t i = 0; i < int64_t(step_rows) * len; i++) step_valid += targets[i] >= 0;
-    const float dloss = step_valid ? 1.0f / float(step_valid) : 0.0f;
+    // fp16 scales the loss gradient by S (exact for a power of two); fp32 and bf16 by 1.
+    const float loss_scale = scaler ? scaler->scale() : 1.0f;
+    float dloss = step_valid ? loss_scale / float(step_valid) : 0.0f;
+    if (std::find(o.inject_overflow_steps.begin(), o.inject_overflow_steps.end(), step) !=
+        o.inject_overflow_steps.end()) {
+      // Test hook: an fp16 overflow in this rank's backward, before any reduction (the gradients
+      // become inf/NaN however and whenever they are reduced: after backward, or overlapped).
+      dloss = std::numeric_limits<float>::infinity();
+    }
     double loss_sum = 0;
     // This rank's `share` sequences lie in the slot one after another; they are cut into
     // micro-batches of the current plan, which may change between two of them (a recovery).
@@ -914,12 +935,20 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
                          m,
                          v,
                          /*grads_reduced=*/zw.has_value() || reducer.has_value()};
+    // With loss scaling an overflow (a non-finite norm, the same on every rank: it is computed
+    // from the reduced gradients) leaves params, m and v untouched; AdamW's bias correction
+    // counts the updates applied. The learning-rate schedule follows the step (as PyTorch's
+    // GradScaler loop), so a skipped step's rate is not replayed.
+    const int64_t skipped_before = scaler ? scaler->state().skipped : 0;
+    const int adam_step = step + 1 - int(skipped_before);
     if (rec) zcomm.trace(&rec->events, run_start, EventPhase::kOptimizer, step);
-    Result<double> stepped = offload ? offload->step(params, grads, grad_shard, params_bf16,
-                                                     o.adamw, lr, step + 1, zb.grads_reduced)
-                                     : zopt.step(zb, o.adamw, lr, step + 1, params_bf16);
+    Result<double> stepped =
+        offload ? offload->step(params, grads, grad_shard, params_bf16, o.adamw, lr, adam_step,
+                                zb.grads_reduced, scaler ? loss_scale : 0.0f)
+                : zopt.step(zb, o.adamw, lr, adam_step, params_bf16, scaler ? loss_scale : 0.0f);
     zcomm.trace(nullptr, run_start, EventPhase::kNone, -1);
     HR_ASSIGN_OR_RETURN(const double norm, std::move(stepped));
+    const bool skipped = scaler && !scaler->update(norm);
     const Clock::time_point tz = Clock::now();
     if (grads) cpu::zero(grads, P);
     record_op("zero gradients", EventPhase::kOptimizer, tz, Clock::now(), step);
@@ -935,6 +964,13 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     s.loss = step_valid ? loss_sum / double(step_valid) : 0.0;
     s.lr = lr;
     s.grad_norm = norm;
+    s.loss_scale = loss_scale;
+    s.skipped = skipped;
+    if (skipped) {
+      s.events.push_back(fmt::format(
+          "step {}: gradient overflow (inf/NaN) at loss scale {:g}: update skipped, scale now {:g}",
+          step + 1, double(loss_scale), double(scaler->scale())));
+    }
     s.tokens = step_valid;
     s.padding = step_rows ? 1.0 - double(step_valid) / (double(step_rows) * len) : 0.0;
     s.micro_batches = micro_batches;

@@ -17,6 +17,7 @@
 #include "model/gpt2.h"
 #include "plan/device_spec.h"
 #include "plan/memory_plan.h"
+#include "train/loss_scale.h"
 #include "train/optimizer.h"
 #include "train/zero_windows.h"
 
@@ -84,6 +85,11 @@ struct TrainOptions {
   // For tests of the overlap (ZeRO-2/3): record the order of backward ops and gradient
   // reductions (TrainResult::zero_events).
   bool record_zero_events = false;
+  // fp16 only (exec.precision kFp16): dynamic or fixed loss scaling (train/loss_scale.h).
+  LossScaleConfig loss_scale;
+  // Fault injection for tests: the 0-based steps whose backward on this rank starts from an
+  // infinite loss gradient, so that its gradients overflow as an fp16 overflow would.
+  std::vector<int> inject_overflow_steps;
 };
 
 // The start-up line for the rank layout: "2 ranks, ZeRO-1: optimizer state sharded (...)".
@@ -96,10 +102,14 @@ struct StepStats {
   int steps = 0;
   double loss = 0;
   float lr = 0;
-  double grad_norm = 0;
+  double grad_norm = 0;   // unscaled (inf or NaN on a skipped step)
   int64_t tokens = 0;     // tokens in this step that are trained on (padding excluded)
   double padding = 0;     // padded share of the step's rows x length (0 when packed)
   int micro_batches = 0;  // micro-batches this step ran on this rank
+  // fp16: the loss scale this step ran with, and whether its update was skipped (an overflow);
+  // 1 and false for fp32 and bf16, which are not scaled.
+  float loss_scale = 1.0f;
+  bool skipped = false;
   double tokens_per_s = 0;
   double step_ms = 0;
   double data_wait_ms = 0;

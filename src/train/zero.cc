@@ -133,13 +133,14 @@ ZeroOptimizer::Sizes ZeroOptimizer::sizes() const {
 }
 
 Result<double> ZeroOptimizer::step(const ZeroBuffers& b, const AdamWConfig& config, float lr,
-                                   int step, bf16_t* params_bf16) {
+                                   int step, bf16_t* params_bf16, float loss_scale) {
   HR_CHECK(b.params && b.m && b.v);
   HR_CHECK_MSG(params_bf16 == nullptr || stage_ < 3, "ZeRO-3 keeps no full bf16 copy");
   if (stage_ == 0) {
     HR_CHECK(b.grads);
     if (!b.grads_reduced) HR_RETURN_IF_ERROR(comm_->all_reduce(b.grads, table_->total_floats));
-    return adamw_step(*table_, b.params, b.grads, b.m, b.v, config, lr, step, params_bf16);
+    return adamw_step(*table_, b.params, b.grads, b.m, b.v, config, lr, step, params_bf16,
+                      loss_scale);
   }
   // Stages 1-3: reduce-scatter, then each rank updates only what it owns.
   HR_CHECK(b.grad_shard || layout_.local_floats() == 0);
@@ -157,7 +158,8 @@ Result<double> ZeroOptimizer::step(const ZeroBuffers& b, const AdamWConfig& conf
     sq += cpu::sum_squares(b.grad_shard + layout_.local_offset(u), layout_.piece(u).size());
   }
   HR_RETURN_IF_ERROR(comm_->all_reduce(&sq, 1));
-  const double norm = std::sqrt(sq);
+  const double norm = std::sqrt(sq) / (loss_scale > 0 ? double(loss_scale) : 1.0);
+  if (loss_scale > 0 && !std::isfinite(norm)) return norm;  // overflow: every rank skips
 
   const cpu::AdamWParams ap{lr,
                             config.beta1,
@@ -165,7 +167,7 @@ Result<double> ZeroOptimizer::step(const ZeroBuffers& b, const AdamWConfig& conf
                             config.eps,
                             config.weight_decay,
                             step,
-                            clip_scale(config, norm)};
+                            clip_scale(config, norm) / (loss_scale > 0 ? loss_scale : 1.0f)};
   adamw_pieces(layout_, table_->decay_floats, b.params, /*params_full=*/stage_ < 3, b.grad_shard,
                /*grads_full=*/false, b.m, b.v, ap);
 

@@ -86,8 +86,10 @@ class ZeroOptimizer {
   // With params_bf16 (mixed precision, stages 0-2): the bf16 copy of the full updated
   // parameters is written too, as adamw_step writes it (round to nearest even of each updated
   // float), so the bf16 weights are bit-identical to a single process's.
+  // loss_scale > 0 (fp16): as adamw_step's: the returned norm is unscaled, and when it is not
+  // finite no rank updates anything (the norm is reduced across ranks first, so all agree).
   Result<double> step(const ZeroBuffers& b, const AdamWConfig& config, float lr, int step,
-                      bf16_t* params_bf16 = nullptr);
+                      bf16_t* params_bf16 = nullptr, float loss_scale = 0.0f);
 
   // Stage 3: gathers every unit of the sharded params into `full` (table.total_floats floats),
   // e.g. for evaluation or a checkpoint. A collective.

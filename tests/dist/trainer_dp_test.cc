@@ -492,5 +492,48 @@ TEST_F(DataParallelTrainer, Stage3CheckpointsResumeOnOneProcessAndAtStage1) {
   EXPECT_LE(max_abs_diff(r.params, ref.params), kWeightTol);
 }
 
+// fp16: an overflow on one rank only (rank 1's gradients get an infinity at step 2, before the
+// reduction) is seen by every rank, since the norm is computed from the reduced gradients: every
+// rank skips step 2 and halves its scale, and the weights equal the single process's with the
+// same overflow (tolerance as above).
+TEST_F(DataParallelTrainer, Fp16OverflowOnOneRankSkipsTheStepOnEveryRank) {
+  if (world().size() < 2) GTEST_SKIP() << "needs 2 ranks (mpirun -np 2)";
+  auto fp16 = [&](bool distributed, int stage) {
+    TrainOptions o = options(distributed, stage);
+    o.exec.precision = model::Precision::kFp16;
+    o.loss_scale.initial = 1024.0f;
+    if (!distributed || world().rank() == 1) o.inject_overflow_steps = {1};
+    return o;
+  };
+  auto run_logged = [](const TrainOptions& o, std::vector<StepStats>* steps) {
+    RunOutput r;
+    TrainCallbacks cb;
+    cb.on_step = [&](const StepStats& s) { steps->push_back(s); };
+    cb.on_finish = [&](const model::Gpt2Config& c, const float* p, memory::MemoryResource*) {
+      r.params.assign(p, p + model::gpt2_param_table(c).total_floats);
+      return Status::ok();
+    };
+    r.result = run_training(o, cb);
+    return r;
+  };
+  std::vector<StepStats> ref_steps;
+  const RunOutput ref = run_logged(fp16(false, 0), &ref_steps);
+  ASSERT_TRUE(ref.result.is_ok()) << ref.result.status().to_string();
+  ASSERT_EQ(ref_steps.size(), 3u);
+  EXPECT_TRUE(ref_steps[1].skipped);
+  for (int stage : {0, 1, 2, 3}) {
+    std::vector<StepStats> steps;
+    const RunOutput dp = run_logged(fp16(true, stage), &steps);
+    ASSERT_TRUE(dp.result.is_ok()) << dp.result.status().to_string();
+    ASSERT_EQ(steps.size(), 3u);
+    for (size_t i = 0; i < 3; i++) {
+      EXPECT_EQ(steps[i].skipped, i == 1) << "rank " << world().rank() << " step " << i + 1;
+      EXPECT_EQ(steps[i].loss_scale, ref_steps[i].loss_scale) << "step " << i + 1;
+    }
+    EXPECT_EQ(steps[2].loss_scale, 512.0f);
+    EXPECT_LE(max_abs_diff(dp.params, ref.params), kWeightTol) << "stage " << stage;
+  }
+}
+
 }  // namespace
 }  // namespace headroom::train

@@ -69,6 +69,11 @@ TEST(PlanEquality, MeasuredPeakEqualsPlannedPeak) {
       {3, 64, 4, 500, 64, 3, 32, 2, true, 16, model::Recompute::kFull, model::Precision::kBf16},
       {2, 64, 4, 257, 64, 2, 16, 2, true, 0, model::Recompute::kSelective, model::Precision::kBf16,
        false},
+      // fp16: f16 activations, weights cast per layer, the f16 GEMM staging area.
+      {2, 64, 4, 257, 64, 2, 16, 2, true, 0, model::Recompute::kNone, model::Precision::kFp16},
+      {3, 64, 4, 500, 64, 2, 32, 1, true, 24, model::Recompute::kSelective,
+       model::Precision::kFp16},
+      {3, 64, 4, 500, 64, 3, 32, 2, true, 16, model::Recompute::kFull, model::Precision::kFp16},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(::testing::Message()

@@ -259,20 +259,22 @@ size_t forward_widen_floats(int T, int HS) { return size_t{1} * T * 3 * HS + siz
 size_t backward_widen_floats(int T, int HS) { return size_t{1} * T * 8 * HS; }
 
 // dst[r*ld_dst + c] = src[r*ld_src + c] as float, for r < rows, c < cols.
-void widen(float* dst, int64_t ld_dst, const bf16_t* src, int64_t ld_src, int64_t rows, int cols) {
+template <typename T>
+void widen(float* dst, int64_t ld_dst, const T* src, int64_t ld_src, int64_t rows, int cols) {
   for (int64_t r = 0; r < rows; ++r) {
     float* d = dst + r * ld_dst;
-    const bf16_t* s = src + r * ld_src;
+    const T* s = src + r * ld_src;
 #pragma omp simd
     for (int c = 0; c < cols; ++c) d[c] = to_f32(s[c]);
   }
 }
-void narrow(bf16_t* dst, int64_t ld_dst, const float* src, int64_t ld_src, int64_t rows, int cols) {
+template <typename T>
+void narrow(T* dst, int64_t ld_dst, const float* src, int64_t ld_src, int64_t rows, int cols) {
   for (int64_t r = 0; r < rows; ++r) {
-    bf16_t* d = dst + r * ld_dst;
+    T* d = dst + r * ld_dst;
     const float* s = src + r * ld_src;
 #pragma omp simd
-    for (int c = 0; c < cols; ++c) d[c] = from_f32<bf16_t>(s[c]);
+    for (int c = 0; c < cols; ++c) d[c] = from_f32<T>(s[c]);
   }
 }
 
@@ -282,19 +284,21 @@ size_t attention_tiled_scratch_floats(int B, int T, int C, int NH, DType storage
   const int64_t tasks = int64_t{B} * NH * num_blocks(T);
   const int64_t slots = std::min<int64_t>(tasks, kAttentionMaxWorkers);
   size_t slot = forward_slot_floats(C / NH);
-  if (storage == DType::kBF16) slot += forward_widen_floats(T, C / NH);
+  if (storage != DType::kF32) slot += forward_widen_floats(T, C / NH);
   return static_cast<size_t>(slots) * slot;
 }
 
 size_t attention_tiled_backward_scratch_floats(int B, int T, int C, int NH, DType storage) {
   const int64_t slots = std::min<int64_t>(int64_t{B} * NH, kAttentionMaxWorkers);
   size_t slot = backward_slot_floats(C / NH);
-  if (storage == DType::kBF16) slot += backward_widen_floats(T, C / NH);
+  if (storage != DType::kF32) slot += backward_widen_floats(T, C / NH);
   return static_cast<size_t>(slots) * slot;
 }
 
-void attention_tiled_forward(bf16_t* out, float* lse, const bf16_t* qkv, int B, int T, int C,
-                             int NH, float* scratch) {
+namespace {
+template <typename TS>
+void attention_tiled_forward_low(TS* out, float* lse, const TS* qkv, int B, int T, int C, int NH,
+                                 float* scratch) {
   HR_CHECK(NH > 0 && C % NH == 0 && T >= 1);
   const int HS = C / NH;
   const int64_t C3 = int64_t{3} * C, H3 = int64_t{3} * HS;
@@ -316,7 +320,7 @@ void attention_tiled_forward(bf16_t* out, float* lse, const bf16_t* qkv, int B, 
       const int b = bh / NH, h = bh % NH;
       const int64_t i0 = int64_t{ib} * kB;
       const int nq = std::min<int64_t>(kB, T - i0);
-      const bf16_t* base = qkv + int64_t{b} * T * C3 + int64_t{h} * HS;
+      const TS* base = qkv + int64_t{b} * T * C3 + int64_t{h} * HS;
       for (int part = 0; part < 3; ++part) {
         widen(rows + part * HS, H3, base + part * C, C3, i0 + nq, HS);
       }
@@ -327,9 +331,9 @@ void attention_tiled_forward(bf16_t* out, float* lse, const bf16_t* qkv, int B, 
   }
 }
 
-void attention_tiled_backward(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qkv,
-                              const bf16_t* out, const float* lse, int B, int T, int C, int NH,
-                              float* scratch) {
+template <typename TS>
+void attention_tiled_backward_low(TS* dqkv, const TS* dout, const TS* qkv, const TS* out,
+                                  const float* lse, int B, int T, int C, int NH, float* scratch) {
   HR_CHECK(NH > 0 && C % NH == 0 && T >= 1);
   const int HS = C / NH;
   const int64_t C3 = int64_t{3} * C, H3 = int64_t{3} * HS, H2 = int64_t{2} * HS;
@@ -360,6 +364,26 @@ void attention_tiled_backward(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qk
       }
     }
   }
+}
+
+}  // namespace
+
+void attention_tiled_forward(bf16_t* out, float* lse, const bf16_t* qkv, int B, int T, int C,
+                             int NH, float* scratch) {
+  attention_tiled_forward_low(out, lse, qkv, B, T, C, NH, scratch);
+}
+void attention_tiled_backward(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qkv,
+                              const bf16_t* out, const float* lse, int B, int T, int C, int NH,
+                              float* scratch) {
+  attention_tiled_backward_low(dqkv, dout, qkv, out, lse, B, T, C, NH, scratch);
+}
+void attention_tiled_forward(f16_t* out, float* lse, const f16_t* qkv, int B, int T, int C, int NH,
+                             float* scratch) {
+  attention_tiled_forward_low(out, lse, qkv, B, T, C, NH, scratch);
+}
+void attention_tiled_backward(f16_t* dqkv, const f16_t* dout, const f16_t* qkv, const f16_t* out,
+                              const float* lse, int B, int T, int C, int NH, float* scratch) {
+  attention_tiled_backward_low(dqkv, dout, qkv, out, lse, B, T, C, NH, scratch);
 }
 
 void attention_tiled_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH,

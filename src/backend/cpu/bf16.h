@@ -1,11 +1,14 @@
-// Element access for kernels that are written once over their storage type (float or bf16_t):
-// load as float, compute in float, store with one round to nearest even. Written as plain scalar
-// code that GCC vectorises inside `omp simd` loops (the bf16 round is integer arithmetic plus a
-// select for NaN), so the vector and scalar paths give the same bits.
+// Element access for kernels that are written once over their storage type (float, bf16_t or
+// f16_t): load as float, compute in float, store with one round to nearest even. Written as plain
+// scalar code that GCC vectorises inside `omp simd` loops (the bf16 and f16 rounds are integer
+// arithmetic plus selects), so the vector and scalar paths give the same bits, on any CPU. Bulk
+// f16 conversions (the GEMM staging, casts) use F16C / AVX-512 vcvtph2ps / vcvtps2ph directly
+// (kernels.cc), with these as their portable tail.
 #pragma once
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <bit>
 #include <cstdint>
 #include <type_traits>
@@ -16,6 +19,23 @@ namespace headroom::cpu {
 
 inline float to_f32(float x) { return x; }
 inline float to_f32(bf16_t x) { return std::bit_cast<float>(uint32_t(x.bits) << 16); }
+
+// f16 -> fp32, exact. Branch-free integer arithmetic that GCC vectorises inside `omp simd`
+// loops (GCC 12 keeps `_Float16` conversions scalar there, and will not if-convert an int ->
+// float conversion for the subnormals under -ftrapping-math: measured, GELU's f16 backward ran
+// 15-30x slower than fp32's until this). Subnormals (m 2^-24, m < 2^10) are normalised with a
+// count of leading zeros (vplzcntd with AVX512CD).
+inline float to_f32(f16_t x) {
+  const uint32_t em = x.bits & 0x7fffu;  // exponent and mantissa
+  const uint32_t sign = uint32_t(x.bits & 0x8000u) << 16;
+  // Normal: rebias the exponent (15 -> 127); infinity and NaN (exponent 31) go to 255, keeping a
+  // NaN's payload and quiet bit.
+  const uint32_t normal = (em << 13) + (em >= 0x7c00u ? 0x70000000u : 0x38000000u);
+  const uint32_t lz = uint32_t(__builtin_clz(em | 1u));  // 22..31 for a subnormal
+  const uint32_t subnormal =
+      em == 0 ? 0u : (((134u - lz) << 23) | ((em << (lz - 8u)) & 0x007fffffu));
+  return std::bit_cast<float>((em < 0x0400u ? subnormal : normal) | sign);
+}
 
 template <typename T>
 inline T from_f32(float x);
@@ -30,6 +50,31 @@ inline bf16_t from_f32<bf16_t>(float x) {
   const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
   return bf16_t{uint16_t(nan ? ((u >> 16) | 0x40u) : rounded)};
 }
+
+// fp32 -> f16, round to nearest even, overflow to infinity, NaN stays NaN (quieted): the same
+// bits as core/dtype.h's f32_to_f16_bits (a NaN's payload aside) and as vcvtps2ph. Branch-free
+// integer arithmetic, vectorised by GCC inside `omp simd` loops (see to_f32 above).
+template <>
+inline f16_t from_f32<f16_t>(float x) {
+  const uint32_t u = std::bit_cast<uint32_t>(x);
+  const uint32_t sign = (u >> 16) & 0x8000u;
+  const uint32_t a = u & 0x7fffffffu;
+  // Normal f16 (|x| >= 2^-14): drop 13 mantissa bits, rounding to nearest even; a carry into
+  // the exponent is the right answer (up to infinity, 0x7c00, from 65520 on).
+  const uint32_t normal = (a - 0x38000000u + 0x0fffu + ((a >> 13) & 1u)) >> 13;
+  // Subnormal f16 (|x| < 2^-14): the significand with its implicit bit, shifted right by
+  // 126 - exponent (>= 14; clamped at 31, where everything rounds to zero), rounded to even.
+  const uint32_t m = (a & 0x007fffffu) | 0x00800000u;
+  const int32_t sh = std::min(31, 126 - int32_t(a >> 23));
+  const uint32_t half = m >> sh, rem = m & ((1u << sh) - 1u), mid = 1u << (sh - 1);
+  const uint32_t subnormal = half + ((rem > mid || (rem == mid && (half & 1u))) ? 1u : 0u);
+  const uint32_t finite = a >= 0x38800000u ? normal : subnormal;
+  const uint32_t big = a > 0x7f800000u ? (0x7e00u | ((a >> 13) & 0x3ffu)) : 0x7c00u;
+  return f16_t{uint16_t(sign | (a >= 0x47800000u ? big : finite))};
+}
+
+// x rounded to the nearest f16 value, as a float (exact: every f16 is a float).
+inline float round_f16(float x) { return to_f32(from_f32<f16_t>(x)); }
 
 #if defined(__AVX512F__)
 // 16 floats to bf16 with the same rounding (and NaN handling) as from_f32<bf16_t>. (The maskz
@@ -49,6 +94,8 @@ template <typename T>
 constexpr DType dtype_of() {
   if constexpr (std::is_same_v<T, bf16_t>) {
     return DType::kBF16;
+  } else if constexpr (std::is_same_v<T, f16_t>) {
+    return DType::kF16;
   } else {
     static_assert(std::is_same_v<T, float>);
     return DType::kF32;

@@ -25,6 +25,10 @@ inline void chunk_logits(float* logits, const bf16_t* x, const bf16_t* wte, int 
   gemm_ex(false, true, n, V, C, DType::kBF16, x, C, wte, C, DType::kF32, logits, V, nullptr, false);
 }
 
+inline void chunk_logits(float* logits, const f16_t* x, const float* wte, int n, int C, int V) {
+  gemm_f16(false, true, n, V, C, x, C, wte, C, logits, V, nullptr, false);
+}
+
 // dx[n, C] = dlogits x wte; dwte += dlogits^T x x (the kOutIn matmul_backward).
 inline void chunk_backward(float* dx, float* dwte, float* dlogits, const float* x, const float* wte,
                            int n, int C, int V) {
@@ -44,8 +48,28 @@ inline void chunk_backward(bf16_t* dx, float* dwte, const bf16_t* dlogits, const
   }
 }
 
+// f16: dlogits are fp32 holding f16 values (in place over the logits).
+inline void chunk_backward(f16_t* dx, float* dwte, const float* dlogits, const f16_t* x,
+                           const float* wte, int n, int C, int V) {
+  if (dx != nullptr) gemm_f16(false, false, n, C, V, dlogits, V, wte, C, dx, C, nullptr);
+  if (dwte != nullptr) gemm_f16(true, false, V, C, n, dlogits, V, x, C, dwte, C, nullptr, true);
+}
+
+// The storage of the chunk's dlogits for activations of type T: bf16 for bf16; fp32 otherwise
+// (holding f16 values for f16).
 template <typename T>
-void lm_head_ce_forward_t(float* losses, float* lse, const T* x, const T* wte,
+using DlogitsT = std::conditional_t<std::is_same_v<T, bf16_t>, bf16_t, float>;
+template <typename T>
+inline DlogitsT<T> to_dlogit(float x) {
+  if constexpr (std::is_same_v<T, f16_t>) {
+    return round_f16(x);
+  } else {
+    return from_f32<T>(x);
+  }
+}
+
+template <typename T, typename TW>
+void lm_head_ce_forward_t(float* losses, float* lse, const T* x, const TW* wte,
                           const int32_t* targets, int N, int C, int V, int chunk, float* scratch) {
   HR_CHECK(chunk >= 1 && V >= 1);
   for (int c0 = 0; c0 < N; c0 += chunk) {
@@ -67,8 +91,8 @@ void lm_head_ce_forward_t(float* losses, float* lse, const T* x, const T* wte,
   }
 }
 
-template <typename T>
-void lm_head_ce_backward_t(T* dx, float* dwte, const T* x, const T* wte, const int32_t* targets,
+template <typename T, typename TW>
+void lm_head_ce_backward_t(T* dx, float* dwte, const T* x, const TW* wte, const int32_t* targets,
                            const float* lse, int N, int C, int V, int chunk, float dloss,
                            float* scratch) {
   HR_CHECK(chunk >= 1 && V >= 1);
@@ -77,24 +101,25 @@ void lm_head_ce_backward_t(T* dx, float* dwte, const T* x, const T* wte, const i
     const T* xc = x + int64_t{c0} * C;
     chunk_logits(scratch, xc, wte, n, C, V);
     // dlogits: in place over the fp32 logits, or (bf16) into the bf16 area after them.
-    T* dlogits =
-        reinterpret_cast<T*>(std::is_same_v<T, float> ? scratch : scratch + int64_t{chunk} * V);
+    using D = DlogitsT<T>;
+    D* dlogits =
+        reinterpret_cast<D*>(std::is_same_v<T, bf16_t> ? scratch + int64_t{chunk} * V : scratch);
 #pragma omp parallel for schedule(static)
     for (int r = 0; r < n; ++r) {
       const int32_t target = targets[c0 + r];
       HR_CHECK(target >= -1 && target < V);
       const float* z = scratch + int64_t{r} * V;
-      T* d = dlogits + int64_t{r} * V;
+      D* d = dlogits + int64_t{r} * V;
       if (target < 0) {
-        std::fill(d, d + V, from_f32<T>(0.0f));
+        std::fill(d, d + V, to_dlogit<T>(0.0f));
         continue;
       }
       // softmax = exp(z - lse): one pass instead of the max and sum passes of a fresh softmax.
       const float l = lse[c0 + r];
       const float dt = fast_exp(z[target] - l) * dloss - dloss;  // before z[target] is written
 #pragma omp simd
-      for (int i = 0; i < V; ++i) d[i] = from_f32<T>(fast_exp(z[i] - l) * dloss);
-      d[target] = from_f32<T>(dt);
+      for (int i = 0; i < V; ++i) d[i] = to_dlogit<T>(fast_exp(z[i] - l) * dloss);
+      d[target] = to_dlogit<T>(dt);
     }
     chunk_backward(dx == nullptr ? nullptr : dx + int64_t{c0} * C, dwte, dlogits, xc, wte, n, C, V);
   }
@@ -123,6 +148,16 @@ void lm_head_ce_backward(float* dx, float* dwte, const float* x, const float* wt
   lm_head_ce_backward_t(dx, dwte, x, wte, targets, lse, N, C, V, chunk, dloss, scratch);
 }
 void lm_head_ce_backward(bf16_t* dx, float* dwte, const bf16_t* x, const bf16_t* wte,
+                         const int32_t* targets, const float* lse, int N, int C, int V, int chunk,
+                         float dloss, float* scratch) {
+  lm_head_ce_backward_t(dx, dwte, x, wte, targets, lse, N, C, V, chunk, dloss, scratch);
+}
+
+void lm_head_ce_forward(float* losses, float* lse, const f16_t* x, const float* wte,
+                        const int32_t* targets, int N, int C, int V, int chunk, float* scratch) {
+  lm_head_ce_forward_t(losses, lse, x, wte, targets, N, C, V, chunk, scratch);
+}
+void lm_head_ce_backward(f16_t* dx, float* dwte, const f16_t* x, const float* wte,
                          const int32_t* targets, const float* lse, int N, int C, int V, int chunk,
                          float dloss, float* scratch) {
   lm_head_ce_backward_t(dx, dwte, x, wte, targets, lse, N, C, V, chunk, dloss, scratch);

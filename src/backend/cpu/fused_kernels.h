@@ -52,6 +52,11 @@ void attention_tiled_forward(bf16_t* out, float* lse, const bf16_t* qkv, int B, 
 void attention_tiled_backward(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qkv,
                               const bf16_t* out, const float* lse, int B, int T, int C, int NH,
                               float* scratch);
+// f16 storage: the same as bf16 (scratch sizes with DType::kF16, equal to bf16's).
+void attention_tiled_forward(f16_t* out, float* lse, const f16_t* qkv, int B, int T, int C, int NH,
+                             float* scratch);
+void attention_tiled_backward(f16_t* dqkv, const f16_t* dout, const f16_t* qkv, const f16_t* out,
+                              const float* lse, int B, int T, int C, int NH, float* scratch);
 
 // ---- LM head fused with cross-entropy, chunked over tokens ----------------------------------
 // logits[n,:] = x[n,:] x wte^T (wte[V,C], the tied embedding, kOutIn layout) are computed for
@@ -80,6 +85,16 @@ void lm_head_ce_backward(float* dx, float* dwte, const float* x, const float* wt
 void lm_head_ce_forward(float* losses, float* lse, const bf16_t* x, const bf16_t* wte,
                         const int32_t* targets, int N, int C, int V, int chunk, float* scratch);
 void lm_head_ce_backward(bf16_t* dx, float* dwte, const bf16_t* x, const bf16_t* wte,
+                         const int32_t* targets, const float* lse, int N, int C, int V, int chunk,
+                         float dloss, float* scratch);
+
+// f16 storage (x, dx; wte is fp32 holding f16 values, kernels.h): x widened through the f16 GEMM
+// staging (kernels.h F16GemmStaging: 2 x chunk x C floats), fp32 logits, the loss and softmax in
+// fp32, dlogits rounded to f16 values in place (as autocast's f16 GEMMs would read them); dwte
+// (fp32) accumulates. Scratch: chunk * V floats, as fp32.
+void lm_head_ce_forward(float* losses, float* lse, const f16_t* x, const float* wte,
+                        const int32_t* targets, int N, int C, int V, int chunk, float* scratch);
+void lm_head_ce_backward(f16_t* dx, float* dwte, const f16_t* x, const float* wte,
                          const int32_t* targets, const float* lse, int N, int C, int V, int chunk,
                          float dloss, float* scratch);
 

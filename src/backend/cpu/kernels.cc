@@ -209,7 +209,16 @@ void layernorm_forward(bf16_t* out, float* mean, float* rstd, const float* inp, 
                        const float* bias, int N, int C) {
   layernorm_forward_t(out, mean, rstd, inp, weight, bias, N, C);
 }
+void layernorm_forward(f16_t* out, float* mean, float* rstd, const float* inp, const float* weight,
+                       const float* bias, int N, int C) {
+  layernorm_forward_t(out, mean, rstd, inp, weight, bias, N, C);
+}
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                        const float* inp, const float* weight, const float* mean, const float* rstd,
+                        int N, int C) {
+  layernorm_backward_t(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
+}
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const f16_t* dout,
                         const float* inp, const float* weight, const float* mean, const float* rstd,
                         int N, int C) {
   layernorm_backward_t(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
@@ -302,6 +311,192 @@ void matmul_backward(bf16_t* dinp, float* dweight, float* dbias, const bf16_t* d
                      const bf16_t* inp, const bf16_t* weight, int N, int IC, int OC,
                      WeightLayout layout, MatmulStrides st) {
   matmul_backward_t(dinp, dweight, dbias, dout, inp, weight, N, IC, OC, layout, st);
+}
+
+// ---- fp16 GEMMs: widen, fp32 GEMM, narrow ------------------------------------------------
+// See Note [fp16 GEMMs] in docs/notes/mixed-precision.md: oneDNN 2.6 creates no f16 matmul on
+// this CPU, so the f16 operands are widened (exactly) into the bound staging area.
+namespace {
+float* g_f16_staging = nullptr;
+size_t g_f16_staging_floats = 0;
+
+// d[j] = float(s[j]) for j < n (vcvtph2ps, 16 at a time); exact.
+inline void f16_span_to_f32(float* d, const f16_t* s, int64_t n) {
+  int64_t j = 0;
+#if defined(__AVX512F__)
+  for (; j + 16 <= n; j += 16) {
+    // (maskz forms with a full mask: GCC 12 warns falsely about the plain ones, as in bf16.h.)
+    _mm512_storeu_ps(
+        d + j,
+        _mm512_maskz_cvtph_ps(0xFFFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + j))));
+  }
+#endif
+  for (; j < n; ++j) d[j] = to_f32(s[j]);
+}
+
+// d[j] = f16(s[j]) for j < n, round to nearest even (vcvtps2ph), as from_f32<f16_t>.
+inline void f32_span_to_f16(f16_t* d, const float* s, int64_t n) {
+  int64_t j = 0;
+#if defined(__AVX512F__)
+  for (; j + 16 <= n; j += 16) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + j),
+                        _mm512_maskz_cvtps_ph(0xFFFF, _mm512_loadu_ps(s + j),
+                                              _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
+#endif
+  for (; j < n; ++j) d[j] = from_f32<f16_t>(s[j]);
+}
+
+// dst[r*ld_dst + c] = src[r*ld_src + c].
+void widen_f16(float* dst, int64_t ld_dst, const f16_t* src, int64_t ld_src, int64_t rows,
+               int64_t cols) {
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) f16_span_to_f32(dst + r * ld_dst, src + r * ld_src, cols);
+}
+
+// dst[r*ld_dst + c] = f16(src[r*ld_src + c]).
+void narrow_f16(f16_t* dst, int64_t ld_dst, const float* src, int64_t ld_src, int64_t rows,
+                int64_t cols) {
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) f32_span_to_f16(dst + r * ld_dst, src + r * ld_src, cols);
+}
+
+// The row stride of a staged fp32 matrix of `cols` columns: padded off multiples of 4 KiB, as
+// the fp32 activations are (activation_row_stride; dense 3072-float rows ran the MLP GEMMs about
+// 2x slower here too).
+int64_t staged_ld(int64_t cols) { return activation_row_stride(cols, 4); }
+
+// Takes `floats` from the staging area at *cursor.
+float* take_staging(size_t* cursor, size_t floats) {
+  HR_CHECK_MSG(g_f16_staging != nullptr, "an fp16 GEMM ran without its staging area bound");
+  HR_CHECK_MSG(*cursor + floats <= g_f16_staging_floats,
+               "the fp16 GEMM staging area is smaller than this GEMM's operands");
+  float* p = g_f16_staging + *cursor;
+  *cursor += floats;
+  return p;
+}
+
+// An fp32 view of a GEMM operand: itself, or (f16) its widened dense copy in the staging area.
+// The operand is stored [rows, cols] with leading dimension ld (rows x cols as it lies in memory,
+// whether or not the GEMM transposes it).
+template <typename T>
+const float* as_f32(const T* x, int64_t rows, int64_t cols, int* ld, size_t* cursor) {
+  if constexpr (std::is_same_v<T, float>) {
+    return x;
+  } else {
+    const int64_t ldw = staged_ld(cols);
+    float* w = take_staging(cursor, size_t(rows * ldw));
+    widen_f16(w, ldw, x, *ld, rows, cols);
+    *ld = int(ldw);
+    return w;
+  }
+}
+
+// C = op(A) op(B) (+ bias) with any of A, B, C in f16 (fp32 otherwise); as gemm().
+template <typename TA, typename TB, typename TC>
+void mm16(bool ta, bool tb, int M, int N, int K, const TA* A, int lda, const TB* B, int ldb, TC* C,
+          int ldc, const float* bias, bool accumulate) {
+  size_t cursor = 0;
+  const float* a = as_f32(A, ta ? K : M, ta ? M : K, &lda, &cursor);
+  const float* b = as_f32(B, tb ? N : K, tb ? K : N, &ldb, &cursor);
+  if constexpr (std::is_same_v<TC, float>) {
+    gemm(ta, tb, M, N, K, a, lda, b, ldb, C, ldc, bias, accumulate);
+  } else {
+    HR_CHECK(!accumulate);  // f16 outputs are activations or their gradients: overwritten
+    const int64_t ldt = staged_ld(N);
+    float* c = take_staging(&cursor, size_t(M * ldt));
+    gemm(ta, tb, M, N, K, a, lda, b, ldb, c, int(ldt), bias, false);
+    narrow_f16(C, ldc, c, ldt, M, N);
+  }
+}
+
+template <typename TO, typename TD, typename TI>
+void matmul_backward16(TO* dinp, float* dweight, float* dbias, const TD* dout, const TI* inp,
+                       const float* weight, int N, int IC, int OC, WeightLayout layout,
+                       MatmulStrides st) {
+  const bool in_out = layout == WeightLayout::kInOut;
+  const int ldi = int(st.inp ? st.inp : IC), ldo = int(st.out ? st.out : OC);
+  if (dinp != nullptr) {
+    if (in_out) {
+      mm16(false, true, N, IC, OC, dout, ldo, weight, OC, dinp, ldi, nullptr, false);
+    } else {
+      mm16(false, false, N, IC, OC, dout, ldo, weight, IC, dinp, ldi, nullptr, false);
+    }
+  }
+  if (dweight != nullptr) {
+    if (in_out) {
+      mm16(true, false, IC, OC, N, inp, ldi, dout, ldo, dweight, OC, nullptr, true);
+    } else {
+      mm16(true, false, OC, IC, N, dout, ldo, inp, ldi, dweight, IC, nullptr, true);
+    }
+  }
+  if (dbias != nullptr) {
+#pragma omp parallel
+    {
+      int64_t c0, c1;
+      thread_range(OC, 16, &c0, &c1);
+      add_column_sums(dbias, dout, N, ldo, c0, c1);
+    }
+  }
+}
+
+template <typename TO>
+void matmul_forward16(TO* out, const f16_t* inp, const float* weight, const float* bias, int N,
+                      int IC, int OC, WeightLayout layout, MatmulStrides st) {
+  const int ldi = int(st.inp ? st.inp : IC), ldo = int(st.out ? st.out : OC);
+  if (layout == WeightLayout::kInOut) {
+    mm16(false, false, N, OC, IC, inp, ldi, weight, OC, out, ldo, bias, false);
+  } else {
+    mm16(false, true, N, OC, IC, inp, ldi, weight, IC, out, ldo, bias, false);
+  }
+}
+}  // namespace
+
+F16GemmStaging::F16GemmStaging(float* area, size_t floats)
+    : prev_(g_f16_staging), prev_floats_(g_f16_staging_floats) {
+  g_f16_staging = area;
+  g_f16_staging_floats = floats;
+}
+F16GemmStaging::~F16GemmStaging() {
+  g_f16_staging = prev_;
+  g_f16_staging_floats = prev_floats_;
+}
+
+size_t f16_matmul_staging_floats(int64_t N, int64_t IC, int64_t OC) {
+  // Forward: inp (N x IC) and an f16 out (N x OC); backward dinp: dout and dinp; dweight: inp
+  // and dout. The weight operand is fp32 and never staged. Rows padded as staged_ld.
+  return size_t(N * (staged_ld(IC) + staged_ld(OC)));
+}
+
+void matmul_forward(float* out, const f16_t* inp, const float* weight, const float* bias, int N,
+                    int IC, int OC, WeightLayout layout, MatmulStrides st) {
+  matmul_forward16(out, inp, weight, bias, N, IC, OC, layout, st);
+}
+void matmul_forward(f16_t* out, const f16_t* inp, const float* weight, const float* bias, int N,
+                    int IC, int OC, WeightLayout layout, MatmulStrides st) {
+  matmul_forward16(out, inp, weight, bias, N, IC, OC, layout, st);
+}
+void matmul_backward(f16_t* dinp, float* dweight, float* dbias, const f16_t* dout, const f16_t* inp,
+                     const float* weight, int N, int IC, int OC, WeightLayout layout,
+                     MatmulStrides st) {
+  matmul_backward16(dinp, dweight, dbias, dout, inp, weight, N, IC, OC, layout, st);
+}
+void matmul_backward(f16_t* dinp, float* dweight, float* dbias, const float* dout, const f16_t* inp,
+                     const float* weight, int N, int IC, int OC, WeightLayout layout,
+                     MatmulStrides st) {
+  matmul_backward16(dinp, dweight, dbias, dout, inp, weight, N, IC, OC, layout, st);
+}
+void gemm_f16(bool trans_a, bool trans_b, int M, int N, int K, const f16_t* A, int lda,
+              const float* B, int ldb, float* C, int ldc, const float* bias, bool accumulate) {
+  mm16(trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc, bias, accumulate);
+}
+void gemm_f16(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda,
+              const f16_t* B, int ldb, float* C, int ldc, const float* bias, bool accumulate) {
+  mm16(trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc, bias, accumulate);
+}
+void gemm_f16(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda,
+              const float* B, int ldb, f16_t* C, int ldc, const float* bias) {
+  mm16(trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc, bias, false);
 }
 
 // ---- attention -----------------------------------------------------------------------------
@@ -434,12 +629,29 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) 
 void gelu_backward(bf16_t* dinp, const bf16_t* inp, const bf16_t* dout, int64_t n) {
   gelu_backward_t(dinp, inp, dout, n);
 }
+void gelu_forward(f16_t* out, const f16_t* inp, int64_t n) { gelu_forward_t(out, inp, n); }
+void gelu_backward(f16_t* dinp, const f16_t* inp, const f16_t* dout, int64_t n) {
+  gelu_backward_t(dinp, inp, dout, n);
+}
 
 // ---- casts ---------------------------------------------------------------------------------
 
 void cast_to_bf16(bf16_t* out, const float* inp, int64_t n) {
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) out[i] = from_f32<bf16_t>(inp[i]);
+}
+
+void cast_to_f16(f16_t* out, const float* inp, int64_t n) {
+  constexpr int64_t kBlock = 4096;
+#pragma omp parallel for schedule(static)
+  for (int64_t i0 = 0; i0 < n; i0 += kBlock) {
+    f32_span_to_f16(out + i0, inp + i0, std::min(kBlock, n - i0));
+  }
+}
+
+void round_to_f16_values(float* out, const float* inp, int64_t n) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) out[i] = round_f16(inp[i]);
 }
 
 void round_to_bf16_dense_inplace(float* x, int64_t rows, int64_t cols) {

@@ -128,6 +128,62 @@ void round_rows_to_bf16_inplace(float* x, int64_t rows, int64_t cols, int64_t ld
 // start of the same memory (oneDNN's AMX kernels take dense rows only).
 void round_to_bf16_dense_inplace(float* x, int64_t rows, int64_t cols);
 
+// ---- fp16 mixed precision ---------------------------------------------------------------
+// Overloads for IEEE half activations (f16_t): the same mathematics computed in fp32, each stored
+// value rounded once to nearest even; fp32 everywhere bf16 keeps fp32. See Note [fp16 GEMMs] in
+// docs/notes/mixed-precision.md: oneDNN 2.6 creates no f16 matmul on x86, so an f16 GEMM widens
+// its f16 operands (exactly: every f16 is an fp32) into a staging area, runs the fp32 GEMM and
+// rounds an f16 output once. That is the arithmetic of an f16 x f16 -> fp32 GEMM: products of
+// f16 values are exact in fp32 and the sums accumulate in fp32. The GEMM weight is fp32 holding
+// f16 values (round_to_f16_values, cast per layer by the model), so it is never staged.
+void layernorm_forward(f16_t* out, float* mean, float* rstd, const float* inp, const float* weight,
+                       const float* bias, int N, int C);
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const f16_t* dout,
+                        const float* inp, const float* weight, const float* mean, const float* rstd,
+                        int N, int C);
+void matmul_forward(float* out, const f16_t* inp, const float* weight, const float* bias, int N,
+                    int IC, int OC, WeightLayout layout, MatmulStrides strides = {});
+void matmul_forward(f16_t* out, const f16_t* inp, const float* weight, const float* bias, int N,
+                    int IC, int OC, WeightLayout layout, MatmulStrides strides = {});
+void matmul_backward(f16_t* dinp, float* dweight, float* dbias, const f16_t* dout, const f16_t* inp,
+                     const float* weight, int N, int IC, int OC, WeightLayout layout,
+                     MatmulStrides strides = {});
+// The LM head's backward: dout is fp32 holding f16 values (dlogits rounded in place).
+void matmul_backward(f16_t* dinp, float* dweight, float* dbias, const float* dout, const f16_t* inp,
+                     const float* weight, int N, int IC, int OC, WeightLayout layout,
+                     MatmulStrides strides = {});
+void gelu_forward(f16_t* out, const f16_t* inp, int64_t n);
+void gelu_backward(f16_t* dinp, const f16_t* inp, const f16_t* dout, int64_t n);
+// out[i] = f16(inp[i]), round to nearest even (F16C / AVX-512 vcvtps2ph), overflow to infinity.
+void cast_to_f16(f16_t* out, const float* inp, int64_t n);
+// out[i] = inp[i] rounded to the nearest f16 value, kept as fp32 (out may alias inp).
+void round_to_f16_values(float* out, const float* inp, int64_t n);
+// gemm() (gemm.h) with one f16 operand or an f16 output, through the staging area.
+void gemm_f16(bool trans_a, bool trans_b, int M, int N, int K, const f16_t* A, int lda,
+              const float* B, int ldb, float* C, int ldc, const float* bias, bool accumulate);
+void gemm_f16(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda,
+              const f16_t* B, int ldb, float* C, int ldc, const float* bias, bool accumulate);
+void gemm_f16(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda,
+              const float* B, int ldb, f16_t* C, int ldc, const float* bias);
+// Floats of staging that the f16 overloads of matmul_forward / matmul_backward need for an
+// [N, IC] x [IC, OC] matmul (the largest of its GEMMs): N * (IC + OC), each row padded as
+// activation_row_stride pads fp32 rows (e.g. 3072 -> 3088 floats).
+size_t f16_matmul_staging_floats(int64_t N, int64_t IC, int64_t OC);
+// Binds the staging area (planned by the caller) for the f16 GEMMs of this scope on every
+// thread; restores the previous binding when it ends. Not reentrant across threads: one model
+// step at a time, as the GEMMs themselves are serialised (gemm.h).
+class F16GemmStaging {
+ public:
+  F16GemmStaging(float* area, size_t floats);
+  ~F16GemmStaging();
+  F16GemmStaging(const F16GemmStaging&) = delete;
+  F16GemmStaging& operator=(const F16GemmStaging&) = delete;
+
+ private:
+  float* prev_;
+  size_t prev_floats_;
+};
+
 // ---- optimizer -----------------------------------------------------------------------------
 struct AdamWParams {
   float lr;

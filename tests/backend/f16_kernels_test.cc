@@ -1,0 +1,289 @@
+// The fp16 overloads against the fp32 kernels on the same (f16-representable) inputs. An f16
+// GEMM widens its f16 operands exactly and runs the fp32 GEMM (Note [fp16 GEMMs]), so an fp32
+// result is bit-identical to the fp32 kernel's and an f16 result is that rounded once; the other
+// kernels compute in fp32 and round once (relative 2^-11: half an ulp of an 11-bit significand).
+#include <gtest/gtest.h>
+
+#include <omp.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "backend/cpu/bf16.h"
+#include "backend/cpu/fused_kernels.h"
+#include "backend/cpu/kernels.h"
+#include "kernel_test_util.h"
+
+namespace headroom::cpu {
+namespace {
+
+using testing::expect_close;
+using testing::rand_vec;
+using testing::VecF;
+using VecH = std::vector<f16_t>;
+
+VecH to_h(const VecF& v) {
+  VecH out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = from_f32<f16_t>(v[i]);
+  return out;
+}
+VecF from_h(const VecH& v) {
+  VecF out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = to_f32(v[i]);
+  return out;
+}
+// Values that f16 holds exactly, so both paths see the same inputs.
+VecF h_rand(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
+  return from_h(to_h(rand_vec(n, seed, lo, hi)));
+}
+// Each value of `ref` rounded once to f16.
+VecF rounded(const VecF& ref) {
+  VecF out(ref.size());
+  for (size_t i = 0; i < ref.size(); ++i) out[i] = round_f16(ref[i]);
+  return out;
+}
+
+constexpr double kRound = 1.0 / 2048;  // one f16 rounding, relative
+
+// A staging area for the f16 GEMMs of a test, bound for its scope.
+struct Staging {
+  explicit Staging(size_t floats) : area(floats, NAN), bind(area.data(), area.size()) {}
+  VecF area;
+  F16GemmStaging bind;
+};
+
+TEST(F16, RoundingIsNearestEvenAndKeepsSpecials) {
+  EXPECT_EQ(from_f32<f16_t>(1.0f).bits, 0x3c00);
+  // 1 + 2^-11 is halfway between 1 and 1 + 2^-10: ties to even (1.0).
+  EXPECT_EQ(from_f32<f16_t>(1.0f + 1.0f / 2048).bits, 0x3c00);
+  // 1 + 3 * 2^-11 is halfway between 1 + 2^-10 and 1 + 2^-9: ties to even (1 + 2^-9).
+  EXPECT_EQ(from_f32<f16_t>(1.0f + 3.0f / 2048).bits, 0x3c02);
+  EXPECT_EQ(from_f32<f16_t>(-2.0f).bits, 0xc000);
+  EXPECT_EQ(from_f32<f16_t>(65504.0f).bits, 0x7bff);  // the largest f16
+  // 65520 is halfway between 65504 and 65536 (= infinity): ties to even overflow to infinity.
+  EXPECT_EQ(from_f32<f16_t>(65520.0f).bits, 0x7c00);
+  EXPECT_EQ(from_f32<f16_t>(65519.0f).bits, 0x7bff);
+  EXPECT_EQ(from_f32<f16_t>(1e6f).bits, 0x7c00);
+  EXPECT_EQ(from_f32<f16_t>(std::ldexp(1.0f, -24)).bits, 0x0001);  // the smallest subnormal
+  EXPECT_EQ(from_f32<f16_t>(std::ldexp(1.0f, -25)).bits, 0x0000);  // a tie: to even (zero)
+  EXPECT_TRUE(std::isnan(to_f32(from_f32<f16_t>(std::numeric_limits<float>::quiet_NaN()))));
+  EXPECT_TRUE(std::isinf(to_f32(f16_t{0x7c00})));
+  // The scalar path, the vector cast (vcvtps2ph) and core's portable conversion agree on many
+  // values, subnormals, overflow and signed zero included (NaN: still NaN).
+  VecF x = rand_vec(4099, 1, -7e4f, 7e4f);
+  VecF small = rand_vec(1000, 2, -1e-4f, 1e-4f);
+  x.insert(x.end(), small.begin(), small.end());
+  x[5] = std::numeric_limits<float>::quiet_NaN();
+  x[6] = -0.0f;
+  x[7] = 1e-40f;
+  x[8] = -std::numeric_limits<float>::infinity();
+  VecH v(x.size());
+  cast_to_f16(v.data(), x.data(), int64_t(x.size()));
+  VecF r(x.size());
+  round_to_f16_values(r.data(), x.data(), int64_t(x.size()));
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (std::isnan(x[i])) {
+      ASSERT_TRUE(std::isnan(to_f32(v[i])) && std::isnan(r[i]));
+      continue;
+    }
+    ASSERT_EQ(v[i].bits, f32_to_f16_bits(x[i])) << i << ": " << x[i];
+    ASSERT_EQ(from_f32<f16_t>(x[i]).bits, f32_to_f16_bits(x[i])) << i;
+    ASSERT_EQ(r[i], f16_bits_to_f32(f32_to_f16_bits(x[i]))) << i;
+  }
+  // Widening is exact: every f16 bit pattern but NaN comes back unchanged.
+  for (uint32_t b = 0; b < 0x10000; ++b) {
+    const f16_t h{uint16_t(b)};
+    const float f = to_f32(h);
+    if (std::isnan(f)) continue;
+    ASSERT_EQ(f, f16_bits_to_f32(uint16_t(b))) << b;
+    ASSERT_EQ(from_f32<f16_t>(f).bits, b) << b;
+  }
+}
+
+TEST(F16, LayerNorm) {
+  const int N = 13, C = 96;
+  VecF x = rand_vec(size_t(N) * C, 3, -2, 2), w = rand_vec(C, 4), b = rand_vec(C, 5);
+  VecF out(size_t(N) * C), mean(N), rstd(N), mean2(N), rstd2(N);
+  VecH outh(size_t(N) * C);
+  layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C);
+  layernorm_forward(outh.data(), mean2.data(), rstd2.data(), x.data(), w.data(), b.data(), N, C);
+  EXPECT_EQ(mean, mean2);
+  EXPECT_EQ(rstd, rstd2);
+  expect_close(from_h(outh), out, 1e-7, kRound, "layernorm out");
+
+  VecF dout = h_rand(size_t(N) * C, 6);
+  VecF dx(size_t(N) * C, 0.5f), dw(C, 0.25f), db(C, -0.25f);
+  VecF dx2 = dx, dw2 = dw, db2 = db;
+  layernorm_backward(dx.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(), mean.data(),
+                     rstd.data(), N, C);
+  VecH douth = to_h(dout);
+  layernorm_backward(dx2.data(), dw2.data(), db2.data(), douth.data(), x.data(), w.data(),
+                     mean.data(), rstd.data(), N, C);
+  // Same inputs, fp32 arithmetic in both (the compiler may vectorise the two differently).
+  expect_close(dx2, dx, 1e-6, 1e-6, "layernorm dinp");
+  expect_close(dw2, dw, 1e-6, 1e-6, "layernorm dweight");
+  expect_close(db2, db, 1e-6, 1e-6, "layernorm dbias");
+}
+
+TEST(F16, Gelu) {
+  const int64_t n = 1000;
+  VecF x = h_rand(n, 7, -4, 4), dout = h_rand(n, 8);
+  VecF y(n), dx(n);
+  VecH yh(n), dxh(n);
+  gelu_forward(y.data(), x.data(), n);
+  VecH xh = to_h(x), douth = to_h(dout);
+  gelu_forward(yh.data(), xh.data(), n);
+  // atol: results below f16's normal range (2^-14) are subnormal, with an absolute ulp of 2^-24.
+  expect_close(from_h(yh), y, 1e-7, kRound, "gelu");
+  gelu_backward(dx.data(), x.data(), dout.data(), n);
+  gelu_backward(dxh.data(), xh.data(), douth.data(), n);
+  expect_close(from_h(dxh), dx, 1e-7, kRound, "gelu backward");
+}
+
+// The f16 GEMMs widen exactly and run the fp32 GEMM: fp32 outputs are bit-identical to the fp32
+// kernel on the same values, f16 outputs are those rounded once, and accumulated weight
+// gradients are bit-identical too.
+TEST(F16, MatmulIsTheFp32GemmOnWidenedOperands) {
+  const int N = 33, IC = 48, OC = 80;
+  Staging staging(f16_matmul_staging_floats(N, IC, OC));
+  for (WeightLayout layout : {WeightLayout::kInOut, WeightLayout::kOutIn}) {
+    SCOPED_TRACE(layout == WeightLayout::kInOut ? "in-out" : "out-in");
+    VecF x = h_rand(size_t(N) * IC, 9), w = h_rand(size_t(IC) * OC, 10), b = rand_vec(OC, 11);
+    VecH xh = to_h(x);
+    VecF out(size_t(N) * OC), outf(size_t(N) * OC);
+    VecH outh(size_t(N) * OC);
+    matmul_forward(out.data(), x.data(), w.data(), b.data(), N, IC, OC, layout);
+    matmul_forward(outf.data(), xh.data(), w.data(), b.data(), N, IC, OC, layout);
+    matmul_forward(outh.data(), xh.data(), w.data(), b.data(), N, IC, OC, layout);
+    EXPECT_EQ(outf, out);
+    EXPECT_EQ(from_h(outh), rounded(out));
+
+    VecF dout = h_rand(size_t(N) * OC, 12);
+    VecH douth = to_h(dout);
+    VecF dx(size_t(N) * IC), dw(size_t(IC) * OC, 1.0f), db(OC, 1.0f);
+    VecH dxh(size_t(N) * IC);
+    VecF dw2 = dw, db2 = db;
+    matmul_backward(dx.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(), N, IC, OC,
+                    layout);
+    matmul_backward(dxh.data(), dw2.data(), db2.data(), douth.data(), xh.data(), w.data(), N, IC,
+                    OC, layout);
+    EXPECT_EQ(from_h(dxh), rounded(dx));
+    EXPECT_EQ(dw2, dw);
+    expect_close(db2, db, 1e-6, 1e-6, "matmul dbias (accumulated)");
+    // The LM head's form: dout in fp32 holding f16 values.
+    VecH dxh2(size_t(N) * IC);
+    VecF dw3(size_t(IC) * OC, 1.0f);
+    matmul_backward(dxh2.data(), dw3.data(), nullptr, dout.data(), xh.data(), w.data(), N, IC, OC,
+                    layout);
+    EXPECT_EQ(from_h(dxh2), from_h(dxh));
+    EXPECT_EQ(dw3, dw);
+  }
+}
+
+TEST(F16, MatmulPaddedStrides) {
+  const int N = 8, IC = 16, OC = 40;
+  const int64_t ldo = 56;
+  Staging staging(f16_matmul_staging_floats(N, IC, OC));
+  VecF x = h_rand(size_t(N) * IC, 13), w = h_rand(size_t(IC) * OC, 14);
+  VecH xh = to_h(x);
+  VecH out(size_t(N) * ldo, f16_t{0x7e00});  // NaN padding must stay untouched
+  matmul_forward(out.data(), xh.data(), w.data(), nullptr, N, IC, OC, WeightLayout::kInOut,
+                 {.inp = 0, .out = ldo});
+  VecF ref(size_t(N) * OC);
+  matmul_forward(ref.data(), x.data(), w.data(), nullptr, N, IC, OC, WeightLayout::kInOut);
+  for (int n = 0; n < N; ++n) {
+    for (int c = 0; c < OC; ++c) {
+      EXPECT_EQ(to_f32(out[size_t(n) * ldo + c]), round_f16(ref[size_t(n) * OC + c]));
+    }
+    for (int64_t c = OC; c < ldo; ++c) EXPECT_EQ(out[size_t(n) * ldo + c].bits, 0x7e00);
+  }
+}
+
+TEST(F16DeathTest, GemmWithoutEnoughStagingStops) {
+  const int N = 8, IC = 16, OC = 40;
+  VecH x(size_t(N) * IC, f16_t{0x3c00});
+  VecF w(size_t(IC) * OC, 1.0f), out(size_t(N) * OC);
+  EXPECT_DEATH(
+      {
+        Staging staging(f16_matmul_staging_floats(N, IC, OC) / 4);
+        VecH outh(size_t(N) * OC);
+        matmul_forward(outh.data(), x.data(), w.data(), nullptr, N, IC, OC, WeightLayout::kInOut);
+      },
+      "staging area is smaller");
+  EXPECT_DEATH(
+      matmul_forward(out.data(), x.data(), w.data(), nullptr, N, IC, OC, WeightLayout::kInOut),
+      "without its staging area");
+}
+
+struct AttnShape {
+  int B, T, C, NH;
+};
+
+void check_attention(AttnShape s) {
+  SCOPED_TRACE(::testing::Message()
+               << "B=" << s.B << " T=" << s.T << " C=" << s.C << " NH=" << s.NH);
+  const size_t n3 = size_t(s.B) * s.T * 3 * s.C, n1 = size_t(s.B) * s.T * s.C;
+  VecF qkv = h_rand(n3, 20, -2, 2);
+  VecH qkvh = to_h(qkv);
+  VecF out(n1), lse(size_t(s.B) * s.NH * s.T), lse2(lse.size());
+  VecH outh(n1);
+  VecF fs(attention_tiled_scratch_floats(s.B, s.T, s.C, s.NH), NAN);
+  VecF fsh(attention_tiled_scratch_floats(s.B, s.T, s.C, s.NH, DType::kF16), NAN);
+  attention_tiled_forward(out.data(), lse.data(), qkv.data(), s.B, s.T, s.C, s.NH, fs.data());
+  attention_tiled_forward(outh.data(), lse2.data(), qkvh.data(), s.B, s.T, s.C, s.NH, fsh.data());
+  // Same fp32 arithmetic on widened copies: lse identical, out rounded once.
+  EXPECT_EQ(lse, lse2);
+  expect_close(from_h(outh), out, 1e-7, kRound, "attention out");
+
+  VecF dout = h_rand(n1, 21);
+  VecH douth = to_h(dout);
+  VecF out_r = from_h(outh);  // the fp32 backward on the f16-rounded output, as fp16 sees it
+  VecF dqkv(n3);
+  VecH dqkvh(n3);
+  VecF bs(attention_tiled_backward_scratch_floats(s.B, s.T, s.C, s.NH), NAN);
+  VecF bsh(attention_tiled_backward_scratch_floats(s.B, s.T, s.C, s.NH, DType::kF16), NAN);
+  attention_tiled_backward(dqkv.data(), dout.data(), qkv.data(), out_r.data(), lse.data(), s.B, s.T,
+                           s.C, s.NH, bs.data());
+  attention_tiled_backward(dqkvh.data(), douth.data(), qkvh.data(), outh.data(), lse.data(), s.B,
+                           s.T, s.C, s.NH, bsh.data());
+  expect_close(from_h(dqkvh), dqkv, 1e-7, kRound, "attention dqkv");
+}
+
+TEST(F16, AttentionTiledSmall) { check_attention({2, 7, 24, 3}); }
+TEST(F16, AttentionTiledPartialBlocks) { check_attention({1, 130, 128, 2}); }
+
+TEST(F16, FusedHead) {
+  const int N = 19, C = 32, V = 301, chunk = 8;
+  VecF x = h_rand(size_t(N) * C, 30, -2, 2), wte = h_rand(size_t(V) * C, 31, -0.5f, 0.5f);
+  VecH xh = to_h(x);
+  std::vector<int32_t> targets(N);
+  for (int i = 0; i < N; ++i) targets[size_t(i)] = i == 4 ? -1 : (i * 37) % V;
+  VecF losses(N), lse(N), losses2(N), lse2(N), scratch(lm_head_ce_scratch_floats(chunk, V));
+  // fp16 keeps its dlogits as f16 values in the fp32 logits: no larger scratch than fp32.
+  VecF scratch_h(lm_head_ce_scratch_floats(chunk, V, DType::kF16), NAN);
+  EXPECT_EQ(scratch_h.size(), scratch.size());
+  Staging staging(size_t(2) * chunk * C);
+  lm_head_ce_forward(losses.data(), lse.data(), x.data(), wte.data(), targets.data(), N, C, V,
+                     chunk, scratch.data());
+  lm_head_ce_forward(losses2.data(), lse2.data(), xh.data(), wte.data(), targets.data(), N, C, V,
+                     chunk, scratch_h.data());
+  // The same fp32 GEMM on the same values: identical.
+  EXPECT_EQ(losses2, losses);
+  EXPECT_EQ(lse2, lse);
+
+  const float dloss = 1024.0f / 18;  // a loss-scaled gradient, as fp16 trains
+  VecF dx(size_t(N) * C), dwte(size_t(V) * C, 0.5f), dwte2 = dwte;
+  VecH dxh(size_t(N) * C);
+  lm_head_ce_backward(dx.data(), dwte.data(), x.data(), wte.data(), targets.data(), lse.data(), N,
+                      C, V, chunk, dloss, scratch.data());
+  lm_head_ce_backward(dxh.data(), dwte2.data(), xh.data(), wte.data(), targets.data(), lse.data(),
+                      N, C, V, chunk, dloss, scratch_h.data());
+  // dlogits are rounded to f16 before the GEMMs (relative 2^-11 per term), dx once more when
+  // stored; atol covers cancellation in sums of +/- terms (dx ~ dloss * |wte| ~ 30).
+  expect_close(from_h(dxh), dx, 2e-2, 3 * kRound, "head dx");
+  expect_close(dwte2, dwte, 2e-2, 3 * kRound, "head dwte");
+}
+
+}  // namespace
+}  // namespace headroom::cpu
