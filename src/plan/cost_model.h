@@ -17,7 +17,11 @@ struct StepCost {
   double memory_seconds = 0;
   double comm_bytes = 0;    // bytes each rank sends per optimizer step (ZeRO collectives)
   double comm_seconds = 0;  // comm_bytes at the device's interconnect bandwidth, not overlapped
-  double step_seconds = 0;  // gemm + memory + comm seconds
+  // Activation offload: bytes moved between the device and the offload tier per optimizer
+  // step (out and back), and the part of their transfer time not hidden behind compute.
+  double offload_bytes = 0;
+  double offload_seconds = 0;
+  double step_seconds = 0;  // gemm + memory + comm + offload seconds
   double tokens_per_s = 0;  // all ranks together: ranks x tokens per rank / step_seconds
 };
 
@@ -30,6 +34,14 @@ constexpr double kGemmHalfRows = 64;
 // device.interconnect_bandwidth, counted as not hidden by compute (no overlap is modelled: see
 // docs/notes/cost-model.md, "Planning over devices"), and prices the optimizer on the shard.
 // REQUIRES: device.interconnect_bandwidth > 0 when zero->ranks > 1.
+// Activation offload per micro-batch: every offloaded block's bytes out (hidden behind the next
+// op's forward) and back (hidden behind the previous op's backward), at `bandwidth`, each
+// direction counted as max(0, transfer - compute it overlaps). See
+// docs/notes/offload-activations.md. Returns the exposed seconds per micro-batch; 0 without
+// offload. REQUIRES: bandwidth > 0 when a block is offloaded.
+double offload_exposed_seconds(const model::Gpt2Config& config, const MemoryPlan& plan,
+                               const DeviceSpec& device, double bandwidth);
+
 StepCost estimate_step(const model::Gpt2Config& config, const MemoryPlan& plan,
                        const DeviceSpec& device, const ZeroSpec* zero = nullptr);
 

@@ -33,6 +33,10 @@ struct DeviceSpec {
   // bandwidth": one direction of the link). The planner prices ZeRO's traffic with it. 0: no
   // figure (the planner refuses --devices above 1).
   double interconnect_bandwidth = 0;
+  // bytes/s, one direction, that offload copies (device <-> offload tier) sustain: pinned-host
+  // copies on a GPU (0.8 x the host link), the measured one-thread memcpy on the CPU. 0: no
+  // offload (the planner never chooses it).
+  double offload_bandwidth = 0;
 };
 
 // The spec of a named GPU from the datasheet table. Case-insensitive ("h100-80gb" works).

@@ -31,6 +31,9 @@ struct Policy {
   int zero_stage = 0;  // 0, 1 or 2 (3 needs per-layer parameter windows: refused)
 };
 
+// The offload region of the activations (MemoryPlan::offload).
+inline constexpr const char* kOffloadedActivationsRegion = "offloaded activations";
+
 // A block of memory that the trainer allocates as one arena.
 struct Region {
   std::string name;
@@ -54,6 +57,12 @@ struct MemoryPlan {
   // The micro-batch region: activations, logits, workspace; offsets from the offset planner.
   Region step;
   std::vector<int32_t> first_op, last_op;  // lifetime of each step buffer, in `ops` indices
+
+  // The offload tier (a separate host resource with its own budget; pinned host memory on a
+  // GPU): regions the trainer allocates there, one arena each, outside the device peak. Today:
+  // "offloaded activations" (ActivationTable::offload_buffers) when some block is offloaded.
+  std::vector<Region> offload;
+  uint64_t offload_bytes = 0;  // sum of the offload regions
 
   uint64_t persistent_bytes = 0;
   uint64_t step_bytes = 0;         // the step region's size (the offset plan)

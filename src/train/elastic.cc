@@ -60,6 +60,7 @@ plan::DeviceSpec nominal_cpu_spec() {
   d.flops_fp32 = 50e9;
   d.mem_bandwidth = 10e9;
   d.host_link_bandwidth = 5e9;
+  d.offload_bandwidth = 5e9;
   d.gemm_efficiency = 1;
   d.source = "nominal (no calibration given)";
   return d;

@@ -15,6 +15,7 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include "backend/cpu/device.h"
 #include "backend/cpu/kernels.h"
 #include "core/log.h"
 #include "core/units.h"
@@ -28,6 +29,7 @@
 #include "plan/memory_plan.h"
 #include "train/checkpoint.h"
 #include "train/elastic.h"
+#include "train/offload_tier.h"
 #include "train/step_events.h"
 #include "train/zero.h"
 
@@ -332,6 +334,12 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
 
   bf16_t* params_bf16 = bf16_arena.size() > 0 ? static_cast<bf16_t*>(bf16_arena.data(0)) : nullptr;
   if (params_bf16) cpu::cast_to_bf16(params_bf16, params, table.total_floats);
+  // The offload tier: its own host resource and budget, and the copy thread (declared before
+  // the model, so that it outlives every forward and backward).
+  const uint64_t offload_budget =
+      o.offload_memory > 0 ? o.offload_memory : cpu::query_cpu_device().available_bytes;
+  HR_ASSIGN_OR_RETURN(std::unique_ptr<OffloadTier> offload,
+                      OffloadTier::create(mp, offload_budget, o.offload_copier));
   model::Gpt2 net(cfg, &table);
   net.bind_params(params, grads, params_bf16);
   model::OpTimes op_times;
@@ -480,6 +488,7 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     HR_ASSIGN_OR_RETURN(memory::Arena arena, acquire(step, "for validation", G));
     const int b = elastic.micro_batch();
     net.bind_activations(&arena, &elastic.plan().activations, b, T);
+    offload->bind(net, elastic.plan());
     val_batches->set_position(val_range.begin);
     double sum = 0;
     int64_t count = 0;
@@ -520,6 +529,7 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
   for (int step = start_step; step < o.steps; step++) {
     auto t0 = Clock::now();
     cur = StepStats();
+    const model::OffloadCopier::Stats copies0 = offload->copy_stats();
     HR_RETURN_IF_ERROR(follow_budget(step));
     tracking.reset_peak();
     // The whole step's micro-batches are there before the first forward, so the loss is
@@ -548,6 +558,7 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
       }
       const int b = elastic.micro_batch();
       net.bind_activations(&*arena, &elastic.plan().activations, b, T);
+      offload->bind(net, elastic.plan());
       const int32_t* in = inputs + int64_t(first + done) * T;
       const int32_t* tg = targets + int64_t(first + done) * T;
       auto tm = Clock::now();
@@ -611,6 +622,10 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     s.device_bytes_peak = ms.peak;
     s.planned_peak_bytes = elastic.planned_peak();
     s.device_budget = limit.budget();
+    const model::OffloadCopier::Stats copies1 = offload->copy_stats();
+    s.offload_bytes = copies1.bytes - copies0.bytes;
+    s.offload_copy_ms = (copies1.copy_seconds - copies0.copy_seconds) * 1e3;
+    s.offload_wait_ms = (copies1.wait_seconds - copies0.wait_seconds) * 1e3;
     if (!std::isfinite(s.loss)) {
       return Status::internal(
           fmt::format("loss became {} at step {} (lr {}); try a lower --lr", s.loss, s.step, lr));
@@ -644,6 +659,12 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
   result.device_bytes_peak = result.memory.peak;
   result.planned_peak_bytes = elastic.planned_peak();
   result.lower_bound_bytes = mp.lower_bound_bytes;
+  result.offload_bytes_peak = offload->stats().peak;
+  result.planned_offload_bytes = mp.offload_bytes;
+  const model::OffloadCopier::Stats copies = offload->copy_stats();
+  result.offload_copied_bytes = copies.bytes;
+  result.offload_copy_ms = copies.copy_seconds * 1e3;
+  result.offload_wait_ms = copies.wait_seconds * 1e3;
   if (result.stopped) return result;
   Status finish;
   if (!o.out_dir.empty() && rank == 0)

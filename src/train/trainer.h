@@ -44,6 +44,12 @@ struct TrainOptions {
   float min_lr_ratio = 0.1f;
   AdamWConfig adamw;
   uint64_t device_memory = 0;  // the budget, bytes
+  // The offload tier's budget, bytes (a host resource of its own; pinned host memory on a GPU):
+  // where offloaded activations live between their block's forward and backward. 0: the host's
+  // available memory (MemAvailable).
+  uint64_t offload_memory = 0;
+  // Tests: hooks of the offload copy thread (delay each copy; poison copied sources).
+  model::OffloadCopier::Options offload_copier;
   uint64_t seed = 1337;
   double val_fraction = 0.05;
   int eval_every = 0;  // steps between validation runs; 0 = only at the end
@@ -85,6 +91,11 @@ struct StepStats {
   uint64_t device_bytes_peak = 0;
   uint64_t planned_peak_bytes = 0;
   uint64_t device_budget = 0;
+  // Activation offload in this step: bytes copied (out and back), the copy thread's busy time,
+  // and the time the executor waited for copies (transfer time not hidden behind compute).
+  uint64_t offload_bytes = 0;
+  double offload_copy_ms = 0;
+  double offload_wait_ms = 0;
   int micro_batch = 0;              // the plan at the end of the step
   int accumulation = 0;             // global batch / micro_batch
   std::string recompute;            // the plan's recomputation: none, selective, full or mixed
@@ -133,7 +144,14 @@ struct TrainResult {
   uint64_t device_bytes_peak = 0;
   uint64_t planned_peak_bytes = 0;
   uint64_t lower_bound_bytes = 0;  // most planned bytes live at one moment
-  int replans = 0;                 // plan changes over the run (elastic micro-batching)
+  // The offload tier: its measured peak and the plan's offload regions; and the copy thread's
+  // totals over the run (see StepStats).
+  uint64_t offload_bytes_peak = 0;
+  uint64_t planned_offload_bytes = 0;
+  uint64_t offload_copied_bytes = 0;
+  double offload_copy_ms = 0;
+  double offload_wait_ms = 0;
+  int replans = 0;  // plan changes over the run (elastic micro-batching)
   int oom_recoveries = 0;
   memory::MemoryStats memory;
   std::optional<ProfileRecord> profile;  // with TrainOptions::profile

@@ -187,10 +187,11 @@ TEST_F(Cli, TightBudgetTrainsWithRecomputationAndTheSameLoss) {
   // fit: the planner changes the techniques, never the mathematics.
   std::string data = corpus();
   auto losses = [&](const std::string& budget, std::string* techniques) {
-    // fp32 in both: this is about the activation techniques (bf16 has its own tests).
+    // fp32 in both: this is about the activation techniques (bf16 has its own tests), and
+    // about recomputation: offload has its own (offload_cli_test.cc).
     Outcome t = run("train --data " + data + " --seq 64 --batch 16 --steps 3 --sample-tokens 0 " +
-                    "--precision fp32 --device-memory " + budget + " --out " + path("m" + budget) +
-                    " --log-json " + path("l" + budget));
+                    "--precision fp32 --offload-activations off --device-memory " + budget +
+                    " --out " + path("m" + budget) + " --log-json " + path("l" + budget));
     EXPECT_EQ(t.code, 0) << t.out;
     // The line under "plan: ...": "  fp32, tiled attention, ...".
     auto at = t.out.find("\n  fp32, ");
