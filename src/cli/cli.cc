@@ -1350,7 +1350,9 @@ int run_bench(BenchFlags& bf) {
       j["offload_copy_ms_per_step"] = off_copy_ms / n;
       j["offload_wait_ms_per_step"] = off_wait_ms / n;
       j["offload_copy_bandwidth"] = off_copy_ms > 0 ? off_bytes / (off_copy_ms / 1e3) : 0.0;
-      j["offload_hidden_fraction"] = off_copy_ms > 0 ? 1.0 - off_wait_ms / off_copy_ms : 1.0;
+      // Waits also include time queued behind earlier copies: clamped to [0, 1].
+      j["offload_hidden_fraction"] =
+          off_copy_ms > 0 ? std::clamp(1.0 - off_wait_ms / off_copy_ms, 0.0, 1.0) : 1.0;
     }
     if (bf.breakdown) {
       json b = json::object();
@@ -1380,7 +1382,7 @@ int run_bench(BenchFlags& bf) {
           format_bytes(r->offload_bytes_peak).c_str(),
           format_bytes(uint64_t(off_bytes / n)).c_str(), off_copy_ms / n,
           off_copy_ms > 0 ? off_bytes / (off_copy_ms / 1e3) / 1e9 : 0.0, off_wait_ms / n,
-          off_copy_ms > 0 ? 100.0 * (1.0 - off_wait_ms / off_copy_ms) : 100.0);
+          off_copy_ms > 0 ? 100.0 * std::clamp(1.0 - off_wait_ms / off_copy_ms, 0.0, 1.0) : 100.0);
     }
     if (bf.breakdown) {
       const double n = double(step_ms.size());
@@ -1531,6 +1533,13 @@ int run(int argc, char** argv) {
                         "OpenMP threads (default: the cores available)");
   bench_cmd->add_option("--recompute", bnf.t.recompute, "none, selective or full (every block)")
       ->capture_default_str();
+  bench_cmd
+      ->add_option("--offload-activations", bnf.t.offload_activations,
+                   "on: offload every block's saved activations to the offload tier; off (auto: "
+                   "off)")
+      ->capture_default_str();
+  bench_cmd->add_option("--offload-memory", bnf.t.offload_memory,
+                        "offload tier budget (default: the host's available memory)");
   bench_cmd->add_option("--attention", bnf.attention, "tiled or plain")->capture_default_str();
   bench_cmd
       ->add_option("--head-chunk", bnf.head_chunk,

@@ -133,5 +133,21 @@ TEST_F(OffloadCli, TrainWithOffloadOnGivesTheSameLossesAndRoundTripsThePlan) {
   EXPECT_NE(bad.out.find("--offload-activations off contradicts"), std::string::npos) << bad.out;
 }
 
+TEST_F(OffloadCli, BenchReportsTheCopies) {
+  Outcome b =
+      run("bench --model gpt2-tiny --batch 2 --seq 64 --steps 2 --warmup 1 --precision fp32 "
+          "--offload-activations on --json");
+  ASSERT_EQ(b.code, 0) << b.out;
+  json j = json::parse(b.out);
+  EXPECT_NE(j["techniques"].get<std::string>().find("activations offloaded"), std::string::npos);
+  EXPECT_GT(j["offload_tier_bytes"].get<uint64_t>(), 0u);
+  EXPECT_GT(j["offload_bytes_per_step"].get<double>(), 0.0);
+  EXPECT_GT(j["offload_copy_bandwidth"].get<double>(), 0.0);
+  EXPECT_LE(j["offload_hidden_fraction"].get<double>(), 1.0);
+  Outcome bad = run("bench --model gpt2-tiny --offload-activations on --recompute full");
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.out.find("keeps nothing to offload"), std::string::npos) << bad.out;
+}
+
 }  // namespace
 }  // namespace headroom
