@@ -262,8 +262,8 @@ ActivationTable gpt2_activation_table(const Gpt2Config& c, int B, int T, bool tr
           &Gpt2ActivationIds::Layer::ln2_mean, &Gpt2ActivationIds::Layer::ln2_rstd,
           &Gpt2ActivationIds::Layer::fch, &Gpt2ActivationIds::Layer::fch_gelu}) {
       const size_t saved = F.*field;
-      if (Bw.*field != saved) continue;  // recomputed, not kept
-      const BufferDesc& d = t.buffers[saved];
+      if (Bw.*field != saved) continue;       // recomputed, not kept
+      const BufferDesc d = t.buffers[saved];  // a copy: add_as below may reallocate
       const std::string base = d.name.substr(d.name.find('.', 2) + 1);  // "ln1" of "h.3.ln1"
       const std::string prefix = "h." + std::to_string(l) + ".";
       const size_t landing =

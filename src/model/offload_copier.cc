@@ -31,6 +31,11 @@ void OffloadCopier::wait(uint64_t ticket) {
   if (ticket == 0) return;
   std::unique_lock<std::mutex> lock(mu_);
   if (done_ticket_ >= ticket) return;
+  stats_.blocked_waits++;
+  if (ticket > waited_ticket_) {
+    waited_ticket_ = ticket;
+    if (options_.run_at_wait) work_cv_.notify_one();
+  }
   const auto t0 = std::chrono::steady_clock::now();
   done_cv_.wait(lock, [&] { return done_ticket_ >= ticket; });
   stats_.wait_seconds +=
@@ -53,7 +58,10 @@ void OffloadCopier::run() {
     {
       std::unique_lock<std::mutex> lock(mu_);
       // Jobs queued before the destructor are finished first: a waiter may still need them.
-      work_cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      work_cv_.wait(lock, [&] {
+        return stop_ || (!queue_.empty() &&
+                         (!options_.run_at_wait || waited_ticket_ >= queue_.front().first));
+      });
       if (queue_.empty()) return;
       job = std::move(queue_.front());
       queue_.pop_front();

@@ -29,12 +29,16 @@ class OffloadCopier {
     // After copying a job, overwrite its sources with 0xFF bytes (a NaN in fp32 and bf16): the
     // memory is dead once copied, and a reader that still uses it computes NaN.
     bool poison_sources = false;
+    // Start a job only once someone waits for it (or the copier stops): every copy then lands
+    // as late as the executor allows, deterministically, and every wait blocks.
+    bool run_at_wait = false;
   };
   struct Stats {
     uint64_t jobs = 0;
-    uint64_t bytes = 0;       // copied, both directions
-    double copy_seconds = 0;  // the copy thread busy copying (delay hook excluded)
-    double wait_seconds = 0;  // the executor blocked in wait(): transfer time not hidden
+    uint64_t bytes = 0;          // copied, both directions
+    double copy_seconds = 0;     // the copy thread busy copying (delay hook excluded)
+    double wait_seconds = 0;     // the executor blocked in wait(): transfer time not hidden
+    uint64_t blocked_waits = 0;  // wait() calls that found their job not yet done
   };
 
   OffloadCopier() : OffloadCopier(Options{}) {}
@@ -61,7 +65,8 @@ class OffloadCopier {
   std::condition_variable work_cv_, done_cv_;
   std::deque<std::pair<uint64_t, std::vector<Copy>>> queue_;
   uint64_t next_ticket_ = 1;
-  uint64_t done_ticket_ = 0;  // every job up to this one has finished
+  uint64_t done_ticket_ = 0;    // every job up to this one has finished
+  uint64_t waited_ticket_ = 0;  // the highest ticket waited for (Options::run_at_wait)
   bool stop_ = false;
   Stats stats_;
   std::thread thread_;  // last: started once the members above exist

@@ -50,6 +50,23 @@ TEST(OffloadCopier, DelayHookLeavesAWindowThatOnlyWaitCloses) {
   EXPECT_GT(copier.stats().wait_seconds, 0.0);
 }
 
+TEST(OffloadCopier, RunAtWaitCopiesOnlyWhenWaitedFor) {
+  OffloadCopier::Options o;
+  o.run_at_wait = true;
+  OffloadCopier copier(o);
+  std::vector<int> src(256, 7), dst(256, 0), dst2(256, 0);
+  const uint64_t t1 = copier.submit({{dst.data(), src.data(), 1024}});
+  const uint64_t t2 = copier.submit({{dst2.data(), src.data(), 1024}});
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_EQ(copier.stats().jobs, 0u);  // nothing runs before a wait
+  copier.wait(t1);
+  EXPECT_EQ(dst[255], 7);
+  EXPECT_EQ(copier.stats().jobs, 1u);  // the later job still waits for its own wait
+  copier.wait(t2);
+  EXPECT_EQ(dst2[0], 7);
+  EXPECT_EQ(copier.stats().blocked_waits, 2u);
+}
+
 TEST(OffloadCopier, DestructorFinishesQueuedJobs) {
   std::vector<char> src(4096, 'x'), dst(4096, 0);
   {
