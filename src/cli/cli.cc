@@ -109,6 +109,8 @@ struct TrainFlags {
   int steps = 200;
   std::string precision = "auto";
   std::string recompute = "auto";
+  std::string offload_activations = "auto";  // --offload-activations auto|on|off
+  std::string offload_memory = "auto";       // --offload-memory SIZE: the offload tier's budget
   std::string device = "cpu";
   std::string device_memory = "auto";
   std::string device_memory_file;  // train: the budget, read again before every step
@@ -135,7 +137,6 @@ struct TrainFlags {
   int bucket = 32;            // train: bucket granularity in tokens
   CLI::Option* bucket_option = nullptr;    // to tell a given --bucket from the default
   std::string offload_optimizer = "auto";  // --offload-optimizer auto|on|off
-  std::string offload_memory = "auto";     // --offload-memory SIZE (the offload tier's budget)
   int ranks = 1;                       // train: the processes of the job (mpirun), set by run_train
   std::string loss_scale = "dynamic";  // train, fp16: --loss-scale dynamic|VALUE
   int loss_scale_window = 2000;        // train, fp16: --loss-scale-window (growth interval)
@@ -162,6 +163,10 @@ void add_train_flags(CLI::App* app, TrainFlags& f) {
   app->add_option("--recompute", f.recompute,
                   "activation recomputation: auto (the planner chooses, per block), none, "
                   "selective or full")
+      ->capture_default_str();
+  app->add_option("--offload-activations", f.offload_activations,
+                  "activation offload to the offload tier: auto (the planner chooses, per block), "
+                  "on (every block that keeps activations) or off")
       ->capture_default_str();
   app->add_option("--device", f.device, "cpu or a GPU name for `plan` (H100-80GB, L4, ...)")
       ->capture_default_str();
@@ -190,12 +195,12 @@ void add_train_flags(CLI::App* app, TrainFlags& f) {
       ->capture_default_str();
 }
 
-// --offload-optimizer: auto (unset), on, off.
-Result<std::optional<bool>> parse_offload(const std::string& flag) {
+// --offload-optimizer, --offload-activations (`name`): auto (unset: the planner chooses), on, off.
+Result<std::optional<bool>> parse_offload(const std::string& flag, const char* name) {
   if (flag == "auto") return std::optional<bool>();
   if (flag == "on") return std::optional<bool>(true);
   if (flag == "off") return std::optional<bool>(false);
-  return Status::invalid_argument(fmt::format("--offload-optimizer {}: use auto, on or off", flag));
+  return Status::invalid_argument(fmt::format("{} {}: use auto, on or off", name, flag));
 }
 
 // --offload-memory: a size, or auto: the host's available memory (MemAvailable, cgroup limits
@@ -309,6 +314,9 @@ Status resolve_train_options(TrainFlags& f, train::TrainOptions* o) {
     HR_ASSIGN_OR_RETURN(o->device_memory, train::read_budget_file(f.device_memory_file));
     o->device_memory_file = f.device_memory_file;
   }
+  HR_ASSIGN_OR_RETURN(o->offload_memory, offload_budget(f.offload_memory, true));
+  HR_ASSIGN_OR_RETURN(const std::optional<bool> offload_flag,
+                      parse_offload(f.offload_activations, "--offload-activations"));
   const int global = f.global_batch > 0 ? f.global_batch : (f.batch > 0 ? f.batch * f.ranks : 8);
   // Data parallel: the global batch splits evenly over the ranks; micro-batch and accumulation
   // below are per rank (train/trainer.h).
@@ -318,8 +326,8 @@ Status resolve_train_options(TrainFlags& f, train::TrainOptions* o) {
         global, f.ranks));
   }
   std::optional<int> zero;  // explicit --zero
-  HR_ASSIGN_OR_RETURN(const std::optional<bool> offload, parse_offload(f.offload_optimizer));
-  HR_ASSIGN_OR_RETURN(o->offload_memory, offload_budget(f.offload_memory, true));
+  HR_ASSIGN_OR_RETURN(const std::optional<bool> offload,
+                      parse_offload(f.offload_optimizer, "--offload-optimizer"));
   if (f.zero == "auto") {
     // With --plan auto the planner picks the stage (below); with a plan file, ZeRO-1: it sends
     // what stage 0 sends (reduce-scatter + all-gather = all-reduce) and holds less.
@@ -350,7 +358,9 @@ Status resolve_train_options(TrainFlags& f, train::TrainOptions* o) {
     if (f.ranks > 1) req.zero_stage = zero;
     if (f.batch > 0) req.micro_batch = f.batch;
     HR_ASSIGN_OR_RETURN(req.recompute, parse_recompute(f.recompute));
-    HR_ASSIGN_OR_RETURN(req.offload_optimizer, parse_offload(f.offload_optimizer));
+    HR_ASSIGN_OR_RETURN(req.offload_optimizer,
+                        parse_offload(f.offload_optimizer, "--offload-optimizer"));
+    req.offload_activations = offload_flag;
     req.offload_memory = o->offload_memory;
     req.sweep = !f.profile.empty();  // the report shows memory versus micro-batch
     HR_ASSIGN_OR_RETURN(plan::SearchResult res, plan::search_plan(req));
@@ -413,10 +423,11 @@ Status resolve_train_options(TrainFlags& f, train::TrainOptions* o) {
     }
     if (ch.contains("attention")) o->exec.tiled_attention = ch["attention"] != "plain";
     if (ch.contains("offload")) {
-      if (ch["offload"] != "none" && ch["offload"] != "optimizer") {
+      if (ch["offload"] != "none" && ch["offload"] != "optimizer" &&
+          ch["offload"] != "activations") {
         return Status::invalid_argument(
-            fmt::format("--plan {}: field 'chosen.offload' is {}; expected \"none\" or "
-                        "\"optimizer\"",
+            fmt::format("--plan {}: field 'chosen.offload' is {}; expected \"none\", "
+                        "\"optimizer\" or \"activations\" (offload_per_block says which blocks)",
                         f.plan, ch["offload"].dump()));
       }
       o->offload_optimizer = ch["offload"] == "optimizer";
@@ -462,6 +473,31 @@ Status resolve_train_options(TrainFlags& f, train::TrainOptions* o) {
         }
         o->exec.recompute.push_back(*r);
       }
+    }
+    if (ch.contains("offload_per_block")) {
+      const json& op = ch["offload_per_block"];
+      if (!op.is_array() || (!op.empty() && int(op.size()) != o->config.n_layer)) {
+        return Status::invalid_argument(fmt::format(
+            "--plan {}: field 'chosen.offload_per_block' must list one true/false per block ({})",
+            f.plan, o->config.n_layer));
+      }
+      for (const json& v : op) {
+        if (!v.is_boolean()) {
+          return Status::invalid_argument(fmt::format(
+              "--plan {}: 'chosen.offload_per_block' has {}; use true or false", f.plan, v.dump()));
+        }
+        o->exec.offload.push_back(v.get<bool>());
+      }
+      if (std::find(o->exec.offload.begin(), o->exec.offload.end(), true) ==
+          o->exec.offload.end()) {
+        o->exec.offload.clear();
+      }
+    }
+    if (offload_flag && *offload_flag != !o->exec.offload.empty()) {
+      return Status::invalid_argument(
+          fmt::format("--offload-activations {} contradicts the plan in {}, which offloads {} "
+                      "blocks",
+                      f.offload_activations, f.plan, plan::offloaded_blocks(o->exec)));
     }
     int plan_seq = 0;
     HR_RETURN_IF_ERROR(get_int("seq", &plan_seq));
@@ -559,6 +595,17 @@ json recompute_json(const model::ExecOptions& e) {
   return a;
 }
 
+json offload_json(const model::ExecOptions& e) {
+  json a = json::array();
+  for (bool b : e.offload) a.push_back(b);
+  return a;
+}
+
+// Per block none/selective/full/offload/selective+offload; empty when every block is "none".
+json schedule_json(const model::ExecOptions& e) {
+  return plan::schedule_per_block(e, int(std::max(e.recompute.size(), e.offload.size())));
+}
+
 json candidate_json(const plan::Candidate& c) {
   json j = {{"micro_batch", c.policy.micro_batch},
             {"accumulation", c.policy.accumulation},
@@ -571,7 +618,11 @@ json candidate_json(const plan::Candidate& c) {
             {"head_chunk", c.policy.exec.head_chunk},
             {"bf16_weights", c.policy.exec.bf16_weight_copy ? "copy" : "cast per layer"},
             {"techniques", plan::describe_exec(c.policy.exec)},
-            {"offload", c.policy.offload_optimizer ? "optimizer" : "none"},
+            {"offload", c.policy.offload_optimizer                  ? "optimizer"
+                        : plan::offloaded_blocks(c.policy.exec) > 0 ? "activations"
+                                                                    : "none"},
+            {"offload_per_block", offload_json(c.policy.exec)},
+            {"schedule_per_block", schedule_json(c.policy.exec)},
             {"offload_bytes", c.offload_bytes},
             {"offload_link_bytes_per_step", c.cost.offload_bytes},
             {"offload_seconds", c.cost.offload_seconds},
@@ -622,6 +673,11 @@ json step_json(const train::StepStats& s) {
     j["offload_bytes_peak"] = s.offload_bytes_peak;
     j["planned_offload_bytes"] = s.planned_offload_bytes;
     j["offload_copy_ms"] = s.offload_copy_ms;
+  }
+  if (s.offload_bytes > 0) {
+    j["offload_bytes"] = s.offload_bytes;
+    j["offload_copy_ms"] = s.offload_copy_ms;
+    j["offload_wait_ms"] = s.offload_wait_ms;
   }
   if (!s.events.empty()) j["events"] = s.events;
   if (s.val_loss) j["val_loss"] = *s.val_loss;
@@ -1131,12 +1187,16 @@ int run_plan(PlanFlags& pf) {
   Result<std::optional<model::Recompute>> rc = parse_recompute(f.recompute);
   if (!rc.is_ok()) return fail(rc.status());
   req.recompute = *rc;
-  Result<std::optional<bool>> off = parse_offload(f.offload_optimizer);
+  Result<std::optional<bool>> off = parse_offload(f.offload_optimizer, "--offload-optimizer");
   if (!off.is_ok()) return fail(off.status());
   req.offload_optimizer = *off;
   Result<uint64_t> off_budget = offload_budget(f.offload_memory, dev->kind == "cpu");
   if (!off_budget.is_ok()) return fail(off_budget.status());
   req.offload_memory = *off_budget;
+  Result<std::optional<bool>> off_act =
+      parse_offload(f.offload_activations, "--offload-activations");
+  if (!off_act.is_ok()) return fail(off_act.status());
+  req.offload_activations = *off_act;
   if (pf.zero != "auto") {
     if (pf.zero.size() != 1 || pf.zero[0] < '0' || pf.zero[0] > '3') {
       return fail(
@@ -1167,6 +1227,7 @@ int run_plan(PlanFlags& pf) {
         {"mem_bandwidth", dev->mem_bandwidth},
         {"interconnect_bandwidth", dev->interconnect_bandwidth},
         {"host_link_bandwidth", dev->host_link_bandwidth},
+        {"offload_bandwidth", dev->offload_bandwidth},
         {"offload_link_bandwidth", plan::offload_link_bandwidth(*dev)},
         {"host_memory_bandwidth",
          dev->host_memory_bandwidth > 0 ? dev->host_memory_bandwidth : dev->mem_bandwidth},
@@ -1203,11 +1264,39 @@ int run_plan(PlanFlags& pf) {
   };
   if (r->chosen) {
     const plan::Candidate& c = *r->chosen;
+    const int n_off = plan::offloaded_blocks(c.policy.exec);
     std::printf("\nchosen: micro-batch %d x %d accumulation steps%s, %s, %s, %s%s\n",
                 c.policy.micro_batch, c.policy.accumulation, multi ? " per device" : "",
                 c.policy.precision.c_str(), plan::describe_exec(c.policy.exec).c_str(),
                 multi ? fmt::format("ZeRO stage {}, ", c.policy.zero_stage).c_str() : "",
-                c.policy.offload_optimizer ? "optimizer offload" : "no offload");
+                c.policy.offload_optimizer ? "optimizer offload"
+                : n_off > 0                ? "activation offload"
+                                           : "no offload");
+    const std::vector<std::string> per_block = plan::schedule_per_block(
+        c.policy.exec, int(std::max(c.policy.exec.recompute.size(), c.policy.exec.offload.size())));
+    if (!per_block.empty()) {
+      // Runs of equal choices: "0-3: full, 4-9: offload, 10-11: none".
+      std::string line;
+      for (size_t l = 0; l < per_block.size();) {
+        size_t end = l;
+        while (end + 1 < per_block.size() && per_block[end + 1] == per_block[l]) end++;
+        line +=
+            fmt::format("{}{}: {}", l ? ", " : "",
+                        end > l ? fmt::format("{}-{}", l, end) : std::to_string(l), per_block[l]);
+        l = end + 1;
+      }
+      std::printf("  per block: %s\n", line.c_str());
+    }
+    if (n_off > 0) {
+      const double bw =
+          dev->offload_bandwidth > 0 ? dev->offload_bandwidth : dev->host_link_bandwidth;
+      std::printf(
+          "  activation offload: %d blocks, %s in the offload tier (budget %s); %s moved per step "
+          "at %.1f GB/s, %.0f ms of it not hidden behind compute\n",
+          n_off, format_bytes(c.offload_bytes).c_str(), format_bytes(req.offload_memory).c_str(),
+          format_bytes(uint64_t(c.cost.offload_bytes)).c_str(), bw / 1e9,
+          c.cost.offload_seconds * 1e3);
+    }
     std::printf(
         "  peak %s per device (lower bound %s), predicted %.0f tokens/s%s (%.0f ms a step)\n",
         format_bytes(c.peak_bytes).c_str(), format_bytes(c.lower_bound_bytes).c_str(),
@@ -1337,6 +1426,20 @@ int run_bench(BenchFlags& bf) {
       parse_recompute(f.recompute == "auto" ? "none" : f.recompute);
   if (!rc.is_ok()) return fail(rc.status());
   if (**rc != model::Recompute::kNone) o.exec.recompute.assign(size_t(cfg->n_layer), **rc);
+  // bench measures one configuration: --offload-activations on offloads every block (auto: off).
+  Result<std::optional<bool>> off = parse_offload(f.offload_activations, "--offload-activations");
+  if (!off.is_ok()) return fail(off.status());
+  if (off->value_or(false)) {
+    if (**rc == model::Recompute::kFull) {
+      return fail(Status::invalid_argument(
+          "--offload-activations on with --recompute full: a fully recomputed block keeps "
+          "nothing to offload"));
+    }
+    o.exec.offload.assign(size_t(cfg->n_layer), true);
+  }
+  Result<uint64_t> off_mem = offload_budget(f.offload_memory, true);
+  if (!off_mem.is_ok()) return fail(off_mem.status());
+  o.offload_memory = *off_mem;
   if (bf.attention != "tiled" && bf.attention != "plain") {
     return fail(Status::invalid_argument("--attention must be tiled or plain"));
   }
@@ -1382,6 +1485,7 @@ int run_bench(BenchFlags& bf) {
   uint64_t peak = 0;
   model::OpTimes op_total;
   double opt_total = 0, data_total = 0;
+  double off_copy_ms = 0, off_wait_ms = 0, off_bytes = 0;  // timed steps
   report::ProgressBar bar;
   train::TrainCallbacks cb;
   cb.on_step = [&](const train::StepStats& s) {
@@ -1390,6 +1494,9 @@ int run_bench(BenchFlags& bf) {
       for (size_t i = 0; i < op_total.ms.size(); i++) op_total.ms[i] += s.op_ms.ms[i];
       opt_total += s.optimizer_ms;
       data_total += s.data_wait_ms;
+      off_copy_ms += s.offload_copy_ms;
+      off_wait_ms += s.offload_wait_ms;
+      off_bytes += double(s.offload_bytes);
     }
     peak = std::max(peak, s.device_bytes_peak);
     if (!f.json)
@@ -1428,6 +1535,17 @@ int run_bench(BenchFlags& bf) {
               {"gemm_peak_flops_per_s", gemm_peak},
               {"mfu", mfu},
               {"peak_device_bytes", peak}};
+    if (!o.exec.offload.empty()) {
+      const double n = double(step_ms.size());
+      j["offload_tier_bytes"] = r->offload_bytes_peak;
+      j["offload_bytes_per_step"] = off_bytes / n;
+      j["offload_copy_ms_per_step"] = off_copy_ms / n;
+      j["offload_wait_ms_per_step"] = off_wait_ms / n;
+      j["offload_copy_bandwidth"] = off_copy_ms > 0 ? off_bytes / (off_copy_ms / 1e3) : 0.0;
+      // Waits also include time queued behind earlier copies: clamped to [0, 1].
+      j["offload_hidden_fraction"] =
+          off_copy_ms > 0 ? std::clamp(1.0 - off_wait_ms / off_copy_ms, 0.0, 1.0) : 1.0;
+    }
     if (bf.breakdown) {
       json b = json::object();
       const double n = double(step_ms.size());
@@ -1447,7 +1565,17 @@ int run_bench(BenchFlags& bf) {
         "  peak device memory %s\n",
         f.model.c_str(), o.micro_batch, o.seq, prec.c_str(), plan::describe_exec(o.exec).c_str(),
         omp_get_max_threads(), med, step_ms.size(), tps, mflops / 1e9, flops_per_token / 1e6,
-        100 * mfu, bf16 ? "bf16" : "fp32", gemm_peak / 1e9, format_bytes(peak).c_str());
+        100 * mfu, prec, gemm_peak / 1e9, format_bytes(peak).c_str());
+    if (!o.exec.offload.empty()) {
+      const double n = double(step_ms.size());
+      std::printf(
+          "  activation offload: %s in the offload tier; %s copied per step in %.1f ms (%.2f "
+          "GB/s), %.1f ms of it waited for (%.0f%% hidden behind compute)\n",
+          format_bytes(r->offload_bytes_peak).c_str(),
+          format_bytes(uint64_t(off_bytes / n)).c_str(), off_copy_ms / n,
+          off_copy_ms > 0 ? off_bytes / (off_copy_ms / 1e3) / 1e9 : 0.0, off_wait_ms / n,
+          off_copy_ms > 0 ? 100.0 * std::clamp(1.0 - off_wait_ms / off_copy_ms, 0.0, 1.0) : 100.0);
+    }
     if (bf.breakdown) {
       const double n = double(step_ms.size());
       double sum = 0;
@@ -1619,6 +1747,13 @@ int run(int argc, char** argv) {
                         "OpenMP threads (default: the cores available)");
   bench_cmd->add_option("--recompute", bnf.t.recompute, "none, selective or full (every block)")
       ->capture_default_str();
+  bench_cmd
+      ->add_option("--offload-activations", bnf.t.offload_activations,
+                   "on: offload every block's saved activations to the offload tier; off (auto: "
+                   "off)")
+      ->capture_default_str();
+  bench_cmd->add_option("--offload-memory", bnf.t.offload_memory,
+                        "offload tier budget (default: the host's available memory)");
   bench_cmd->add_option("--attention", bnf.attention, "tiled or plain")->capture_default_str();
   bench_cmd
       ->add_option("--head-chunk", bnf.head_chunk,

@@ -1,8 +1,11 @@
 // GPT-2 parameter and activation tables, initialisation, forward and backward.
 #include "model/gpt2.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
+#include <iterator>
 #include <optional>
 #include <random>
 #include <type_traits>
@@ -115,9 +118,21 @@ std::string_view recompute_name(Recompute r) {
   return "?";
 }
 
+const OffloadBlock* ActivationTable::offload_of(int layer) const {
+  for (const OffloadBlock& b : offloaded) {
+    if (b.layer == layer) return &b;
+  }
+  return nullptr;
+}
+
 ActivationTable gpt2_activation_table(const Gpt2Config& c, int B, int T, bool training,
                                       const ExecOptions& options) {
   HR_CHECK(options.recompute.empty() || int(options.recompute.size()) == c.n_layer);
+  HR_CHECK(options.offload.empty() || int(options.offload.size()) == c.n_layer);
+  for (int l = 0; l < c.n_layer; l++) {
+    HR_CHECK_MSG(!(options.offload_at(l) && options.recompute_at(l) == Recompute::kFull),
+                 "a fully recomputed block keeps nothing to offload");
+  }
   HR_CHECK_MSG(options.precision == Precision::kFp32 || options.tiled_attention,
                "bf16 and fp16 precision need tiled attention");
   ActivationTable t;
@@ -256,6 +271,36 @@ ActivationTable gpt2_activation_table(const Gpt2Config& c, int B, int T, bool tr
     }
     t.ids.bwd.push_back(L);
   }
+  // Activation offload (see docs/notes/offload-activations.md): every buffer the block's
+  // backward reads from its own forward moves out to the offload tier and back into a landing
+  // buffer of its own; the backward reads the landing buffers.
+  for (int l = 0; l < c.n_layer; l++) {
+    if (!options.offload_at(l)) continue;
+    const Gpt2ActivationIds::Layer& F = t.ids.fwd[size_t(l)];
+    Gpt2ActivationIds::Layer& Bw = t.ids.bwd[size_t(l)];
+    OffloadBlock ob;
+    ob.layer = l;
+    for (size_t Gpt2ActivationIds::Layer::*field :
+         {&Gpt2ActivationIds::Layer::ln1, &Gpt2ActivationIds::Layer::ln1_mean,
+          &Gpt2ActivationIds::Layer::ln1_rstd, &Gpt2ActivationIds::Layer::qkv,
+          &Gpt2ActivationIds::Layer::atty, &Gpt2ActivationIds::Layer::att,
+          &Gpt2ActivationIds::Layer::residual2, &Gpt2ActivationIds::Layer::ln2,
+          &Gpt2ActivationIds::Layer::ln2_mean, &Gpt2ActivationIds::Layer::ln2_rstd,
+          &Gpt2ActivationIds::Layer::fch, &Gpt2ActivationIds::Layer::fch_gelu}) {
+      const size_t saved = F.*field;
+      if (Bw.*field != saved) continue;       // recomputed, not kept
+      const BufferDesc d = t.buffers[saved];  // a copy: add_as below may reallocate
+      const std::string base = d.name.substr(d.name.find('.', 2) + 1);  // "ln1" of "h.3.ln1"
+      const std::string prefix = "h." + std::to_string(l) + ".";
+      const size_t landing =
+          add_as(d.dtype, prefix + "prefetch." + base, d.shape, Category::kStaging);
+      t.offload_buffers.push_back({prefix + base, d.dtype, d.shape, Category::kOffload});
+      ob.moves.push_back({saved, landing, t.offload_buffers.size() - 1});
+      ob.bytes += d.bytes();
+      Bw.*field = landing;
+    }
+    t.offloaded.push_back(std::move(ob));
+  }
   return t;
 }
 
@@ -275,19 +320,40 @@ std::vector<OpDesc> gpt2_step_ops(const Gpt2Config& c, const ActivationTable& ta
     ops.push_back({std::move(name), ph, layer, std::move(bufs)});
   };
   push("forward embedding", Phase::kForward, -1, {id.encoded});
+  // Offload: block l's saved buffers stay live through the next forward op (the copy out runs
+  // during it), and its landing buffers from the backward op before its own (the prefetch).
+  auto saved_of = [&](int l) {
+    std::vector<size_t> b;
+    if (const OffloadBlock* ob = l >= 0 && l < L ? table.offload_of(l) : nullptr) {
+      for (const OffloadMove& m : ob->moves) b.push_back(m.saved);
+    }
+    return b;
+  };
+  auto landing_of = [&](int l) {
+    std::vector<size_t> b;
+    if (const OffloadBlock* ob = l >= 0 && l < L ? table.offload_of(l) : nullptr) {
+      for (const OffloadMove& m : ob->moves) b.push_back(m.landing);
+    }
+    return b;
+  };
   for (int l = 0; l < L; l++) {
     std::vector<size_t> b = fields(id.fwd[size_t(l)]);
     b.insert(b.end(), {input_of(l), id.fwd[size_t(l)].residual3, id.att_fwd_scratch,
                        id.block_weights_bf16, id.f16_staging});
+    if (training) std::ranges::copy(saved_of(l - 1), std::back_inserter(b));
     push("forward h." + std::to_string(l), Phase::kForward, l, std::move(b));
   }
-  push("forward head", Phase::kForward, -1,
-       {input_of(L), id.lnf, id.lnf_mean, id.lnf_rstd, id.logits, id.head_lse, id.head_scratch,
-        id.losses, id.head_weights_bf16, id.f16_staging});
+  std::vector<size_t> head = {
+      input_of(L), id.lnf,          id.lnf_mean, id.lnf_rstd,          id.logits,
+      id.head_lse, id.head_scratch, id.losses,   id.head_weights_bf16, id.f16_staging};
+  if (training) std::ranges::copy(saved_of(L - 1), std::back_inserter(head));
+  push("forward head", Phase::kForward, -1, std::move(head));
   if (!training) return ops;
-  push("backward head", Phase::kBackward, -1,
-       {input_of(L), id.lnf, id.lnf_mean, id.lnf_rstd, id.logits, id.head_lse, id.head_scratch,
-        id.d_c, id.dresidual, id.head_weights_bf16, id.f16_staging});
+  std::vector<size_t> bhead = {
+      input_of(L),     id.lnf, id.lnf_mean,  id.lnf_rstd,          id.logits,     id.head_lse,
+      id.head_scratch, id.d_c, id.dresidual, id.head_weights_bf16, id.f16_staging};
+  std::ranges::copy(landing_of(L - 1), std::back_inserter(bhead));
+  push("backward head", Phase::kBackward, -1, std::move(bhead));
   const size_t dres_low = id.dresidual_low;
   for (int l = L - 1; l >= 0; l--) {
     // The backward of block l reads its saved (or recomputed) buffers but not its own output,
@@ -295,11 +361,12 @@ std::vector<OpDesc> gpt2_step_ops(const Gpt2Config& c, const ActivationTable& ta
     // buffers that the recomputed ones are made from (e.g. fch for fch_gelu).
     std::vector<size_t> b = fields(id.bwd[size_t(l)]);
     if (table.options.recompute_at(l) == Recompute::kSelective) {
-      b.insert(b.end(), {id.fwd[size_t(l)].fch, id.fwd[size_t(l)].residual2});
+      b.insert(b.end(), {id.bwd[size_t(l)].fch, id.bwd[size_t(l)].residual2});
     }
     if (table.options.recompute_at(l) == Recompute::kFull) b.push_back(id.att_fwd_scratch);
     b.insert(b.end(), {input_of(l), id.dresidual, id.d_c, id.d_3c, id.d_4c, id.att_scratch,
                        dres_low, id.block_weights_bf16, id.f16_staging});
+    std::ranges::copy(landing_of(l - 1), std::back_inserter(b));  // block l-1's prefetch
     push("backward h." + std::to_string(l), Phase::kBackward, l, std::move(b));
   }
   push("backward embedding", Phase::kBackward, -1, {id.dresidual});
@@ -441,6 +508,50 @@ void Gpt2::op_boundary(int next) {
   cur_op_start_ = now;
 }
 
+void Gpt2::offload_out(int l) {
+  const OffloadBlock* ob = acts_->offload_of(l);
+  if (!ob) return;
+  HR_CHECK_MSG(offload_tier_ != nullptr, "an offloaded block needs the offload tier bound");
+  std::vector<OffloadCopier::Copy> copies;
+  for (const OffloadMove& m : ob->moves) {
+    copies.push_back(
+        {offload_tier_->data(m.host), arena_->data(m.saved), acts_->buffers[m.saved].bytes()});
+  }
+  if (!copier_) {  // no copy thread: copy in place, nothing overlaps
+    for (const OffloadCopier::Copy& c : copies) std::memcpy(c.dst, c.src, c.bytes);
+    return;
+  }
+  out_tickets_[size_t(l)] = copier_->submit(std::move(copies));
+}
+
+void Gpt2::prefetch_in(int l) {
+  const OffloadBlock* ob = l >= 0 ? acts_->offload_of(l) : nullptr;
+  if (!ob) return;
+  HR_CHECK_MSG(offload_tier_ != nullptr, "an offloaded block needs the offload tier bound");
+  std::vector<OffloadCopier::Copy> copies;
+  for (const OffloadMove& m : ob->moves) {
+    copies.push_back(
+        {arena_->data(m.landing), offload_tier_->data(m.host), acts_->buffers[m.saved].bytes()});
+  }
+  if (!copier_) {
+    for (const OffloadCopier::Copy& c : copies) std::memcpy(c.dst, c.src, c.bytes);
+    return;
+  }
+  in_tickets_[size_t(l)] = copier_->submit(std::move(copies));
+}
+
+void Gpt2::wait_out(int l) {
+  if (l < 0 || size_t(l) >= out_tickets_.size() || !out_tickets_[size_t(l)]) return;
+  copier_->wait(out_tickets_[size_t(l)]);
+  out_tickets_[size_t(l)] = 0;
+}
+
+void Gpt2::wait_in(int l) {
+  if (l < 0 || size_t(l) >= in_tickets_.size() || !in_tickets_[size_t(l)]) return;
+  copier_->wait(in_tickets_[size_t(l)]);
+  in_tickets_[size_t(l)] = 0;
+}
+
 const float* Gpt2::logits() const {
   HR_CHECK_MSG(acts_->ids.logits != SIZE_MAX, "the fused LM head never holds the logits");
   return arena_->f32(acts_->ids.logits);
@@ -543,6 +654,8 @@ double Gpt2::forward_t(const int32_t* inputs, const int32_t* targets, int64_t* v
 
   // Op indices follow gpt2_step_ops: embedding, blocks, head; then backward.
   op_boundary(0);
+  out_tickets_.assign(size_t(L), 0);
+  in_tickets_.assign(size_t(L), 0);
   hook_before(Phase::kForward, BlockHooks::kEmbedding);
   {
     const float* wte = param_ptr(0);
@@ -556,6 +669,10 @@ double Gpt2::forward_t(const int32_t* inputs, const int32_t* targets, int64_t* v
     op_boundary(1 + l);
     hook_before(Phase::kForward, l);
     block_forward<T>(l, id.fwd[size_t(l)], x, true);
+    // Offload: block l's copy out runs during the next op; block l-1's, queued during this one,
+    // must be done before its step buffers are given to the ops after it (gpt2_step_ops).
+    offload_out(l);
+    wait_out(l - 1);
     hook_after(Phase::kForward, l);
     x = a.f32(id.fwd[size_t(l)].residual3);
   }
@@ -582,6 +699,7 @@ double Gpt2::forward_t(const int32_t* inputs, const int32_t* targets, int64_t* v
                           cpu::WeightLayout::kOutIn);
     });
     if (!targets) {
+      wait_out(L - 1);
       hook_after(Phase::kForward, L);
       op_boundary(-1);
       return 0.0;
@@ -598,6 +716,7 @@ double Gpt2::forward_t(const int32_t* inputs, const int32_t* targets, int64_t* v
     }
   }
   if (valid) *valid = count;
+  wait_out(L - 1);
   hook_after(Phase::kForward, L);
   op_boundary(-1);
   return sum;
@@ -656,6 +775,11 @@ void Gpt2::backward_t(const int32_t* inputs, const int32_t* targets, float dloss
 
   // Loss and LM head into dc = d(lnf).
   op_boundary(L + 2);
+  if (out_tickets_.size() != size_t(L)) {  // backward without a forward of this binding
+    out_tickets_.assign(size_t(L), 0);
+    in_tickets_.assign(size_t(L), 0);
+  }
+  prefetch_in(L - 1);  // overlaps the head's backward
   hook_before(Phase::kBackward, L);
   const float* wte = param_ptr(0);
   float* dwte = grad_ptr(0);
@@ -696,6 +820,10 @@ void Gpt2::backward_t(const int32_t* inputs, const int32_t* targets, float dloss
   // dres now holds the gradient of the last block's output; walk the blocks backwards.
   for (int l = L - 1; l >= 0; l--) {
     op_boundary(L + 3 + (L - 1 - l));
+    // Offload: the next block's prefetch overlaps this block's backward; this block's, queued
+    // one op earlier, must have landed.
+    prefetch_in(l - 1);
+    wait_in(l);
     hook_before(Phase::kBackward, l);
     const LayerParams w = layer_params(l, false);
     const LayerParams g = layer_params(l, true);

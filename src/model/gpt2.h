@@ -17,6 +17,7 @@
 #include "core/tensor.h"
 #include "memory/arena.h"
 #include "model/config.h"
+#include "model/offload_copier.h"
 
 namespace headroom::model {
 
@@ -75,10 +76,18 @@ struct ExecOptions {
   // they are used, forward and backward: less memory, a cast pass per use.
   bool bf16_weight_copy = true;
 
+  // Activation offload per block (empty: none). An offloaded block's saved activations are
+  // copied to the offload tier after its forward and prefetched back before its backward (see
+  // docs/notes/offload-activations.md). Combines with kNone and kSelective (what the block keeps
+  // is what moves); a fully recomputed block keeps nothing to offload, so kFull + offload is
+  // refused by the planner.
+  std::vector<bool> offload;
+
   bool operator==(const ExecOptions&) const = default;
   Recompute recompute_at(int layer) const {
     return recompute.empty() ? Recompute::kNone : recompute[size_t(layer)];
   }
+  bool offload_at(int layer) const { return !offload.empty() && offload[size_t(layer)]; }
 };
 
 // Indices into the activation buffer table for one micro-batch shape.
@@ -111,14 +120,32 @@ struct Gpt2ActivationIds {
   size_t f16_staging;
 };
 
+// Activation offload of one block: each saved buffer moves from the forward's step buffer
+// (`saved`) to the offload tier (`host`, an index into ActivationTable::offload_buffers) and back
+// into a step buffer of its own (`landing`, category staging) that the block's backward reads.
+struct OffloadMove {
+  size_t saved, landing, host;
+};
+struct OffloadBlock {
+  int layer;
+  std::vector<OffloadMove> moves;
+  uint64_t bytes = 0;  // one direction
+};
+
 struct ActivationTable {
   std::vector<memory::BufferDesc> buffers;
   Gpt2ActivationIds ids;
   ExecOptions options;
+  // The offload tier's buffers (category offload; one region, laid out sequentially) and the
+  // offloaded blocks in layer order. Empty without offload (and when not training).
+  std::vector<memory::BufferDesc> offload_buffers;
+  std::vector<OffloadBlock> offloaded;
+  const OffloadBlock* offload_of(int layer) const;
 };
 // Buffers for forward+backward of a (B, T) micro-batch. With training == false, the
 // backward-only workspace is left out (inference and validation).
-// REQUIRES: options.recompute is empty or has n_layer entries.
+// REQUIRES: options.recompute and options.offload are empty or have n_layer entries; no block
+// is both fully recomputed and offloaded.
 ActivationTable gpt2_activation_table(const Gpt2Config& c, int B, int T, bool training = true,
                                       const ExecOptions& options = {});
 
@@ -132,6 +159,9 @@ struct OpDesc {
   std::vector<size_t> buffers;
 };
 // The ops of forward + backward (training == true) or forward only, for the table.
+// An offloaded block's saved buffers are also touched by the next forward op (the copy out
+// overlaps it; the executor waits for the copy at that op's end), and its landing buffers by
+// the backward op before its own (the prefetch overlaps it).
 std::vector<OpDesc> gpt2_step_ops(const Gpt2Config& c, const ActivationTable& table,
                                   bool training = true);
 
@@ -218,6 +248,13 @@ class Gpt2 {
   void backward(const int32_t* inputs, const int32_t* targets, float dloss);
 
   const float* logits() const;
+  // The offload tier (an arena of table->offload_buffers, laid out as the plan's offload
+  // region) and the copy thread, for a table with offloaded blocks; null to unbind. Both must
+  // outlive the forward/backward calls.
+  void bind_offload(const memory::Arena* tier, OffloadCopier* copier) {
+    offload_tier_ = tier;
+    copier_ = copier;
+  }
   // With a non-null `times`, every kernel call is timed into it (costs two clock reads a call).
   void set_op_times(OpTimes* times) { times_ = times; }
   int B() const { return B_; }
@@ -260,6 +297,12 @@ class Gpt2 {
   void cast_head_weights();
   // Ends the current op's span and starts op `next` (-1: none), when recording.
   void op_boundary(int next);
+  // Activation offload: queue block l's copy to the offload tier / back to its landing buffers
+  // (no-ops for a block that is not offloaded), and wait for them.
+  void offload_out(int l);
+  void prefetch_in(int l);
+  void wait_out(int l);
+  void wait_in(int l);
 
   Gpt2Config config_;
   const ParamTable* table_;
@@ -278,6 +321,9 @@ class Gpt2 {
   const ActivationTable* acts_ = nullptr;
   int B_ = 0, T_ = 0;
   int T_used_ = 0;  // the T of the last forward (<= T_), for inference on shorter prompts
+  const memory::Arena* offload_tier_ = nullptr;
+  OffloadCopier* copier_ = nullptr;
+  std::vector<uint64_t> out_tickets_, in_tickets_;  // per block; 0: nothing pending
   OpTimes* times_ = nullptr;
   int cur_op_ = -1;
   std::chrono::steady_clock::time_point cur_op_start_;

@@ -1,9 +1,51 @@
 // The step cost model.
 #include "plan/cost_model.h"
 
+#include <algorithm>
+
 #include "core/check.h"
 
 namespace headroom::plan {
+
+namespace {
+// Seconds of GEMM work at this plan's micro-batch: FLOPs per token x tokens / the GEMM rate.
+double gemm_rate(const MemoryPlan& plan, const DeviceSpec& d) {
+  const double rows = double(plan.policy.micro_batch) * plan.policy.seq;
+  const double peak =
+      (plan.policy.precision == "bf16" && d.flops_bf16 > 0) ? d.flops_bf16 : d.flops_fp32;
+  return peak * d.gemm_efficiency * rows / (rows + kGemmHalfRows);
+}
+}  // namespace
+
+double offload_exposed_seconds(const model::Gpt2Config& c, const MemoryPlan& plan,
+                               const DeviceSpec& d, double bandwidth) {
+  const model::ActivationTable& t = plan.activations;
+  if (t.offloaded.empty()) return 0;
+  HR_CHECK_MSG(bandwidth > 0, "offload priced without an offload bandwidth");
+  const double rows = double(plan.policy.micro_batch) * plan.policy.seq;
+  const double C = c.n_embd, T = plan.policy.seq, V = c.vocab_size;
+  const double rate = gemm_rate(plan, d);
+  // A block's forward GEMMs and attention per micro-batch, and the LM head's.
+  const double block_fwd = (2.0 * 12.0 * C * C + 4.0 * T * C) * rows / rate;
+  const double head_fwd = 2.0 * V * C * rows / rate;
+  const double head_bwd = (plan.policy.exec.head_chunk > 0 ? 6.0 : 4.0) * V * C * rows / rate;
+  double exposed = 0;
+  for (const model::OffloadBlock& ob : t.offloaded) {
+    const int l = ob.layer;
+    const double transfer = double(ob.bytes) / bandwidth;
+    // Out: during the next op's forward. Back: during the backward of the op before this
+    // block's (block l+1, whose full recomputation runs there too, or the LM head).
+    const bool last = l + 1 >= c.n_layer;
+    const double fwd_next = last ? head_fwd : block_fwd;
+    const double bwd_prev =
+        last ? head_bwd
+             : 2.0 * block_fwd + (plan.policy.exec.recompute_at(l + 1) == model::Recompute::kFull
+                                      ? block_fwd
+                                      : 0.0);
+    exposed += std::max(0.0, transfer - fwd_next) + std::max(0.0, transfer - bwd_prev);
+  }
+  return exposed;
+}
 
 StepCost estimate_step(const model::Gpt2Config& c, const MemoryPlan& plan, const DeviceSpec& d,
                        const ZeroSpec* zero) {
@@ -46,7 +88,11 @@ StepCost estimate_step(const model::Gpt2Config& c, const MemoryPlan& plan, const
   // times (forward consumers, backward, the gradient pass); per step: AdamW reads p, g, m, v and
   // writes p, m, v, plus zeroing and the norm of the gradients.
   double step_buffer_bytes = 0;
-  for (const memory::BufferDesc& buf : plan.step.buffers) step_buffer_bytes += double(buf.bytes());
+  // Offload landing buffers (category staging) are written by the copy and take over the reads
+  // of the saved buffers they replace: their traffic is the copy's, priced below.
+  for (const memory::BufferDesc& buf : plan.step.buffers) {
+    if (buf.category != memory::Category::kStaging) step_buffer_bytes += double(buf.bytes());
+  }
   const bool sharded = zero && zero->ranks > 1;
   // Stages 1-3 run AdamW on this rank's shard only (m's floats: counted as if on the device).
   double optimizer_floats = double(plan.params.total_floats);
@@ -109,6 +155,21 @@ StepCost estimate_step(const model::Gpt2Config& c, const MemoryPlan& plan, const
     HR_CHECK_MSG(d.interconnect_bandwidth > 0, "estimate_step: no interconnect bandwidth");
     s.comm_bytes = double(zero_traffic(*zero).total());
     s.comm_seconds = zero_comm_seconds(*zero, d.interconnect_bandwidth);
+  }
+  if (!plan.activations.offloaded.empty()) {
+    const double bw = d.offload_bandwidth > 0 ? d.offload_bandwidth : d.host_link_bandwidth;
+    double activation_bytes = 0;
+    for (const model::OffloadBlock& ob : plan.activations.offloaded) {
+      activation_bytes += 2.0 * double(ob.bytes) * k;
+    }
+    s.offload_bytes += activation_bytes;
+    s.offload_seconds += k * offload_exposed_seconds(c, plan, d, bw);
+    // On the CPU the copy thread shares the memory bus with compute: its reads and writes are
+    // memory traffic the step pays for even when the copy itself is hidden.
+    if (d.kind == "cpu") {
+      s.memory_bytes += 2.0 * activation_bytes;
+      s.memory_seconds = s.memory_bytes / d.mem_bandwidth;
+    }
   }
   s.step_seconds = s.gemm_seconds + s.memory_seconds + s.comm_seconds + s.offload_seconds +
                    s.host_optimizer_seconds;

@@ -17,9 +17,11 @@ struct StepCost {
   double memory_seconds = 0;
   double comm_bytes = 0;    // bytes each rank sends per optimizer step (ZeRO collectives)
   double comm_seconds = 0;  // comm_bytes at the device's interconnect bandwidth, not overlapped
-  // Optimizer offload (docs/notes/offload.md): gradients to the offload tier and updated
-  // weights back over the host link, and AdamW's pass over master, m, v and gradients at the
-  // host's memory bandwidth. Not overlapped with compute.
+  // Offload (docs/notes/offload.md, offload-activations.md). Optimizer offload: gradients to the
+  // offload tier and updated weights back over the host link, and AdamW's pass over master, m, v
+  // and gradients at the host's memory bandwidth, not overlapped with compute. Activation
+  // offload: the saved activations out and back, and the part of their transfer time not hidden
+  // behind compute. offload_bytes and offload_seconds count both.
   double offload_bytes = 0;
   double offload_seconds = 0;
   double host_optimizer_seconds = 0;
@@ -36,6 +38,14 @@ constexpr double kGemmHalfRows = 64;
 // device.interconnect_bandwidth, counted as not hidden by compute (no overlap is modelled: see
 // docs/notes/cost-model.md, "Planning over devices"), and prices the optimizer on the shard.
 // REQUIRES: device.interconnect_bandwidth > 0 when zero->ranks > 1.
+// Activation offload per micro-batch: every offloaded block's bytes out (hidden behind the next
+// op's forward) and back (hidden behind the previous op's backward), at `bandwidth`, each
+// direction counted as max(0, transfer - compute it overlaps). See
+// docs/notes/offload-activations.md. Returns the exposed seconds per micro-batch; 0 without
+// offload. REQUIRES: bandwidth > 0 when a block is offloaded.
+double offload_exposed_seconds(const model::Gpt2Config& config, const MemoryPlan& plan,
+                               const DeviceSpec& device, double bandwidth);
+
 StepCost estimate_step(const model::Gpt2Config& config, const MemoryPlan& plan,
                        const DeviceSpec& device, const ZeroSpec* zero = nullptr);
 

@@ -105,6 +105,8 @@ Result<DeviceSpec> named_device(std::string_view name) {
     if (iequals(spec.name, name)) {
       DeviceSpec out = spec;
       if (out.host_memory_bandwidth <= 0) out.host_memory_bandwidth = kAssumedHostBandwidth;
+      // Offload copies go through pinned host memory: about 80% of one direction of the link.
+      out.offload_bandwidth = 0.8 * spec.host_link_bandwidth;
       return out;
     }
   }

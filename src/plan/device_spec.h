@@ -37,6 +37,10 @@ struct DeviceSpec {
   // what optimizer offload's AdamW pass on the host runs at (docs/notes/offload.md). CPU: the
   // measured triad (mem_bandwidth). Named GPUs: kAssumedHostBandwidth unless set.
   double host_memory_bandwidth = 0;
+  // bytes/s, one direction, that offload copies (device <-> offload tier) sustain: pinned-host
+  // copies on a GPU (0.8 x the host link), the measured one-thread memcpy on the CPU. 0: no
+  // offload (the planner never chooses it).
+  double offload_bandwidth = 0;
 };
 
 // The host memory bandwidth assumed for a named GPU's share of its server (no datasheet gives

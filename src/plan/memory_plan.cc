@@ -82,6 +82,24 @@ Result<MemoryPlan> plan_training_memory(const model::Gpt2Config& config, const P
         fmt::format("a recompute choice per block is needed: got {} for {} blocks",
                     p.exec.recompute.size(), config.n_layer));
   }
+  if (!p.exec.offload.empty() && int(p.exec.offload.size()) != config.n_layer) {
+    return Status::invalid_argument(
+        fmt::format("an offload choice per block is needed: got {} for {} blocks",
+                    p.exec.offload.size(), config.n_layer));
+  }
+  for (int l = 0; l < config.n_layer; l++) {
+    if (p.exec.offload_at(l) && p.exec.recompute_at(l) == model::Recompute::kFull) {
+      return Status::invalid_argument(fmt::format(
+          "block {} is both fully recomputed and offloaded: full recomputation keeps nothing to "
+          "offload (use none or selective with offload)",
+          l));
+    }
+  }
+  if (p.offload_optimizer && std::ranges::any_of(p.exec.offload, [](bool b) { return b; })) {
+    return Status::invalid_argument(
+        "optimizer offload and activation offload together are not built yet (they would share "
+        "the offload tier): use --offload-optimizer off or --offload-activations off");
+  }
   if (p.exec.head_chunk < 0) {
     return Status::invalid_argument(fmt::format("LM head chunk {} is negative", p.exec.head_chunk));
   }
@@ -209,6 +227,11 @@ Result<MemoryPlan> plan_training_memory(const model::Gpt2Config& config, const P
     }
   }
 
+  if (!plan.activations.offload_buffers.empty()) {
+    plan.offload.push_back(single_region(kOffloadedActivationsRegion, Category::kOffload,
+                                         plan.activations.offload_buffers));
+  }
+  for (const Region& r : plan.offload) plan.offload_bytes += r.layout.size;
   for (const Region& r : plan.persistent) plan.persistent_bytes += r.layout.size;
   plan.step_bytes = plan.step.layout.size;
   plan.peak_bytes = plan.persistent_bytes + plan.step_bytes;
@@ -351,6 +374,12 @@ std::string category_table(const MemoryPlan& plan, uint64_t budget) {
                    format_bytes(plan.peak_bytes),
                    budget ? 100.0 * double(plan.peak_bytes) / double(budget) : 0.0,
                    format_bytes(budget), format_bytes(plan.lower_bound_bytes));
+  if (plan.offload_bytes > 0) {
+    s += fmt::format(
+        "  {:<12} {:>12}   (offload tier, outside the device peak: {} blocks' "
+        "activations)\n",
+        "offload", format_bytes(plan.offload_bytes), plan.activations.offloaded.size());
+  }
   return s;
 }
 

@@ -52,6 +52,9 @@ struct ZeroWindowSizes {
 };
 ZeroWindowSizes gpt2_zero_window_sizes(const model::ParamTable& table, int ranks);
 
+// The offload region of the activations (MemoryPlan::offload).
+inline constexpr const char* kOffloadedActivationsRegion = "offloaded activations";
+
 // A block of memory that the trainer allocates as one arena.
 struct Region {
   std::string name;
@@ -91,7 +94,8 @@ struct MemoryPlan {
   // GPU): regions allocated from it, not counted in peak_bytes. With Policy::offload_optimizer:
   // kOffloadMasterRegion (fp32 master weights), kOffloadOptimizerRegion (adam_m, adam_v) and
   // kOffloadGradientsRegion (the reduced gradients the host update reads), each the rank's
-  // shard; the device's optimizer region (index 2) is then empty.
+  // shard; the device's optimizer region (index 2) is then empty. Or (not both yet) the region
+  // "offloaded activations" (ActivationTable::offload_buffers) when some block is offloaded.
   static constexpr size_t kOffloadMasterRegion = 0;
   static constexpr size_t kOffloadOptimizerRegion = 1;
   static constexpr size_t kOffloadGradientsRegion = 2;

@@ -23,6 +23,23 @@ std::string recompute_summary(const model::ExecOptions& e) {
   return "mixed";
 }
 
+int offloaded_blocks(const model::ExecOptions& e) {
+  return int(std::count(e.offload.begin(), e.offload.end(), true));
+}
+
+std::vector<std::string> schedule_per_block(const model::ExecOptions& e, int n_layer) {
+  std::vector<std::string> out;
+  for (int l = 0; l < n_layer; l++) {
+    const model::Recompute r = e.recompute_at(l);
+    if (e.offload_at(l)) {
+      out.push_back(r == model::Recompute::kSelective ? "selective+offload" : "offload");
+    } else {
+      out.push_back(std::string(model::recompute_name(r)));
+    }
+  }
+  return out;
+}
+
 std::string describe_exec(const model::ExecOptions& e) {
   std::string s = e.tiled_attention ? "tiled attention" : "plain attention";
   s += e.head_chunk > 0 ? fmt::format(", fused LM head (chunk {})", e.head_chunk) : ", full logits";
@@ -34,6 +51,10 @@ std::string describe_exec(const model::ExecOptions& e) {
         fmt::format(", recompute: {} full, {} selective, {} none", counts[2], counts[1], counts[0]);
   } else {
     s += ", recompute " + rc;
+  }
+  if (const int n = offloaded_blocks(e); n > 0) {
+    s += n == int(e.offload.size()) ? ", activations offloaded"
+                                    : fmt::format(", activations of {} blocks offloaded", n);
   }
   if (e.precision == model::Precision::kFp16) {
     s += ", f16 weights cast per layer";
@@ -142,7 +163,7 @@ void shard_plan(MemoryPlan* mp, const ZeroSpec& z, bool executor_layout) {
   mp->by_category[size_t(Category::kGrads)] += uint64_t(m.grads + m.grad_shard);
   mp->by_category[size_t(Category::kOptimizer)] += uint64_t(m.optimizer);
   mp->persistent_bytes += uint64_t(m.total() + fp32_working);
-  mp->offload_bytes = uint64_t(m.offloaded);
+  if (mp->policy.offload_optimizer) mp->offload_bytes = uint64_t(m.offloaded);
   mp->peak_bytes = mp->persistent_bytes + mp->step_bytes;
   mp->lower_bound_bytes = mp->persistent_bytes + mp->step_lower_bound;
   mp->policy.ranks = z.ranks;
@@ -171,9 +192,10 @@ Candidate evaluate(const SearchRequest& r, const MemoryPlan& mp) {
                     format_bytes(mp.peak_bytes - r.device_memory), format_bytes(r.device_memory));
   } else if (!offload_fits) {
     c.rejected_because = fmt::format(
-        "the offload tier needs {} (optimizer state), {} over the {} offload budget",
-        format_bytes(mp.offload_bytes), format_bytes(mp.offload_bytes - r.offload_memory),
-        format_bytes(r.offload_memory));
+        "the offload tier needs {} ({}), {} over the {} offload budget (--offload-memory)",
+        format_bytes(mp.offload_bytes),
+        mp.policy.offload_optimizer ? "optimizer state" : "offloaded activations",
+        format_bytes(mp.offload_bytes - r.offload_memory), format_bytes(r.offload_memory));
   }
   return c;
 }
@@ -211,7 +233,8 @@ std::string advise(const SearchRequest& r, const MemoryPlan& lean) {
           ? fmt::format(", {} precision, ZeRO-{} over {} devices", r.precision, stage, r.devices)
           : std::string(),
       format_bytes(lean.step_bytes), format_bytes(need - budget), format_bytes(budget));
-  s += "techniques that would close the gap (estimates at micro-batch 1):\n";
+  s += "techniques that would close the gap (estimates at micro-batch 1; activation offload, "
+       "--offload-activations, is searched already):\n";
   auto line = [&](const std::string& what, double bytes) {
     uint64_t b = uint64_t(bytes);
     s += fmt::format("  - {:<66} ~{:>10} per device  {}\n", what, format_bytes(b),
@@ -309,7 +332,15 @@ Result<SearchResult> search_leaf(const SearchRequest& r, PlanCache& cache);
 
 }  // namespace
 
-Result<SearchResult> search_plan(const SearchRequest& r) {
+Result<SearchResult> search_plan(const SearchRequest& request) {
+  // Optimizer offload and activation offload together are not built yet (they would share the
+  // offload tier): optimizer offload on leaves activations on the device unless both were asked.
+  SearchRequest with_offload;
+  if (request.offload_optimizer.value_or(false) && !request.offload_activations) {
+    with_offload = request;
+    with_offload.offload_activations = false;
+  }
+  const SearchRequest& r = with_offload.offload_activations ? with_offload : request;
   if (r.zero_stage && (*r.zero_stage < 0 || *r.zero_stage > 3)) {
     return Status::invalid_argument(
         fmt::format("--zero {}: expected auto, 0, 1, 2 or 3", *r.zero_stage));
@@ -361,6 +392,12 @@ Result<SearchResult> search_plan(const SearchRequest& r) {
           leaf.precision = r.precision == "auto" ? precision : r.precision;
           leaf.zero_stage = r.devices > 1 ? z : 0;
           leaf.offload_optimizer = offload;
+          // Optimizer offload and activation offload share the offload tier; together they are
+          // not built yet: a leaf with optimizer offload offloads no activations.
+          if (offload) {
+            if (r.offload_activations.value_or(false)) continue;
+            leaf.offload_activations = false;
+          }
           leaves.push_back(std::move(leaf));
         }
       }
@@ -460,19 +497,45 @@ Result<SearchResult> search_leaf(const SearchRequest& r, PlanCache& cache) {
   std::vector<model::Recompute> modes = {model::Recompute::kNone, model::Recompute::kSelective,
                                          model::Recompute::kFull};
   if (r.recompute) modes = {*r.recompute};
+  // Activation offload: searched (auto) where there is an offload tier and a bandwidth to price
+  // the transfers with; forced on every block that keeps something (on); never (off).
+  const double offload_bw =
+      r.device.offload_bandwidth > 0 ? r.device.offload_bandwidth : r.device.host_link_bandwidth;
+  const bool offload_on = r.offload_activations.value_or(false);
+  const bool offload_auto = !r.offload_activations && r.offload_memory > 0 && offload_bw > 0;
+  if (offload_on) {
+    if (!(offload_bw > 0)) {
+      return Status::invalid_argument(fmt::format(
+          "--offload-activations on: device {} has no offload bandwidth to price transfers with",
+          r.device.name));
+    }
+    if (r.recompute == model::Recompute::kFull) {
+      return Status::invalid_argument(
+          "--offload-activations on with --recompute full: a fully recomputed block keeps "
+          "nothing to offload; use --recompute none or selective, or --offload-activations auto");
+    }
+    std::erase(modes, model::Recompute::kFull);
+  }
+  std::vector<bool> offload_choices = {offload_on};
+  // Offloading options first, so that the last option stays the leanest without offload.
+  if (offload_auto) offload_choices = {true, false};
   // bf16: keep a persistent bf16 copy of the weights, or cast each layer's before use (leaner,
   // a cast pass per use): both priced.
   std::vector<bool> copies = {true};
   if (r.precision == "bf16") copies.push_back(false);
   for (bool copy : copies) {
     for (int head : heads) {
-      for (model::Recompute m : modes) {
-        model::ExecOptions e;
-        e.tiled_attention = true;
-        e.head_chunk = head;
-        e.bf16_weight_copy = copy;
-        if (m != model::Recompute::kNone) e.recompute.assign(size_t(L), m);
-        options.push_back(e);
+      for (bool off : offload_choices) {
+        for (model::Recompute m : modes) {
+          if (off && m == model::Recompute::kFull) continue;  // nothing kept to offload
+          model::ExecOptions e;
+          e.tiled_attention = true;
+          e.head_chunk = head;
+          e.bf16_weight_copy = copy;
+          if (m != model::Recompute::kNone) e.recompute.assign(size_t(L), m);
+          if (off) e.offload.assign(size_t(L), true);
+          options.push_back(e);
+        }
       }
     }
   }
@@ -631,18 +694,24 @@ Result<SearchResult> search_leaf(const SearchRequest& r, PlanCache& cache) {
   auto choose = [&](int b, int k) -> Result<Choice> {
     Choice ch;
     HR_RETURN_IF_ERROR(try_options(b, k, options, &ch));
-    // An optimal per-block mix: blocks are identical, so a schedule is a count of fully and
-    // selectively recomputed blocks. Memory and time are linear in the counts (measured from the
-    // uniform plans); every count pair under the budget is priced, the fastest few are placed.
-    if (!r.recompute && L > 1 && ch.best && recompute_summary(ch.best->policy.exec) != "none") {
+    // An optimal per-block schedule (see docs/notes/recompute.md and offload-activations.md):
+    // blocks are identical, so a schedule is a count of fully recomputed, offloaded and
+    // selectively recomputed blocks. Memory and time are linear in the counts (slopes measured
+    // from the uniform plans; an offloaded block's exposed transfer time is its own); every count
+    // triple under the budgets is priced, the fastest few are placed and priced exactly.
+    const bool any_technique = ch.best && (recompute_summary(ch.best->policy.exec) != "none" ||
+                                           offloaded_blocks(ch.best->policy.exec) > 0);
+    if (!r.recompute && !offload_on && L > 1 && any_technique) {
       for (int head : heads) {
-        std::array<const MemoryPlan*, 3> uni{};
-        std::array<double, 3> secs{};
-        for (int m = 0; m < 3; m++) {
+        const int uniforms = offload_auto ? 4 : 3;  // none, selective, full, offload
+        std::array<const MemoryPlan*, 4> uni{};
+        std::array<double, 4> secs{};
+        for (int m = 0; m < uniforms; m++) {
           model::ExecOptions e;
           e.head_chunk = head;
           e.bf16_weight_copy = ch.best->policy.exec.bf16_weight_copy;
-          if (m) e.recompute.assign(size_t(L), model::Recompute(m));
+          if (m == 1 || m == 2) e.recompute.assign(size_t(L), model::Recompute(m));
+          if (m == 3) e.offload.assign(size_t(L), true);
           HR_ASSIGN_OR_RETURN(const MemoryPlan* mp, plan_mem(b, k, e, nullptr, false));
           secs[size_t(m)] = price(r, *mp).step_seconds;
           uni[size_t(m)] = mp;
@@ -651,12 +720,20 @@ Result<SearchResult> search_leaf(const SearchRequest& r, PlanCache& cache) {
         const double d_sel = (m0 - double(uni[1]->peak_bytes)) / L;
         const double d_full = (m0 - double(uni[2]->peak_bytes)) / L;
         const double t_sel = (secs[1] - secs[0]) / L, t_full = (secs[2] - secs[0]) / L;
-        std::vector<std::tuple<double, int, int>> mixes;  // (extra seconds, full, selective)
+        const double d_off = offload_auto ? (m0 - double(uni[3]->peak_bytes)) / L : 0.0;
+        const double t_off = offload_auto ? (secs[3] - secs[0]) / L : 0.0;
+        const double tier_off = offload_auto ? double(uni[3]->offload_bytes) / L : 0.0;
+        const int max_off = offload_auto ? L : 0;
+        // (extra seconds, full, offloaded, selective)
+        std::vector<std::tuple<double, int, int, int>> mixes;
         for (int nf = 0; nf <= L; nf++) {
-          for (int ns = 0; nf + ns <= L; ns++) {
-            if ((nf == L) || (ns == L) || (nf == 0 && ns == 0)) continue;  // uniform: done above
-            if (m0 - nf * d_full - ns * d_sel > double(r.device_memory)) continue;
-            mixes.push_back({nf * t_full + ns * t_sel, nf, ns});
+          for (int no = 0; nf + no <= std::min(L, nf + max_off); no++) {
+            for (int ns = 0; nf + no + ns <= L; ns++) {
+              if (nf == L || ns == L || no == L || (nf == 0 && ns == 0 && no == 0)) continue;
+              if (m0 - nf * d_full - ns * d_sel - no * d_off > double(r.device_memory)) continue;
+              if (no * tier_off > double(r.offload_memory)) continue;
+              mixes.push_back({nf * t_full + ns * t_sel + no * t_off, nf, no, ns});
+            }
           }
         }
         std::sort(mixes.begin(), mixes.end());
@@ -665,12 +742,14 @@ Result<SearchResult> search_leaf(const SearchRequest& r, PlanCache& cache) {
           model::ExecOptions e;
           e.head_chunk = head;
           e.bf16_weight_copy = ch.best->policy.exec.bf16_weight_copy;
-          auto [t, nf, ns] = mixes[i];
-          // Full recomputation on the first blocks, then selective, then none.
+          auto [t, nf, no, ns] = mixes[i];
+          // Full recomputation on the first blocks, then offload, then selective, then none.
           for (int l = 0; l < L; l++) {
-            e.recompute.push_back(l < nf        ? model::Recompute::kFull
-                                  : l < nf + ns ? model::Recompute::kSelective
-                                                : model::Recompute::kNone);
+            e.recompute.push_back(l < nf             ? model::Recompute::kFull
+                                  : l < nf + no      ? model::Recompute::kNone
+                                  : l < nf + no + ns ? model::Recompute::kSelective
+                                                     : model::Recompute::kNone);
+            if (no > 0) e.offload.push_back(l >= nf && l < nf + no);
           }
           tries.push_back(e);
         }

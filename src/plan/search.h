@@ -29,6 +29,12 @@ struct SearchRequest {
   // --recompute given: the same choice for every block; unset: the planner chooses, including a
   // per-block mix (an optimal schedule for the chain under the budget).
   std::optional<model::Recompute> recompute;
+  // Activation offload (docs/notes/offload-activations.md): unset lets the planner offload the
+  // kept activations of chosen blocks (a per-block choice next to recomputation, by the
+  // schedule search); true offloads every block that is not fully recomputed; false never. The
+  // offload tier holds offload_memory bytes (0: activations are not offloaded unless forced);
+  // transfers are priced at device.offload_bandwidth.
+  std::optional<bool> offload_activations;
   std::optional<bool> fused_head;  // unset: the planner chooses
   int head_chunk = 256;            // tokens per chunk of the fused LM head
   bool sweep = false;              // also fill SearchResult::sweep
@@ -64,6 +70,10 @@ struct SearchRequest {
 std::string describe_exec(const model::ExecOptions& exec);
 // "none", "selective", "full" or "mixed".
 std::string recompute_summary(const model::ExecOptions& exec);
+// Per block: "none", "selective", "full", "offload" or "selective+offload".
+std::vector<std::string> schedule_per_block(const model::ExecOptions& exec, int n_layer);
+// The number of offloaded blocks.
+int offloaded_blocks(const model::ExecOptions& exec);
 
 struct Candidate {
   Policy policy;  // policy.ranks and policy.zero_stage: the sharding
@@ -72,7 +82,9 @@ struct Candidate {
   uint64_t peak_bytes = 0;
   uint64_t lower_bound_bytes = 0;
   std::array<uint64_t, memory::kNumCategories> by_category{};
-  uint64_t offload_bytes = 0;  // the offload tier's bytes (per rank), 0 without offload
+  // The offload tier's bytes (per rank; MemoryPlan::offload_bytes): optimizer state or
+  // offloaded activations. 0 without offload.
+  uint64_t offload_bytes = 0;
   StepCost cost;
   bool fits = false;
   bool placed = true;            // false: rejected on the lower bound, never placed

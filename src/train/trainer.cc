@@ -31,6 +31,7 @@
 #include "train/checkpoint.h"
 #include "train/elastic.h"
 #include "train/offload.h"
+#include "train/offload_tier.h"
 #include "train/shape_plans.h"
 #include "train/step_events.h"
 #include "train/zero.h"
@@ -182,6 +183,11 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
   // loss compares across batching modes. See docs/notes/batching.md.
   const bool bucketed = o.batching == data::Batching::kBucketed;
   std::optional<data::DocumentBatcher> docs;
+  if (bucketed && std::ranges::any_of(o.exec.offload, [](bool b) { return b; })) {
+    return Status::invalid_argument(
+        "--batching bucketed with activation offload is not built yet (each micro-batch shape "
+        "would need its own offload region): use --offload-activations off or --batching packed");
+  }
   if (bucketed && o.zero_stage >= 2) {
     // The windows are reduced every micro-batch, a collective, and bucketed ranks run different
     // numbers of micro-batches.
@@ -529,6 +535,13 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
   bf16_t* params_bf16 = bf16_arena.size() > 0 ? static_cast<bf16_t*>(bf16_arena.data(0)) : nullptr;
 
   if (params_bf16) cpu::cast_to_bf16(params_bf16, params, table.total_floats);
+  // The offload tier: its own host resource and budget, and the copy thread (declared before
+  // the model, so that it outlives every forward and backward).
+  // (Offloaded activations only: optimizer offload's regions live in OptimizerOffload's stack.)
+  const uint64_t offload_budget =
+      o.offload_memory > 0 ? o.offload_memory : cpu::query_cpu_device().available_bytes;
+  HR_ASSIGN_OR_RETURN(std::unique_ptr<OffloadTier> act_tier,
+                      OffloadTier::create(mp, offload_budget, o.offload_copier));
   model::Gpt2 net(cfg, &table);
   net.bind_params(params, grads, params_bf16);
   // ZeRO-2/3: backward writes gradient windows that the communication thread reduce-scatters
@@ -748,6 +761,7 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
   auto evaluate = [&](int step) -> Result<std::optional<double>> {
     if (!val_batches) return std::optional<double>();
     if (rec) rec->events.set_pool_context(step, -1);
+    act_tier->bind(net, elastic.plan());
     val_batches->set_position(val_range.begin);
     double sum = 0;
     int64_t count = 0;
@@ -782,6 +796,7 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
                               acquire(step, "for validation", G, T, B - q, &shape));
           const int rows = shape->policy.micro_batch;
           net.bind_activations(&arena, &shape->activations, rows, T);
+          act_tier->bind(net, *shape);
           int64_t valid = 0;
           if (zw) zw->begin_micro_batch(false);
           sum += net.forward(val_inputs + int64_t(q) * T, val_targets + int64_t(q) * T, &valid);
@@ -835,6 +850,7 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
   for (int step = start_step; step < o.steps; step++) {
     auto t0 = Clock::now();
     cur = StepStats();
+    const model::OffloadCopier::Stats copies0 = act_tier->copy_stats();
     HR_RETURN_IF_ERROR(follow_budget(step));
     tracking.reset_peak();
     // The whole step's micro-batches are there before the first forward, so the loss is
@@ -891,6 +907,7 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
       const plan::MemoryPlan& mbp = shape ? *shape : elastic.plan();
       const int b = mbp.policy.micro_batch;
       net.bind_activations(&*arena, &mbp.activations, b, len);
+      act_tier->bind(net, mbp);
       const int32_t* in = inputs + int64_t(row0 + done) * len;
       const int32_t* tg = targets + int64_t(row0 + done) * len;
       auto tm = Clock::now();
@@ -1018,6 +1035,12 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
       s.planned_offload_bytes = offload->planned_bytes();
       s.offload_copy_ms = offload->last_copy_ms();
     }
+    const model::OffloadCopier::Stats copies1 = act_tier->copy_stats();
+    if (copies1.bytes > copies0.bytes) {
+      s.offload_bytes = copies1.bytes - copies0.bytes;
+      s.offload_copy_ms = (copies1.copy_seconds - copies0.copy_seconds) * 1e3;
+      s.offload_wait_ms = (copies1.wait_seconds - copies0.wait_seconds) * 1e3;
+    }
     if (!std::isfinite(s.loss)) {
       return Status::internal(
           fmt::format("loss became {} at step {} (lr {}); try a lower --lr", s.loss, s.step, lr));
@@ -1062,6 +1085,14 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     result.offload_bytes_peak = result.offload_memory.peak;
     result.planned_offload_bytes = offload->planned_bytes();
   }
+  if (!offload) {
+    result.offload_bytes_peak = act_tier->stats().peak;
+    result.planned_offload_bytes = mp.offload_bytes;
+  }
+  const model::OffloadCopier::Stats copies = act_tier->copy_stats();
+  result.offload_copied_bytes = copies.bytes;
+  result.offload_copy_ms = copies.copy_seconds * 1e3;
+  result.offload_wait_ms = copies.wait_seconds * 1e3;
   if (result.stopped) return result;
   Status finish;
   // ZeRO-3: the final weights gathered into host memory on every rank (the model file and the

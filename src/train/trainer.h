@@ -56,6 +56,12 @@ struct TrainOptions {
   float min_lr_ratio = 0.1f;
   AdamWConfig adamw;
   uint64_t device_memory = 0;  // the budget, bytes
+  // The offload tier's budget, bytes (a host resource of its own; pinned host memory on a GPU):
+  // where offloaded activations live between their block's forward and backward. 0: the host's
+  // available memory (MemAvailable).
+  uint64_t offload_memory = 0;
+  // Tests: hooks of the offload copy thread (delay each copy; poison copied sources).
+  model::OffloadCopier::Options offload_copier;
   uint64_t seed = 1337;
   double val_fraction = 0.05;
   int eval_every = 0;  // steps between validation runs; 0 = only at the end
@@ -78,7 +84,6 @@ struct TrainOptions {
   // under `offload_memory` bytes (0: the host's available memory, MemAvailable), where AdamW
   // runs; the device budget counts only what stays (parameters, gradients, step region).
   bool offload_optimizer = false;
-  uint64_t offload_memory = 0;
   // Fault injection for tests: the 0-based indices of the step-region acquisitions (one per
   // micro-batch and per validation run, counted from step one) that fail as out of memory.
   std::vector<uint64_t> fail_step_allocations;
@@ -121,11 +126,16 @@ struct StepStats {
   uint64_t lower_bound_bytes = 0;
   uint64_t pool_reserved_bytes = 0;
   uint64_t device_budget = 0;
-  // Optimizer offload: the offload tier's bytes in use, its peak and the plan's (0 without).
+  // The offload tier (optimizer offload or activation offload): its bytes in use, its peak and
+  // the plan's (0 without); this step's copies between the device and the tier (bytes and the
+  // copies' time), and the time the executor waited for activation copies (transfer time not
+  // hidden behind compute).
   uint64_t offload_bytes_in_use = 0;
   uint64_t offload_bytes_peak = 0;
   uint64_t planned_offload_bytes = 0;
-  double offload_copy_ms = 0;       // this step's copies between the device and the offload tier
+  uint64_t offload_bytes = 0;
+  double offload_copy_ms = 0;
+  double offload_wait_ms = 0;
   int micro_batch = 0;              // the plan at the end of the step
   int accumulation = 0;             // global batch / micro_batch
   std::string recompute;            // the plan's recomputation: none, selective, full or mixed
@@ -177,10 +187,15 @@ struct TrainResult {
   double tokens_per_s = 0;  // median over steps after the first
   uint64_t device_bytes_peak = 0;
   uint64_t planned_peak_bytes = 0;
-  uint64_t lower_bound_bytes = 0;      // most planned bytes live at one moment
-  uint64_t offload_bytes_peak = 0;     // optimizer offload: the offload tier, measured
-  uint64_t planned_offload_bytes = 0;  // and planned (0 without offload)
+  uint64_t lower_bound_bytes = 0;  // most planned bytes live at one moment
+  // The offload tier: its measured peak and the plan's offload regions; and the activation copy
+  // thread's totals over the run (see StepStats).
+  uint64_t offload_bytes_peak = 0;
+  uint64_t planned_offload_bytes = 0;
   memory::MemoryStats offload_memory;
+  uint64_t offload_copied_bytes = 0;
+  double offload_copy_ms = 0;
+  double offload_wait_ms = 0;
   int replans = 0;  // plan changes over the run (elastic micro-batching)
   int oom_recoveries = 0;
   double padding = 0;            // padded share of all steps' tokens (bucketed batching)

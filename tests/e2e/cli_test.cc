@@ -187,11 +187,12 @@ TEST_F(Cli, TightBudgetTrainsWithRecomputationAndTheSameLoss) {
   // fit: the planner changes the techniques, never the mathematics.
   std::string data = corpus();
   auto losses = [&](const std::string& budget, std::string* techniques) {
-    // fp32 and no optimizer offload in both: this is about the activation techniques (bf16 and
-    // offload have their own tests; with offload allowed, 170 MiB fits without recomputation).
+    // fp32 and no offload in both: this is about recomputation (bf16 and offload have their own
+    // tests; with offload allowed, 170 MiB fits without recomputation).
     Outcome t = run("train --data " + data + " --seq 64 --batch 16 --steps 3 --sample-tokens 0 " +
-                    "--precision fp32 --offload-optimizer off --device-memory " + budget +
-                    " --out " + path("m" + budget) + " --log-json " + path("l" + budget));
+                    "--precision fp32 --offload-optimizer off --offload-activations off "
+                    "--device-memory " +
+                    budget + " --out " + path("m" + budget) + " --log-json " + path("l" + budget));
     EXPECT_EQ(t.code, 0) << t.out;
     // The line under "plan: ...": "  fp32, tiled attention, ...".
     auto at = t.out.find("\n  fp32, ");

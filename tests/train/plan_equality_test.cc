@@ -177,6 +177,69 @@ TEST(PlanEquality, OptimizerOffloadMeasuredEqualsPlannedOnBothTiers) {
     for (const plan::Region& reg : mp->persistent) regions += reg.layout.size > 0;
     EXPECT_EQ(r->memory.allocations, regions + 1);
     EXPECT_EQ(r->offload_memory.allocations, mp->offload.size());
+  }
+}
+
+// Activation offload: the device peak is still the plan's, and the offload tier (a resource of
+// its own) measures exactly the plan's offload regions.
+TEST(PlanEquality, MeasuredPeaksEqualPlannedWithActivationOffload) {
+  using R = model::Recompute;
+  struct OffloadCase {
+    int L, B, T, K;
+    std::vector<R> recompute;
+    std::vector<bool> offload;
+    int head_chunk = 0;
+    model::Precision precision = model::Precision::kFp32;
+  };
+  const std::vector<OffloadCase> cases = {
+      {2, 2, 16, 1, {}, {true, true}},
+      {3, 3, 32, 2, {}, {false, true, false}},
+      {4, 2, 32, 2, {R::kFull, R::kNone, R::kSelective, R::kNone}, {false, true, true, true}, 24},
+      {4, 2, 33, 3, {R::kSelective, R::kSelective, R::kFull, R::kNone}, {true, false, false, true}},
+      {3,
+       2,
+       32,
+       2,
+       {R::kNone, R::kFull, R::kSelective},
+       {true, false, true},
+       16,
+       model::Precision::kBf16},
+  };
+  for (const OffloadCase& c : cases) {
+    SCOPED_TRACE(::testing::Message() << "L=" << c.L << " B=" << c.B << " T=" << c.T << " K=" << c.K
+                                      << " chunk=" << c.head_chunk);
+    train::TrainOptions o;
+    o.config = small_config(c.L, 64, 4, 300, 64);
+    o.model_name = "test";
+    o.data = random_token_file(300, 20000);
+    o.seq = c.T;
+    o.micro_batch = c.B;
+    o.accumulation = c.K;
+    o.exec.recompute = c.recompute;
+    o.exec.offload = c.offload;
+    o.exec.head_chunk = c.head_chunk;
+    o.exec.precision = c.precision;
+    o.steps = 2;
+    o.warmup_steps = 1;
+    o.device_memory = uint64_t(1) << 32;
+    o.offload_memory = uint64_t(1) << 30;
+    o.eval_batches = 1;
+    train::TrainCallbacks cb;
+    cb.on_step = [&](const train::StepStats& s) {
+      EXPECT_EQ(s.device_bytes_peak, s.planned_peak_bytes);
+      EXPECT_GT(s.offload_bytes, 0u);
+    };
+    Result<train::TrainResult> r = train::run_training(o, cb);
+    ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+    plan::Policy p{c.B, c.K, c.T, std::string(model::precision_name(c.precision)), o.exec};
+    Result<plan::MemoryPlan> mp = plan::plan_training_memory(o.config, p);
+    ASSERT_TRUE(mp.is_ok());
+    EXPECT_EQ(r->device_bytes_peak, mp->peak_bytes);
+    // Device allocations: the planned regions only; the offload tier is counted on its own.
+    EXPECT_EQ(r->memory.allocations, mp->persistent.size() + 1);
+    EXPECT_GT(mp->offload_bytes, 0u);
+    EXPECT_EQ(r->offload_bytes_peak, mp->offload_bytes);
+    EXPECT_EQ(r->planned_offload_bytes, mp->offload_bytes);
     fs::remove(o.data);
   }
 }

@@ -1,0 +1,92 @@
+// The offload copy thread.
+#include "model/offload_copier.h"
+
+#include <cstring>
+
+namespace headroom::model {
+
+OffloadCopier::OffloadCopier(Options options) : options_(options), thread_([this] { run(); }) {}
+
+OffloadCopier::~OffloadCopier() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  work_cv_.notify_all();
+  thread_.join();
+}
+
+uint64_t OffloadCopier::submit(std::vector<Copy> copies) {
+  uint64_t ticket;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ticket = next_ticket_++;
+    queue_.emplace_back(ticket, std::move(copies));
+  }
+  work_cv_.notify_one();
+  return ticket;
+}
+
+void OffloadCopier::wait(uint64_t ticket) {
+  if (ticket == 0) return;
+  std::unique_lock<std::mutex> lock(mu_);
+  if (done_ticket_ >= ticket) return;
+  stats_.blocked_waits++;
+  if (ticket > waited_ticket_) {
+    waited_ticket_ = ticket;
+    if (options_.run_at_wait) work_cv_.notify_one();
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  done_cv_.wait(lock, [&] { return done_ticket_ >= ticket; });
+  stats_.wait_seconds +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+OffloadCopier::Stats OffloadCopier::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+void OffloadCopier::reset_stats() {
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_ = Stats();
+}
+
+void OffloadCopier::run() {
+  while (true) {
+    std::pair<uint64_t, std::vector<Copy>> job;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      // Jobs queued before the destructor are finished first: a waiter may still need them.
+      work_cv_.wait(lock, [&] {
+        return stop_ || (!queue_.empty() &&
+                         (!options_.run_at_wait || waited_ticket_ >= queue_.front().first));
+      });
+      if (queue_.empty()) return;
+      job = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    if (options_.delay.count() > 0) std::this_thread::sleep_for(options_.delay);
+    const auto t0 = std::chrono::steady_clock::now();
+    uint64_t bytes = 0;
+    for (const Copy& c : job.second) {
+      std::memcpy(c.dst, c.src, c.bytes);
+      bytes += c.bytes;
+    }
+    const double secs =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (options_.poison_sources) {
+      for (const Copy& c : job.second) std::memset(const_cast<void*>(c.src), 0xFF, c.bytes);
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      done_ticket_ = job.first;
+      stats_.jobs++;
+      stats_.bytes += bytes;
+      stats_.copy_seconds += secs;
+    }
+    done_cv_.notify_all();
+  }
+}
+
+}  // namespace headroom::model

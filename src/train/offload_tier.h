@@ -1,0 +1,53 @@
+// The offload tier of a training run: a host resource of its own with its own budget
+// (TrainOptions::offload_memory), the arenas of the plan's offload regions, and the copy thread
+// that moves offloaded activations there and back while the executor computes.
+// See docs/notes/offload-activations.md.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "memory/adaptors.h"
+#include "memory/arena.h"
+#include "memory/host_resource.h"
+#include "model/gpt2.h"
+#include "model/offload_copier.h"
+#include "plan/memory_plan.h"
+
+namespace headroom::train {
+
+class OffloadTier {
+ public:
+  // The stack host leaf -> limit(budget) -> tracking; one arena per region of plan.offload, and a
+  // copy thread when the plan offloads activations. OutOfMemory, naming --offload-memory, when
+  // the regions exceed the budget.
+  static Result<std::unique_ptr<OffloadTier>> create(const plan::MemoryPlan& plan, uint64_t budget,
+                                                     model::OffloadCopier::Options copier = {});
+  ~OffloadTier();
+
+  // Binds the offloaded-activations arena and the copy thread to `net` for `plan` (the current
+  // plan: no offloaded block unbinds). REQUIRES: plan's offload region is the one this tier was
+  // created with (re-plans never add offload).
+  void bind(model::Gpt2& net, const plan::MemoryPlan& plan);
+
+  memory::MemoryStats stats() const { return tracking_.stats(); }
+  uint64_t budget() const { return limit_.budget(); }
+  // Zero without a copy thread.
+  model::OffloadCopier::Stats copy_stats() const;
+
+ private:
+  OffloadTier(uint64_t budget) : limit_(&host_, budget), tracking_(&limit_) {}
+
+  memory::HostResource host_;
+  memory::LimitResource limit_;
+  memory::TrackingResource tracking_;
+  std::vector<memory::Arena> arenas_;
+  std::vector<std::string> names_;              // region name of each arena
+  int activations_ = -1;                        // index of the offloaded-activations arena
+  std::optional<model::OffloadCopier> copier_;  // last: stops before the arenas go
+};
+
+}  // namespace headroom::train
