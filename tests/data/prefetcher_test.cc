@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <mutex>
 #include <thread>
@@ -61,6 +62,54 @@ TEST(Prefetcher, ASlowSourceIsHiddenWhenTheConsumerIsSlower) {
     EXPECT_GT(p.ready_count(), 0) << i;
     Prefetcher::Ready r = p.acquire();
     EXPECT_EQ(r.tag, i + 1);
+    p.release(r.slot);
+  }
+}
+
+// A source that stalls (a slow disk, a network hiccup) is hidden up to the queue's depth: with
+// the ring full when the source stops, the consumer still gets `depth` batches without waiting
+// (each is ready before acquire), and only then does the stall show (nothing ready). Checked by
+// state, not by timing.
+TEST(Prefetcher, AStalledSourceIsHiddenUpToTheQueueDepth) {
+  for (int depth : {1, 2, 4}) {
+    std::mutex mu;
+    std::condition_variable cv;
+    int64_t produced = 0;
+    bool stalled = false;
+    Prefetcher p(depth, [&](int) {
+      std::unique_lock<std::mutex> lock(mu);
+      cv.wait(lock, [&] { return !stalled; });
+      ++produced;
+      cv.notify_all();
+      return produced;
+    });
+    // The ring fills (every slot handed over); then the source stalls before the consumer frees
+    // a slot (until then the loader has nothing to fill).
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (p.ready_count() < depth && std::chrono::steady_clock::now() < give_up) {
+      std::this_thread::yield();
+    }
+    ASSERT_EQ(p.ready_count(), depth) << "the loader did not fill ahead to its depth";
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      stalled = true;
+    }
+    for (int i = 0; i < depth; i++) {
+      EXPECT_GT(p.ready_count(), 0) << "depth " << depth << " batch " << i;
+      Prefetcher::Ready r = p.acquire();
+      EXPECT_EQ(r.tag, i + 1);
+      p.release(r.slot);
+    }
+    // The queue is spent: the next batch waits for the source.
+    EXPECT_EQ(p.ready_count(), 0) << "depth " << depth;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      EXPECT_EQ(produced, depth);
+      stalled = false;
+    }
+    cv.notify_all();
+    Prefetcher::Ready r = p.acquire();
+    EXPECT_EQ(r.tag, depth + 1);
     p.release(r.slot);
   }
 }
