@@ -751,13 +751,15 @@ Status write_profile(const std::string& dir, const TrainFlags& f, const train::T
       open.pop_back();
       const bool scheduled = e.op >= 0;
       const std::string category = scheduled ? "op" : std::string(event_phase_name(e.phase));
-      const int thread =
-          e.thread == kEventThreadLoader ? report::kThreadData : report::kThreadCompute;
+      const int thread = e.thread == kEventThreadLoader ? report::kThreadData
+                         : e.thread == kEventThreadCopy ? report::kThreadCopy
+                                                        : report::kThreadCompute;
       p.spans.push_back({log.name(e.name), category, thread, b.t_us, e.t_us - b.t_us, e.step,
                          e.micro_batch, e.layer});
       if (!scheduled) {
-        by_kind[thread == report::kThreadData ? category + " loader (background)" : category] +=
-            (e.t_us - b.t_us) / 1e3;
+        by_kind[thread == report::kThreadData   ? category + " loader (background)"
+                : thread == report::kThreadCopy ? "offload copies (background)"
+                                                : category] += (e.t_us - b.t_us) / 1e3;
       }
     }
   }

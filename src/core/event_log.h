@@ -44,8 +44,9 @@ enum class EventPhase : uint8_t { kNone, kForward, kBackward, kOptimizer, kValid
 std::string_view event_phase_name(EventPhase p);  // "", "forward", "backward", ..., "data"
 
 // The thread an event happened on, as the trace's thread ids (report/profile.h): the training
-// thread, and the prefetching loader's.
+// thread, activation offload's copy thread, and the prefetching loader's.
 constexpr uint8_t kEventThreadTraining = 0;
+constexpr uint8_t kEventThreadCopy = 1;
 constexpr uint8_t kEventThreadLoader = 2;
 
 // One event, 56 bytes. Strings are indices into EventLog::names(); UINT32_MAX

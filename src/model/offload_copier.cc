@@ -52,6 +52,19 @@ void OffloadCopier::reset_stats() {
   stats_ = Stats();
 }
 
+void OffloadCopier::set_record(bool on) {
+  std::lock_guard<std::mutex> lock(mu_);
+  record_ = on;
+  if (!on) spans_.clear();
+}
+
+std::vector<OffloadCopier::Span> OffloadCopier::take_spans() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<Span> out;
+  out.swap(spans_);
+  return out;
+}
+
 void OffloadCopier::run() {
   while (true) {
     std::pair<uint64_t, std::vector<Copy>> job;
@@ -73,8 +86,8 @@ void OffloadCopier::run() {
       std::memcpy(c.dst, c.src, c.bytes);
       bytes += c.bytes;
     }
-    const double secs =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const auto t1 = std::chrono::steady_clock::now();
+    const double secs = std::chrono::duration<double>(t1 - t0).count();
     if (options_.poison_sources) {
       for (const Copy& c : job.second) std::memset(const_cast<void*>(c.src), 0xFF, c.bytes);
     }
@@ -84,6 +97,7 @@ void OffloadCopier::run() {
       stats_.jobs++;
       stats_.bytes += bytes;
       stats_.copy_seconds += secs;
+      if (record_) spans_.push_back({t0, t1, bytes});
     }
     done_cv_.notify_all();
   }

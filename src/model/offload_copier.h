@@ -56,6 +56,15 @@ class OffloadCopier {
   void wait(uint64_t ticket);
   Stats stats() const;
   void reset_stats();
+  // Profiling (--profile): with recording on, each finished job's copying interval and bytes are
+  // kept until take_spans() hands them over (the caller turns them into events of the copy
+  // track). Off: nothing is kept.
+  struct Span {
+    std::chrono::steady_clock::time_point start, end;
+    uint64_t bytes = 0;
+  };
+  void set_record(bool on);
+  std::vector<Span> take_spans();
 
  private:
   void run();
@@ -68,6 +77,8 @@ class OffloadCopier {
   uint64_t done_ticket_ = 0;    // every job up to this one has finished
   uint64_t waited_ticket_ = 0;  // the highest ticket waited for (Options::run_at_wait)
   bool stop_ = false;
+  bool record_ = false;
+  std::vector<Span> spans_;
   Stats stats_;
   std::thread thread_;  // last: started once the members above exist
 };

@@ -37,6 +37,8 @@ class OffloadTier {
   uint64_t budget() const { return limit_.budget(); }
   // Zero without a copy thread.
   model::OffloadCopier::Stats copy_stats() const;
+  // The copy thread, or null when the plan offloads no activations (profiling: its spans).
+  model::OffloadCopier* copier() { return copier_ ? &*copier_ : nullptr; }
 
  private:
   OffloadTier(uint64_t budget) : limit_(&host_, budget), tracking_(&limit_) {}

@@ -553,6 +553,7 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
   std::optional<ProfileRecord> rec;
   if (o.profile) {
     rec.emplace();
+    if (act_tier->copier()) act_tier->copier()->set_record(true);
     rec->plan = mp;
     op_times.record = true;
     op_times.origin = run_start;
@@ -917,6 +918,12 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
       loss_sum += net.forward(in, tg);
       net.backward(in, tg, dloss);
       record("micro-batch", "micro_batch", tm, step, k);
+      // Activation offload's copies of this micro-batch, on the profile's copy track.
+      if (model::OffloadCopier* copier = rec ? act_tier->copier() : nullptr) {
+        for (const model::OffloadCopier::Span& c : copier->take_spans()) {
+          record_op("offload copy", EventPhase::kNone, c.start, c.end, step, kEventThreadCopy);
+        }
+      }
       done += b;
       micro_batches++;
     }

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <random>
 
+#include "core/event_log.h"
 #include "data/token_file.h"
 #include "memory/host_resource.h"
 #include "model/gpt2.h"
@@ -251,6 +252,44 @@ TEST(ActivationOffload, BadPoliciesAreRefused) {
   r = plan::plan_training_memory(c, plan::Policy{1, 1, 16, "fp32", e});
   ASSERT_FALSE(r.is_ok());
   EXPECT_NE(r.status().message().find("block 1"), std::string::npos) << r.status().message();
+}
+
+// --profile: every job of the copy thread is an op on the copy track (thread 1), with the run's
+// time base, and none is left out (as many as the copier ran).
+TEST(ActivationOffload, ProfileShowsTheCopiesOnTheCopyTrack) {
+  const std::string data = token_file(257);
+  const model::Gpt2Config c = small_config(3);
+  train::TrainOptions o;
+  o.config = c;
+  o.model_name = "test";
+  o.data = data;
+  o.seq = 32;
+  o.micro_batch = 2;
+  o.accumulation = 2;
+  o.exec.offload = {true, false, true};
+  o.steps = 2;
+  o.warmup_steps = 1;
+  o.device_memory = uint64_t(1) << 32;
+  o.offload_memory = uint64_t(1) << 30;
+  o.eval_batches = 1;
+  o.profile = true;
+  Result<train::TrainResult> r = train::run_training(o, {});
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  ASSERT_TRUE(r->profile.has_value());
+  const EventLog& log = r->profile->events.log();
+  int begins = 0, ends = 0;
+  double last_end = 0;
+  for (const Event& e : log.events()) {
+    if (e.thread != kEventThreadCopy) continue;
+    EXPECT_EQ(log.name(e.name), "offload copy");
+    begins += e.kind == EventKind::kOpBegin;
+    ends += e.kind == EventKind::kOpEnd;
+    if (e.kind == EventKind::kOpEnd) last_end = std::max(last_end, e.t_us);
+  }
+  // Two offloaded blocks, out and back, in 2 steps x 2 micro-batches.
+  EXPECT_EQ(begins, 2 * 2 * 2 * 2);
+  EXPECT_EQ(ends, begins);
+  EXPECT_GT(last_end, 0.0);
 }
 
 // Optimizer offload and activation offload would share the offload tier: together they are refused
