@@ -117,18 +117,21 @@ Event EventRecorder::context(double t_us, EventKind kind) const {
   return e;
 }
 
+void EventRecorder::append_buffer_event(EventKind kind, double t_us, const ScheduleBuffer& b) {
+  Event e = context(t_us, kind);
+  e.name = b.name;
+  e.category = b.category;
+  e.region = b.region;
+  e.bytes = b.bytes;
+  e.offset = b.offset;
+  log_.append(e);
+}
+
 void EventRecorder::release_live(double t_us) {
   if (live_count_ == 0) return;
   for (uint32_t i = 0; i < buffers_.size(); i++) {
     if (!live_[i]) continue;
-    const ScheduleBuffer& b = buffers_[i];
-    Event e = context(t_us, EventKind::kFree);
-    e.name = b.name;
-    e.category = b.category;
-    e.region = b.region;
-    e.bytes = b.bytes;
-    e.offset = b.offset;
-    log_.append(e);
+    append_buffer_event(EventKind::kFree, t_us, buffers_[i]);
     live_[i] = 0;
   }
   live_count_ = 0;
@@ -148,14 +151,7 @@ void EventRecorder::op_boundary(int ended, int next, double t_us) {
       for (uint32_t k = end_start_[size_t(ended)]; k < end_start_[size_t(ended) + 1]; k++) {
         const uint32_t i = end_list_[k];
         if (!live_[i]) continue;
-        const ScheduleBuffer& b = buffers_[i];
-        Event e = context(t_us, EventKind::kFree);
-        e.name = b.name;
-        e.category = b.category;
-        e.region = b.region;
-        e.bytes = b.bytes;
-        e.offset = b.offset;
-        log_.append(e);
+        append_buffer_event(EventKind::kFree, t_us, buffers_[i]);
         live_[i] = 0;
         live_count_--;
       }
@@ -177,14 +173,7 @@ void EventRecorder::op_boundary(int ended, int next, double t_us) {
   for (uint32_t k = begin_start_[size_t(next)]; k < begin_start_[size_t(next) + 1]; k++) {
     const uint32_t i = begin_list_[k];
     if (live_[i]) continue;
-    const ScheduleBuffer& b = buffers_[i];
-    Event a = context(t_us, EventKind::kAlloc);
-    a.name = b.name;
-    a.category = b.category;
-    a.region = b.region;
-    a.bytes = b.bytes;
-    a.offset = b.offset;
-    log_.append(a);
+    append_buffer_event(EventKind::kAlloc, t_us, buffers_[i]);
     live_[i] = 1;
     live_count_++;
   }

@@ -174,6 +174,8 @@ class EventRecorder {
 
  private:
   Event context(double t_us, EventKind kind) const;
+  // An alloc or free of a planned buffer, in the current context.
+  void append_buffer_event(EventKind kind, double t_us, const ScheduleBuffer& b);
   void release_live(double t_us);
 
   EventLog log_;
