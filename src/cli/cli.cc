@@ -1229,7 +1229,6 @@ int run_plan(PlanFlags& pf) {
         {"mem_bandwidth", dev->mem_bandwidth},
         {"interconnect_bandwidth", dev->interconnect_bandwidth},
         {"host_link_bandwidth", dev->host_link_bandwidth},
-        {"offload_bandwidth", dev->offload_bandwidth},
         {"offload_link_bandwidth", plan::offload_link_bandwidth(*dev)},
         {"host_memory_bandwidth",
          dev->host_memory_bandwidth > 0 ? dev->host_memory_bandwidth : dev->mem_bandwidth},
@@ -1290,8 +1289,7 @@ int run_plan(PlanFlags& pf) {
       std::printf("  per block: %s\n", line.c_str());
     }
     if (n_off > 0) {
-      const double bw =
-          dev->offload_bandwidth > 0 ? dev->offload_bandwidth : dev->host_link_bandwidth;
+      const double bw = plan::offload_link_bandwidth(*dev);
       std::printf(
           "  activation offload: %d blocks, %s in the offload tier (budget %s); %s moved per step "
           "at %.1f GB/s, %.0f ms of it not hidden behind compute\n",

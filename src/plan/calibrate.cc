@@ -496,7 +496,6 @@ DeviceSpec cpu_device_spec(const Calibration& cal, uint64_t memory_bytes) {
   spec.mem_bandwidth = cal.mem_bandwidth;
   spec.host_link_bandwidth = cal.copy_bandwidth;
   spec.host_memory_bandwidth = cal.mem_bandwidth;  // the offload tier is this host's memory
-  spec.offload_bandwidth = cal.copy_bandwidth;     // one-thread memcpy: what the copy thread runs
   // Ranks on one host talk through Open MPI's shared-memory transport. Not calibrated yet: the
   // all-reduce bus bandwidth bench/dist_bench measured for 64 MiB on 2 ranks of this box
   // (docs/notes/zero.md, "Measured"), a conservative figure (a loaded machine).

@@ -157,7 +157,7 @@ StepCost estimate_step(const model::Gpt2Config& c, const MemoryPlan& plan, const
     s.comm_seconds = zero_comm_seconds(*zero, d.interconnect_bandwidth);
   }
   if (!plan.activations.offloaded.empty()) {
-    const double bw = d.offload_bandwidth > 0 ? d.offload_bandwidth : d.host_link_bandwidth;
+    const double bw = offload_link_bandwidth(d);
     double activation_bytes = 0;
     for (const model::OffloadBlock& ob : plan.activations.offloaded) {
       activation_bytes += 2.0 * double(ob.bytes) * k;

@@ -97,6 +97,7 @@ bool iequals(std::string_view a, std::string_view b) {
 }  // namespace
 
 double offload_link_bandwidth(const DeviceSpec& d) {
+  if (d.offload_bandwidth > 0) return d.offload_bandwidth;
   return d.kind == "gpu" ? d.host_link_bandwidth * 0.8 : d.host_link_bandwidth;
 }
 
@@ -105,8 +106,6 @@ Result<DeviceSpec> named_device(std::string_view name) {
     if (iequals(spec.name, name)) {
       DeviceSpec out = spec;
       if (out.host_memory_bandwidth <= 0) out.host_memory_bandwidth = kAssumedHostBandwidth;
-      // Offload copies go through pinned host memory: about 80% of one direction of the link.
-      out.offload_bandwidth = 0.8 * spec.host_link_bandwidth;
       return out;
     }
   }

@@ -37,9 +37,9 @@ struct DeviceSpec {
   // what optimizer offload's AdamW pass on the host runs at (docs/notes/offload.md). CPU: the
   // measured triad (mem_bandwidth). Named GPUs: kAssumedHostBandwidth unless set.
   double host_memory_bandwidth = 0;
-  // bytes/s, one direction, that offload copies (device <-> offload tier) sustain: pinned-host
-  // copies on a GPU (0.8 x the host link), the measured one-thread memcpy on the CPU. 0: no
-  // offload (the planner never chooses it).
+  // bytes/s, one direction, that offload copies (device <-> offload tier) sustain, when known
+  // better than offload_link_bandwidth() derives it from the host link (tests, a measurement).
+  // 0: derived.
   double offload_bandwidth = 0;
 };
 
@@ -49,7 +49,9 @@ constexpr double kAssumedHostBandwidth = 50e9;
 
 // The bandwidth an offload copy (device <-> offload tier) moves at: the host link's one-direction
 // figure, times 0.8 on a GPU for what pinned copies sustain (cudaMemcpyAsync over PCIe reaches
-// 80-90% of the link); on the CPU the measured memcpy bandwidth itself.
+// 80-90% of the link); on the CPU the measured memcpy bandwidth itself. DeviceSpec::
+// offload_bandwidth, when set, instead. 0: offload cannot be priced (the planner never chooses it).
+// Both kinds of offload (optimizer state, activations) are priced with it.
 double offload_link_bandwidth(const DeviceSpec& device);
 
 // The spec of a named GPU from the datasheet table. Case-insensitive ("h100-80gb" works).

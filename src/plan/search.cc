@@ -499,8 +499,7 @@ Result<SearchResult> search_leaf(const SearchRequest& r, PlanCache& cache) {
   if (r.recompute) modes = {*r.recompute};
   // Activation offload: searched (auto) where there is an offload tier and a bandwidth to price
   // the transfers with; forced on every block that keeps something (on); never (off).
-  const double offload_bw =
-      r.device.offload_bandwidth > 0 ? r.device.offload_bandwidth : r.device.host_link_bandwidth;
+  const double offload_bw = offload_link_bandwidth(r.device);
   const bool offload_on = r.offload_activations.value_or(false);
   const bool offload_auto = !r.offload_activations && r.offload_memory > 0 && offload_bw > 0;
   if (offload_on) {

@@ -33,7 +33,7 @@ struct SearchRequest {
   // kept activations of chosen blocks (a per-block choice next to recomputation, by the
   // schedule search); true offloads every block that is not fully recomputed; false never. The
   // offload tier holds offload_memory bytes (0: activations are not offloaded unless forced);
-  // transfers are priced at device.offload_bandwidth.
+  // transfers are priced at offload_link_bandwidth(device).
   std::optional<bool> offload_activations;
   std::optional<bool> fused_head;  // unset: the planner chooses
   int head_chunk = 256;            // tokens per chunk of the fused LM head

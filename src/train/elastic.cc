@@ -61,7 +61,6 @@ plan::DeviceSpec nominal_cpu_spec() {
   d.mem_bandwidth = 10e9;
   d.host_link_bandwidth = 5e9;
   d.host_memory_bandwidth = 10e9;
-  d.offload_bandwidth = 5e9;
   d.gemm_efficiency = 1;
   d.source = "nominal (no calibration given)";
   return d;

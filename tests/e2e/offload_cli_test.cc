@@ -71,7 +71,7 @@ TEST_F(OffloadCli, PlanShowsThePerBlockScheduleAndTheOffloadTier) {
   EXPECT_GT(c["offload_bytes"].get<uint64_t>(), 0u);
   EXPECT_GT(c["offload_link_bytes_per_step"].get<double>(), 0.0);
   EXPECT_GE(c["offload_seconds"].get<double>(), 0.0);
-  EXPECT_GT(j["device"]["offload_bandwidth"].get<double>(), 0.0);
+  EXPECT_GT(j["device"]["offload_link_bandwidth"].get<double>(), 0.0);
   EXPECT_EQ(j["offload_memory"].get<uint64_t>(), 64ull << 30);
   // Human output: the choice per block and the tier.
   Outcome h =

@@ -44,6 +44,9 @@ SearchRequest tight(double offload_bandwidth) {
   r.micro_batch = 8;
   r.offload_memory = 64 * kGiB;
   r.fused_head = false;
+  // About activations: the same link would also price optimizer offload (offload_link_bandwidth),
+  // which has its own tests.
+  r.offload_optimizer = false;
   return r;
 }
 
