@@ -19,20 +19,22 @@
 #include <sstream>
 #include <string_view>
 #include <system_error>
-#include <tuple>
-#include <unordered_map>
+#include <type_traits>
 #include <vector>
 
 #include <nlohmann/json.hpp>
-#include <oneapi/dnnl/dnnl.hpp>
 
+#include "backend/cpu/gemm.h"
 #include "backend/cpu/kernels.h"
+#include "core/dtype.h"
 #include "core/units.h"
 
 namespace headroom::plan {
 namespace {
 
-constexpr int kFileVersion = 1;
+// 2: the step's matmuls forward and backward with the model's strides, and the square-GEMM peaks
+// (version 1 files are measured again).
+constexpr int kFileVersion = 2;
 
 using Clock = std::chrono::steady_clock;
 
@@ -88,37 +90,41 @@ void fill(float* x, size_t n, uint32_t seed) {
   }
 }
 
-uint16_t to_bf16(float f) {  // round to nearest even
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  u += 0x7FFFu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
-
+// One of the step's matmuls: out[N,OC] = inp[N,IC] x weight, with the weight layout, the padded
+// activation strides and (bf16) the output type the model uses, so calibration times exactly what
+// a step runs (dense 3072-float rows, for one, run about 2x slower: activation_row_stride).
 struct GemmShape {
-  int N, IC, OC;  // out[N,OC] = inp[N,IC] x weight[IC,OC]
-  double flops() const { return 2.0 * N * IC * OC; }
+  int N, IC, OC;
+  cpu::WeightLayout layout = cpu::WeightLayout::kInOut;
+  bool pad_inp = false, pad_out = false;  // strides from activation_row_stride
+  bool bf16_out = true;                   // bf16: the output is bf16 (else fp32)
+  bool backward = true;                   // also time dinp and dweight (the step's 2 of 3 GEMMs)
+  double flops() const { return 2.0 * N * IC * OC * (backward ? 3 : 1); }
 };
 
 struct Sizes {
   std::vector<GemmShape> gemms;
+  int peak_n;  // the square GEMM for the peak
   int warmup, reps;
   size_t triad_bytes;  // per array
   size_t copy_bytes;   // per buffer
 };
 
 Sizes sizes_for(const CalibrationOptions& options) {
-  if (options.quick) return {{{128, 64, 256}, {128, 256, 64}}, 1, 3, 1 * kMiB, 1 * kMiB};
-  // GPT-2 small's MLP at 2048 tokens (e.g. 8 x 256): c_fc 768 -> 3072 and c_proj 3072 -> 768.
-  // Three triad arrays of 256 MiB (768 MiB) stream well past any last-level cache we expect
-  // (300 MiB on the machine in docs/calibration.md).
-  // GPT-2 124M's forward GEMMs at 2048 tokens (the LM head at 512 tokens, to keep calibration
-  // short), weighted by their FLOPs as a step weights them.
+  using L = cpu::WeightLayout;
+  if (options.quick) return {{{128, 64, 256}, {128, 256, 64}}, 128, 1, 3, 1 * kMiB, 1 * kMiB};
+  // GPT-2 124M's matmuls at 2048 tokens (e.g. 8 x 256), forward and backward, as the model issues
+  // them (gpt2.cc): c_attn, attention c_proj (fp32 out: the residual stream), c_fc (padded
+  // 3072-wide output), MLP c_proj (padded input, fp32 out); the tied LM head (weight [V, C], fp32
+  // logits) at 512 tokens to keep calibration short. Weighted by their FLOPs as a step weights
+  // them. Three triad arrays of 256 MiB (768 MiB) stream well past any last-level cache we
+  // expect (300 MiB on the machine in docs/calibration.md).
   return {{{2048, 768, 2304},
-           {2048, 768, 768},
-           {2048, 768, 3072},
-           {2048, 3072, 768},
-           {512, 768, 50257}},
+           {2048, 768, 768, L::kInOut, false, false, false},
+           {2048, 768, 3072, L::kInOut, false, true, true},
+           {2048, 3072, 768, L::kInOut, true, false, false},
+           {512, 768, 50257, L::kOutIn, false, false, false}},
+          2048,
           1,
           5,
           256 * kMiB,
@@ -127,77 +133,104 @@ Sizes sizes_for(const CalibrationOptions& options) {
 
 std::string shape_text(const GemmShape& s) { return fmt::format("{}x{}->{}", s.N, s.IC, s.OC); }
 
-Result<double> measure_gemm_fp32(const Sizes& sz, const CalibrationProgress& progress) {
+template <typename T>
+std::vector<T> filled(size_t count, uint32_t seed) {
+  std::vector<float> f(count);
+  fill(f.data(), count, seed);
+  if constexpr (std::is_same_v<T, float>) {
+    return f;
+  } else {
+    std::vector<T> out(count);
+    for (size_t i = 0; i < count; ++i) out[i] = T{f32_to_bf16_bits(f[i])};
+    return out;
+  }
+}
+
+// Median seconds of one forward (and backward) of `s` with storage type T (float or bf16_t).
+template <typename T>
+double time_shape(const GemmShape& s, const Sizes& sz) {
+  const int64_t esz = sizeof(T);
+  const int64_t ldi = s.pad_inp ? cpu::activation_row_stride(s.IC, esz) : s.IC;
+  const int64_t ldo = s.pad_out ? cpu::activation_row_stride(s.OC, esz) : s.OC;
+  const cpu::MatmulStrides st{.inp = ldi, .out = ldo};
+  std::vector<T> inp = filled<T>(size_t(s.N) * ldi, 1), weight = filled<T>(size_t(s.IC) * s.OC, 2),
+                 dout = filled<T>(size_t(s.N) * ldo, 4), dinp(size_t(s.N) * ldi);
+  std::vector<float> bias = filled<float>(s.OC, 3), dweight(size_t(s.IC) * s.OC),
+                     out32(std::is_same_v<T, float> || !s.bf16_out ? size_t(s.N) * ldo : 0);
+  std::vector<T> out16(std::is_same_v<T, float> || !s.bf16_out ? 0 : size_t(s.N) * ldo);
+  return time_median(sz.warmup, sz.reps, [&] {
+    if (out16.empty()) {
+      cpu::matmul_forward(out32.data(), inp.data(), weight.data(), bias.data(), s.N, s.IC, s.OC,
+                          s.layout, st);
+    } else if constexpr (!std::is_same_v<T, float>) {
+      cpu::matmul_forward(out16.data(), inp.data(), weight.data(), bias.data(), s.N, s.IC, s.OC,
+                          s.layout, st);
+    }
+    if (s.backward) {
+      cpu::matmul_backward(dinp.data(), dweight.data(), nullptr, dout.data(), inp.data(),
+                           weight.data(), s.N, s.IC, s.OC, s.layout, st);
+    }
+  });
+}
+
+// The step's matmuls in the backend's kernels (oneDNN through cpu::gemm / gemm_ex), their
+// FLOPs over their median times. `name`: "fp32" or "bf16".
+template <typename T>
+Result<double> measure_gemm_shapes(const Sizes& sz, const char* name,
+                                   const CalibrationProgress& progress) {
   double total_flops = 0, total_seconds = 0;
   for (const GemmShape& s : sz.gemms) {
-    std::vector<float> inp(size_t(s.N) * s.IC), weight(size_t(s.IC) * s.OC), bias(s.OC),
-        out(size_t(s.N) * s.OC);
-    fill(inp.data(), inp.size(), 1);
-    fill(weight.data(), weight.size(), 2);
-    fill(bias.data(), bias.size(), 3);
-    double t = time_median(sz.warmup, sz.reps, [&] {
-      cpu::matmul_forward(out.data(), inp.data(), weight.data(), bias.data(), s.N, s.IC, s.OC,
-                          cpu::WeightLayout::kInOut);
-    });
-    if (!(t > 0)) return Status::internal("fp32 GEMM " + shape_text(s) + " timed at 0 s");
-    report(progress, fmt::format("fp32 GEMM {}: {:.1f} GFLOP/s (median of {}, {:.1f} ms)",
-                                 shape_text(s), s.flops() / t / 1e9, sz.reps, t * 1e3));
+    const double t = time_shape<T>(s, sz);
+    if (!(t > 0))
+      return Status::internal(fmt::format("{} GEMM {} timed at 0 s", name, shape_text(s)));
+    report(progress, fmt::format("{} GEMM {} forward{}: {:.1f} GFLOP/s (median of {}, {:.1f} ms)",
+                                 name, shape_text(s), s.backward ? " + backward" : "",
+                                 s.flops() / t / 1e9, sz.reps, t * 1e3));
     total_flops += s.flops();
     total_seconds += t;
   }
   return total_flops / total_seconds;  // the shapes weighted by their FLOPs, as in a step
 }
 
-// oneDNN's bf16 matmul called directly: the backend has no bf16 GEMM yet, and this is the
-// library and primitive its bf16 path will use. Weights in plain row-major layout (as the
-// trainer keeps them: they change every step, so no reordering into a blocked layout is priced).
-// Returns 0 when oneDNN only has its reference (scalar) implementation for bf16 here: that would
-// take minutes and is not what a bf16 plan would run on.
-double measure_gemm_bf16(const Sizes& sz, const CalibrationProgress& progress) {
-  using dt = dnnl::memory::data_type;
-  using dims = dnnl::memory::dims;
-  try {
-    dnnl::engine engine(dnnl::engine::kind::cpu, 0);
-    dnnl::stream stream(engine);
-    double total_flops = 0, total_seconds = 0;
-    for (const GemmShape& s : sz.gemms) {
-      dnnl::memory::desc src_md(dims{s.N, s.IC}, dt::bf16, dims{s.IC, 1});
-      dnnl::memory::desc wei_md(dims{s.IC, s.OC}, dt::bf16, dims{s.OC, 1});
-      dnnl::memory::desc dst_md(dims{s.N, s.OC}, dt::bf16, dims{s.OC, 1});
-      dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src_md, wei_md, dst_md), engine);
-      std::string impl = pd.impl_info_str();
-      if (impl.rfind("ref", 0) == 0) {
-        report(progress, "bf16 GEMM: oneDNN has only its reference kernel (" + impl +
-                             ") on this CPU; bf16 left at 0 (unsupported)");
-        return 0;
-      }
-      dnnl::matmul prim(pd);
-      dnnl::memory src(src_md, engine), wei(wei_md, engine), dst(dst_md, engine);
-      std::vector<float> tmp(std::max(size_t(s.N) * s.IC, size_t(s.IC) * s.OC));
-      for (auto [mem, count, seed] :
-           {std::tuple{&src, size_t(s.N) * s.IC, 1u}, std::tuple{&wei, size_t(s.IC) * s.OC, 2u}}) {
-        fill(tmp.data(), count, seed);
-        auto* p = static_cast<uint16_t*>(mem->get_data_handle());
-        for (size_t i = 0; i < count; ++i) p[i] = to_bf16(tmp[i]);
-      }
-      std::unordered_map<int, dnnl::memory> args = {
-          {DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DST, dst}};
-      double t = time_median(sz.warmup, sz.reps, [&] {
-        prim.execute(stream, args);
-        stream.wait();
-      });
-      if (!(t > 0)) return 0;
-      report(progress, fmt::format("bf16 GEMM {}: {:.1f} GFLOP/s (oneDNN {}, median of {})",
-                                   shape_text(s), s.flops() / t / 1e9, impl, sz.reps));
-      total_flops += s.flops();
-      total_seconds += t;
-    }
-    return total_flops / total_seconds;
-  } catch (const dnnl::error& e) {
-    report(progress, std::string("bf16 GEMM: oneDNN has no bf16 matmul here (") + e.what() +
-                         "); bf16 left at 0 (unsupported)");
-    return 0;
+// The peak: one square n^3 GEMM through the backend. fp32: A and C rows padded off multiples of
+// 4 KiB, as the model pads fp32 activations (4K aliasing); bf16: dense, as oneDNN 2.6 runs its AMX
+// kernel (brg:avx512_core_amx_bf16) only on dense rows and falls back to gemm:jit on padded ones
+// (the model's bf16 activations at GPT-2's widths are dense: no padding needed).
+template <typename T>
+Result<double> measure_gemm_peak(const Sizes& sz, const char* name,
+                                 const CalibrationProgress& progress) {
+  constexpr bool fp32 = std::is_same_v<T, float>;
+  const int n = sz.peak_n;
+  const int lda = fp32 ? int(cpu::activation_row_stride(n, sizeof(T))) : n;
+  const int ldc = fp32 ? int(cpu::activation_row_stride(n, sizeof(float))) : n;
+  std::vector<T> a = filled<T>(size_t(n) * lda, 1), b = filled<T>(size_t(n) * n, 2);
+  std::vector<float> c(size_t(n) * ldc);
+  const DType ab = fp32 ? DType::kF32 : DType::kBF16;
+  const double t = time_median(sz.warmup, sz.reps, [&] {
+    cpu::gemm_ex(false, false, n, n, n, ab, a.data(), lda, b.data(), n, DType::kF32, c.data(), ldc,
+                 nullptr, false);
+  });
+  if (!(t > 0)) return Status::internal(fmt::format("{} GEMM peak timed at 0 s", name));
+  const double flops = 2.0 * n * n * double(n);
+  report(progress, fmt::format("{} GEMM peak {}^3: {:.1f} GFLOP/s (oneDNN {}, median of {})", name,
+                               n, flops / t / 1e9,
+                               cpu::gemm_impl_name(false, false, n, n, n, lda, n, ldc, false, false,
+                                                   ab, DType::kF32),
+                               sz.reps));
+  return flops / t;
+}
+
+// bf16 needs a native oneDNN kernel: 0 (unsupported) when oneDNN only has its reference
+// implementation here (minutes of scalar code, and not what a bf16 plan would run on).
+bool native_bf16(const CalibrationProgress& progress) {
+  const char* impl = cpu::gemm_impl_name(false, false, 64, 64, 64, 64, 64, 64, false, false,
+                                         DType::kBF16, DType::kF32);
+  if (std::string_view(impl).rfind("ref", 0) == 0) {
+    report(progress, std::string("bf16 GEMM: oneDNN has only its reference kernel (") + impl +
+                         ") on this CPU; bf16 left at 0 (unsupported)");
+    return false;
   }
+  return true;
 }
 
 Result<double> measure_triad(const Sizes& sz, const CalibrationProgress& progress) {
@@ -349,8 +382,12 @@ Result<Calibration> run_calibration(const CalibrationProgress& progress,
   report(progress, fmt::format("calibrating {} with {} OpenMP threads{}", cal.cpu_model,
                                cal.threads, options.quick ? " (quick sizes)" : ""));
   if (!options.quick) warn_if_busy(progress);
-  HR_ASSIGN_OR_RETURN(cal.gemm_flops_fp32, measure_gemm_fp32(sz, progress));
-  cal.gemm_flops_bf16 = measure_gemm_bf16(sz, progress);
+  HR_ASSIGN_OR_RETURN(cal.gemm_flops_fp32, measure_gemm_shapes<float>(sz, "fp32", progress));
+  HR_ASSIGN_OR_RETURN(cal.gemm_peak_fp32, measure_gemm_peak<float>(sz, "fp32", progress));
+  if (native_bf16(progress)) {
+    HR_ASSIGN_OR_RETURN(cal.gemm_flops_bf16, measure_gemm_shapes<bf16_t>(sz, "bf16", progress));
+    HR_ASSIGN_OR_RETURN(cal.gemm_peak_bf16, measure_gemm_peak<bf16_t>(sz, "bf16", progress));
+  }
   HR_ASSIGN_OR_RETURN(cal.mem_bandwidth, measure_triad(sz, progress));
   HR_ASSIGN_OR_RETURN(cal.copy_bandwidth, measure_copy(sz, progress));
   return cal;
@@ -361,6 +398,8 @@ Status save_calibration(const Calibration& cal, const std::string& path) {
       {"version", kFileVersion},
       {"gemm_flops_fp32", cal.gemm_flops_fp32},
       {"gemm_flops_bf16", cal.gemm_flops_bf16},
+      {"gemm_peak_fp32", cal.gemm_peak_fp32},
+      {"gemm_peak_bf16", cal.gemm_peak_bf16},
       {"mem_bandwidth", cal.mem_bandwidth},
       {"copy_bandwidth", cal.copy_bandwidth},
       {"threads", cal.threads},
@@ -431,6 +470,8 @@ Result<Calibration> load_calibration(const std::string& path) {
   Calibration cal;
   HR_ASSIGN_OR_RETURN(cal.gemm_flops_fp32, get_rate(j, path, "gemm_flops_fp32", false));
   HR_ASSIGN_OR_RETURN(cal.gemm_flops_bf16, get_rate(j, path, "gemm_flops_bf16", true));
+  HR_ASSIGN_OR_RETURN(cal.gemm_peak_fp32, get_rate(j, path, "gemm_peak_fp32", false));
+  HR_ASSIGN_OR_RETURN(cal.gemm_peak_bf16, get_rate(j, path, "gemm_peak_bf16", true));
   HR_ASSIGN_OR_RETURN(cal.mem_bandwidth, get_rate(j, path, "mem_bandwidth", false));
   HR_ASSIGN_OR_RETURN(cal.copy_bandwidth, get_rate(j, path, "copy_bandwidth", false));
   HR_ASSIGN_OR_RETURN(int64_t threads, get_int(j, path, "threads"));
@@ -492,6 +533,8 @@ DeviceSpec cpu_device_spec(const Calibration& cal, uint64_t memory_bytes) {
   spec.memory_bytes = memory_bytes;
   spec.flops_fp32 = cal.gemm_flops_fp32;
   spec.flops_bf16 = cal.gemm_flops_bf16;
+  spec.peak_flops_fp32 = cal.gemm_peak_fp32;
+  spec.peak_flops_bf16 = cal.gemm_peak_bf16;
   spec.flops_fp16 = 0;  // the CPU backend has no fp16 kernels
   spec.mem_bandwidth = cal.mem_bandwidth;
   spec.host_link_bandwidth = cal.copy_bandwidth;
@@ -507,13 +550,14 @@ DeviceSpec cpu_device_spec(const Calibration& cal, uint64_t memory_bytes) {
 
 std::string describe_calibration(const Calibration& cal) {
   std::string bf16 = cal.gemm_flops_bf16 > 0
-                         ? fmt::format("{:.1f} GFLOP/s", cal.gemm_flops_bf16 / 1e9)
+                         ? fmt::format("{:.1f} GFLOP/s (peak {:.1f})", cal.gemm_flops_bf16 / 1e9,
+                                       cal.gemm_peak_bf16 / 1e9)
                          : std::string("unsupported");
   return fmt::format(
-      "{}, {} threads (measured {}): fp32 GEMM {:.1f} GFLOP/s, bf16 GEMM {}, memory triad {:.1f} "
-      "GB/s, copy {:.1f} GB/s",
-      cal.cpu_model, cal.threads, cal.date, cal.gemm_flops_fp32 / 1e9, bf16,
-      cal.mem_bandwidth / 1e9, cal.copy_bandwidth / 1e9);
+      "{}, {} threads (measured {}): fp32 GEMM {:.1f} GFLOP/s (peak {:.1f}), bf16 GEMM {}, memory "
+      "triad {:.1f} GB/s, copy {:.1f} GB/s",
+      cal.cpu_model, cal.threads, cal.date, cal.gemm_flops_fp32 / 1e9, cal.gemm_peak_fp32 / 1e9,
+      bf16, cal.mem_bandwidth / 1e9, cal.copy_bandwidth / 1e9);
 }
 
 }  // namespace headroom::plan

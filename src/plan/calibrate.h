@@ -14,9 +14,12 @@ namespace headroom::plan {
 
 // Measured figures of this machine. Rates are sustained (median of repetitions), not peaks.
 struct Calibration {
-  double gemm_flops_fp32 = 0;  // FLOP/s of cpu::matmul_forward on GPT-2-small-like shapes
-  double gemm_flops_bf16 = 0;  // FLOP/s of a oneDNN bf16 matmul (bf16 in/out, fp32 accumulate)
-                               // on the same shapes; 0 when oneDNN has no native bf16 kernel here
+  double gemm_flops_fp32 = 0;  // FLOP/s of the backend's fp32 matmuls, forward and backward, on
+                               // GPT-2 small's shapes with the model's strides and layouts
+  double gemm_flops_bf16 = 0;  // the same with bf16 operands (fp32 accumulate, the model's output
+                               // types); 0 when oneDNN has no native bf16 kernel here
+  double gemm_peak_fp32 = 0;   // FLOP/s of one square 2048^3 fp32 GEMM: the peak MFU is quoted
+  double gemm_peak_bf16 = 0;   // against (bf16: 0 when unsupported)
   double mem_bandwidth = 0;    // bytes/s, STREAM triad a = b + s*c over arrays far larger than
                                // the last-level cache, counted as STREAM does (3 x 8 bytes per
                                // element; the write-allocate read is not counted)
@@ -66,9 +69,7 @@ Result<Calibration> load_or_calibrate(const std::string& path,
 
 // This CPU as a device: the measured rates (gemm_efficiency 1: they are already sustained), no
 // fp16 kernels (flops_fp16 0), memory_bytes = the device budget (--device-memory), name "cpu",
-// source "measured YYYY-MM-DD". NOTE: flops_bf16 is oneDNN's bf16 matmul rate, which the CPU
-// backend does not use yet (it has fp32 kernels only); a caller must not offer bf16 on the CPU
-// until it does (the CLI rejects --precision bf16 today).
+// source "measured YYYY-MM-DD"; peak_flops_* the square-GEMM peaks.
 DeviceSpec cpu_device_spec(const Calibration& calibration, uint64_t memory_bytes);
 
 // "<model>, <threads> threads: fp32 GEMM 123.4 GFLOP/s, bf16 GEMM ..., triad 12.3 GB/s, copy ..."

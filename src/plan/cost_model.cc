@@ -82,7 +82,14 @@ StepCost estimate_step(const model::Gpt2Config& c, const MemoryPlan& plan, const
   if (plan.policy.precision == "bf16" && d.flops_bf16 > 0) peak = d.flops_bf16;
   if (plan.policy.precision == "fp16" && d.flops_fp16 > 0) peak = d.flops_fp16;
   const double efficiency = d.gemm_efficiency * rows / (rows + kGemmHalfRows);
-  s.gemm_seconds = s.gemm_flops / (peak * efficiency);
+  // The fused head runs its GEMMs (forward, the backward's recompute, dinp and dwte) per chunk of
+  // head_chunk rows: they reach the efficiency of that many rows, not of the micro-batch's.
+  const double head_chunk = plan.policy.exec.head_chunk;
+  const double head_flops = head_chunk > 0 ? 8.0 * V * C * tokens : 0.0;
+  const double head_rows = std::min(head_chunk, rows);
+  const double head_efficiency = d.gemm_efficiency * head_rows / (head_rows + kGemmHalfRows);
+  s.gemm_seconds = (s.gemm_flops - head_flops) / (peak * efficiency) +
+                   (head_flops > 0 ? head_flops / (peak * head_efficiency) : 0.0);
 
   // Memory-bound traffic per micro-batch: every step buffer written once and read about three
   // times (forward consumers, backward, the gradient pass); per step: AdamW reads p, g, m, v and

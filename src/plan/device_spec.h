@@ -41,6 +41,10 @@ struct DeviceSpec {
   // better than offload_link_bandwidth() derives it from the host link (tests, a measurement).
   // 0: derived.
   double offload_bandwidth = 0;
+  // FLOP/s of the best GEMM this device runs (a large square one): what MFU is quoted against.
+  // 0: the flops_* figures are the peak (the datasheet figures of a named GPU).
+  double peak_flops_fp32 = 0;
+  double peak_flops_bf16 = 0;
 };
 
 // The host memory bandwidth assumed for a named GPU's share of its server (no datasheet gives

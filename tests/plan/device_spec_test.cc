@@ -52,6 +52,8 @@ Calibration sample_calibration() {
   Calibration c;
   c.gemm_flops_fp32 = 123.456789e9;
   c.gemm_flops_bf16 = 0;
+  c.gemm_peak_fp32 = 234.5e9;
+  c.gemm_peak_bf16 = 0;
   c.mem_bandwidth = 1.0 / 3.0 * 1e11;
   c.copy_bandwidth = 9.87654321e9;
   c.threads = 2;
@@ -61,9 +63,11 @@ Calibration sample_calibration() {
 }
 
 nlohmann::json sample_json() {
-  return {{"version", 1},          {"gemm_flops_fp32", 1.5e11}, {"gemm_flops_bf16", 0.0},
-          {"mem_bandwidth", 2e10}, {"copy_bandwidth", 1e10},    {"threads", 2},
-          {"cpu_model", "x"},      {"date", "2025-01-31"}};
+  return {{"version", 2},           {"gemm_flops_fp32", 1.5e11},
+          {"gemm_flops_bf16", 0.0}, {"gemm_peak_fp32", 2e11},
+          {"gemm_peak_bf16", 0.0},  {"mem_bandwidth", 2e10},
+          {"copy_bandwidth", 1e10}, {"threads", 2},
+          {"cpu_model", "x"},       {"date", "2025-01-31"}};
 }
 
 // Loads `j` from a file and expects Corrupt naming the file and `field`.
@@ -173,6 +177,8 @@ TEST(CalibrationFile, RoundTrips) {
   ASSERT_TRUE(r.is_ok()) << r.status().to_string();
   EXPECT_EQ(r->gemm_flops_fp32, c.gemm_flops_fp32);  // JSON numbers round-trip exactly
   EXPECT_EQ(r->gemm_flops_bf16, c.gemm_flops_bf16);
+  EXPECT_EQ(r->gemm_peak_fp32, c.gemm_peak_fp32);
+  EXPECT_EQ(r->gemm_peak_bf16, c.gemm_peak_bf16);
   EXPECT_EQ(r->mem_bandwidth, c.mem_bandwidth);
   EXPECT_EQ(r->copy_bandwidth, c.copy_bandwidth);
   EXPECT_EQ(r->threads, c.threads);
@@ -211,8 +217,9 @@ TEST(CalibrationFile, InvalidJsonIsCorruptNamingTheFile) {
 }
 
 TEST(CalibrationFile, MissingFieldsAreCorruptNamingTheField) {
-  for (const char* field : {"version", "gemm_flops_fp32", "gemm_flops_bf16", "mem_bandwidth",
-                            "copy_bandwidth", "threads", "cpu_model", "date"}) {
+  for (const char* field :
+       {"version", "gemm_flops_fp32", "gemm_flops_bf16", "gemm_peak_fp32", "gemm_peak_bf16",
+        "mem_bandwidth", "copy_bandwidth", "threads", "cpu_model", "date"}) {
     nlohmann::json j = sample_json();
     j.erase(field);
     expect_corrupt(j, field);
@@ -234,6 +241,9 @@ TEST(CalibrationFile, BadValuesAreCorruptNamingTheField) {
   expect_corrupt(with("threads", 2.5), "threads");
   expect_corrupt(with("cpu_model", 7), "cpu_model");
   expect_corrupt(with("version", 99), "version");
+  expect_corrupt(with("version", 1), "version");  // before the peaks: measured again
+  expect_corrupt(with("gemm_peak_fp32", 0.0), "gemm_peak_fp32");
+  expect_corrupt(with("gemm_peak_bf16", "x"), "gemm_peak_bf16");
   // bf16 may be 0: "not measured / unsupported".
   TempDir dir;
   std::string path = dir.file("ok.json");
@@ -282,6 +292,9 @@ TEST(Calibrate, QuickRunGivesPositiveFiniteFigures) {
   ASSERT_TRUE(r.is_ok()) << r.status().to_string();
   EXPECT_TRUE(positive_finite(r->gemm_flops_fp32)) << r->gemm_flops_fp32;
   EXPECT_TRUE(std::isfinite(r->gemm_flops_bf16) && r->gemm_flops_bf16 >= 0) << r->gemm_flops_bf16;
+  EXPECT_TRUE(positive_finite(r->gemm_peak_fp32)) << r->gemm_peak_fp32;
+  EXPECT_TRUE(std::isfinite(r->gemm_peak_bf16) && r->gemm_peak_bf16 >= 0) << r->gemm_peak_bf16;
+  EXPECT_EQ(r->gemm_flops_bf16 > 0, r->gemm_peak_bf16 > 0);  // both measured, or neither
   EXPECT_TRUE(positive_finite(r->mem_bandwidth)) << r->mem_bandwidth;
   EXPECT_TRUE(positive_finite(r->copy_bandwidth)) << r->copy_bandwidth;
   EXPECT_EQ(r->threads, calibration_threads());
@@ -338,6 +351,8 @@ TEST(Calibrate, CpuDeviceSpecCarriesTheMeasurement) {
   EXPECT_EQ(s.memory_bytes, 4 * kGiB);
   EXPECT_EQ(s.flops_fp32, c.gemm_flops_fp32);
   EXPECT_EQ(s.flops_bf16, c.gemm_flops_bf16);
+  EXPECT_EQ(s.peak_flops_fp32, c.gemm_peak_fp32);
+  EXPECT_EQ(s.peak_flops_bf16, c.gemm_peak_bf16);
   EXPECT_EQ(s.flops_fp16, 0.0);
   EXPECT_EQ(s.mem_bandwidth, c.mem_bandwidth);
   EXPECT_EQ(s.host_link_bandwidth, c.copy_bandwidth);

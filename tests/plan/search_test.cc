@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include "core/units.h"
+#include "plan/cost_model.h"
+#include "plan/memory_plan.h"
 #include "plan/search.h"
 
 namespace headroom::plan {
@@ -145,6 +147,31 @@ TEST(Search, TooSmallForTheWeightsSaysWhatIsMissing) {
   EXPECT_NE(r->advice.find("more than the 1.00 GiB budget"), std::string::npos) << r->advice;
   EXPECT_NE(r->advice.find("bf16"), std::string::npos) << r->advice;
   EXPECT_NE(r->advice.find("optimizer offload"), std::string::npos) << r->advice;
+}
+
+// The fused head's GEMMs run per chunk: small chunks are priced at the efficiency of their rows,
+// so the same step costs more GEMM time with chunk 128 than with 1024, and the body's GEMMs the
+// same as with full logits.
+TEST(CostModel, FusedHeadGemmsArePricedPerChunk) {
+  const model::Gpt2Config c = gpt2_124m();
+  auto gemm_seconds = [&](int chunk) {
+    Policy p;
+    p.micro_batch = 8;
+    p.seq = 256;
+    p.exec.tiled_attention = true;
+    p.exec.head_chunk = chunk;
+    Result<MemoryPlan> mp = plan_training_memory(c, p);
+    EXPECT_TRUE(mp.is_ok()) << mp.status().to_string();
+    return estimate_step(c, *mp, test_device(64 * kGiB)).gemm_seconds;
+  };
+  const double small = gemm_seconds(128), large = gemm_seconds(1024), full = gemm_seconds(0);
+  EXPECT_GT(small, large * 1.02);
+  // chunk 1024 of 2048 rows: the head at 1024/(1024+64) of the speed, plus its recompute GEMM.
+  const double V = c.vocab_size, C = c.n_embd, tokens = 8 * 256;
+  const double head = 8 * V * C * tokens, full_head = 6 * V * C * tokens;
+  const double rate = 2e11;
+  const double body = full - full_head / (rate * 2048 / (2048 + kGemmHalfRows));
+  EXPECT_NEAR(large, body + head / (rate * 1024 / (1024 + kGemmHalfRows)), 1e-9 * large);
 }
 
 TEST(Search, CostModelPrefersFewerLargerMicroBatches) {
