@@ -6,6 +6,7 @@
 
 #include <array>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -129,6 +130,18 @@ class GemmCache {
     auto desc = k.has_bias ? dnnl::matmul::desc(src_md, wei_md, bias_md, dst_md)
                            : dnnl::matmul::desc(src_md, wei_md, dst_md);
     dnnl::matmul::primitive_desc pd(desc, attr, engine_);
+    // Measurement knob (docs/gemm.md): HEADROOM_GEMM_PREFER=<prefix> takes the first of oneDNN's
+    // implementations for this shape whose name starts with the prefix (e.g. "gemm:jit"), if any.
+    static const char* prefer = std::getenv("HEADROOM_GEMM_PREFER");
+    if (prefer != nullptr && *prefer != '\0') {
+      dnnl::matmul::primitive_desc it = pd;
+      do {
+        if (std::string(it.impl_info_str()).rfind(prefer, 0) == 0) {
+          pd = it;
+          break;
+        }
+      } while (it.next_impl());
+    }
     e.prim = dnnl::matmul(pd);
     e.impl = pd.impl_info_str();
     e.src = dnnl::memory(src_md, engine_, DNNL_MEMORY_NONE);
