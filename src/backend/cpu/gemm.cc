@@ -132,7 +132,8 @@ class GemmCache {
     dnnl::matmul::primitive_desc pd(desc, attr, engine_);
     // Measurement knob (docs/gemm.md): HEADROOM_GEMM_PREFER=<prefix> takes the first of oneDNN's
     // implementations for this shape whose name starts with the prefix (e.g. "gemm:jit"), if any.
-    static const char* prefer = std::getenv("HEADROOM_GEMM_PREFER");
+    // Read at every creation (rare), so a test can set it for the shapes it creates.
+    const char* prefer = std::getenv("HEADROOM_GEMM_PREFER");
     if (prefer != nullptr && *prefer != '\0') {
       dnnl::matmul::primitive_desc it = pd;
       do {
