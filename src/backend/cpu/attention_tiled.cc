@@ -346,11 +346,12 @@ inline uint32_t pair_bits(bf16_t lo, bf16_t hi) {
   return uint32_t(lo.bits) | uint32_t(hi.bits) << 16;
 }
 
-size_t forward_bf16_slot_floats(int HS) {
-  const size_t HSp = padded_head(HS);
-  // q, a key or value block [64, HSp] bf16 | kt [HSp/2, 64] u32 | v2 [32, HSp] u32 |
-  // s [64, 64] | p [64, 64] bf16 | o [64, HSp] | l [64]
-  return 4 * HSp * kB / 2 + kB * kB + kB * kB / 2 + HSp * kB + kB;
+size_t forward_bf16_slot_floats(int T, int HS) {
+  const size_t HSp = padded_head(HS), Tp = size_t{1} * num_blocks(T) * kB;
+  // per head: k, then v, rows [Tp, HSp] bf16; k^T pairs [HSp/2, 64] and v pairs [32, HSp] per
+  // block (u32); per query block: q [64, HSp] bf16, s [64, 64], p [64, 64] bf16, o [64, HSp],
+  // l [64].
+  return 3 * Tp * HSp / 2 + HSp * kB / 2 + kB * kB + kB * kB / 2 + HSp * kB + kB;
 }
 
 size_t backward_bf16_slot_floats(int T, int HS) {
@@ -524,15 +525,15 @@ HR_BF16_TARGET inline __m512i interleave_bf16(__m512 x0, __m512 x1) {
 }
 
 // dst[r * HSp + d] = src[r * ld + d] for r < n, d < HS; zeros elsewhere in rows [0, rows).
-void copy_rows_padded(bf16_t* dst, int HSp, const bf16_t* src, int64_t ld, int n, int rows,
-                      int HS) {
+HR_BF16_TARGET void copy_rows_padded(bf16_t* dst, int HSp, const bf16_t* src, int64_t ld, int n,
+                                     int rows, int HS) {
   for (int r = 0; r < rows; ++r) {
     bf16_t* d = dst + int64_t{r} * HSp;
-    if (r < n) {
-      std::memcpy(d, src + r * ld, sizeof(bf16_t) * HS);
-      std::fill(d + HS, d + HSp, bf16_t{0});
-    } else {
-      std::fill(d, d + HSp, bf16_t{0});
+    const bf16_t* srow = src + r * ld;
+    for (int c = 0; c < HSp; c += 32) {
+      const int left = r < n ? std::clamp(HS - c, 0, 32) : 0;
+      const __mmask32 mask = left == 32 ? ~__mmask32{0} : (__mmask32{1} << left) - 1;
+      _mm512_storeu_si512(d + c, _mm512_maskz_loadu_epi16(mask, srow + c));
     }
   }
 }
@@ -609,31 +610,17 @@ HR_BF16_TARGET inline void narrow_row(bf16_t* dst, const float* src, int n, floa
   }
 }
 
-// One query block of one (b, h), bf16: as forward_block, the tile products on AVX512-BF16.
-//   q, k, v: the (b, h) rows of qkv (row stride C3); o: the block's output rows (stride C);
-//   m: the block's lse entries.
+// The key blocks 0..ib of one query block: online softmax, o accumulated in fp32, out written.
 template <bool kAmx>
-HR_BF16_TARGET void forward_block_bf16(bf16_t* out, float* m, const bf16_t* q, const bf16_t* k,
-                                       const bf16_t* v, int64_t C3, int64_t C, int HS, int ib,
-                                       int nq, float scale, float* slot) {
+HR_BF16_TARGET void forward_tiles_bf16(bf16_t* out, float* m, const bf16_t* qs,
+                                       const uint32_t* kt_all, const uint32_t* v2_all, int64_t C,
+                                       int HS, int ib, int nq, float scale, float* s, bf16_t* pb,
+                                       float* o, float* l) {
   const int HSp = padded_head(HS);
-  auto* qs = reinterpret_cast<bf16_t*>(slot);  // [64, HSp]
-  bf16_t* stage = qs + int64_t{kB} * HSp;      // [64, HSp]: a block of keys, then of values
-  auto* kt = reinterpret_cast<uint32_t*>(stage + int64_t{kB} * HSp);  // [HSp/2, 64]
-  uint32_t* v2 = kt + int64_t{HSp / 2} * kB;                          // [32, HSp]
-  auto* s = reinterpret_cast<float*>(v2 + int64_t{kB / 2} * HSp);     // [64, 64]
-  auto* pb = reinterpret_cast<bf16_t*>(s + kB * kB);                  // [64, 64]
-  auto* o = reinterpret_cast<float*>(pb + kB * kB);                   // [64, HSp]
-  float* l = o + int64_t{kB} * HSp;                                   // [64]
-  copy_rows_padded(qs, HSp, q, C3, nq, kB, HS);
   for (int jb = 0; jb <= ib; ++jb) {
     const bool diag = jb == ib;
-    const int nk = diag ? nq : kB;
-    const int64_t j0 = int64_t{jb} * kB;
-    copy_rows_padded(stage, HSp, k + j0 * C3, C3, nk, kB, HS);
-    pack_pairs_transposed(kt, stage, HSp);
-    copy_rows_padded(stage, HSp, v + j0 * C3, C3, nk, kB, HS);
-    pack_pairs(v2, stage, HSp);
+    const uint32_t* kt = kt_all + int64_t{jb} * kB * HSp / 2;
+    const uint32_t* v2 = v2_all + int64_t{jb} * kB * HSp / 2;
     mm<kAmx>(nq, kB, HSp / 2, qs, HSp, kt, kB, s, kB, false);
     const __m512 vscale = _mm512_set1_ps(scale);
     for (int r = 0; r < nq; ++r) {
@@ -678,6 +665,43 @@ HR_BF16_TARGET void forward_block_bf16(bf16_t* out, float* m, const bf16_t* q, c
   for (int r = 0; r < nq; ++r) {
     narrow_row(out + r * C, o + r * HSp, HS, 1.0f / l[r]);
     m[r] = m[r] + std::log(l[r]);
+  }
+}
+
+// One (b, h) of the forward, bf16: forward_block's online softmax for each query block, the
+// tile products in bf16. The head's keys and values are packed once for all its query blocks.
+//   q, k, v: the (b, h) rows of qkv (row stride C3); out: its output rows (stride C);
+//   lse: lse[b, h, :], holding the running max until the end.
+template <bool kAmx>
+HR_BF16_TARGET void forward_head_bf16(bf16_t* out, float* lse, const bf16_t* q, const bf16_t* k,
+                                      const bf16_t* v, int64_t C3, int64_t C, int T, int HS,
+                                      float scale, float* slot) {
+  const int HSp = padded_head(HS), nb = num_blocks(T), Tp = nb * kB;
+  const int64_t TH = int64_t{Tp} * HSp;
+  auto* stage = reinterpret_cast<bf16_t*>(slot);               // [Tp, HSp]: k, then v
+  auto* kt_all = reinterpret_cast<uint32_t*>(stage + TH);      // per block [HSp/2, 64]
+  uint32_t* v2_all = kt_all + TH / 2;                          // per block [32, HSp]
+  auto* qs = reinterpret_cast<bf16_t*>(v2_all + TH / 2);       // [64, HSp]
+  auto* s = reinterpret_cast<float*>(qs + int64_t{kB} * HSp);  // [64, 64]
+  auto* pb = reinterpret_cast<bf16_t*>(s + kB * kB);           // [64, 64]
+  auto* o = reinterpret_cast<float*>(pb + kB * kB);            // [64, HSp]
+  float* l = o + int64_t{kB} * HSp;                            // [64]
+  copy_rows_padded(stage, HSp, k, C3, T, Tp, HS);
+  for (int blk = 0; blk < nb; ++blk) {
+    pack_pairs_transposed(kt_all + int64_t{blk} * kB * HSp / 2, stage + int64_t{blk} * kB * HSp,
+                          HSp);
+  }
+  copy_rows_padded(stage, HSp, v, C3, T, Tp, HS);
+  for (int blk = 0; blk < nb; ++blk) {
+    pack_pairs(v2_all + int64_t{blk} * kB * HSp / 2, stage + int64_t{blk} * kB * HSp, HSp);
+  }
+  for (int ib = 0; ib < nb; ++ib) {
+    const int64_t i0 = int64_t{ib} * kB;
+    const int nq = std::min<int64_t>(kB, T - i0);
+    float* m = lse + i0;
+    copy_rows_padded(qs, HSp, q + i0 * C3, C3, nq, kB, HS);
+    forward_tiles_bf16<kAmx>(out + i0 * C, m, qs, kt_all, v2_all, C, HS, ib, nq, scale, s, pb, o,
+                             l);
   }
 }
 
@@ -794,14 +818,14 @@ bool use_bf16_products() { return resolved_kernel() != AttentionBf16Kernel::kWid
 }  // namespace
 
 size_t attention_tiled_scratch_floats(int B, int T, int C, int NH, DType storage) {
-  const int64_t tasks = int64_t{B} * NH * num_blocks(T);
+  if (storage == DType::kBF16 && use_bf16_products()) {  // tasks are heads
+    const int64_t slots = std::min<int64_t>(int64_t{B} * NH, kAttentionMaxWorkers);
+    return static_cast<size_t>(slots) * forward_bf16_slot_floats(T, C / NH);
+  }
+  const int64_t tasks = int64_t{B} * NH * num_blocks(T);  // tasks are query blocks
   const int64_t slots = std::min<int64_t>(tasks, kAttentionMaxWorkers);
   size_t slot = forward_slot_floats(C / NH);
-  if (storage == DType::kBF16 && use_bf16_products()) {
-    slot = forward_bf16_slot_floats(C / NH);
-  } else if (storage != DType::kF32) {
-    slot += forward_widen_floats(T, C / NH);
-  }
+  if (storage != DType::kF32) slot += forward_widen_floats(T, C / NH);
   return static_cast<size_t>(slots) * slot;
 }
 
@@ -896,26 +920,19 @@ void attention_tiled_forward_dp(bf16_t* out, float* lse, const bf16_t* qkv, int 
   const int HS = C / NH;
   const int64_t C3 = int64_t{3} * C;
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
-  const int nb = num_blocks(T);
   const int BH = B * NH;
-  const int tasks = BH * nb;
-  const int slots = std::min(tasks, kAttentionMaxWorkers);
-  const size_t slot_floats = forward_bf16_slot_floats(HS);
+  const int slots = std::min(BH, kAttentionMaxWorkers);
+  const size_t slot_floats = forward_bf16_slot_floats(T, HS);
 #pragma omp parallel num_threads(workers_for(slots))
   {
     float* slot = scratch + omp_get_thread_num() * slot_floats;
     if constexpr (kAmx) amx_begin();  // the tile configuration is per thread
 #pragma omp for schedule(dynamic, 1)
-    for (int task = 0; task < tasks; ++task) {
-      const int ib = nb - 1 - task / BH;
-      const int bh = task % BH;
+    for (int bh = 0; bh < BH; ++bh) {
       const int b = bh / NH, h = bh % NH;
-      const int64_t i0 = int64_t{ib} * kB;
-      const int nq = std::min<int64_t>(kB, T - i0);
       const bf16_t* base = qkv + int64_t{b} * T * C3 + int64_t{h} * HS;
-      forward_block_bf16<kAmx>(out + (int64_t{b} * T + i0) * C + int64_t{h} * HS,
-                               lse + int64_t{bh} * T + i0, base + i0 * C3, base + C, base + 2 * C,
-                               C3, C, HS, ib, nq, scale, slot);
+      forward_head_bf16<kAmx>(out + int64_t{b} * T * C + int64_t{h} * HS, lse + int64_t{bh} * T,
+                              base, base + C, base + 2 * C, C3, C, T, HS, scale, slot);
     }
     if constexpr (kAmx) amx_end();
   }
