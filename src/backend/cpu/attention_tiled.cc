@@ -12,7 +12,10 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <stdexcept>
+#include <string>
 
 #include "backend/cpu/bf16.h"
 #include "backend/cpu/fast_math.h"
@@ -293,7 +296,19 @@ void narrow(T* dst, int64_t ld_dst, const float* src, int64_t ld_src, int64_t ro
 // 32-bit pair (broadcast). B: "pair-interleaved", Bv[p][n] = (B[2p][n], B[2p+1][n]) as one
 // uint32, so one 512-bit load holds 16 columns x 2 k. Head sizes are padded to HSp, a multiple
 // of 32, and blocks to 64 rows, with zeros, so every product is whole vectors and whole pairs.
-std::atomic<int> g_bf16_kernel{static_cast<int>(AttentionBf16Kernel::kAuto)};
+//
+// The kernel asked for: HEADROOM_BF16_ATTENTION (auto, amx, avx512bf16 or widen; read once, for
+// measuring one against another in whole training steps), then set_attention_bf16_kernel.
+AttentionBf16Kernel kernel_from_env() {
+  const char* v = std::getenv("HEADROOM_BF16_ATTENTION");
+  if (v == nullptr || *v == '\0' || std::strcmp(v, "auto") == 0) return AttentionBf16Kernel::kAuto;
+  if (std::strcmp(v, "amx") == 0) return AttentionBf16Kernel::kAmx;
+  if (std::strcmp(v, "avx512bf16") == 0) return AttentionBf16Kernel::kAvx512Bf16;
+  if (std::strcmp(v, "widen") == 0) return AttentionBf16Kernel::kWidenFp32;
+  throw std::invalid_argument(std::string("HEADROOM_BF16_ATTENTION=") + v +
+                              ": expected auto, amx, avx512bf16 or widen");
+}
+std::atomic<int> g_bf16_kernel{-1};  // -1: not yet read from the environment
 
 bool cpu_has_avx512bf16() {
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -330,8 +345,13 @@ bool amx_usable() {
 // The kernel that bf16 storage runs now: the one asked for, or the next one down that the CPU
 // has (AMX, then AVX512-BF16, then the fp32 kernels on widened copies).
 AttentionBf16Kernel resolved_kernel() {
-  const auto asked =
-      static_cast<AttentionBf16Kernel>(g_bf16_kernel.load(std::memory_order_relaxed));
+  int k = g_bf16_kernel.load(std::memory_order_relaxed);
+  if (k < 0) {
+    const int from_env = static_cast<int>(kernel_from_env());
+    g_bf16_kernel.compare_exchange_strong(k, from_env, std::memory_order_relaxed);
+    k = g_bf16_kernel.load(std::memory_order_relaxed);
+  }
+  const auto asked = static_cast<AttentionBf16Kernel>(k);
   if ((asked == AttentionBf16Kernel::kAuto || asked == AttentionBf16Kernel::kAmx) && amx_usable()) {
     return AttentionBf16Kernel::kAmx;
   }

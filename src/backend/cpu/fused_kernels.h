@@ -68,8 +68,10 @@ enum class AttentionBf16Kernel {
   kAvx512Bf16,  // AVX512-BF16 vectors (vdpbf16ps)
   kWidenFp32,   // widen to fp32 and run the fp32 kernels, on any CPU
 };
-// Process-wide switch for tests and benchmarks (default kAuto); a kernel the CPU lacks falls
-// back to the next one down the list. Scratch must be sized after it is set.
+// Process-wide switch for tests and benchmarks; a kernel the CPU lacks falls back to the next
+// one down the list. Scratch must be sized after it is set. The default is kAuto, or what the
+// environment variable HEADROOM_BF16_ATTENTION says (auto, amx, avx512bf16 or widen; anything
+// else throws std::invalid_argument), read once, to compare kernels in whole training steps.
 void set_attention_bf16_kernel(AttentionBf16Kernel kernel);
 // The kernel bf16 storage runs now (never kAuto).
 AttentionBf16Kernel attention_bf16_kernel();
