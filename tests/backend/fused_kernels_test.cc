@@ -173,7 +173,8 @@ TEST(AttentionTiled, ScratchDependsOnShapesOnly) {
 // ---- tiled attention with bf16 storage: the bf16 tile products ------------------------------
 // The AMX and AVX512-BF16 kernels against the fp32 kernel on the same (bf16-representable)
 // inputs, and against the bf16 fallback (fp32 on widened copies). A test of a kernel this CPU
-// lacks is skipped (the switch falls back, which FallbackIsSelectable checks).
+// lacks is skipped (the switch falls back, which FallbackIsSelectable checks). Heads narrower
+// than 32 take the fallback on every CPU (checked too).
 
 using VecB = std::vector<bf16_t>;
 
@@ -266,6 +267,12 @@ void check_bf16_kernel(AttentionBf16Kernel kernel, const AttnShape& s) {
   expect_close(from_bf(fast.out), from_bf(widened.out), 2 * kBf16OutAtol, 0.0, "vs fallback out");
   expect_close(from_bf(fast.dqkv), from_bf(widened.dqkv), 2 * kBf16DqkvAtol, 0.0,
                "vs fallback dqkv");
+  if (s.C / s.NH < 32) {  // narrow heads take the fallback
+    EXPECT_EQ(from_bf(fast.out), from_bf(widened.out));
+    EXPECT_EQ(from_bf(fast.dqkv), from_bf(widened.dqkv));
+  } else {  // the bf16 products round P: not the fallback's result
+    EXPECT_NE(from_bf(fast.out), from_bf(widened.out));
+  }
 }
 
 class AttentionTiledBf16 : public ::testing::TestWithParam<AttentionBf16Kernel> {
@@ -280,7 +287,8 @@ TEST_P(AttentionTiledBf16, MatchesFp32) {
   for (const AttnShape s : {AttnShape{1, 1, 8, 1},       // one token, HS = 8
                             AttnShape{2, 7, 24, 3},      // HS = 8, one partial block
                             AttnShape{2, 65, 48, 3},     // HS = 16, partial second block
-                            AttnShape{1, 100, 80, 4},    // HS = 20: not a multiple of 16 or 32
+                            AttnShape{1, 100, 80, 4},    // HS = 20: the fallback (HS < 32)
+                            AttnShape{1, 100, 96, 2},    // HS = 48: padded to 64
                             AttnShape{1, 130, 128, 2},   // HS = 64 (GPT-2), T = 2 * 64 + 2
                             AttnShape{1, 300, 256, 4},   // HS = 64, five blocks
                             AttnShape{1, 130, 144, 1},   // HS = 144: padded to 160
@@ -327,15 +335,18 @@ TEST(AttentionTiledBf16Kernel, FallbackIsSelectableAndScratchFollowsTheKernel) {
   EXPECT_NE(attention_bf16_kernel(), AttentionBf16Kernel::kAuto);
   if (attention_bf16_kernel() == AttentionBf16Kernel::kWidenFp32) GTEST_SKIP() << "no bf16 kernel";
   // HS = 64, one slot per head (at most 64): forward 1.5 Tp x HSp for the head's keys and
-  // values, q [64, 64] bf16, s, p (bf16), o and l; backward 7.5 Tp x HSp for the head's operands
-  // and accumulators, Tp for D, and the tile's s, dP, P, dS.
+  // values, q [64, 64] bf16, s, p (bf16), o and l; backward 6.5 Tp x HSp for the head's operands
+  // and accumulators, Tp for D, and the tile's s and dP (P and dS in place) and dS rows (bf16).
   EXPECT_EQ(attention_tiled_scratch_floats(8, 256, 768, 12, DType::kBF16),
             size_t{64} * (3 * 256 * 64 / 2 + 64 * 64 / 2 + 64 * 64 + 64 * 64 / 2 + 64 * 64 + 64));
   EXPECT_EQ(attention_tiled_backward_scratch_floats(8, 256, 768, 12, DType::kBF16),
-            size_t{64} * (15 * 256 * 64 / 2 + 256 + 2 * 64 * 64 + 3 * 64 * 64 / 2));
-  // HS = 20 is padded to 32, T = 100 to 128; B * NH = 4 slots.
+            size_t{64} * (13 * 256 * 64 / 2 + 256 + 2 * 64 * 64 + 64 * 64 / 2));
+  // HS = 48 is padded to 64, T = 100 to 128; B * NH = 2 slots.
+  EXPECT_EQ(attention_tiled_backward_scratch_floats(1, 100, 96, 2, DType::kBF16),
+            size_t{2} * (13 * 128 * 64 / 2 + 128 + 2 * 64 * 64 + 64 * 64 / 2));
+  // Heads narrower than 32 take the fallback, scratch included.
   EXPECT_EQ(attention_tiled_backward_scratch_floats(1, 100, 80, 4, DType::kBF16),
-            size_t{4} * (15 * 128 * 32 / 2 + 128 + 2 * 64 * 64 + 3 * 64 * 64 / 2));
+            size_t{4} * (2 * 20 * 64 + 2 * 64 * 64 + 64 + 100 * 8 * 20));
 }
 
 // ---- fused LM head + cross-entropy ----------------------------------------------------------

@@ -376,12 +376,12 @@ size_t forward_bf16_slot_floats(int T, int HS) {
 
 size_t backward_bf16_slot_floats(int T, int HS) {
   const size_t HSp = padded_head(HS), Tp = size_t{1} * num_blocks(T) * kB;
-  // per head: q, k, v, dout rows [Tp, HSp] bf16; q^T, dout^T per block [HSp, 64] bf16; k^T and
-  // v^T pairs [HSp/2, 64] and k pairs [32, HSp] per block (u32); dq [Tp, HSp], dk^T and dv^T
-  // [HSp, Tp] fp32; D [Tp]. Per tile: s, dp [64, 64] fp32; p and ds pairs [32, 64] u32, ds rows
-  // [64, 64] bf16.
-  const size_t head = 4 * Tp * HSp / 2 + 2 * Tp * HSp / 2 + 3 * Tp * HSp / 2 + 3 * Tp * HSp + Tp;
-  const size_t tile = 2 * kB * kB + 3 * kB * kB / 2;
+  // per head: q, dout rows [Tp, HSp] bf16; q^T, dout^T per block [HSp, 64] bf16; k^T and v^T
+  // pairs [HSp/2, 64] and k pairs [32, HSp] per block (u32); dq [Tp, HSp], dk^T and dv^T
+  // [HSp, Tp] fp32 (k and v rows staged there first); D [Tp]. Per tile: s, dp [64, 64] fp32
+  // (then P and dS as pairs, in place); dS rows [64, 64] bf16.
+  const size_t head = 2 * Tp * HSp / 2 + 2 * Tp * HSp / 2 + 3 * Tp * HSp / 2 + 3 * Tp * HSp + Tp;
+  const size_t tile = 2 * kB * kB + kB * kB / 2;
   return head + tile;
 }
 
@@ -738,9 +738,7 @@ HR_BF16_TARGET void backward_head_bf16(bf16_t* dq, bf16_t* dk, bf16_t* dv, const
   const int HSp = padded_head(HS), nb = num_blocks(T), Tp = nb * kB;
   const int64_t TH = int64_t{Tp} * HSp;
   auto* qh = reinterpret_cast<bf16_t*>(slot);  // [Tp, HSp] each
-  bf16_t* kh = qh + TH;
-  bf16_t* vh = kh + TH;
-  bf16_t* dyh = vh + TH;
+  bf16_t* dyh = qh + TH;
   bf16_t* qT = dyh + TH;  // per block [HSp, 64]
   bf16_t* dyT = qT + TH;
   auto* kt = reinterpret_cast<uint32_t*>(dyT + TH);  // per block [HSp/2, 64]
@@ -752,9 +750,14 @@ HR_BF16_TARGET void backward_head_bf16(bf16_t* dq, bf16_t* dk, bf16_t* dv, const
   float* D = dVT + TH;  // [Tp]
   float* s = D + Tp;    // [64, 64]
   float* dp = s + kB * kB;
-  auto* p2 = reinterpret_cast<uint32_t*>(dp + kB * kB);  // [32, 64]
-  uint32_t* ds2 = p2 + kB * kB / 2;
-  auto* dsr = reinterpret_cast<bf16_t*>(ds2 + kB * kB / 2);  // [64, 64]
+  auto* dsr = reinterpret_cast<bf16_t*>(dp + kB * kB);  // [64, 64]
+  // P and dS as pairs of query rows ([32, 64] u32) overwrite s and dP in place: pair row r/2
+  // lands on floats [32 r, 32 r + 64) of s, rows already read (row 0: the lanes just loaded).
+  auto* p2 = reinterpret_cast<uint32_t*>(s);
+  auto* ds2 = reinterpret_cast<uint32_t*>(dp);
+  // k and v rows [Tp, HSp] bf16 staged in dK^T's place until the accumulators are zeroed.
+  auto* kh = reinterpret_cast<bf16_t*>(dKT);
+  bf16_t* vh = kh + TH;
 
   copy_rows_padded(qh, HSp, q, C3, T, Tp, HS);
   copy_rows_padded(kh, HSp, k, C3, T, Tp, HS);
@@ -833,12 +836,18 @@ HR_BF16_TARGET void backward_head_bf16(bf16_t* dq, bf16_t* dk, bf16_t* dv, const
 #pragma GCC diagnostic pop
 #endif  // x86-64
 
-bool use_bf16_products() { return resolved_kernel() != AttentionBf16Kernel::kWidenFp32; }
+// Heads narrower than 32 take the fallback: the bf16 layouts pad HS to 32 (AMX's 32-element
+// rows), which for HS = 16 doubles the product work and makes the scratch larger than the
+// fallback's.
+constexpr int kMinTileHead = 32;
+bool use_bf16_products(int HS) {
+  return HS >= kMinTileHead && resolved_kernel() != AttentionBf16Kernel::kWidenFp32;
+}
 
 }  // namespace
 
 size_t attention_tiled_scratch_floats(int B, int T, int C, int NH, DType storage) {
-  if (storage == DType::kBF16 && use_bf16_products()) {  // tasks are heads
+  if (storage == DType::kBF16 && use_bf16_products(C / NH)) {  // tasks are heads
     const int64_t slots = std::min<int64_t>(int64_t{B} * NH, kAttentionMaxWorkers);
     return static_cast<size_t>(slots) * forward_bf16_slot_floats(T, C / NH);
   }
@@ -852,7 +861,7 @@ size_t attention_tiled_scratch_floats(int B, int T, int C, int NH, DType storage
 size_t attention_tiled_backward_scratch_floats(int B, int T, int C, int NH, DType storage) {
   const int64_t slots = std::min<int64_t>(int64_t{B} * NH, kAttentionMaxWorkers);
   size_t slot = backward_slot_floats(C / NH);
-  if (storage == DType::kBF16 && use_bf16_products()) {
+  if (storage == DType::kBF16 && use_bf16_products(C / NH)) {
     slot = backward_bf16_slot_floats(T, C / NH);
   } else if (storage != DType::kF32) {
     slot += backward_widen_floats(T, C / NH);
@@ -1000,7 +1009,7 @@ void attention_tiled_forward(bf16_t* out, float* lse, const bf16_t* qkv, int B, 
                              int NH, float* scratch) {
 #if defined(__x86_64__) && defined(__GNUC__)
   const AttentionBf16Kernel kernel = resolved_kernel();
-  if (kernel != AttentionBf16Kernel::kWidenFp32) {
+  if (NH > 0 && C % NH == 0 && use_bf16_products(C / NH)) {
     HR_CHECK(NH > 0 && C % NH == 0 && T >= 1);
     if (kernel == AttentionBf16Kernel::kAmx) {
       attention_tiled_forward_dp<true>(out, lse, qkv, B, T, C, NH, scratch);
@@ -1017,7 +1026,7 @@ void attention_tiled_backward(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qk
                               float* scratch) {
 #if defined(__x86_64__) && defined(__GNUC__)
   const AttentionBf16Kernel kernel = resolved_kernel();
-  if (kernel != AttentionBf16Kernel::kWidenFp32) {
+  if (NH > 0 && C % NH == 0 && use_bf16_products(C / NH)) {
     HR_CHECK(NH > 0 && C % NH == 0 && T >= 1);
     if (kernel == AttentionBf16Kernel::kAmx) {
       attention_tiled_backward_dp<true>(dqkv, dout, qkv, out, lse, B, T, C, NH, scratch);

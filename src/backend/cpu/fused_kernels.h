@@ -43,7 +43,7 @@ size_t attention_tiled_scratch_floats(int B, int T, int C, int NH, DType storage
 void attention_tiled_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
                               const float* lse, int B, int T, int C, int NH, float* scratch);
 // min(B*NH, 64) slots of 2*HS*64 + 2*64*64 + 64 floats (HS = 64: 66 KB a slot); with bf16
-// storage, for the bf16 tile products 7.5*Tp*HSp + Tp + 14336 floats (Tp = T rounded up to 64),
+// storage, for the bf16 tile products 6.5*Tp*HSp + Tp + 10240 floats (Tp = T rounded up to 64),
 // for the fp32 fallback the fp32 slot plus fp32 copies of the head's rows (T*8*HS floats).
 size_t attention_tiled_backward_scratch_floats(int B, int T, int C, int NH,
                                                DType storage = DType::kF32);
@@ -59,7 +59,8 @@ void attention_tiled_backward(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qk
 // On a CPU with AMX-BF16 or AVX512-BF16 (checked at run time; AMX also needs the kernel's
 // permission, asked for once) the bf16 overloads instead take the tile products in bf16 with
 // fp32 accumulation, as FlashAttention does in bf16: P and dS are rounded to bf16 before their
-// products; scores, softmax and accumulators stay fp32. The scratch sizes above follow the path
+// products; scores, softmax and accumulators stay fp32. Heads narrower than 32 take the
+// fallback on any CPU (the bf16 layouts pad HS to 32). The scratch sizes above follow the path
 // that will run. Results are bit-identical for any thread count on each path; the paths differ by
 // rounding (Note [Tiled attention]).
 enum class AttentionBf16Kernel {
