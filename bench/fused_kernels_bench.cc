@@ -12,11 +12,13 @@
 #include <string>
 #include <vector>
 
+#include "backend/cpu/bf16.h"
 #include "backend/cpu/fused_kernels.h"
 #include "backend/cpu/kernels.h"
 
 namespace {
 
+using namespace headroom;  // NOLINT: bf16_t, DType
 using namespace headroom::cpu;
 using Clock = std::chrono::steady_clock;
 
@@ -98,6 +100,85 @@ void BM_Attention(benchmark::State& state) {
       std::max(fscratch_t.size(), bscratch_t.size()) * 4.0 / (1 << 20);
 }
 
+// ---- attention with bf16 storage: bf16 tile products vs the fp32 fallback -------------------
+// Args: B, T, C, NH. Each iteration runs, forward and backward, the fp32 tiled kernel on fp32
+// data, the bf16 fallback (bf16 rows widened to fp32, the fp32 kernel: the bf16 path before the
+// bf16 tile products) and the kernel kAuto picks on this CPU (AMX-BF16, else AVX512-BF16), all
+// on the same values. FLOPs as BM_Attention.
+void BM_AttentionBf16(benchmark::State& state) {
+  const int B = state.range(0), T = state.range(1), C = state.range(2), NH = state.range(3);
+  const int HS = C / NH;
+  const size_t nqkv = size_t{3} * B * T * C, nout = size_t{1} * B * T * C;
+  std::vector<float> qkv = rand_vec(nqkv, 1), dout = rand_vec(nout, 2, -0.01f, 0.01f);
+  std::vector<bf16_t> qkvb(nqkv), doutb(nout);
+  for (size_t i = 0; i < nqkv; ++i) qkv[i] = to_f32(qkvb[i] = from_f32<bf16_t>(qkv[i]));
+  for (size_t i = 0; i < nout; ++i) dout[i] = to_f32(doutb[i] = from_f32<bf16_t>(dout[i]));
+  std::vector<float> out(nout), dqkv(nqkv), lse(size_t{1} * B * NH * T), lse_w(lse.size()),
+      lse_n(lse.size());
+  std::vector<bf16_t> out_w(nout), dqkv_w(nqkv), out_n(nout), dqkv_n(nqkv);
+  std::vector<float> fs(attention_tiled_scratch_floats(B, T, C, NH));
+  std::vector<float> bs(attention_tiled_backward_scratch_floats(B, T, C, NH));
+  set_attention_bf16_kernel(AttentionBf16Kernel::kWidenFp32);
+  std::vector<float> fs_w(attention_tiled_scratch_floats(B, T, C, NH, DType::kBF16));
+  std::vector<float> bs_w(attention_tiled_backward_scratch_floats(B, T, C, NH, DType::kBF16));
+  set_attention_bf16_kernel(AttentionBf16Kernel::kAuto);
+  const AttentionBf16Kernel kernel = attention_bf16_kernel();
+  std::vector<float> fs_n(attention_tiled_scratch_floats(B, T, C, NH, DType::kBF16));
+  std::vector<float> bs_n(attention_tiled_backward_scratch_floats(B, T, C, NH, DType::kBF16));
+
+  double f32f = 0, f32b = 0, wf = 0, wb = 0, nf = 0, nb = 0;
+  for (auto _ : state) {
+    f32f += seconds([&] {
+      attention_tiled_forward(out.data(), lse.data(), qkv.data(), B, T, C, NH, fs.data());
+    });
+    f32b += seconds([&] {
+      attention_tiled_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), B, T,
+                               C, NH, bs.data());
+    });
+    set_attention_bf16_kernel(AttentionBf16Kernel::kWidenFp32);
+    wf += seconds([&] {
+      attention_tiled_forward(out_w.data(), lse_w.data(), qkvb.data(), B, T, C, NH, fs_w.data());
+    });
+    wb += seconds([&] {
+      attention_tiled_backward(dqkv_w.data(), doutb.data(), qkvb.data(), out_w.data(), lse_w.data(),
+                               B, T, C, NH, bs_w.data());
+    });
+    set_attention_bf16_kernel(AttentionBf16Kernel::kAuto);
+    nf += seconds([&] {
+      attention_tiled_forward(out_n.data(), lse_n.data(), qkvb.data(), B, T, C, NH, fs_n.data());
+    });
+    nb += seconds([&] {
+      attention_tiled_backward(dqkv_n.data(), doutb.data(), qkvb.data(), out_n.data(), lse_n.data(),
+                               B, T, C, NH, bs_n.data());
+    });
+    benchmark::ClobberMemory();
+  }
+  // A wrong kernel fails the benchmark (tolerances: tests/backend/fused_kernels_test.cc).
+  double eo = 0, ed = 0;
+  for (size_t i = 0; i < nout; ++i) eo = std::max(eo, std::abs(double{to_f32(out_n[i])} - out[i]));
+  for (size_t i = 0; i < nqkv; ++i) {
+    ed = std::max(ed, std::abs(double{to_f32(dqkv_n[i])} - dqkv[i]));
+  }
+  if (!(eo < 1.0 / 128 && ed < 1.0 / 32)) {
+    state.SkipWithError(
+        ("bf16 != fp32: out " + std::to_string(eo) + ", dqkv " + std::to_string(ed)).c_str());
+    return;
+  }
+  const double n = static_cast<double>(state.iterations());
+  const double pairs = double{1} * B * NH * T * (T + 1) / 2;
+  state.SetLabel(kernel == AttentionBf16Kernel::kAmx          ? "amx"
+                 : kernel == AttentionBf16Kernel::kAvx512Bf16 ? "avx512bf16"
+                                                              : "fallback only");
+  state.counters["fp32_ms"] = 1e3 * (f32f + f32b) / n;
+  state.counters["bf16_old_ms"] = 1e3 * (wf + wb) / n;
+  state.counters["bf16_new_fwd_ms"] = 1e3 * nf / n;
+  state.counters["bf16_new_bwd_ms"] = 1e3 * nb / n;
+  state.counters["bf16_new_ms"] = 1e3 * (nf + nb) / n;
+  state.counters["new/old"] = (nf + nb) / (wf + wb);
+  state.counters["new/fp32"] = (nf + nb) / (f32f + f32b);
+  state.counters["new_GFLOP/s"] = pairs * 12 * HS * n / (nf + nb) * 1e-9;
+}
+
 // ---- LM head + cross-entropy: chunked vs unfused ---------------------------------------------
 // Args: N, C, V, chunk. Each iteration runs forward + backward three ways: unfused (full N x V
 // logits, matmul + cross_entropy), fused (forward, then backward with the recompute) and fused
@@ -164,6 +245,14 @@ void BM_LmHead(benchmark::State& state) {
 
 BENCHMARK(BM_Attention)
     ->Name("attention/tiled_vs_plain")
+    ->ArgNames({"B", "T", "C", "NH"})
+    ->Args({8, 256, 768, 12})
+    ->Args({2, 1024, 768, 12})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
+BENCHMARK(BM_AttentionBf16)
+    ->Name("attention/bf16_tiles_vs_widened")
     ->ArgNames({"B", "T", "C", "NH"})
     ->Args({8, 256, 768, 12})
     ->Args({2, 1024, 768, 12})

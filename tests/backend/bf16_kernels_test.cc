@@ -185,9 +185,17 @@ struct AttnShape {
   int B, T, C, NH;
 };
 
+// The fallback bf16 attention (fp32 kernels on widened copies), forced on any CPU: the bf16
+// tile-product kernels are tested in fused_kernels_test.cc.
+struct WidenedAttention {
+  WidenedAttention() { set_attention_bf16_kernel(AttentionBf16Kernel::kWidenFp32); }
+  ~WidenedAttention() { set_attention_bf16_kernel(AttentionBf16Kernel::kAuto); }
+};
+
 void check_attention(AttnShape s) {
   SCOPED_TRACE(::testing::Message()
                << "B=" << s.B << " T=" << s.T << " C=" << s.C << " NH=" << s.NH);
+  const WidenedAttention widened;
   const size_t n3 = size_t(s.B) * s.T * 3 * s.C, n1 = size_t(s.B) * s.T * s.C;
   VecF qkv = bf_rand(n3, 20, -2, 2);
   VecB qkvb = to_bf(qkv);
@@ -220,6 +228,7 @@ TEST(Bf16, AttentionTiledSmall) { check_attention({2, 7, 24, 3}); }
 TEST(Bf16, AttentionTiledPartialBlocks) { check_attention({1, 130, 128, 2}); }
 
 TEST(Bf16, AttentionTiledThreadCountInvariant) {
+  const WidenedAttention widened;
   const AttnShape s{2, 70, 64, 2};
   const size_t n3 = size_t(s.B) * s.T * 3 * s.C, n1 = size_t(s.B) * s.T * s.C;
   VecB qkv = to_bf(rand_vec(n3, 22)), dout = to_bf(rand_vec(n1, 23));

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cpu/bf16.h"
 #include "backend/cpu/kernels.h"
 #include "kernel_test_util.h"
 
@@ -167,6 +168,187 @@ TEST(AttentionTiled, ScratchDependsOnShapesOnly) {
   EXPECT_EQ(attention_tiled_scratch_floats(1, 7, 24, 3), size_t{3} * (8 * 64 + 64 * 64 + 64));
   EXPECT_EQ(attention_tiled_backward_scratch_floats(1, 7, 24, 3),
             size_t{3} * (2 * 8 * 64 + 2 * 64 * 64 + 64));
+}
+
+// ---- tiled attention with bf16 storage: the bf16 tile products ------------------------------
+// The AMX and AVX512-BF16 kernels against the fp32 kernel on the same (bf16-representable)
+// inputs, and against the bf16 fallback (fp32 on widened copies). A test of a kernel this CPU
+// lacks is skipped (the switch falls back, which FallbackIsSelectable checks). Heads narrower
+// than 32 take the fallback on every CPU (checked too).
+
+using VecB = std::vector<bf16_t>;
+
+VecB to_bf(const VecF& v) {
+  VecB out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = from_f32<bf16_t>(v[i]);
+  return out;
+}
+VecF from_bf(const VecB& v) {
+  VecF out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = to_f32(v[i]);
+  return out;
+}
+
+// Sets the bf16 attention kernel for a scope, and back to kAuto after.
+struct Bf16KernelScope {
+  explicit Bf16KernelScope(AttentionBf16Kernel k) { set_attention_bf16_kernel(k); }
+  ~Bf16KernelScope() { set_attention_bf16_kernel(AttentionBf16Kernel::kAuto); }
+  Bf16KernelScope(const Bf16KernelScope&) = delete;
+  Bf16KernelScope& operator=(const Bf16KernelScope&) = delete;
+};
+
+struct Bf16Result {
+  VecB out, dqkv;
+  VecF lse;
+};
+
+// Forward and backward with bf16 storage under the kernel now selected. The scratch is sized by
+// the functions the planner uses, filled with NaN, and followed by a guard that must survive.
+Bf16Result run_tiled_bf16(const AttnShape& s, const VecB& qkv, const VecB& dout) {
+  Bf16Result r;
+  r.out.assign(size_t{1} * s.B * s.T * s.C, bf16_t{0x7fc0});
+  r.lse.assign(size_t{1} * s.B * s.NH * s.T, NAN);
+  r.dqkv.assign(size_t{3} * s.B * s.T * s.C, bf16_t{0x7fc0});
+  constexpr size_t kGuard = 64;
+  const size_t nf = attention_tiled_scratch_floats(s.B, s.T, s.C, s.NH, DType::kBF16);
+  const size_t nb = attention_tiled_backward_scratch_floats(s.B, s.T, s.C, s.NH, DType::kBF16);
+  VecF fs(nf + kGuard, NAN), bs(nb + kGuard, NAN);
+  std::fill(fs.begin() + nf, fs.end(), 12345.0f);
+  std::fill(bs.begin() + nb, bs.end(), 12345.0f);
+  attention_tiled_forward(r.out.data(), r.lse.data(), qkv.data(), s.B, s.T, s.C, s.NH, fs.data());
+  attention_tiled_backward(r.dqkv.data(), dout.data(), qkv.data(), r.out.data(), r.lse.data(), s.B,
+                           s.T, s.C, s.NH, bs.data());
+  for (size_t i = nf; i < fs.size(); ++i) EXPECT_EQ(fs[i], 12345.0f) << "forward scratch overrun";
+  for (size_t i = nb; i < bs.size(); ++i) EXPECT_EQ(bs[i], 12345.0f) << "backward scratch overrun";
+  return r;
+}
+
+// Tolerances, inputs in [-2, 2] (so |v| <= 2 and |out| <= 2). The forward rounds P to bf16
+// before P v (relative 2^-9 per weight; the weights sum to 1, so |d out| <= 2^-9 max|v|) and out
+// once when stored (2^-9 relative): atol 2^-7 covers both with a margin (measured worst 5.4e-3).
+// lse comes from fp32 scores of exact bf16 products and the fp32 probabilities: as accurate as
+// the fp32 kernel's. The backward rounds P (for dV) and dS (for dK, dQ) to bf16 and dqkv once
+// when stored; dqkv's entries reach ~3 here and sum 64-300 terms of either sign: atol 2^-5
+// (measured worst 1.1e-2; the fallback, with one rounding only, 8.5e-3).
+constexpr double kBf16OutAtol = 1.0 / 128;
+constexpr double kBf16DqkvAtol = 1.0 / 32;
+
+void check_bf16_kernel(AttentionBf16Kernel kernel, const AttnShape& s) {
+  SCOPED_TRACE(::testing::Message() << "B=" << s.B << " T=" << s.T << " C=" << s.C << " NH=" << s.NH
+                                    << " kernel=" << static_cast<int>(kernel));
+  const VecF qkv = from_bf(to_bf(rand_vec(size_t{3} * s.B * s.T * s.C, 11, -2.0f, 2.0f)));
+  const VecF dout = from_bf(to_bf(rand_vec(size_t{1} * s.B * s.T * s.C, 12, -1.0f, 1.0f)));
+  const VecB qkvb = to_bf(qkv), doutb = to_bf(dout);
+
+  Bf16Result fast, widened;
+  {
+    Bf16KernelScope scope(kernel);
+    ASSERT_EQ(attention_bf16_kernel(), kernel);
+    fast = run_tiled_bf16(s, qkvb, doutb);
+  }
+  {
+    Bf16KernelScope scope(AttentionBf16Kernel::kWidenFp32);
+    ASSERT_EQ(attention_bf16_kernel(), AttentionBf16Kernel::kWidenFp32);
+    widened = run_tiled_bf16(s, qkvb, doutb);
+  }
+  // The fp32 kernel on the same inputs; its backward on the bf16 output, as the bf16 path sees.
+  const TiledResult ref = run_tiled(s, qkv, dout);
+  expect_close(from_bf(fast.out), ref.out, kBf16OutAtol, 0.0, "bf16 out vs fp32");
+  expect_close(fast.lse, ref.lse, 2e-6, 1e-6, "bf16 lse vs fp32");
+  VecF dqkv_ref(qkv.size());
+  {
+    const VecF out_r = from_bf(fast.out);
+    VecF bs(attention_tiled_backward_scratch_floats(s.B, s.T, s.C, s.NH));
+    attention_tiled_backward(dqkv_ref.data(), dout.data(), qkv.data(), out_r.data(),
+                             fast.lse.data(), s.B, s.T, s.C, s.NH, bs.data());
+  }
+  expect_close(from_bf(fast.dqkv), dqkv_ref, kBf16DqkvAtol, 0.0, "bf16 dqkv vs fp32");
+  // Against the fallback: within the sum of both paths' tolerances.
+  expect_close(from_bf(fast.out), from_bf(widened.out), 2 * kBf16OutAtol, 0.0, "vs fallback out");
+  expect_close(from_bf(fast.dqkv), from_bf(widened.dqkv), 2 * kBf16DqkvAtol, 0.0,
+               "vs fallback dqkv");
+  if (s.C / s.NH < 32) {  // narrow heads take the fallback
+    EXPECT_EQ(from_bf(fast.out), from_bf(widened.out));
+    EXPECT_EQ(from_bf(fast.dqkv), from_bf(widened.dqkv));
+  } else if (s.T >= 64) {  // the bf16 products round P: not the fallback's result (at T = 1,
+                           // P = 1 is exact and the two agree)
+    EXPECT_NE(from_bf(fast.out), from_bf(widened.out));
+  }
+}
+
+class AttentionTiledBf16 : public ::testing::TestWithParam<AttentionBf16Kernel> {
+ protected:
+  void SetUp() override {
+    Bf16KernelScope scope(GetParam());
+    if (attention_bf16_kernel() != GetParam()) GTEST_SKIP() << "this CPU lacks the kernel";
+  }
+};
+
+TEST_P(AttentionTiledBf16, MatchesFp32) {
+  for (const AttnShape s : {AttnShape{1, 1, 8, 1},       // one token, HS = 8
+                            AttnShape{1, 1, 64, 1},      // one token, HS = 64
+                            AttnShape{2, 7, 24, 3},      // HS = 8, one partial block
+                            AttnShape{2, 65, 48, 3},     // HS = 16, partial second block
+                            AttnShape{1, 100, 80, 4},    // HS = 20: the fallback (HS < 32)
+                            AttnShape{1, 100, 96, 2},    // HS = 48: padded to 64
+                            AttnShape{1, 130, 128, 2},   // HS = 64 (GPT-2), T = 2 * 64 + 2
+                            AttnShape{1, 300, 256, 4},   // HS = 64, five blocks
+                            AttnShape{1, 130, 144, 1},   // HS = 144: padded to 160
+                            AttnShape{1, 70, 66, 2}}) {  // HS = 33: odd
+    check_bf16_kernel(GetParam(), s);
+  }
+}
+
+// Every output element is computed by one task in a fixed order on the bf16 kernels too.
+TEST_P(AttentionTiledBf16, ThreadCountInvariant) {
+  const AttnShape s{2, 150, 128, 2};
+  const VecB qkv = to_bf(rand_vec(size_t{3} * s.B * s.T * s.C, 13));
+  const VecB dout = to_bf(rand_vec(size_t{1} * s.B * s.T * s.C, 14));
+  Bf16KernelScope scope(GetParam());
+  Bf16Result one, two, three;
+  with_threads(1, [&] { one = run_tiled_bf16(s, qkv, dout); });
+  with_threads(2, [&] { two = run_tiled_bf16(s, qkv, dout); });
+  with_threads(3, [&] { three = run_tiled_bf16(s, qkv, dout); });
+  EXPECT_EQ(from_bf(one.out), from_bf(two.out));
+  EXPECT_EQ(one.lse, two.lse);
+  EXPECT_EQ(from_bf(one.dqkv), from_bf(two.dqkv));
+  EXPECT_EQ(from_bf(one.out), from_bf(three.out));
+  EXPECT_EQ(from_bf(one.dqkv), from_bf(three.dqkv));
+}
+
+INSTANTIATE_TEST_SUITE_P(Kernels, AttentionTiledBf16,
+                         ::testing::Values(AttentionBf16Kernel::kAmx,
+                                           AttentionBf16Kernel::kAvx512Bf16),
+                         [](const ::testing::TestParamInfo<AttentionBf16Kernel>& info) {
+                           return info.param == AttentionBf16Kernel::kAmx ? "Amx" : "Avx512Bf16";
+                         });
+
+// The switch selects the fallback on any CPU, and the scratch sizes follow the kernel: the fp32
+// slot plus fp32 copies of the head's rows for the fallback, the bf16 layouts otherwise.
+TEST(AttentionTiledBf16Kernel, FallbackIsSelectableAndScratchFollowsTheKernel) {
+  {
+    Bf16KernelScope scope(AttentionBf16Kernel::kWidenFp32);
+    EXPECT_EQ(attention_bf16_kernel(), AttentionBf16Kernel::kWidenFp32);
+    EXPECT_EQ(attention_tiled_scratch_floats(8, 256, 768, 12, DType::kBF16),
+              size_t{64} * (64 * 64 + 64 * 64 + 64 + 256 * 3 * 64 + 64 * 64));
+    EXPECT_EQ(attention_tiled_backward_scratch_floats(8, 256, 768, 12, DType::kBF16),
+              size_t{64} * (2 * 64 * 64 + 2 * 64 * 64 + 64 + 256 * 8 * 64));
+  }
+  EXPECT_NE(attention_bf16_kernel(), AttentionBf16Kernel::kAuto);
+  if (attention_bf16_kernel() == AttentionBf16Kernel::kWidenFp32) GTEST_SKIP() << "no bf16 kernel";
+  // HS = 64, one slot per head (at most 64): forward 1.5 Tp x HSp for the head's keys and
+  // values, q [64, 64] bf16, s, p (bf16), o and l; backward 6.5 Tp x HSp for the head's operands
+  // and accumulators, Tp for D, and the tile's s and dP (P and dS in place) and dS rows (bf16).
+  EXPECT_EQ(attention_tiled_scratch_floats(8, 256, 768, 12, DType::kBF16),
+            size_t{64} * (3 * 256 * 64 / 2 + 64 * 64 / 2 + 64 * 64 + 64 * 64 / 2 + 64 * 64 + 64));
+  EXPECT_EQ(attention_tiled_backward_scratch_floats(8, 256, 768, 12, DType::kBF16),
+            size_t{64} * (13 * 256 * 64 / 2 + 256 + 2 * 64 * 64 + 64 * 64 / 2));
+  // HS = 48 is padded to 64, T = 100 to 128; B * NH = 2 slots.
+  EXPECT_EQ(attention_tiled_backward_scratch_floats(1, 100, 96, 2, DType::kBF16),
+            size_t{2} * (13 * 128 * 64 / 2 + 128 + 2 * 64 * 64 + 64 * 64 / 2));
+  // Heads narrower than 32 take the fallback, scratch included.
+  EXPECT_EQ(attention_tiled_backward_scratch_floats(1, 100, 80, 4, DType::kBF16),
+            size_t{4} * (2 * 20 * 64 + 2 * 64 * 64 + 64 + 100 * 8 * 20));
 }
 
 // ---- fused LM head + cross-entropy ----------------------------------------------------------

@@ -4,10 +4,18 @@
 // docs/notes/fused-kernels.md.
 #include <immintrin.h>
 #include <omp.h>
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <stdexcept>
+#include <string>
 
 #include "backend/cpu/bf16.h"
 #include "backend/cpu/fast_math.h"
@@ -278,10 +286,572 @@ void narrow(T* dst, int64_t ld_dst, const float* src, int64_t ld_src, int64_t ro
   }
 }
 
+// ---- bf16 tile products on AVX512-BF16 ---------------------------------------------------------
+// With bf16 storage on a CPU with AVX512-BF16, the tile products take bf16 operands and
+// accumulate in fp32 (vdpbf16ps: two products and a sum per lane, twice the fp32 FMA rate), as
+// FlashAttention does in bf16: q, k, v and dout are bf16 already; P and dS are rounded to bf16
+// before their products; scores, the softmax, and every accumulator stay fp32.
+//
+// Operand layouts. A: bf16 rows with the summed index contiguous, read two at a time as one
+// 32-bit pair (broadcast). B: "pair-interleaved", Bv[p][n] = (B[2p][n], B[2p+1][n]) as one
+// uint32, so one 512-bit load holds 16 columns x 2 k. Head sizes are padded to HSp, a multiple
+// of 32, and blocks to 64 rows, with zeros, so every product is whole vectors and whole pairs.
+//
+// The kernel asked for: HEADROOM_BF16_ATTENTION (auto, amx, avx512bf16 or widen; read once, for
+// measuring one against another in whole training steps), then set_attention_bf16_kernel.
+AttentionBf16Kernel kernel_from_env() {
+  const char* v = std::getenv("HEADROOM_BF16_ATTENTION");
+  if (v == nullptr || *v == '\0' || std::strcmp(v, "auto") == 0) return AttentionBf16Kernel::kAuto;
+  if (std::strcmp(v, "amx") == 0) return AttentionBf16Kernel::kAmx;
+  if (std::strcmp(v, "avx512bf16") == 0) return AttentionBf16Kernel::kAvx512Bf16;
+  if (std::strcmp(v, "widen") == 0) return AttentionBf16Kernel::kWidenFp32;
+  throw std::invalid_argument(std::string("HEADROOM_BF16_ATTENTION=") + v +
+                              ": expected auto, amx, avx512bf16 or widen");
+}
+std::atomic<int> g_bf16_kernel{-1};  // -1: not yet read from the environment
+
+bool cpu_has_avx512bf16() {
+#if defined(__x86_64__) && defined(__GNUC__)
+  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                          __builtin_cpu_supports("avx512vl") &&
+                          __builtin_cpu_supports("avx512dq") &&
+                          __builtin_cpu_supports("avx512bf16");
+  return has;
+#else
+  return false;
+#endif
+}
+
+// AMX-BF16 in the CPU, and the kernel's permission to use its tile data (Linux 5.16+ keeps it
+// off until the process asks with arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA), as
+// oneDNN also does; asked once, and a refusal means no AMX).
+bool amx_usable() {
+#if defined(__x86_64__) && defined(__GNUC__) && defined(__linux__)
+  static const bool ok = [] {
+    if (!cpu_has_avx512bf16() || !__builtin_cpu_supports("amx-tile") ||
+        !__builtin_cpu_supports("amx-bf16")) {
+      return false;
+    }
+    constexpr long kArchReqXcompPerm = 0x1023;
+    constexpr long kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return ok;
+#else
+  return false;
+#endif
+}
+
+// The kernel that bf16 storage runs now: the one asked for, or the next one down that the CPU
+// has (AMX, then AVX512-BF16, then the fp32 kernels on widened copies).
+AttentionBf16Kernel resolved_kernel() {
+  int k = g_bf16_kernel.load(std::memory_order_relaxed);
+  if (k < 0) {
+    const int from_env = static_cast<int>(kernel_from_env());
+    g_bf16_kernel.compare_exchange_strong(k, from_env, std::memory_order_relaxed);
+    k = g_bf16_kernel.load(std::memory_order_relaxed);
+  }
+  const auto asked = static_cast<AttentionBf16Kernel>(k);
+  if ((asked == AttentionBf16Kernel::kAuto || asked == AttentionBf16Kernel::kAmx) && amx_usable()) {
+    return AttentionBf16Kernel::kAmx;
+  }
+  if (asked != AttentionBf16Kernel::kWidenFp32 && cpu_has_avx512bf16()) {
+    return AttentionBf16Kernel::kAvx512Bf16;
+  }
+  return AttentionBf16Kernel::kWidenFp32;
+}
+
+inline int padded_head(int HS) { return (HS + 31) / 32 * 32; }
+inline uint32_t pair_bits(bf16_t lo, bf16_t hi) {
+  return uint32_t(lo.bits) | uint32_t(hi.bits) << 16;
+}
+
+size_t forward_bf16_slot_floats(int T, int HS) {
+  const size_t HSp = padded_head(HS), Tp = size_t{1} * num_blocks(T) * kB;
+  // per head: k, then v, rows [Tp, HSp] bf16; k^T pairs [HSp/2, 64] and v pairs [32, HSp] per
+  // block (u32); per query block: q [64, HSp] bf16, s [64, 64], p [64, 64] bf16, o [64, HSp],
+  // l [64].
+  return 3 * Tp * HSp / 2 + HSp * kB / 2 + kB * kB + kB * kB / 2 + HSp * kB + kB;
+}
+
+size_t backward_bf16_slot_floats(int T, int HS) {
+  const size_t HSp = padded_head(HS), Tp = size_t{1} * num_blocks(T) * kB;
+  // per head: q, dout rows [Tp, HSp] bf16; q^T, dout^T per block [HSp, 64] bf16; k^T and v^T
+  // pairs [HSp/2, 64] and k pairs [32, HSp] per block (u32); dq [Tp, HSp], dk^T and dv^T
+  // [HSp, Tp] fp32 (k and v rows staged there first); D [Tp]. Per tile: s, dp [64, 64] fp32
+  // (then P and dS as pairs, in place); dS rows [64, 64] bf16.
+  const size_t head = 2 * Tp * HSp / 2 + 2 * Tp * HSp / 2 + 3 * Tp * HSp / 2 + 3 * Tp * HSp + Tp;
+  const size_t tile = 2 * kB * kB + kB * kB / 2;
+  return head + tile;
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+// GCC 12 warns of its own intrinsics' undefined vectors (-Wmaybe-uninitialized) when they are
+// inlined into functions with a target attribute: a false positive.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#define HR_BF16_TARGET \
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,amx-tile,amx-bf16")))
+
+// C[r, 0:16*NV] (+)= sum_p A32[r*lda + p] . Bv[p*ldb + 0:16*NV] for r < R (A32: A as pairs).
+template <int R, int NV>
+HR_BF16_TARGET inline void dp_tile(int P, const uint32_t* A, int64_t lda, const uint32_t* B,
+                                   int64_t ldb, float* C, int64_t ldc, bool acc) {
+  __m512 c[R][NV];
+  for (int r = 0; r < R; ++r) {
+    for (int v = 0; v < NV; ++v) {
+      c[r][v] = acc ? _mm512_loadu_ps(C + r * ldc + v * 16) : _mm512_setzero_ps();
+    }
+  }
+  for (int p = 0; p < P; ++p) {
+    __m512bh b[NV];
+    for (int v = 0; v < NV; ++v) b[v] = (__m512bh)_mm512_loadu_si512(B + p * ldb + v * 16);
+    for (int r = 0; r < R; ++r) {
+      const __m512bh a = (__m512bh)_mm512_set1_epi32(static_cast<int>(A[r * lda + p]));
+      for (int v = 0; v < NV; ++v) c[r][v] = _mm512_dpbf16_ps(c[r][v], a, b[v]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int v = 0; v < NV; ++v) _mm512_storeu_ps(C + r * ldc + v * 16, c[r][v]);
+  }
+}
+
+template <int R>
+HR_BF16_TARGET inline void dp_rows(int N, int P, const uint32_t* A, int64_t lda, const uint32_t* B,
+                                   int64_t ldb, float* C, int64_t ldc, bool acc) {
+  int c0 = 0;
+  for (; c0 + 64 <= N; c0 += 64) dp_tile<R, 4>(P, A, lda, B + c0, ldb, C + c0, ldc, acc);
+  for (; c0 + 32 <= N; c0 += 32) dp_tile<R, 2>(P, A, lda, B + c0, ldb, C + c0, ldc, acc);
+  for (; c0 < N; c0 += 16) dp_tile<R, 1>(P, A, lda, B + c0, ldb, C + c0, ldc, acc);
+}
+
+// C[M, N] (+)= A[M, 2P] x B[2P, N]: A bf16 rows of stride lda (elements, even), B pair-
+// interleaved with row stride ldb (uint32), C fp32 of stride ldc. N a multiple of 16. Each
+// element's sum runs over p in order: the result depends on the shapes only.
+HR_BF16_TARGET void dp_gemm(int M, int N, int P, const bf16_t* A, int64_t lda, const uint32_t* B,
+                            int64_t ldb, float* C, int64_t ldc, bool acc) {
+  const auto* A32 = reinterpret_cast<const uint32_t*>(A);
+  const int64_t lda32 = lda / 2;
+  int r0 = 0;
+  for (; r0 + 4 <= M; r0 += 4)
+    dp_rows<4>(N, P, A32 + r0 * lda32, lda32, B, ldb, C + r0 * ldc, ldc, acc);
+  const uint32_t* a = A32 + r0 * lda32;
+  float* c = C + r0 * ldc;
+  switch (M - r0) {
+    case 3:
+      dp_rows<3>(N, P, a, lda32, B, ldb, c, ldc, acc);
+      break;
+    case 2:
+      dp_rows<2>(N, P, a, lda32, B, ldb, c, ldc, acc);
+      break;
+    case 1:
+      dp_rows<1>(N, P, a, lda32, B, ldb, c, ldc, acc);
+      break;
+    default:
+      break;
+  }
+}
+
+// The same product on AMX: 16 x 16 fp32 tiles of C, 2 x 2 of them at a time (tmm0-3), A tiles of
+// 16 rows x 32 bf16 (tmm4-5) and B tiles of 16 pairs x 16 columns (tmm6-7). M and N multiples of
+// 16, P of 16. Needs amx_tile_config() loaded on the calling thread.
+struct AmxTileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+HR_BF16_TARGET void amx_begin() {
+  AmxTileConfig cfg;
+  for (int t = 0; t < 8; ++t) {
+    cfg.colsb[t] = 64;
+    cfg.rows[t] = 16;
+  }
+  _tile_loadconfig(&cfg);
+}
+HR_BF16_TARGET void amx_end() { _tile_release(); }
+
+template <int MT, int NT>
+HR_BF16_TARGET inline void amx_block(int P, const bf16_t* A, int64_t lda, const uint32_t* B,
+                                     int64_t ldb, float* C, int64_t ldc, bool acc) {
+  const int64_t sa = lda * 2, sb = ldb * 4, sc = ldc * 4;  // strides in bytes
+  if (acc) {
+    _tile_loadd(0, C, sc);
+    if constexpr (NT == 2) _tile_loadd(1, C + 16, sc);
+    if constexpr (MT == 2) _tile_loadd(2, C + 16 * ldc, sc);
+    if constexpr (MT == 2 && NT == 2) _tile_loadd(3, C + 16 * ldc + 16, sc);
+  } else {
+    _tile_zero(0);
+    if constexpr (NT == 2) _tile_zero(1);
+    if constexpr (MT == 2) _tile_zero(2);
+    if constexpr (MT == 2 && NT == 2) _tile_zero(3);
+  }
+  for (int p = 0; p < P; p += 16) {
+    _tile_loadd(4, A + 2 * p, sa);
+    _tile_loadd(6, B + p * ldb, sb);
+    if constexpr (NT == 2) _tile_loadd(7, B + p * ldb + 16, sb);
+    if constexpr (MT == 2) _tile_loadd(5, A + 16 * lda + 2 * p, sa);
+    _tile_dpbf16ps(0, 4, 6);
+    if constexpr (NT == 2) _tile_dpbf16ps(1, 4, 7);
+    if constexpr (MT == 2) _tile_dpbf16ps(2, 5, 6);
+    if constexpr (MT == 2 && NT == 2) _tile_dpbf16ps(3, 5, 7);
+  }
+  _tile_stored(0, C, sc);
+  if constexpr (NT == 2) _tile_stored(1, C + 16, sc);
+  if constexpr (MT == 2) _tile_stored(2, C + 16 * ldc, sc);
+  if constexpr (MT == 2 && NT == 2) _tile_stored(3, C + 16 * ldc + 16, sc);
+}
+
+HR_BF16_TARGET void amx_gemm(int M, int N, int P, const bf16_t* A, int64_t lda, const uint32_t* B,
+                             int64_t ldb, float* C, int64_t ldc, bool acc) {
+  for (int m = 0; m < M; m += 32) {
+    const bool m2 = m + 32 <= M;
+    const bf16_t* a = A + int64_t{m} * lda;
+    float* c = C + int64_t{m} * ldc;
+    for (int n = 0; n < N; n += 32) {
+      const bool n2 = n + 32 <= N;
+      if (m2 && n2) {
+        amx_block<2, 2>(P, a, lda, B + n, ldb, c + n, ldc, acc);
+      } else if (m2) {
+        amx_block<2, 1>(P, a, lda, B + n, ldb, c + n, ldc, acc);
+      } else if (n2) {
+        amx_block<1, 2>(P, a, lda, B + n, ldb, c + n, ldc, acc);
+      } else {
+        amx_block<1, 1>(P, a, lda, B + n, ldb, c + n, ldc, acc);
+      }
+    }
+  }
+}
+
+// The product for kernel K: M is rounded up to 16 for AMX (the callers' A and C have those rows;
+// the extra rows of C are never read).
+template <bool kAmx>
+HR_BF16_TARGET inline void mm(int M, int N, int P, const bf16_t* A, int64_t lda, const uint32_t* B,
+                              int64_t ldb, float* C, int64_t ldc, bool acc) {
+  if constexpr (kAmx) {
+    amx_gemm((M + 15) / 16 * 16, N, P, A, lda, B, ldb, C, ldc, acc);
+  } else {
+    dp_gemm(M, N, P, A, lda, B, ldb, C, ldc, acc);
+  }
+}
+
+// Two fp32 rows of 16 to one pair-interleaved vector: lane i = (bf16(x0[i]), bf16(x1[i])).
+HR_BF16_TARGET inline __m512i interleave_bf16(__m512 x0, __m512 x1) {
+  const __m512i lo = _mm512_maskz_cvtepu16_epi32(0xFFFF, cvt_ps_bf16(x0));
+  const __m512i hi = _mm512_maskz_cvtepu16_epi32(0xFFFF, cvt_ps_bf16(x1));
+  return _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16));
+}
+
+// dst[r * HSp + d] = src[r * ld + d] for r < n, d < HS; zeros elsewhere in rows [0, rows).
+HR_BF16_TARGET void copy_rows_padded(bf16_t* dst, int HSp, const bf16_t* src, int64_t ld, int n,
+                                     int rows, int HS) {
+  for (int r = 0; r < rows; ++r) {
+    bf16_t* d = dst + int64_t{r} * HSp;
+    const bf16_t* srow = src + r * ld;
+    for (int c = 0; c < HSp; c += 32) {
+      const int left = r < n ? std::clamp(HS - c, 0, 32) : 0;
+      const __mmask32 mask = left == 32 ? ~__mmask32{0} : (__mmask32{1} << left) - 1;
+      _mm512_storeu_si512(d + c, _mm512_maskz_loadu_epi16(mask, srow + c));
+    }
+  }
+}
+
+// dst[c * ld_dst + r] = src[r * ld_src + c] for r < rows (a multiple of 16), c < cols: a
+// transpose of 32-bit elements, 16 rows at a time by gathers.
+HR_BF16_TARGET void transpose32(uint32_t* dst, int64_t ld_dst, const uint32_t* src, int64_t ld_src,
+                                int rows, int cols) {
+  const __m512i idx =
+      _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                         _mm512_set1_epi32(static_cast<int>(ld_src)));
+  for (int r = 0; r < rows; r += 16) {
+    const uint32_t* s0 = src + int64_t{r} * ld_src;
+    for (int c = 0; c < cols; ++c) {
+      const __m512i v = _mm512_i32gather_epi32(idx, s0 + c, 4);
+      _mm512_storeu_si512(dst + int64_t{c} * ld_dst + r, v);
+    }
+  }
+}
+
+// Keys (or values) of one 64-row block, rows [HSp], as the B of x k^T: kt[p*64 + n] = pair
+// (k[n][2p], k[n][2p+1]), a transpose of 32-bit pairs.
+HR_BF16_TARGET void pack_pairs_transposed(uint32_t* kt, const bf16_t* k, int HSp) {
+  transpose32(kt, kB, reinterpret_cast<const uint32_t*>(k), HSp / 2, kB, HSp / 2);
+}
+
+// exp(x) of 16 lanes: fast_exp's method (fast_math.h) in AVX-512: clamp to [-87, 88],
+// n = round(x / ln2), Cody-Waite reduction, the Cephes polynomial, times 2^n.
+HR_BF16_TARGET inline __m512 exp16(__m512 x) {
+  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  return _mm512_scalef_ps(p, n);
+}
+
+// Mask of the columns c0 + [0, 16) that are < ncols.
+inline __mmask16 cols_mask(int c0, int ncols) {
+  const int n = std::clamp(ncols - c0, 0, 16);
+  return static_cast<__mmask16>((1u << n) - 1u);
+}
+
+// Rows [2p, 2p+1] of a 64-row block (rows [HSp]) interleaved, as the B of x v: v2[p*HSp + d] =
+// pair (v[2p][d], v[2p+1][d]).
+HR_BF16_TARGET void pack_pairs(uint32_t* v2, const bf16_t* v, int HSp) {
+  for (int p = 0; p < kB / 2; ++p) {
+    const bf16_t* r0 = v + int64_t{2 * p} * HSp;
+    const bf16_t* r1 = r0 + HSp;
+    uint32_t* out = v2 + int64_t{p} * HSp;
+    for (int d = 0; d < HSp; d += 16) {
+      const __m512i lo = _mm512_maskz_cvtepu16_epi32(
+          0xFFFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r0 + d)));
+      const __m512i hi = _mm512_maskz_cvtepu16_epi32(
+          0xFFFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r1 + d)));
+      _mm512_storeu_si512(out + d, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+    }
+  }
+}
+
+// dst[d] = bf16(src[d] * mul) for d < n.
+HR_BF16_TARGET inline void narrow_row(bf16_t* dst, const float* src, int n, float mul) {
+  const __m512 vm = _mm512_set1_ps(mul);
+  for (int d = 0; d < n; d += 16) {
+    const __m256i v = cvt_ps_bf16(_mm512_mul_ps(_mm512_loadu_ps(src + d), vm));
+    _mm256_mask_storeu_epi16(dst + d, cols_mask(d, n), v);
+  }
+}
+
+// The key blocks 0..ib of one query block: online softmax, o accumulated in fp32, out written.
+template <bool kAmx>
+HR_BF16_TARGET void forward_tiles_bf16(bf16_t* out, float* m, const bf16_t* qs,
+                                       const uint32_t* kt_all, const uint32_t* v2_all, int64_t C,
+                                       int HS, int ib, int nq, float scale, float* s, bf16_t* pb,
+                                       float* o, float* l) {
+  const int HSp = padded_head(HS);
+  for (int jb = 0; jb <= ib; ++jb) {
+    const bool diag = jb == ib;
+    const uint32_t* kt = kt_all + int64_t{jb} * kB * HSp / 2;
+    const uint32_t* v2 = v2_all + int64_t{jb} * kB * HSp / 2;
+    mm<kAmx>(nq, kB, HSp / 2, qs, HSp, kt, kB, s, kB, false);
+    const __m512 vscale = _mm512_set1_ps(scale);
+    for (int r = 0; r < nq; ++r) {
+      float* row = s + r * kB;
+      const int ncols = diag ? r + 1 : kB;
+      __m512 x[kB / 16];
+      __m512 vmax = _mm512_set1_ps(-INFINITY);
+      for (int c = 0; c < kB / 16; ++c) {
+        x[c] = _mm512_mul_ps(_mm512_loadu_ps(row + 16 * c), vscale);
+        vmax = _mm512_mask_max_ps(vmax, cols_mask(16 * c, ncols), vmax, x[c]);
+      }
+      const float mx = _mm512_reduce_max_ps(vmax);
+      const float m_new = jb == 0 ? mx : std::max(m[r], mx);
+      // The row sum is of the fp32 probabilities; the product with v takes them rounded.
+      const __m512 vm = _mm512_set1_ps(m_new);
+      __m512 vsum = _mm512_setzero_ps();
+      bf16_t* prow = pb + r * kB;
+      for (int c = 0; c < kB / 16; ++c) {
+        const __m512 e =
+            _mm512_maskz_mov_ps(cols_mask(16 * c, ncols), exp16(_mm512_sub_ps(x[c], vm)));
+        vsum = _mm512_add_ps(vsum, e);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(prow + 16 * c), cvt_ps_bf16(e));
+      }
+      const float sum = _mm512_reduce_add_ps(vsum);
+      if (jb == 0) {
+        l[r] = sum;
+      } else if (m_new != m[r]) {
+        const float alpha = std::exp(m[r] - m_new);
+        l[r] = l[r] * alpha + sum;
+        float* orow = o + r * HSp;
+        const __m512 va = _mm512_set1_ps(alpha);
+        for (int d = 0; d < HSp; d += 16) {
+          _mm512_storeu_ps(orow + d, _mm512_mul_ps(_mm512_loadu_ps(orow + d), va));
+        }
+      } else {
+        l[r] += sum;
+      }
+      m[r] = m_new;
+    }
+    mm<kAmx>(nq, HSp, kB / 2, pb, kB, v2, HSp, o, HSp, jb > 0);
+  }
+  for (int r = 0; r < nq; ++r) {
+    narrow_row(out + r * C, o + r * HSp, HS, 1.0f / l[r]);
+    m[r] = m[r] + std::log(l[r]);
+  }
+}
+
+// One (b, h) of the forward, bf16: forward_block's online softmax for each query block, the
+// tile products in bf16. The head's keys and values are packed once for all its query blocks.
+//   q, k, v: the (b, h) rows of qkv (row stride C3); out: its output rows (stride C);
+//   lse: lse[b, h, :], holding the running max until the end.
+template <bool kAmx>
+HR_BF16_TARGET void forward_head_bf16(bf16_t* out, float* lse, const bf16_t* q, const bf16_t* k,
+                                      const bf16_t* v, int64_t C3, int64_t C, int T, int HS,
+                                      float scale, float* slot) {
+  const int HSp = padded_head(HS), nb = num_blocks(T), Tp = nb * kB;
+  const int64_t TH = int64_t{Tp} * HSp;
+  auto* stage = reinterpret_cast<bf16_t*>(slot);               // [Tp, HSp]: k, then v
+  auto* kt_all = reinterpret_cast<uint32_t*>(stage + TH);      // per block [HSp/2, 64]
+  uint32_t* v2_all = kt_all + TH / 2;                          // per block [32, HSp]
+  auto* qs = reinterpret_cast<bf16_t*>(v2_all + TH / 2);       // [64, HSp]
+  auto* s = reinterpret_cast<float*>(qs + int64_t{kB} * HSp);  // [64, 64]
+  auto* pb = reinterpret_cast<bf16_t*>(s + kB * kB);           // [64, 64]
+  auto* o = reinterpret_cast<float*>(pb + kB * kB);            // [64, HSp]
+  float* l = o + int64_t{kB} * HSp;                            // [64]
+  copy_rows_padded(stage, HSp, k, C3, T, Tp, HS);
+  for (int blk = 0; blk < nb; ++blk) {
+    pack_pairs_transposed(kt_all + int64_t{blk} * kB * HSp / 2, stage + int64_t{blk} * kB * HSp,
+                          HSp);
+  }
+  copy_rows_padded(stage, HSp, v, C3, T, Tp, HS);
+  for (int blk = 0; blk < nb; ++blk) {
+    pack_pairs(v2_all + int64_t{blk} * kB * HSp / 2, stage + int64_t{blk} * kB * HSp, HSp);
+  }
+  for (int ib = 0; ib < nb; ++ib) {
+    const int64_t i0 = int64_t{ib} * kB;
+    const int nq = std::min<int64_t>(kB, T - i0);
+    float* m = lse + i0;
+    copy_rows_padded(qs, HSp, q + i0 * C3, C3, nq, kB, HS);
+    forward_tiles_bf16<kAmx>(out + i0 * C, m, qs, kt_all, v2_all, C, HS, ib, nq, scale, s, pb, o,
+                             l);
+  }
+}
+
+// One (b, h) of the backward, bf16: the fp32 backward_head's tiles in the same order, with
+//   S = q k^T, dP = dout v^T (bf16 rows x pairs of k^T, v^T),
+//   dV^T += dout^T P, dK^T += q^T dS (bf16 transposed rows x P, dS as pairs over queries),
+//   dQ += dS k (dS rows x pairs of k),
+// dK and dV accumulated transposed ([HSp, Tp]) so that no tile is transposed.
+template <bool kAmx>
+HR_BF16_TARGET void backward_head_bf16(bf16_t* dq, bf16_t* dk, bf16_t* dv, const bf16_t* q,
+                                       const bf16_t* k, const bf16_t* v, const bf16_t* dy,
+                                       const bf16_t* y, const float* L, int64_t C3, int64_t C,
+                                       int T, int HS, float scale, float* slot) {
+  const int HSp = padded_head(HS), nb = num_blocks(T), Tp = nb * kB;
+  const int64_t TH = int64_t{Tp} * HSp;
+  auto* qh = reinterpret_cast<bf16_t*>(slot);  // [Tp, HSp] each
+  bf16_t* dyh = qh + TH;
+  bf16_t* qT = dyh + TH;  // per block [HSp, 64]
+  bf16_t* dyT = qT + TH;
+  auto* kt = reinterpret_cast<uint32_t*>(dyT + TH);  // per block [HSp/2, 64]
+  uint32_t* vt = kt + TH / 2;
+  uint32_t* k2 = vt + TH / 2;                        // per block [32, HSp]
+  auto* dQ = reinterpret_cast<float*>(k2 + TH / 2);  // [Tp, HSp]
+  float* dKT = dQ + TH;                              // [HSp, Tp]
+  float* dVT = dKT + TH;
+  float* D = dVT + TH;  // [Tp]
+  float* s = D + Tp;    // [64, 64]
+  float* dp = s + kB * kB;
+  auto* dsr = reinterpret_cast<bf16_t*>(dp + kB * kB);  // [64, 64]
+  // P and dS as pairs of query rows ([32, 64] u32) overwrite s and dP in place: pair row r/2
+  // lands on floats [32 r, 32 r + 64) of s, rows already read (row 0: the lanes just loaded).
+  auto* p2 = reinterpret_cast<uint32_t*>(s);
+  auto* ds2 = reinterpret_cast<uint32_t*>(dp);
+  // k and v rows [Tp, HSp] bf16 staged in dK^T's place until the accumulators are zeroed.
+  auto* kh = reinterpret_cast<bf16_t*>(dKT);
+  bf16_t* vh = kh + TH;
+
+  copy_rows_padded(qh, HSp, q, C3, T, Tp, HS);
+  copy_rows_padded(kh, HSp, k, C3, T, Tp, HS);
+  copy_rows_padded(vh, HSp, v, C3, T, Tp, HS);
+  copy_rows_padded(dyh, HSp, dy, C, T, Tp, HS);
+  for (int t = 0; t < Tp; ++t) {
+    float sum = 0.0f;
+    if (t < T) {
+      const bf16_t* a = dy + t * C;
+      const bf16_t* b = y + t * C;
+#pragma omp simd reduction(+ : sum)
+      for (int d = 0; d < HS; ++d) sum += to_f32(a[d]) * to_f32(b[d]);
+    }
+    D[t] = sum;
+  }
+  for (int blk = 0; blk < nb; ++blk) {
+    const int64_t off = int64_t{blk} * kB * HSp;
+    // q^T and dout^T as A operands summing over queries: pairs of query rows interleaved
+    // (staged in dQ, not yet in use), transposed.
+    auto* stage = reinterpret_cast<uint32_t*>(dQ);
+    pack_pairs(stage, qh + off, HSp);
+    transpose32(reinterpret_cast<uint32_t*>(qT + off), kB / 2, stage, HSp, kB / 2, HSp);
+    pack_pairs(stage, dyh + off, HSp);
+    transpose32(reinterpret_cast<uint32_t*>(dyT + off), kB / 2, stage, HSp, kB / 2, HSp);
+    pack_pairs_transposed(kt + off / 2, kh + off, HSp);
+    pack_pairs_transposed(vt + off / 2, vh + off, HSp);
+    pack_pairs(k2 + off / 2, kh + off, HSp);
+  }
+  std::fill(dQ, dQ + 3 * TH, 0.0f);
+
+  for (int ib = 0; ib < nb; ++ib) {
+    const int64_t i0 = int64_t{ib} * kB;
+    const int nq = std::min<int64_t>(kB, T - i0);
+    const int64_t ioff = i0 * HSp;
+    for (int jb = 0; jb <= ib; ++jb) {
+      const bool diag = jb == ib;
+      const int64_t j0 = int64_t{jb} * kB, joff = j0 * HSp;
+      mm<kAmx>(nq, kB, HSp / 2, qh + ioff, HSp, kt + joff / 2, kB, s, kB, false);    // scores
+      mm<kAmx>(nq, kB, HSp / 2, dyh + ioff, HSp, vt + joff / 2, kB, dp, kB, false);  // dP
+      // P = exp(scale s - lse), dS = P (dP - D) scale, zero past the causal edge and the last
+      // query; to bf16 as pairs of query rows (P, dS) and as rows (dS).
+      const __m512 vscale = _mm512_set1_ps(scale);
+      for (int r = 0; r < kB; r += 2) {
+        for (int c = 0; c < kB; c += 16) {
+          __m512 pv[2], dv2[2];
+          for (int h = 0; h < 2; ++h) {
+            const int rr = r + h;
+            const __mmask16 mask = rr >= nq ? 0 : diag ? cols_mask(c, rr + 1) : 0xFFFF;
+            const float lse = rr < nq ? L[i0 + rr] : 0.0f, Dr = D[i0 + rr];
+            const __m512 e = exp16(
+                _mm512_fmsub_ps(_mm512_loadu_ps(s + rr * kB + c), vscale, _mm512_set1_ps(lse)));
+            pv[h] = _mm512_maskz_mov_ps(mask, e);
+            const __m512 d = _mm512_sub_ps(_mm512_loadu_ps(dp + rr * kB + c), _mm512_set1_ps(Dr));
+            dv2[h] = _mm512_maskz_mul_ps(mask, _mm512_mul_ps(pv[h], d), vscale);
+          }
+          _mm512_storeu_si512(p2 + (r / 2) * kB + c, interleave_bf16(pv[0], pv[1]));
+          _mm512_storeu_si512(ds2 + (r / 2) * kB + c, interleave_bf16(dv2[0], dv2[1]));
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(dsr + r * kB + c), cvt_ps_bf16(dv2[0]));
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(dsr + (r + 1) * kB + c),
+                              cvt_ps_bf16(dv2[1]));
+        }
+      }
+      mm<kAmx>(HSp, kB, kB / 2, dyT + ioff, kB, p2, kB, dVT + j0, Tp, true);  // dV^T += dy^T P
+      mm<kAmx>(HSp, kB, kB / 2, qT + ioff, kB, ds2, kB, dKT + j0, Tp, true);  // dK^T += q^T dS
+      mm<kAmx>(nq, HSp, kB / 2, dsr, kB, k2 + joff / 2, HSp, dQ + ioff, HSp, true);  // dQ += dS k
+    }
+  }
+  for (int t = 0; t < T; ++t) narrow_row(dq + t * C3, dQ + int64_t{t} * HSp, HS, 1.0f);
+  // dK and dV back to rows through dQ's place.
+  auto* rows = reinterpret_cast<uint32_t*>(dQ);
+  transpose32(rows, HSp, reinterpret_cast<const uint32_t*>(dKT), Tp, HSp, Tp);
+  for (int t = 0; t < T; ++t) narrow_row(dk + t * C3, dQ + int64_t{t} * HSp, HS, 1.0f);
+  transpose32(rows, HSp, reinterpret_cast<const uint32_t*>(dVT), Tp, HSp, Tp);
+  for (int t = 0; t < T; ++t) narrow_row(dv + t * C3, dQ + int64_t{t} * HSp, HS, 1.0f);
+}
+#pragma GCC diagnostic pop
+#endif  // x86-64
+
+// Heads narrower than 32 take the fallback: the bf16 layouts pad HS to 32 (AMX's 32-element
+// rows), which for HS = 16 doubles the product work and makes the scratch larger than the
+// fallback's.
+constexpr int kMinTileHead = 32;
+bool use_bf16_products(int HS) {
+  return HS >= kMinTileHead && resolved_kernel() != AttentionBf16Kernel::kWidenFp32;
+}
+
 }  // namespace
 
 size_t attention_tiled_scratch_floats(int B, int T, int C, int NH, DType storage) {
-  const int64_t tasks = int64_t{B} * NH * num_blocks(T);
+  if (storage == DType::kBF16 && use_bf16_products(C / NH)) {  // tasks are heads
+    const int64_t slots = std::min<int64_t>(int64_t{B} * NH, kAttentionMaxWorkers);
+    return static_cast<size_t>(slots) * forward_bf16_slot_floats(T, C / NH);
+  }
+  const int64_t tasks = int64_t{B} * NH * num_blocks(T);  // tasks are query blocks
   const int64_t slots = std::min<int64_t>(tasks, kAttentionMaxWorkers);
   size_t slot = forward_slot_floats(C / NH);
   if (storage != DType::kF32) slot += forward_widen_floats(T, C / NH);
@@ -291,7 +861,11 @@ size_t attention_tiled_scratch_floats(int B, int T, int C, int NH, DType storage
 size_t attention_tiled_backward_scratch_floats(int B, int T, int C, int NH, DType storage) {
   const int64_t slots = std::min<int64_t>(int64_t{B} * NH, kAttentionMaxWorkers);
   size_t slot = backward_slot_floats(C / NH);
-  if (storage != DType::kF32) slot += backward_widen_floats(T, C / NH);
+  if (storage == DType::kBF16 && use_bf16_products(C / NH)) {
+    slot = backward_bf16_slot_floats(T, C / NH);
+  } else if (storage != DType::kF32) {
+    slot += backward_widen_floats(T, C / NH);
+  }
   return static_cast<size_t>(slots) * slot;
 }
 
@@ -366,15 +940,102 @@ void attention_tiled_backward_low(TS* dqkv, const TS* dout, const TS* qkv, const
   }
 }
 
+#if defined(__x86_64__) && defined(__GNUC__)
+// The bf16 kernels with AVX512-BF16 tile products: the same tasks, order and schedule as the
+// fp32 kernels, so the results are bit-identical for any thread count.
+template <bool kAmx>
+void attention_tiled_forward_dp(bf16_t* out, float* lse, const bf16_t* qkv, int B, int T, int C,
+                                int NH, float* scratch) {
+  const int HS = C / NH;
+  const int64_t C3 = int64_t{3} * C;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
+  const int BH = B * NH;
+  const int slots = std::min(BH, kAttentionMaxWorkers);
+  const size_t slot_floats = forward_bf16_slot_floats(T, HS);
+#pragma omp parallel num_threads(workers_for(slots))
+  {
+    float* slot = scratch + omp_get_thread_num() * slot_floats;
+    if constexpr (kAmx) amx_begin();  // the tile configuration is per thread
+#pragma omp for schedule(dynamic, 1)
+    for (int bh = 0; bh < BH; ++bh) {
+      const int b = bh / NH, h = bh % NH;
+      const bf16_t* base = qkv + int64_t{b} * T * C3 + int64_t{h} * HS;
+      forward_head_bf16<kAmx>(out + int64_t{b} * T * C + int64_t{h} * HS, lse + int64_t{bh} * T,
+                              base, base + C, base + 2 * C, C3, C, T, HS, scale, slot);
+    }
+    if constexpr (kAmx) amx_end();
+  }
+}
+
+template <bool kAmx>
+void attention_tiled_backward_dp(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qkv,
+                                 const bf16_t* out, const float* lse, int B, int T, int C, int NH,
+                                 float* scratch) {
+  const int HS = C / NH;
+  const int64_t C3 = int64_t{3} * C;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
+  const int BH = B * NH;
+  const int slots = std::min(BH, kAttentionMaxWorkers);
+  const size_t slot_floats = backward_bf16_slot_floats(T, HS);
+#pragma omp parallel num_threads(workers_for(slots))
+  {
+    float* slot = scratch + omp_get_thread_num() * slot_floats;
+    if constexpr (kAmx) amx_begin();  // the tile configuration is per thread
+#pragma omp for schedule(dynamic, 1)
+    for (int bh = 0; bh < BH; ++bh) {
+      const int b = bh / NH, h = bh % NH;
+      const int64_t off3 = int64_t{b} * T * C3 + int64_t{h} * HS;
+      const int64_t off1 = int64_t{b} * T * C + int64_t{h} * HS;
+      const bf16_t* base = qkv + off3;
+      bf16_t* dbase = dqkv + off3;
+      backward_head_bf16<kAmx>(dbase, dbase + C, dbase + 2 * C, base, base + C, base + 2 * C,
+                               dout + off1, out + off1, lse + int64_t{bh} * T, C3, C, T, HS, scale,
+                               slot);
+    }
+    if constexpr (kAmx) amx_end();
+  }
+}
+#endif
+
 }  // namespace
+
+void set_attention_bf16_kernel(AttentionBf16Kernel kernel) {
+  g_bf16_kernel.store(static_cast<int>(kernel), std::memory_order_relaxed);
+}
+
+AttentionBf16Kernel attention_bf16_kernel() { return resolved_kernel(); }
 
 void attention_tiled_forward(bf16_t* out, float* lse, const bf16_t* qkv, int B, int T, int C,
                              int NH, float* scratch) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  const AttentionBf16Kernel kernel = resolved_kernel();
+  if (NH > 0 && C % NH == 0 && use_bf16_products(C / NH)) {
+    HR_CHECK(NH > 0 && C % NH == 0 && T >= 1);
+    if (kernel == AttentionBf16Kernel::kAmx) {
+      attention_tiled_forward_dp<true>(out, lse, qkv, B, T, C, NH, scratch);
+    } else {
+      attention_tiled_forward_dp<false>(out, lse, qkv, B, T, C, NH, scratch);
+    }
+    return;
+  }
+#endif
   attention_tiled_forward_low(out, lse, qkv, B, T, C, NH, scratch);
 }
 void attention_tiled_backward(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qkv,
                               const bf16_t* out, const float* lse, int B, int T, int C, int NH,
                               float* scratch) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  const AttentionBf16Kernel kernel = resolved_kernel();
+  if (NH > 0 && C % NH == 0 && use_bf16_products(C / NH)) {
+    HR_CHECK(NH > 0 && C % NH == 0 && T >= 1);
+    if (kernel == AttentionBf16Kernel::kAmx) {
+      attention_tiled_backward_dp<true>(dqkv, dout, qkv, out, lse, B, T, C, NH, scratch);
+    } else {
+      attention_tiled_backward_dp<false>(dqkv, dout, qkv, out, lse, B, T, C, NH, scratch);
+    }
+    return;
+  }
+#endif
   attention_tiled_backward_low(dqkv, dout, qkv, out, lse, B, T, C, NH, scratch);
 }
 void attention_tiled_forward(f16_t* out, float* lse, const f16_t* qkv, int B, int T, int C, int NH,

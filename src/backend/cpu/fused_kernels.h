@@ -31,7 +31,10 @@ inline constexpr int kAttentionMaxWorkers = 64;
 void attention_tiled_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH,
                              float* scratch);
 // min(B*NH*ceil(T/64), 64) slots of HS*64 + 64*64 + 64 floats (HS = 64: 33 KB a slot); with bf16
-// storage each slot also holds fp32 copies of the head's rows (T*3*HS + 64*HS floats).
+// storage, the slots of the kernel that will run (see AttentionBf16Kernel below): for the bf16
+// tile products min(B*NH, 64) slots (tasks are heads) of 1.5*Tp*HSp + 1.5*64*HSp + 6208 floats
+// (HSp = HS rounded up to 32, Tp = T to 64), for the fp32 fallback the fp32 slot plus fp32
+// copies of the head's rows (T*3*HS + 64*HS floats).
 size_t attention_tiled_scratch_floats(int B, int T, int C, int NH, DType storage = DType::kF32);
 
 // dqkv[B,T,3C] overwritten with the gradient of sum(out * dout). Recomputes the probabilities
@@ -40,7 +43,8 @@ size_t attention_tiled_scratch_floats(int B, int T, int C, int NH, DType storage
 void attention_tiled_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
                               const float* lse, int B, int T, int C, int NH, float* scratch);
 // min(B*NH, 64) slots of 2*HS*64 + 2*64*64 + 64 floats (HS = 64: 66 KB a slot); with bf16
-// storage each slot also holds fp32 copies of the head's rows (T*8*HS floats).
+// storage, for the bf16 tile products 6.5*Tp*HSp + Tp + 10240 floats (Tp = T rounded up to 64),
+// for the fp32 fallback the fp32 slot plus fp32 copies of the head's rows (T*8*HS floats).
 size_t attention_tiled_backward_scratch_floats(int B, int T, int C, int NH,
                                                DType storage = DType::kF32);
 
@@ -52,6 +56,27 @@ void attention_tiled_forward(bf16_t* out, float* lse, const bf16_t* qkv, int B, 
 void attention_tiled_backward(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qkv,
                               const bf16_t* out, const float* lse, int B, int T, int C, int NH,
                               float* scratch);
+// On a CPU with AMX-BF16 or AVX512-BF16 (checked at run time; AMX also needs the kernel's
+// permission, asked for once) the bf16 overloads instead take the tile products in bf16 with
+// fp32 accumulation, as FlashAttention does in bf16: P and dS are rounded to bf16 before their
+// products; scores, softmax and accumulators stay fp32. Heads narrower than 32 take the
+// fallback on any CPU (the bf16 layouts pad HS to 32). The scratch sizes above follow the path
+// that will run. Results are bit-identical for any thread count on each path; the paths differ by
+// rounding (Note [Tiled attention]).
+enum class AttentionBf16Kernel {
+  kAuto,        // the best the CPU has: kAmx, else kAvx512Bf16, else kWidenFp32
+  kAmx,         // AMX-BF16 tiles (_tile_dpbf16ps)
+  kAvx512Bf16,  // AVX512-BF16 vectors (vdpbf16ps)
+  kWidenFp32,   // widen to fp32 and run the fp32 kernels, on any CPU
+};
+// Process-wide switch for tests and benchmarks; a kernel the CPU lacks falls back to the next
+// one down the list. Scratch must be sized after it is set. The default is kAuto, or what the
+// environment variable HEADROOM_BF16_ATTENTION says (auto, amx, avx512bf16 or widen; anything
+// else throws std::invalid_argument), read once, to compare kernels in whole training steps.
+void set_attention_bf16_kernel(AttentionBf16Kernel kernel);
+// The kernel bf16 storage runs now (never kAuto).
+AttentionBf16Kernel attention_bf16_kernel();
+
 // f16 storage: the same as bf16 (scratch sizes with DType::kF16, equal to bf16's).
 void attention_tiled_forward(f16_t* out, float* lse, const f16_t* qkv, int B, int T, int C, int NH,
                              float* scratch);
