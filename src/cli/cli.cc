@@ -18,6 +18,7 @@
 #include <fmt/format.h>
 
 #include "backend/cpu/device.h"
+#include "backend/cpu/fused_kernels.h"
 #include "core/log.h"
 #include "core/units.h"
 #include "data/prepare.h"
@@ -1794,6 +1795,12 @@ int run(int argc, char** argv) {
     return app.exit(e);
   }
   if (verbose) set_log_level(LogLevel::kDebug);
+  // Measurement knobs from the environment: a bad value is an error here, before any work.
+  try {
+    (void)cpu::attention_bf16_kernel();
+  } catch (const std::invalid_argument& e) {
+    return fail(Status::invalid_argument(std::string(e.what()) + " (unset it for the default)"));
+  }
   if (train_cmd->parsed()) return run_train(tf);
   if (gen_cmd->parsed()) return run_generate(gf);
   if (prep_cmd->parsed()) return run_prepare(pf);

@@ -131,6 +131,16 @@ TEST_F(Cli, ClearErrorsForBadInput) {
   EXPECT_NE(cut.out.find("cut.tokens"), std::string::npos) << cut.out;
 }
 
+// A measurement knob with a bad value is an error naming it, not an uncaught exception.
+TEST_F(Cli, BadAttentionKernelVariableIsAClearError) {
+  ::setenv("HEADROOM_BF16_ATTENTION", "bogus", 1);
+  Outcome r = run("bench --model gpt2-tiny --steps 1 --warmup 0 --precision bf16");
+  ::unsetenv("HEADROOM_BF16_ATTENTION");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("HEADROOM_BF16_ATTENTION=bogus"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("expected auto, amx, avx512bf16 or widen"), std::string::npos) << r.out;
+}
+
 TEST_F(Cli, PlanAnswersWithJsonAndSweep) {
   Outcome r =
       run("plan --model gpt2 --device cpu --device-memory 4GiB --seq 256 --global-batch 64 "
