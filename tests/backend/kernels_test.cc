@@ -569,6 +569,62 @@ TEST(CrossEntropy, ThreadCountIndependent) {
   omp_set_num_threads(saved);
 }
 
+// GELU and the casts run every element through the same vector instructions (the last vector of
+// each thread's range masked, no scalar tail): the same bits for any thread count, at a length
+// that splits differently for 1, 2 and 3 threads.
+TEST(Elementwise, GeluAndCastsAreThreadCountIndependent) {
+  const int saved = omp_get_max_threads();
+  const int64_t n = 100003;
+  const size_t un = static_cast<size_t>(n);
+  VecF x = rand_vec(un, 140, -6, 6), d = rand_vec(un, 141);
+  std::vector<bf16_t> xb(un), db(un);
+  std::vector<f16_t> xh(un), dh(un);
+  cast_to_bf16(xb.data(), x.data(), n);
+  cast_to_bf16(db.data(), d.data(), n);
+  cast_to_f16(xh.data(), x.data(), n);
+  cast_to_f16(dh.data(), d.data(), n);
+  auto run = [&] {
+    std::vector<std::vector<uint16_t>> r16;
+    std::vector<VecF> r32;
+    VecF y(un), g(un), rh(un);
+    gelu_forward(y.data(), x.data(), n);
+    gelu_backward(g.data(), x.data(), d.data(), n);
+    round_to_f16_values(rh.data(), x.data(), n);
+    r32 = {y, g, rh};
+    std::vector<bf16_t> yb(un), gb(un), cb(un);
+    std::vector<f16_t> yh(un), gh(un);
+    gelu_forward(yb.data(), xb.data(), n);
+    gelu_backward(gb.data(), xb.data(), db.data(), n);
+    cast_to_bf16(cb.data(), x.data(), n);
+    gelu_forward(yh.data(), xh.data(), n);
+    gelu_backward(gh.data(), xh.data(), dh.data(), n);
+    for (const auto* v : {&yb, &gb, &cb}) {
+      std::vector<uint16_t> bits;
+      for (bf16_t b : *v) bits.push_back(b.bits);
+      r16.push_back(bits);
+    }
+    for (const auto* v : {&yh, &gh}) {
+      std::vector<uint16_t> bits;
+      for (f16_t h : *v) bits.push_back(h.bits);
+      r16.push_back(bits);
+    }
+    return std::make_pair(r32, r16);
+  };
+  omp_set_num_threads(1);
+  const auto one = run();
+  for (int threads : {2, 3}) {
+    omp_set_num_threads(threads);
+    const auto other = run();
+    for (size_t i = 0; i < one.first.size(); ++i) {
+      EXPECT_EQ(other.first[i], one.first[i]) << "fp32 output " << i << ", " << threads;
+    }
+    for (size_t i = 0; i < one.second.size(); ++i) {
+      EXPECT_EQ(other.second[i], one.second[i]) << "16-bit output " << i << ", " << threads;
+    }
+  }
+  omp_set_num_threads(saved);
+}
+
 // ---- AdamW ---------------------------------------------------------------------------------
 
 TEST(AdamW, ThreeStepsMatchTorchFormula) {
