@@ -1,72 +1,250 @@
 // Memory-bound kernels against this machine's memory bandwidth: each benchmark reports the bytes
-// it must move (read + write, counted once) per second, and the ratio to a STREAM-like triad
-// measured in the same process. Sizes are far larger than the caches (GPT-2 124M shapes at 2048
-// tokens; AdamW over 124M parameters).
+// it must move (read + write, counted once) per second, and `vs_triad`, that rate over a
+// STREAM-like triad measured in the same process (once, before the first kernel that needs it).
+// Sizes are far larger than the caches (300 MiB of L3 on the development machine): every
+// buffer is at least 192 MiB, except the cross-entropy's logits, which are GPT-2's own
+// (2048 x 50257 fp32, 412 MB). Kernels named "Before" are the previous versions (two-pass
+// statistics, scalar-tail GELU and casts), kept here only to measure against in the same run.
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
 #include <vector>
 
+#include "backend/cpu/bf16.h"
+#include "backend/cpu/fast_math.h"
 #include "backend/cpu/kernels.h"
 
 namespace headroom::cpu {
 namespace {
 
 // One prefaulted block per benchmark: the first touch of a page must not be timed.
-std::vector<float> buffer(size_t n, float v) { return std::vector<float>(n, v); }
+template <typename T = float>
+std::vector<T> buffer(size_t n, float v) {
+  return std::vector<T>(n, from_f32<T>(v));
+}
+
+constexpr size_t kTriadN = size_t(64) << 20;  // 3 x 256 MiB
+
+void triad(float* a, const float* b, const float* c, size_t n) {
+#pragma omp parallel for simd schedule(static)
+  for (size_t i = 0; i < n; i++) a[i] = b[i] + 0.5f * c[i];
+}
+
+// The triad's rate in bytes per second (12 bytes an element), the best of 10 after a warm-up.
+double triad_bytes_per_s() {
+  static const double rate = [] {
+    std::vector<float> a = buffer(kTriadN, 0), b = buffer(kTriadN, 1), c = buffer(kTriadN, 2);
+    double best = 1e30;
+    for (int r = 0; r < 11; ++r) {
+      const auto t0 = std::chrono::steady_clock::now();
+      triad(a.data(), b.data(), c.data(), kTriadN);
+      benchmark::DoNotOptimize(a.data());
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (r > 0) best = std::min(best, s);
+    }
+    return double(kTriadN) * 12 / best;
+  }();
+  return rate;
+}
+
+// Bytes per iteration as bytes/s, and their ratio to the triad.
+void report(benchmark::State& state, double bytes) {
+  state.SetBytesProcessed(int64_t(double(state.iterations()) * bytes));
+  state.counters["vs_triad"] = benchmark::Counter(bytes / triad_bytes_per_s(),
+                                                  benchmark::Counter::kIsIterationInvariantRate);
+}
 
 void BM_Triad(benchmark::State& state) {
-  const size_t n = size_t(64) << 20;  // 3 x 256 MiB
-  std::vector<float> a = buffer(n, 0), b = buffer(n, 1), c = buffer(n, 2);
+  std::vector<float> a = buffer(kTriadN, 0), b = buffer(kTriadN, 1), c = buffer(kTriadN, 2);
   for (auto _ : state) {
-#pragma omp parallel for simd schedule(static)
-    for (size_t i = 0; i < n; i++) a[i] = b[i] + 0.5f * c[i];
+    triad(a.data(), b.data(), c.data(), kTriadN);
     benchmark::DoNotOptimize(a.data());
   }
-  state.SetBytesProcessed(int64_t(state.iterations()) * int64_t(n) * 12);
+  report(state, double(kTriadN) * 12);
 }
 
-constexpr int N = 2048, C = 768;
-
-void BM_LayerNormForward(benchmark::State& state) {
-  std::vector<float> inp = buffer(size_t(N) * C, 0.5f), out = buffer(size_t(N) * C, 0),
-                     w = buffer(C, 1), b = buffer(C, 0), mean = buffer(N, 0), rstd = buffer(N, 0);
-  for (auto _ : state) {
-    layernorm_forward(out.data(), mean.data(), rstd.data(), inp.data(), w.data(), b.data(), N, C);
+// ---- the previous kernels, for before/after in one run -------------------------------------
+namespace before {
+void softmax_row_stats_two_pass(const float* x, int V, float* maxv, float* sum) {
+  float m = -INFINITY;
+#pragma omp simd reduction(max : m)
+  for (int i = 0; i < V; ++i) m = std::max(m, x[i]);
+  float part[16] = {};
+  int i = 0;
+  for (; i + 16 <= V; i += 16) {
+#pragma omp simd
+    for (int j = 0; j < 16; ++j) part[j] += fast_exp(x[i + j] - m);
   }
-  state.SetBytesProcessed(int64_t(state.iterations()) * int64_t(N) * C * 8);
+  double s = 0.0;
+  for (; i < V; ++i) s += fast_exp(x[i] - m);
+  for (int j = 0; j < 16; ++j) s += part[j];
+  *maxv = m;
+  *sum = static_cast<float>(s);
+}
+void cross_entropy_forward(float* losses, const float* logits, const int32_t* targets, int N,
+                           int V) {
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    const float* x = logits + n * V;
+    float m, s;
+    softmax_row_stats_two_pass(x, V, &m, &s);
+    losses[n] = static_cast<float>(std::log(static_cast<double>(s)) + m - x[targets[n]]);
+  }
+}
+void cross_entropy_backward(float* d, const float* logits, const int32_t* targets, int N, int V,
+                            float dloss) {
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    const float* x = logits + n * V;
+    float m, s;
+    softmax_row_stats_two_pass(x, V, &m, &s);
+    const float k = dloss / s;
+#pragma omp simd
+    for (int i = 0; i < V; ++i) d[n * V + i] = fast_exp(x[i] - m) * k;
+    d[n * V + targets[n]] -= dloss;
+  }
+}
+template <typename T>
+void gelu_forward(T* out, const T* inp, int64_t n) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = to_f32(inp[i]);
+    const float u = 0.7978845608028654f * (x + 0.044715f * x * x * x);
+    out[i] = from_f32<T>(0.5f * x * (1.0f + fast_tanh(u)));
+  }
+}
+template <typename T>
+void gelu_backward(T* dinp, const T* inp, const T* dout, int64_t n) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = to_f32(inp[i]);
+    const float u = 0.7978845608028654f * (x + 0.044715f * x * x * x);
+    const float th = fast_tanh(u);
+    const float du = 0.7978845608028654f * (1.0f + 3.0f * 0.044715f * x * x);
+    const float grad = 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * du;
+    dinp[i] = from_f32<T>(grad * to_f32(dout[i]));
+  }
+}
+void cast_to_bf16(bf16_t* out, const float* inp, int64_t n) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) out[i] = from_f32<bf16_t>(inp[i]);
+}
+void round_to_f16_values(float* out, const float* inp, int64_t n) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) out[i] = round_f16(inp[i]);
+}
+}  // namespace before
+
+// ---- LayerNorm: 65536 rows of 768 (192 MiB fp32) -------------------------------------------
+constexpr int kRows = 65536, C = 768;
+
+template <typename T>
+void BM_LayerNormForward(benchmark::State& state) {
+  std::vector<float> inp = buffer(size_t(kRows) * C, 0.5f), w = buffer(C, 1), b = buffer(C, 0),
+                     mean = buffer(kRows, 0), rstd = buffer(kRows, 0);
+  std::vector<T> out = buffer<T>(size_t(kRows) * C, 0);
+  for (auto _ : state) {
+    layernorm_forward(out.data(), mean.data(), rstd.data(), inp.data(), w.data(), b.data(), kRows,
+                      C);
+  }
+  report(state, double(kRows) * C * (4 + sizeof(T)));
 }
 
+template <typename T>
 void BM_LayerNormBackward(benchmark::State& state) {
-  std::vector<float> inp = buffer(size_t(N) * C, 0.5f), dout = buffer(size_t(N) * C, 0.1f),
-                     dinp = buffer(size_t(N) * C, 0), w = buffer(C, 1), dw = buffer(C, 0),
-                     db = buffer(C, 0), mean = buffer(N, 0), rstd = buffer(N, 1);
+  std::vector<float> inp = buffer(size_t(kRows) * C, 0.5f), dinp = buffer(size_t(kRows) * C, 0),
+                     w = buffer(C, 1), dw = buffer(C, 0), db = buffer(C, 0),
+                     mean = buffer(kRows, 0), rstd = buffer(kRows, 1);
+  std::vector<T> dout = buffer<T>(size_t(kRows) * C, 0.1f);
   for (auto _ : state) {
     layernorm_backward(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(), w.data(),
-                       mean.data(), rstd.data(), N, C);
+                       mean.data(), rstd.data(), kRows, C);
   }
-  // reads inp, dout, dinp; writes dinp
-  state.SetBytesProcessed(int64_t(state.iterations()) * int64_t(N) * C * 16);
+  // What one pass must move: inp, dout and dinp read, dinp written. (The kernel reads inp and
+  // dout a second time for the parameter gradients, which it reduces over channels.)
+  report(state, double(kRows) * C * (12 + sizeof(T)));
 }
 
+// ---- elementwise: 64M elements --------------------------------------------------------------
+constexpr int64_t kElems = int64_t(64) << 20;
+
+// GELU over state.range(0) elements: 64M (from memory) or 256K (from L2: what the arithmetic
+// alone allows, the ceiling for the memory-bound size).
+template <typename T, bool kBefore>
 void BM_GeluForward(benchmark::State& state) {
-  const int64_t n = int64_t(N) * 4 * C;
-  std::vector<float> inp = buffer(size_t(n), 0.3f), out = buffer(size_t(n), 0);
-  for (auto _ : state) gelu_forward(out.data(), inp.data(), n);
-  state.SetBytesProcessed(int64_t(state.iterations()) * n * 8);
+  const int64_t n = state.range(0);
+  std::vector<T> inp = buffer<T>(size_t(n), 0.3f), out = buffer<T>(size_t(n), 0);
+  for (auto _ : state) {
+    if constexpr (kBefore) {
+      before::gelu_forward(out.data(), inp.data(), n);
+    } else {
+      gelu_forward(out.data(), inp.data(), n);
+    }
+  }
+  report(state, double(n) * 2 * sizeof(T));
 }
 
+template <typename T, bool kBefore>
 void BM_GeluBackward(benchmark::State& state) {
-  const int64_t n = int64_t(N) * 4 * C;
-  std::vector<float> inp = buffer(size_t(n), 0.3f), d = buffer(size_t(n), 0.1f);
-  for (auto _ : state) gelu_backward(d.data(), inp.data(), d.data(), n);
-  state.SetBytesProcessed(int64_t(state.iterations()) * n * 12);
+  const int64_t n = state.range(0);
+  std::vector<T> inp = buffer<T>(size_t(n), 0.3f), d = buffer<T>(size_t(n), 0.1f);
+  for (auto _ : state) {
+    if constexpr (kBefore) {
+      before::gelu_backward(d.data(), inp.data(), d.data(), n);
+    } else {
+      gelu_backward(d.data(), inp.data(), d.data(), n);
+    }
+  }
+  report(state, double(n) * 3 * sizeof(T));
 }
 
 void BM_Residual(benchmark::State& state) {
-  const int64_t n = int64_t(N) * C;
-  std::vector<float> a = buffer(size_t(n), 1), b = buffer(size_t(n), 2);
-  for (auto _ : state) residual_forward(a.data(), a.data(), b.data(), n);
-  state.SetBytesProcessed(int64_t(state.iterations()) * n * 12);
+  std::vector<float> a = buffer(size_t(kElems), 1), b = buffer(size_t(kElems), 2);
+  for (auto _ : state) residual_forward(a.data(), a.data(), b.data(), kElems);
+  report(state, double(kElems) * 12);
+}
+
+void BM_ResidualBackward(benchmark::State& state) {
+  std::vector<float> a = buffer(size_t(kElems), 1), d = buffer(size_t(kElems), 2);
+  for (auto _ : state) residual_backward(a.data(), nullptr, d.data(), kElems);
+  report(state, double(kElems) * 12);
+}
+
+template <bool kBefore>
+void BM_CastToBf16(benchmark::State& state) {
+  std::vector<float> inp = buffer(size_t(kElems), 0.3f);
+  std::vector<bf16_t> out = buffer<bf16_t>(size_t(kElems), 0);
+  for (auto _ : state) {
+    if constexpr (kBefore) {
+      before::cast_to_bf16(out.data(), inp.data(), kElems);
+    } else {
+      cast_to_bf16(out.data(), inp.data(), kElems);
+    }
+  }
+  report(state, double(kElems) * 6);
+}
+
+void BM_CastToF16(benchmark::State& state) {
+  std::vector<float> inp = buffer(size_t(kElems), 0.3f);
+  std::vector<f16_t> out = buffer<f16_t>(size_t(kElems), 0);
+  for (auto _ : state) cast_to_f16(out.data(), inp.data(), kElems);
+  report(state, double(kElems) * 6);
+}
+
+template <bool kBefore>
+void BM_RoundToF16Values(benchmark::State& state) {
+  std::vector<float> x = buffer(size_t(kElems), 0.3f);
+  for (auto _ : state) {
+    if constexpr (kBefore) {
+      before::round_to_f16_values(x.data(), x.data(), kElems);
+    } else {
+      round_to_f16_values(x.data(), x.data(), kElems);
+    }
+  }
+  report(state, double(kElems) * 8);
 }
 
 void BM_AdamW(benchmark::State& state) {
@@ -76,28 +254,147 @@ void BM_AdamW(benchmark::State& state) {
   AdamWParams hp{1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1, 1.0f};
   for (auto _ : state) adamw_update(p.data(), g.data(), m.data(), v.data(), n, hp);
   // reads p, g, m, v; writes p, m, v
-  state.SetBytesProcessed(int64_t(state.iterations()) * n * 28);
+  report(state, double(n) * 28);
 }
 
-void BM_CrossEntropyBackward(benchmark::State& state) {
-  const int rows = 256, V = 50257;
-  std::vector<float> logits = buffer(size_t(rows) * V, 0.01f);
-  std::vector<int32_t> tg(rows, 7);
-  for (auto _ : state) {
-    cross_entropy_backward(logits.data(), logits.data(), tg.data(), rows, V, 1.0f / rows);
+void BM_AdamWWithBf16Copy(benchmark::State& state) {
+  const int64_t n = 124'000'000;
+  std::vector<float> p = buffer(size_t(n), 0.01f), g = buffer(size_t(n), 0.001f),
+                     m = buffer(size_t(n), 0), v = buffer(size_t(n), 0);
+  std::vector<bf16_t> copy = buffer<bf16_t>(size_t(n), 0);
+  AdamWParams hp{1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1, 1.0f};
+  for (auto _ : state) adamw_update(p.data(), g.data(), m.data(), v.data(), n, hp, copy.data());
+  report(state, double(n) * 30);
+}
+
+// ---- the loss over GPT-2's logits: 2048 tokens x 50257 (412 MB fp32) ------------------------
+constexpr int kTokens = 2048, kVocab = 50257;
+
+struct Logits {
+  std::vector<float> x;
+  std::vector<int32_t> targets;
+  Logits() : x(size_t(kTokens) * kVocab), targets(kTokens) {
+    for (size_t i = 0; i < x.size(); ++i) x[i] = float(int(i * 2654435761u % 2000u)) * 0.005f;
+    for (int n = 0; n < kTokens; ++n) targets[size_t(n)] = (n * 7919) % kVocab;
   }
-  // two reads (statistics, then the gradient pass) and one write of the logits
-  state.SetBytesProcessed(int64_t(state.iterations()) * int64_t(rows) * V * 12);
+};
+constexpr double kLogitBytes = double(kTokens) * kVocab * 4;
+
+template <bool kBefore>
+void BM_CrossEntropyForward(benchmark::State& state) {
+  Logits l;
+  std::vector<float> losses(kTokens), lse(kTokens);
+  for (auto _ : state) {
+    if constexpr (kBefore) {
+      before::cross_entropy_forward(losses.data(), l.x.data(), l.targets.data(), kTokens, kVocab);
+    } else {
+      cross_entropy_forward(losses.data(), lse.data(), l.x.data(), l.targets.data(), kTokens,
+                            kVocab);
+    }
+  }
+  report(state, kLogitBytes);  // the logits read once: what one pass must move
 }
 
-BENCHMARK(BM_Triad)->Unit(benchmark::kMillisecond)->UseRealTime();
-BENCHMARK(BM_LayerNormForward)->Unit(benchmark::kMillisecond)->UseRealTime();
-BENCHMARK(BM_LayerNormBackward)->Unit(benchmark::kMillisecond)->UseRealTime();
-BENCHMARK(BM_GeluForward)->Unit(benchmark::kMillisecond)->UseRealTime();
-BENCHMARK(BM_GeluBackward)->Unit(benchmark::kMillisecond)->UseRealTime();
-BENCHMARK(BM_Residual)->Unit(benchmark::kMillisecond)->UseRealTime();
-BENCHMARK(BM_AdamW)->Unit(benchmark::kMillisecond)->UseRealTime();
-BENCHMARK(BM_CrossEntropyBackward)->Unit(benchmark::kMillisecond)->UseRealTime();
+// In place, as the model runs it. The same logits every iteration: the gradient overwrites
+// them, so each iteration first restores them outside the timing.
+void ce_backward_bench(benchmark::State& state, DType storage, bool before_kernels) {
+  Logits l;
+  std::vector<float> x = l.x, losses(kTokens), lse(kTokens);
+  cross_entropy_forward(losses.data(), lse.data(), l.x.data(), l.targets.data(), kTokens, kVocab);
+  const float dloss = 1.0f / kTokens;
+  for (auto _ : state) {
+    state.PauseTiming();
+    std::memcpy(x.data(), l.x.data(), x.size() * sizeof(float));
+    state.ResumeTiming();
+    if (before_kernels) {
+      before::cross_entropy_backward(x.data(), x.data(), l.targets.data(), kTokens, kVocab, dloss);
+      if (storage == DType::kBF16) round_to_bf16_dense_inplace(x.data(), kTokens, kVocab);
+      if (storage == DType::kF16)
+        before::round_to_f16_values(x.data(), x.data(), int64_t(x.size()));
+    } else {
+      cross_entropy_backward_inplace(x.data(), lse.data(), l.targets.data(), kTokens, kVocab, dloss,
+                                     storage);
+    }
+    benchmark::DoNotOptimize(x.data());
+  }
+  // One read of the logits and one write of dlogits in their storage: what one pass must move.
+  report(state, kLogitBytes * (storage == DType::kBF16 ? 1.5 : 2.0));
+}
+
+void BM_CrossEntropyBackward(benchmark::State& s) { ce_backward_bench(s, DType::kF32, false); }
+void BM_CrossEntropyBackwardBefore(benchmark::State& s) { ce_backward_bench(s, DType::kF32, true); }
+void BM_CrossEntropyBackwardBf16(benchmark::State& s) { ce_backward_bench(s, DType::kBF16, false); }
+void BM_CrossEntropyBackwardBf16Before(benchmark::State& s) {
+  ce_backward_bench(s, DType::kBF16, true);
+}
+void BM_CrossEntropyBackwardF16(benchmark::State& s) { ce_backward_bench(s, DType::kF16, false); }
+
+#define HR_BENCH(...) BENCHMARK(__VA_ARGS__)->Unit(benchmark::kMillisecond)->UseRealTime()
+HR_BENCH(BM_Triad);
+HR_BENCH(BM_LayerNormForward<float>);
+HR_BENCH(BM_LayerNormForward<bf16_t>);
+HR_BENCH(BM_LayerNormForward<f16_t>);
+HR_BENCH(BM_LayerNormBackward<float>);
+HR_BENCH(BM_LayerNormBackward<bf16_t>);
+HR_BENCH(BM_LayerNormBackward<f16_t>);
+HR_BENCH(BM_GeluForward<float, true>)
+    ->Name("BM_GeluForwardBefore<float>")
+    ->Arg(kElems)
+    ->Arg(256 << 10);
+HR_BENCH(BM_GeluForward<float, false>)->Name("BM_GeluForward<float>")->Arg(kElems)->Arg(256 << 10);
+HR_BENCH(BM_GeluForward<bf16_t, true>)
+    ->Name("BM_GeluForwardBefore<bf16_t>")
+    ->Arg(kElems)
+    ->Arg(256 << 10);
+HR_BENCH(BM_GeluForward<bf16_t, false>)
+    ->Name("BM_GeluForward<bf16_t>")
+    ->Arg(kElems)
+    ->Arg(256 << 10);
+HR_BENCH(BM_GeluForward<f16_t, true>)
+    ->Name("BM_GeluForwardBefore<f16_t>")
+    ->Arg(kElems)
+    ->Arg(256 << 10);
+HR_BENCH(BM_GeluForward<f16_t, false>)->Name("BM_GeluForward<f16_t>")->Arg(kElems)->Arg(256 << 10);
+HR_BENCH(BM_GeluBackward<float, true>)
+    ->Name("BM_GeluBackwardBefore<float>")
+    ->Arg(kElems)
+    ->Arg(256 << 10);
+HR_BENCH(BM_GeluBackward<float, false>)
+    ->Name("BM_GeluBackward<float>")
+    ->Arg(kElems)
+    ->Arg(256 << 10);
+HR_BENCH(BM_GeluBackward<bf16_t, true>)
+    ->Name("BM_GeluBackwardBefore<bf16_t>")
+    ->Arg(kElems)
+    ->Arg(256 << 10);
+HR_BENCH(BM_GeluBackward<bf16_t, false>)
+    ->Name("BM_GeluBackward<bf16_t>")
+    ->Arg(kElems)
+    ->Arg(256 << 10);
+HR_BENCH(BM_GeluBackward<f16_t, true>)
+    ->Name("BM_GeluBackwardBefore<f16_t>")
+    ->Arg(kElems)
+    ->Arg(256 << 10);
+HR_BENCH(BM_GeluBackward<f16_t, false>)
+    ->Name("BM_GeluBackward<f16_t>")
+    ->Arg(kElems)
+    ->Arg(256 << 10);
+HR_BENCH(BM_Residual);
+HR_BENCH(BM_ResidualBackward);
+HR_BENCH(BM_CastToBf16<true>)->Name("BM_CastToBf16Before");
+HR_BENCH(BM_CastToBf16<false>)->Name("BM_CastToBf16");
+HR_BENCH(BM_CastToF16);
+HR_BENCH(BM_RoundToF16Values<true>)->Name("BM_RoundToF16ValuesBefore");
+HR_BENCH(BM_RoundToF16Values<false>)->Name("BM_RoundToF16Values");
+HR_BENCH(BM_AdamW);
+HR_BENCH(BM_AdamWWithBf16Copy);
+HR_BENCH(BM_CrossEntropyForward<true>)->Name("BM_CrossEntropyForwardBefore");
+HR_BENCH(BM_CrossEntropyForward<false>)->Name("BM_CrossEntropyForward");
+HR_BENCH(BM_CrossEntropyBackwardBefore);
+HR_BENCH(BM_CrossEntropyBackward);
+HR_BENCH(BM_CrossEntropyBackwardBf16Before);
+HR_BENCH(BM_CrossEntropyBackwardBf16);
+HR_BENCH(BM_CrossEntropyBackwardF16);
 
 }  // namespace
 }  // namespace headroom::cpu

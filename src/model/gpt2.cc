@@ -198,10 +198,11 @@ ActivationTable gpt2_activation_table(const Gpt2Config& c, int B, int T, bool tr
   t.ids.lnf = add_low("lnf", {B, T, C}, A);
   t.ids.lnf_mean = add("lnf_mean", {B, T}, A);
   t.ids.lnf_rstd = add("lnf_rstd", {B, T}, A);
-  t.ids.logits = t.ids.head_lse = t.ids.head_scratch = SIZE_MAX;
+  t.ids.logits = t.ids.head_scratch = SIZE_MAX;
+  // Each row's log-sum-exp, saved by the loss's forward for its one-pass backward (both heads).
+  t.ids.head_lse = add("head_lse", {B, T}, Category::kLogits);
   if (options.head_chunk > 0) {
     const int chunk = std::min(options.head_chunk, B * T);
-    t.ids.head_lse = add("head_lse", {B, T}, Category::kLogits);
     t.ids.head_scratch =
         low == DType::kF32
             ? add("head_logits_chunk", {chunk, V}, Category::kLogits)
@@ -563,6 +564,17 @@ template <typename T>
 T* buf(const memory::Arena& a, size_t id) {
   return static_cast<T*>(a.data(id));
 }
+// The dtype of activations of type T (float, bf16_t, f16_t).
+template <typename T>
+constexpr DType dtype_of_storage() {
+  if constexpr (std::is_same_v<T, bf16_t>) {
+    return DType::kBF16;
+  } else if constexpr (std::is_same_v<T, f16_t>) {
+    return DType::kF16;
+  } else {
+    return DType::kF32;
+  }
+}
 }  // namespace
 
 template <typename T>
@@ -704,8 +716,9 @@ double Gpt2::forward_t(const int32_t* inputs, const int32_t* targets, int64_t* v
       op_boundary(-1);
       return 0.0;
     }
-    timed(OpKind::kLoss,
-          [&] { cpu::cross_entropy_forward(losses, a.f32(id.logits), targets, N, V); });
+    timed(OpKind::kLoss, [&] {
+      cpu::cross_entropy_forward(losses, a.f32(id.head_lse), a.f32(id.logits), targets, N, V);
+    });
   }
   double sum = 0.0;
   int64_t count = 0;
@@ -755,21 +768,41 @@ void Gpt2::backward_t(const int32_t* inputs, const int32_t* targets, float dloss
   T* d4c = buf<T>(a, id.d_4c);
   T* lnf = buf<T>(a, id.lnf);
   const int64_t ld4 = acts_->options.mlp_row_stride(4 * C);
-  // The residual stream's gradient as the GEMMs read it: itself in fp32, its bf16 rounding in
-  // bf16 (refreshed after every change).
-  auto dres_for_gemm = [&]() -> const T* {
+  // The residual stream's gradient as the GEMMs read it: itself in fp32; in bf16 / f16 its
+  // rounding (dresidual_low), which every LayerNorm backward inside the blocks refreshes in the
+  // same pass (ln_backward_dres). The last block's first GEMM casts it (`cast`) after the final
+  // LayerNorm's backward instead: dresidual_low is not live during the head's ops (the plan's
+  // peak), so that LayerNorm must not write it.
+  auto dres_for_gemm = [&](bool cast) -> const T* {
     if constexpr (std::is_same_v<T, float>) {
       return dres;
     } else {
       T* low = buf<T>(a, id.dresidual_low);
-      timed(OpKind::kElementwise, [&] {
-        if constexpr (std::is_same_v<T, f16_t>) {
-          cpu::cast_to_f16(low, dres, int64_t(N) * C);
-        } else {
-          cpu::cast_to_bf16(low, dres, int64_t(N) * C);
-        }
-      });
+      if (cast) {
+        timed(OpKind::kElementwise, [&] {
+          if constexpr (std::is_same_v<T, f16_t>) {
+            cpu::cast_to_f16(low, dres, int64_t(N) * C);
+          } else {
+            cpu::cast_to_bf16(low, dres, int64_t(N) * C);
+          }
+        });
+      }
       return low;
+    }
+  };
+  // dres += LayerNorm backward; `low`: also round the result into dresidual_low for the next
+  // GEMM (not after the first block's ln1, whose gradient only the embedding reads, in fp32).
+  auto ln_backward_dres = [&](float* dw, float* db, const T* dout, const float* inp, const float* w,
+                              const float* mean, const float* rstd, bool low) {
+    if constexpr (std::is_same_v<T, float>) {
+      cpu::layernorm_backward(dres, dw, db, dout, inp, w, mean, rstd, N, C);
+    } else {
+      if (low) {
+        cpu::layernorm_backward(dres, buf<T>(a, id.dresidual_low), dw, db, dout, inp, w, mean, rstd,
+                                N, C);
+      } else {
+        cpu::layernorm_backward(dres, dw, db, dout, inp, w, mean, rstd, N, C);
+      }
     }
   };
 
@@ -789,22 +822,23 @@ void Gpt2::backward_t(const int32_t* inputs, const int32_t* targets, float dloss
                                C, V, acts_->options.head_chunk, dloss, a.f32(id.head_scratch));
     });
   } else {
-    // The logits buffer becomes dlogits in place (and, in bf16, their dense bf16 rounding in
-    // the first half of the same memory).
+    // The logits buffer becomes dlogits in place, in one pass from the saved log-sum-exp,
+    // stored as the head's GEMM reads them: fp32; fp32 holding f16 values (as the f16 GEMMs of
+    // autocast read them); or, in bf16, their dense bf16 rounding in the first half of the same
+    // memory (oneDNN's AMX kernels take dense rows).
     float* dlogits = a.f32(id.logits);
-    timed(OpKind::kLoss,
-          [&] { cpu::cross_entropy_backward(dlogits, dlogits, targets, N, V, dloss); });
+    timed(OpKind::kLoss, [&] {
+      cpu::cross_entropy_backward_inplace(dlogits, a.f32(id.head_lse), targets, N, V, dloss,
+                                          dtype_of_storage<T>());
+    });
     timed(OpKind::kGemm, [&] {
       if constexpr (std::is_same_v<T, float>) {
         cpu::matmul_backward(dc, dwte, nullptr, dlogits, lnf, wte, N, C, V,
                              cpu::WeightLayout::kOutIn);
       } else if constexpr (std::is_same_v<T, f16_t>) {
-        // fp16: dlogits rounded to f16 values in place (as the f16 GEMMs of autocast read them).
-        cpu::round_to_f16_values(dlogits, dlogits, int64_t(N) * V);
         cpu::matmul_backward(dc, dwte, nullptr, static_cast<const float*>(dlogits), lnf,
                              gemm_weight<T>(wte), N, C, V, cpu::WeightLayout::kOutIn);
       } else {
-        cpu::round_to_bf16_dense_inplace(dlogits, N, V);
         cpu::matmul_backward(dc, dwte, nullptr, reinterpret_cast<const T*>(dlogits), lnf,
                              gemm_weight<T>(wte), N, C, V, cpu::WeightLayout::kOutIn);
       }
@@ -813,8 +847,8 @@ void Gpt2::backward_t(const int32_t* inputs, const int32_t* targets, float dloss
   const float* last = L > 0 ? a.f32(id.fwd[size_t(L - 1)].residual3) : a.f32(id.encoded);
   timed(OpKind::kElementwise, [&] { cpu::zero(dres, int64_t(N) * C); });
   timed(OpKind::kNorm, [&] {
-    cpu::layernorm_backward(dres, grad_ptr(np - 2), grad_ptr(np - 1), dc, last, param_ptr(np - 2),
-                            a.f32(id.lnf_mean), a.f32(id.lnf_rstd), N, C);
+    ln_backward_dres(grad_ptr(np - 2), grad_ptr(np - 1), dc, last, param_ptr(np - 2),
+                     a.f32(id.lnf_mean), a.f32(id.lnf_rstd), false);
   });
   hook_after(Phase::kBackward, L);
   // dres now holds the gradient of the last block's output; walk the blocks backwards.
@@ -846,7 +880,7 @@ void Gpt2::backward_t(const int32_t* inputs, const int32_t* targets, float dloss
       timed(OpKind::kElementwise, [&] { cpu::gelu_forward(fch_gelu, fch, int64_t(N) * ld4); });
     }
     // MLP: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2)))).
-    const T* dres3 = dres_for_gemm();
+    const T* dres3 = dres_for_gemm(l == L - 1);
     timed(OpKind::kGemm, [&] {
       cpu::matmul_backward(d4c, g.fcproj_w, g.fcproj_b, dres3, fch_gelu, gemm_weight<T>(w.fcproj_w),
                            N, 4 * C, C, cpu::WeightLayout::kInOut, {.inp = ld4, .out = 0});
@@ -857,11 +891,11 @@ void Gpt2::backward_t(const int32_t* inputs, const int32_t* targets, float dloss
                            cpu::WeightLayout::kInOut, {.inp = 0, .out = ld4});
     });
     timed(OpKind::kNorm, [&] {
-      cpu::layernorm_backward(dres, g.ln2_w, g.ln2_b, dc, a.f32(s.residual2), w.ln2_w,
-                              a.f32(s.ln2_mean), a.f32(s.ln2_rstd), N, C);
+      ln_backward_dres(g.ln2_w, g.ln2_b, dc, a.f32(s.residual2), w.ln2_w, a.f32(s.ln2_mean),
+                       a.f32(s.ln2_rstd), true);
     });
     // Attention: residual2 = x + attproj(attention(qkv(ln1(x)))).
-    const T* dres2 = dres_for_gemm();
+    const T* dres2 = dres_for_gemm(false);
     timed(OpKind::kGemm, [&] {
       cpu::matmul_backward(dc, g.attproj_w, g.attproj_b, dres2, atty, gemm_weight<T>(w.attproj_w),
                            N, C, C, cpu::WeightLayout::kInOut);
@@ -887,8 +921,8 @@ void Gpt2::backward_t(const int32_t* inputs, const int32_t* targets, float dloss
                            cpu::WeightLayout::kInOut);
     });
     timed(OpKind::kNorm, [&] {
-      cpu::layernorm_backward(dres, g.ln1_w, g.ln1_b, dc, x, w.ln1_w, a.f32(s.ln1_mean),
-                              a.f32(s.ln1_rstd), N, C);
+      ln_backward_dres(g.ln1_w, g.ln1_b, dc, x, w.ln1_w, a.f32(s.ln1_mean), a.f32(s.ln1_rstd),
+                       l > 0);
     });
     hook_after(Phase::kBackward, l);
   }

@@ -104,7 +104,7 @@ struct Gpt2ActivationIds {
                            // ones are the shared "recompute.*" buffers
   size_t lnf, lnf_mean, lnf_rstd;
   size_t logits;        // [B,T,V]; SIZE_MAX with the fused head
-  size_t head_lse;      // [B,T] log-sum-exp of the fused head; SIZE_MAX otherwise
+  size_t head_lse;      // [B,T] each row's log-sum-exp, saved by the loss's forward (both heads)
   size_t head_scratch;  // [chunk,V] logits chunk of the fused head; SIZE_MAX otherwise
   size_t losses;
   size_t att_fwd_scratch;  // tiled attention's forward scratch; SIZE_MAX for plain attention

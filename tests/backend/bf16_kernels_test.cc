@@ -92,6 +92,27 @@ TEST(Bf16, RoundDenseInPlaceMatchesTheCast) {
   }
 }
 
+// The loss's backward writes the dense bf16 dlogits in the same pass: the bits of the fp32
+// gradient rounded once, for row counts that exercise each of the in-place rounds (1, 2, 3, ...)
+// and rows with an ignored target.
+TEST(Bf16, CrossEntropyBackwardWritesDenseBf16InPlace) {
+  for (int N : {1, 2, 3, 5, 17, 64}) {
+    const int V = 2100;  // two softmax blocks, and V % 16 != 0
+    VecF logits = rand_vec(size_t(N) * V, 40 + N, -6, 6);
+    std::vector<int32_t> tg(static_cast<size_t>(N));
+    for (int n = 0; n < N; ++n) tg[size_t(n)] = n % 4 == 1 ? -1 : (n * 131) % V;
+    VecF loss(static_cast<size_t>(N)), lse(static_cast<size_t>(N));
+    cross_entropy_forward(loss.data(), lse.data(), logits.data(), tg.data(), N, V);
+    VecF f32 = logits, b = logits;
+    cross_entropy_backward_inplace(f32.data(), lse.data(), tg.data(), N, V, 0.03f, DType::kF32);
+    cross_entropy_backward_inplace(b.data(), lse.data(), tg.data(), N, V, 0.03f, DType::kBF16);
+    const auto* out = reinterpret_cast<const bf16_t*>(b.data());
+    for (int64_t i = 0; i < int64_t(N) * V; ++i) {
+      ASSERT_EQ(out[i].bits, f32_to_bf16_bits(f32[size_t(i)])) << N << " rows, element " << i;
+    }
+  }
+}
+
 TEST(Bf16, LayerNorm) {
   const int N = 13, C = 96;
   VecF x = rand_vec(size_t(N) * C, 3, -2, 2), w = rand_vec(C, 4), b = rand_vec(C, 5);
@@ -115,6 +136,17 @@ TEST(Bf16, LayerNorm) {
   expect_close(dx2, dx, 1e-6, 1e-6, "layernorm dinp");
   expect_close(dw2, dw, 1e-6, 1e-6, "layernorm dweight");
   expect_close(db2, db, 1e-6, 1e-6, "layernorm dbias");
+
+  // With dinp_low: the same dinp and parameter gradients, bit for bit, and dinp_low the rounding
+  // of the updated dinp (the cast it replaces).
+  VecF dx3(size_t(N) * C, 0.5f), dw3(C, 0.25f), db3(C, -0.25f);
+  VecB low(size_t(N) * C);
+  layernorm_backward(dx3.data(), low.data(), dw3.data(), db3.data(), doutb.data(), x.data(),
+                     w.data(), mean.data(), rstd.data(), N, C);
+  expect_close(dx3, dx2, 1e-6, 1e-6, "layernorm dinp with dinp_low");
+  EXPECT_EQ(dw3, dw2);
+  EXPECT_EQ(db3, db2);
+  for (size_t i = 0; i < dx3.size(); ++i) ASSERT_EQ(low[i].bits, f32_to_bf16_bits(dx3[i])) << i;
 }
 
 TEST(Bf16, Gelu) {

@@ -124,6 +124,33 @@ TEST(F16, LayerNorm) {
   expect_close(dx2, dx, 1e-6, 1e-6, "layernorm dinp");
   expect_close(dw2, dw, 1e-6, 1e-6, "layernorm dweight");
   expect_close(db2, db, 1e-6, 1e-6, "layernorm dbias");
+
+  // With dinp_low: the same dinp and parameter gradients, bit for bit, and dinp_low the rounding
+  // of the updated dinp (the cast it replaces).
+  VecF dx3(size_t(N) * C, 0.5f), dw3(C, 0.25f), db3(C, -0.25f);
+  VecH low(size_t(N) * C);
+  layernorm_backward(dx3.data(), low.data(), dw3.data(), db3.data(), douth.data(), x.data(),
+                     w.data(), mean.data(), rstd.data(), N, C);
+  expect_close(dx3, dx2, 1e-6, 1e-6, "layernorm dinp with dinp_low");
+  EXPECT_EQ(dw3, dw2);
+  EXPECT_EQ(db3, db2);
+  for (size_t i = 0; i < dx3.size(); ++i) ASSERT_EQ(low[i].bits, f32_to_f16_bits(dx3[i])) << i;
+}
+
+// fp16: the loss's backward writes fp32 holding the f16 rounding of each gradient, in the same
+// pass: the bits of the fp32 gradient rounded once (small values become f16 subnormals or 0).
+TEST(F16, CrossEntropyBackwardRoundsToF16Values) {
+  const int N = 5, V = 2100;
+  VecF logits = rand_vec(size_t(N) * V, 50, -12, 12);
+  std::vector<int32_t> tg = {3, -1, V - 1, 0, 1000};
+  VecF loss(N), lse(N);
+  cross_entropy_forward(loss.data(), lse.data(), logits.data(), tg.data(), N, V);
+  VecF f32 = logits, h = logits;
+  cross_entropy_backward_inplace(f32.data(), lse.data(), tg.data(), N, V, 0.2f, DType::kF32);
+  cross_entropy_backward_inplace(h.data(), lse.data(), tg.data(), N, V, 0.2f, DType::kF16);
+  for (size_t i = 0; i < h.size(); ++i) {
+    ASSERT_EQ(h[i], f16_bits_to_f32(f32_to_f16_bits(f32[i]))) << i;
+  }
 }
 
 TEST(F16, Gelu) {

@@ -437,6 +437,194 @@ TEST(CrossEntropy, Gpt2Vocabulary) {
   }
 }
 
+// The one-pass loss: the forward saves each row's log-sum-exp, the backward reads the logits once.
+// Vocabularies span several of softmax_row_stats's blocks (kSoftmaxBlock = 2048 floats), so the
+// running max is raised and the partial sums rescaled between blocks.
+double lse_ref(const VecD& x, size_t off, int V) {
+  double mx = -1e300, s = 0;
+  for (int i = 0; i < V; ++i) mx = std::max(mx, x[off + size_t(i)]);
+  for (int i = 0; i < V; ++i) s += std::exp(x[off + size_t(i)] - mx);
+  return std::log(s) + mx;
+}
+
+struct CeCase {
+  VecF logits;
+  std::vector<int32_t> tg;
+  int N, V;
+};
+
+// Rows: random; ignored; +1000 (large); -1000 (small); ascending (the max rises in every block);
+// descending (it never rises after the first); one spike at the end; random again.
+CeCase ce_case(int V) {
+  const int N = 8;
+  CeCase c{rand_vec(size_t(N) * V, 120, -8, 8), {7, -1, V - 1, 0, V / 2, 3, V - 2, -1}, N, V};
+  float* x = c.logits.data();
+  for (int i = 0; i < V; ++i) {
+    x[2 * V + i] += 1000.0f;
+    x[3 * V + i] -= 1000.0f;
+    x[4 * V + i] = 20.0f * float(i) / float(V);
+    x[5 * V + i] = -20.0f * float(i) / float(V);
+  }
+  x[6 * V + V - 1] = 60.0f;
+  return c;
+}
+
+TEST(CrossEntropy, OnePassForwardSavesTheLogSumExp) {
+  for (int V : {37, 2048, 2049, 6150}) {
+    CeCase c = ce_case(V);
+    VecF loss(c.N, -1.0f), lse(c.N, -1.0f), loss_only(c.N, -1.0f);
+    cross_entropy_forward(loss.data(), lse.data(), c.logits.data(), c.tg.data(), c.N, V);
+    const VecD ld = to_d(c.logits);
+    // One float rounding of the lse (~1e-7 relative of |lse| <= ~1060) and of the sum: the
+    // +-1000 rows keep ~1e-4 absolute.
+    expect_close(loss, cross_entropy_ref(ld, c.tg, c.N, V), 2e-4, 1e-5,
+                 "losses V=" + std::to_string(V));
+    VecD want(c.N, 0.0);
+    for (int n = 0; n < c.N; ++n) {
+      if (c.tg[size_t(n)] >= 0) want[size_t(n)] = lse_ref(ld, size_t(n) * V, V);
+    }
+    expect_close(lse, want, 2e-4, 2e-7, "lse V=" + std::to_string(V));
+    EXPECT_EQ(loss[1], 0.0f);
+    EXPECT_EQ(lse[1], 0.0f) << "ignored rows get lse 0";
+    // Without an lse: the same losses, bit for bit.
+    cross_entropy_forward(loss_only.data(), c.logits.data(), c.tg.data(), c.N, V);
+    EXPECT_EQ(loss_only, loss);
+  }
+}
+
+TEST(CrossEntropy, BackwardFromTheSavedLse) {
+  for (int V : {37, 2049, 6150}) {
+    CeCase c = ce_case(V);
+    VecF loss(c.N), lse(c.N);
+    cross_entropy_forward(loss.data(), lse.data(), c.logits.data(), c.tg.data(), c.N, V);
+    const float dloss = 0.125f;
+    VecF dl(c.logits.size(), 9.0f);
+    cross_entropy_backward(dl.data(), c.logits.data(), lse.data(), c.tg.data(), c.N, V, dloss);
+    // Against the double softmax: exp(x - lse) with the lse rounded to float (~1e-7 relative
+    // times |lse| ~1000 in the shifted rows: ~1e-4 relative in the probabilities).
+    const VecD ld = to_d(c.logits);
+    VecD want(dl.size(), 0.0);
+    for (int n = 0; n < c.N; ++n) {
+      if (c.tg[size_t(n)] < 0) continue;
+      const size_t off = size_t(n) * V;
+      const double l = lse_ref(ld, off, V);
+      for (int i = 0; i < V; ++i) want[off + size_t(i)] = std::exp(ld[off + size_t(i)] - l) * dloss;
+      want[off + size_t(c.tg[size_t(n)])] -= dloss;
+    }
+    expect_close(dl, want, 1e-8, 2e-4, "dlogits V=" + std::to_string(V));
+    for (int i = 0; i < V; ++i) ASSERT_EQ(dl[size_t(1) * V + size_t(i)], 0.0f) << "ignored row";
+    // The statistics recomputed (no lse) and in place (fp32 storage) agree.
+    VecF re(c.logits.size(), 9.0f);
+    cross_entropy_backward(re.data(), c.logits.data(), c.tg.data(), c.N, V, dloss);
+    expect_close(re, dl, 1e-9, 1e-5, "recomputed statistics");
+    VecF inplace = c.logits;
+    cross_entropy_backward_inplace(inplace.data(), lse.data(), c.tg.data(), c.N, V, dloss,
+                                   DType::kF32);
+    EXPECT_EQ(inplace, dl) << "in place";
+    VecF aliased = c.logits;
+    cross_entropy_backward(aliased.data(), aliased.data(), lse.data(), c.tg.data(), c.N, V, dloss);
+    EXPECT_EQ(aliased, dl) << "dlogits aliasing logits";
+  }
+}
+
+TEST(CrossEntropy, BackwardMatchesFiniteDifferences) {
+  const int N = 4, V = 29;
+  VecF logits = rand_vec(N * V, 130, -3, 3);
+  std::vector<int32_t> tg = {2, -1, 28, 0};
+  VecF loss(N), lse(N), dl(N * V);
+  cross_entropy_forward(loss.data(), lse.data(), logits.data(), tg.data(), N, V);
+  const float dloss = 0.5f;
+  cross_entropy_backward(dl.data(), logits.data(), lse.data(), tg.data(), N, V, dloss);
+  VecD R(N, dloss);
+  VecD g = fd_grad([&](const VecD& v) { return cross_entropy_ref(v, tg, N, V); }, to_d(logits), R);
+  expect_close(dl, g, 1e-6, 1e-4, "dlogits");
+}
+
+TEST(CrossEntropy, ThreadCountIndependent) {
+  // Each row is computed by one thread with blocks and lanes fixed by V: the same bits with 1, 2
+  // and 3 threads, for every dlogits storage (the bf16 one runs in rounds over the rows).
+  const int saved = omp_get_max_threads();
+  CeCase c = ce_case(6150);
+  std::vector<std::vector<float>> first;
+  for (int threads : {1, 2, 3}) {
+    omp_set_num_threads(threads);
+    std::vector<std::vector<float>> r;
+    VecF loss(c.N), lse(c.N);
+    cross_entropy_forward(loss.data(), lse.data(), c.logits.data(), c.tg.data(), c.N, c.V);
+    r.push_back(loss);
+    r.push_back(lse);
+    for (DType st : {DType::kF32, DType::kF16, DType::kBF16}) {
+      VecF d = c.logits;
+      cross_entropy_backward_inplace(d.data(), lse.data(), c.tg.data(), c.N, c.V, 0.01f, st);
+      r.push_back(d);
+    }
+    if (first.empty()) {
+      first = r;
+    } else {
+      for (size_t i = 0; i < r.size(); ++i) {
+        EXPECT_EQ(r[i], first[i]) << "output " << i << " with " << threads << " threads";
+      }
+    }
+  }
+  omp_set_num_threads(saved);
+}
+
+// GELU and the casts run every element through the same vector instructions (the last vector of
+// each thread's range masked, no scalar tail): the same bits for any thread count, at a length
+// that splits differently for 1, 2 and 3 threads.
+TEST(Elementwise, GeluAndCastsAreThreadCountIndependent) {
+  const int saved = omp_get_max_threads();
+  const int64_t n = 100003;
+  const size_t un = static_cast<size_t>(n);
+  VecF x = rand_vec(un, 140, -6, 6), d = rand_vec(un, 141);
+  std::vector<bf16_t> xb(un), db(un);
+  std::vector<f16_t> xh(un), dh(un);
+  cast_to_bf16(xb.data(), x.data(), n);
+  cast_to_bf16(db.data(), d.data(), n);
+  cast_to_f16(xh.data(), x.data(), n);
+  cast_to_f16(dh.data(), d.data(), n);
+  auto run = [&] {
+    std::vector<std::vector<uint16_t>> r16;
+    std::vector<VecF> r32;
+    VecF y(un), g(un), rh(un);
+    gelu_forward(y.data(), x.data(), n);
+    gelu_backward(g.data(), x.data(), d.data(), n);
+    round_to_f16_values(rh.data(), x.data(), n);
+    r32 = {y, g, rh};
+    std::vector<bf16_t> yb(un), gb(un), cb(un);
+    std::vector<f16_t> yh(un), gh(un);
+    gelu_forward(yb.data(), xb.data(), n);
+    gelu_backward(gb.data(), xb.data(), db.data(), n);
+    cast_to_bf16(cb.data(), x.data(), n);
+    gelu_forward(yh.data(), xh.data(), n);
+    gelu_backward(gh.data(), xh.data(), dh.data(), n);
+    for (const auto* v : {&yb, &gb, &cb}) {
+      std::vector<uint16_t> bits;
+      for (bf16_t b : *v) bits.push_back(b.bits);
+      r16.push_back(bits);
+    }
+    for (const auto* v : {&yh, &gh}) {
+      std::vector<uint16_t> bits;
+      for (f16_t h : *v) bits.push_back(h.bits);
+      r16.push_back(bits);
+    }
+    return std::make_pair(r32, r16);
+  };
+  omp_set_num_threads(1);
+  const auto one = run();
+  for (int threads : {2, 3}) {
+    omp_set_num_threads(threads);
+    const auto other = run();
+    for (size_t i = 0; i < one.first.size(); ++i) {
+      EXPECT_EQ(other.first[i], one.first[i]) << "fp32 output " << i << ", " << threads;
+    }
+    for (size_t i = 0; i < one.second.size(); ++i) {
+      EXPECT_EQ(other.second[i], one.second[i]) << "16-bit output " << i << ", " << threads;
+    }
+  }
+  omp_set_num_threads(saved);
+}
+
 // ---- AdamW ---------------------------------------------------------------------------------
 
 TEST(AdamW, ThreeStepsMatchTorchFormula) {

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "backend/cpu/fast_math.h"
 #include "core/dtype.h"
 
 namespace headroom::cpu {
@@ -87,6 +88,30 @@ inline __m256i cvt_ps_bf16(__m512 v) {
   const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
   r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(u, _mm512_set1_epi32(0x400000)));
   return _mm512_maskz_cvtepi32_epi16(0xFFFF, _mm512_maskz_srli_epi32(0xFFFF, r, 16));
+}
+#endif
+
+#if HR_AVX512_KERNELS
+// Masked loads and stores of 16 elements as floats, for kernels whose vector loop is written
+// out: lanes outside `m` are not read (they load as 0) and not written. bf16 widens exactly;
+// f16 widens exactly (vcvtph2ps) and rounds to nearest even (vcvtps2ph: the bits of
+// from_f32<f16_t>, a NaN's payload aside); bf16 rounds as from_f32<bf16_t> (cvt_ps_bf16).
+inline __m512 load16(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
+inline __m512 load16(const bf16_t* p, __mmask16 m) {
+  const __m256i h = _mm256_maskz_loadu_epi16(m, p);
+  return _mm512_castsi512_ps(
+      _mm512_maskz_slli_epi32(0xFFFF, _mm512_maskz_cvtepu16_epi32(0xFFFF, h), 16));
+}
+inline __m512 load16(const f16_t* p, __mmask16 m) {
+  return _mm512_maskz_cvtph_ps(0xFFFF, _mm256_maskz_loadu_epi16(m, p));
+}
+inline void store16(float* p, __mmask16 m, __m512 v) { _mm512_mask_storeu_ps(p, m, v); }
+inline void store16(bf16_t* p, __mmask16 m, __m512 v) {
+  _mm256_mask_storeu_epi16(p, m, cvt_ps_bf16(v));
+}
+inline void store16(f16_t* p, __mmask16 m, __m512 v) {
+  _mm256_mask_storeu_epi16(
+      p, m, _mm512_maskz_cvtps_ph(0xFFFF, v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 }
 #endif
 

@@ -39,6 +39,36 @@ inline void thread_range(int64_t n, int64_t align, int64_t* begin, int64_t* end)
   *end = std::min(n, u1 * align);
 }
 
+#if HR_AVX512_KERNELS
+// out[i] = f(in[i]) (and with in2, f(in[i], in2[i])) for i < n, 16 lanes at a time, each
+// thread's range ending in one masked vector (no scalar tail: see fast_math.h). Ranges are
+// multiples of 64 elements, whole cache lines for every storage type. out may alias the inputs.
+template <typename TO, typename TI, typename F>
+inline void map16(TO* out, const TI* in, int64_t n, F f) {
+#pragma omp parallel
+  {
+    int64_t i0, i1;
+    thread_range(n, 64, &i0, &i1);
+    for (int64_t i = i0; i < i1; i += 16) {
+      const __mmask16 m = first_lanes(i1 - i);
+      store16(out + i, m, f(load16(in + i, m)));
+    }
+  }
+}
+template <typename TO, typename TI, typename TI2, typename F>
+inline void map16(TO* out, const TI* in, const TI2* in2, int64_t n, F f) {
+#pragma omp parallel
+  {
+    int64_t i0, i1;
+    thread_range(n, 64, &i0, &i1);
+    for (int64_t i = i0; i < i1; i += 16) {
+      const __mmask16 m = first_lanes(i1 - i);
+      store16(out + i, m, f(load16(in + i, m), load16(in2 + i, m)));
+    }
+  }
+}
+#endif
+
 // sum over rows r of x[r*ld + c] for c in [c0, c1) added to acc_out[c]; rows in order.
 template <typename T>
 inline void add_column_sums(float* acc_out, const T* x, int64_t rows, int64_t ld, int64_t c0,
@@ -140,10 +170,11 @@ void layernorm_forward_t(TOut* out, float* mean, float* rstd, const float* inp, 
   }
 }
 
-template <typename TD>
+// With dinp_low (not null), also stores each updated dinp value rounded to TL there.
+template <typename TD, typename TL = float>
 void layernorm_backward_t(float* dinp, float* dweight, float* dbias, const TD* dout,
                           const float* inp, const float* weight, const float* mean,
-                          const float* rstd, int N, int C) {
+                          const float* rstd, int N, int C, TL* dinp_low = nullptr) {
   // Input gradient: rows are independent.
   if (dinp != nullptr) {
 #pragma omp parallel for schedule(static)
@@ -160,10 +191,21 @@ void layernorm_backward_t(float* dinp, float* dweight, float* dbias, const TD* d
       }
       const float mean_dn = sum_dn / C, mean_dn_n = sum_dn_n / C;
       float* dx = dinp + n * C;
+      if (dinp_low == nullptr) {
 #pragma omp simd
-      for (int c = 0; c < C; ++c) {
-        const float norm = (x[c] - m) * r;
-        dx[c] += (to_f32(dy[c]) * weight[c] - mean_dn - norm * mean_dn_n) * r;
+        for (int c = 0; c < C; ++c) {
+          const float norm = (x[c] - m) * r;
+          dx[c] += (to_f32(dy[c]) * weight[c] - mean_dn - norm * mean_dn_n) * r;
+        }
+      } else {
+        TL* lo = dinp_low + n * C;
+#pragma omp simd
+        for (int c = 0; c < C; ++c) {
+          const float norm = (x[c] - m) * r;
+          const float v = dx[c] + (to_f32(dy[c]) * weight[c] - mean_dn - norm * mean_dn_n) * r;
+          dx[c] = v;
+          lo[c] = from_f32<TL>(v);
+        }
       }
     }
   }
@@ -227,6 +269,18 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const bf16_t*
                         const float* inp, const float* weight, const float* mean, const float* rstd,
                         int N, int C) {
   layernorm_backward_t(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
+}
+void layernorm_backward(float* dinp, bf16_t* dinp_low, float* dweight, float* dbias,
+                        const bf16_t* dout, const float* inp, const float* weight,
+                        const float* mean, const float* rstd, int N, int C) {
+  HR_CHECK(dinp != nullptr && dinp_low != nullptr);
+  layernorm_backward_t(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C, dinp_low);
+}
+void layernorm_backward(float* dinp, f16_t* dinp_low, float* dweight, float* dbias,
+                        const f16_t* dout, const float* inp, const float* weight, const float* mean,
+                        const float* rstd, int N, int C) {
+  HR_CHECK(dinp != nullptr && dinp_low != nullptr);
+  layernorm_backward_t(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C, dinp_low);
 }
 
 // ---- matmul --------------------------------------------------------------------------------
@@ -597,18 +651,27 @@ namespace {
 constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
 constexpr float kGeluCube = 0.044715f;
 
+// With AVX-512: gelu16 / gelu_grad16 (fast_math.h), every element through the vector path.
+// Otherwise: plain loops that GCC vectorises, on fast_tanh.
 template <typename T>
 void gelu_forward_t(T* out, const T* inp, int64_t n) {
+#if HR_AVX512_KERNELS
+  map16(out, inp, n, [](__m512 x) { return gelu16(x); });
+#else
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     const float x = to_f32(inp[i]);
     const float u = kGeluScale * (x + kGeluCube * x * x * x);
     out[i] = from_f32<T>(0.5f * x * (1.0f + fast_tanh(u)));
   }
+#endif
 }
 
 template <typename T>
 void gelu_backward_t(T* dinp, const T* inp, const T* dout, int64_t n) {
+#if HR_AVX512_KERNELS
+  map16(dinp, inp, dout, n, [](__m512 x, __m512 d) { return _mm512_mul_ps(gelu_grad16(x), d); });
+#else
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     const float x = to_f32(inp[i]);
@@ -618,6 +681,7 @@ void gelu_backward_t(T* dinp, const T* inp, const T* dout, int64_t n) {
     const float grad = 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * du;
     dinp[i] = from_f32<T>(grad * to_f32(dout[i]));
   }
+#endif
 }
 }  // namespace
 
@@ -637,8 +701,12 @@ void gelu_backward(f16_t* dinp, const f16_t* inp, const f16_t* dout, int64_t n) 
 // ---- casts ---------------------------------------------------------------------------------
 
 void cast_to_bf16(bf16_t* out, const float* inp, int64_t n) {
+#if HR_AVX512_KERNELS
+  map16(out, inp, n, [](__m512 x) { return x; });
+#else
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) out[i] = from_f32<bf16_t>(inp[i]);
+#endif
 }
 
 void cast_to_f16(f16_t* out, const float* inp, int64_t n) {
@@ -650,8 +718,15 @@ void cast_to_f16(f16_t* out, const float* inp, int64_t n) {
 }
 
 void round_to_f16_values(float* out, const float* inp, int64_t n) {
+#if HR_AVX512_KERNELS
+  map16(out, inp, n, [](__m512 x) {
+    return _mm512_maskz_cvtph_ps(
+        0xFFFF, _mm512_maskz_cvtps_ph(0xFFFF, x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  });
+#else
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) out[i] = round_f16(inp[i]);
+#endif
 }
 
 void round_to_bf16_dense_inplace(float* x, int64_t rows, int64_t cols) {
@@ -715,44 +790,157 @@ void residual_backward(float* da, float* db, const float* dout, int64_t n) {
 
 // ---- cross-entropy -------------------------------------------------------------------------
 
-void cross_entropy_forward(float* losses, const float* logits, const int32_t* targets, int N,
-                           int V) {
+void cross_entropy_forward(float* losses, float* lse, const float* logits, const int32_t* targets,
+                           int N, int V) {
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
     const int32_t target = targets[n];
     HR_CHECK(target >= -1 && target < V);
     if (target < 0) {
       losses[n] = 0.0f;
+      if (lse != nullptr) lse[n] = 0.0f;
       continue;
     }
     const float* x = logits + n * V;
-    float m, s;
-    softmax_row_stats(x, V, &m, &s);
-    losses[n] = static_cast<float>(std::log(static_cast<double>(s)) + m - x[target]);
+    const double l = softmax_row_lse(x, V);
+    losses[n] = static_cast<float>(l - x[target]);
+    if (lse != nullptr) lse[n] = static_cast<float>(l);
   }
+}
+
+void cross_entropy_forward(float* losses, const float* logits, const int32_t* targets, int N,
+                           int V) {
+  cross_entropy_forward(losses, nullptr, logits, targets, N, V);
+}
+
+namespace {
+// One row of dlogits from its log-sum-exp l: d[i] = exp(x[i] - l) * dloss, minus dloss at the
+// target, stored as D (float, bf16, or with kF16Values fp32 holding f16 values). d may overlap x
+// as far as d's element j starts at or before x's element j (in place, or the dense bf16 rows'
+// first one): every block of 16 is read whole before it is written, and x[target] first.
+template <typename D, bool kF16Values = false>
+void ce_grad_row(D* d, const float* x, int32_t target, float l, float dloss, int V) {
+  auto store = [&](int64_t j, float v) {
+    D o;
+    if constexpr (kF16Values) {
+      o = round_f16(v);
+    } else {
+      o = from_f32<D>(v);
+    }
+    std::memcpy(d + j, &o, sizeof(D));  // d may be another type's memory: no aliasing UB
+  };
+#if HR_AVX512_KERNELS
+  // Every element through exp16 (the last vector masked); the target's value too, so it is the
+  // same p as its lane would give, minus dloss.
+  auto store_v = [&](int j, __mmask16 k, __m512 v) {
+    if constexpr (kF16Values) {
+      store16(d + j, k,
+              _mm512_maskz_cvtph_ps(
+                  0xFFFF,
+                  _mm512_maskz_cvtps_ph(0xFFFF, v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)));
+    } else {
+      store16(d + j, k, v);
+    }
+  };
+  if (target < 0) {
+    for (int j = 0; j < V; j += 16) store_v(j, first_lanes(V - j), _mm512_setzero_ps());
+    return;
+  }
+  const __m512 vl = _mm512_set1_ps(l), vd = _mm512_set1_ps(dloss);
+  const float pt = _mm512_cvtss_f32(exp16(_mm512_set1_ps(x[target] - l)));  // read first
+  for (int j = 0; j < V; j += 16) {
+    const __mmask16 k = first_lanes(V - j);
+    store_v(j, k, _mm512_mul_ps(exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + j), vl)), vd));
+  }
+  store(target, pt * dloss - dloss);
+#else
+  if (target < 0) {
+    for (int j = 0; j < V; ++j) store(j, 0.0f);
+    return;
+  }
+  const float dt = fast_exp(x[target] - l) * dloss - dloss;  // before x[target] is overwritten
+  int j = 0;
+  for (; j + 16 <= V; j += 16) {
+    float v[16];
+#pragma omp simd
+    for (int k = 0; k < 16; ++k) v[k] = fast_exp(x[j + k] - l) * dloss;
+    D o[16];
+#pragma omp simd
+    for (int k = 0; k < 16; ++k) {
+      if constexpr (kF16Values) {
+        o[k] = round_f16(v[k]);
+      } else {
+        o[k] = from_f32<D>(v[k]);
+      }
+    }
+    std::memcpy(d + j, o, sizeof(o));
+  }
+  for (; j < V; ++j) store(j, fast_exp(x[j] - l) * dloss);
+  store(target, dt);
+#endif
+}
+
+// Rows from their saved lse, or (lse null) with statistics recomputed.
+template <typename D, bool kF16Values = false>
+void ce_grad_rows(D* dlogits, const float* logits, const float* lse, const int32_t* targets,
+                  int64_t n0, int64_t n1, int V, float dloss) {
+#pragma omp for schedule(static)
+  for (int64_t n = n0; n < n1; ++n) {
+    const int32_t target = targets[n];
+    HR_CHECK(target >= -1 && target < V);
+    const float* x = logits + n * V;
+    const float l =
+        target < 0 ? 0.0f : (lse != nullptr ? lse[n] : static_cast<float>(softmax_row_lse(x, V)));
+    ce_grad_row<D, kF16Values>(dlogits + n * V, x, target, l, dloss, V);
+  }
+}
+}  // namespace
+
+void cross_entropy_backward(float* dlogits, const float* logits, const float* lse,
+                            const int32_t* targets, int N, int V, float dloss) {
+  HR_CHECK(lse != nullptr);
+#pragma omp parallel
+  ce_grad_rows(dlogits, logits, lse, targets, 0, N, V, dloss);
 }
 
 void cross_entropy_backward(float* dlogits, const float* logits, const int32_t* targets, int N,
                             int V, float dloss) {
-  // dlogits may alias logits: each row is read completely (stats) before it is written, and the
-  // write pass reads element i before writing element i.
-#pragma omp parallel for schedule(static)
-  for (int64_t n = 0; n < N; ++n) {
-    const int32_t target = targets[n];
-    HR_CHECK(target >= -1 && target < V);
-    const float* x = logits + n * V;
-    float* d = dlogits + n * V;
-    if (target < 0) {
-      std::fill(d, d + V, 0.0f);
-      continue;
+#pragma omp parallel
+  ce_grad_rows(dlogits, logits, static_cast<const float*>(nullptr), targets, 0, N, V, dloss);
+}
+
+void cross_entropy_backward_inplace(float* logits, const float* lse, const int32_t* targets, int N,
+                                    int V, float dloss, DType storage) {
+  HR_CHECK(lse != nullptr);
+  switch (storage) {
+    case DType::kF32:
+#pragma omp parallel
+      ce_grad_rows(logits, logits, lse, targets, 0, N, V, dloss);
+      return;
+    case DType::kF16:
+#pragma omp parallel
+      ce_grad_rows<float, true>(logits, logits, lse, targets, 0, N, V, dloss);
+      return;
+    case DType::kBF16: {
+      // Row n's bf16 gradient lands on floats [n V/2, (n+1) V/2): row 0 overlaps itself
+      // (ce_grad_row reads before it writes), every later row lands inside rows < n. As in
+      // round_to_bf16_dense_inplace, rows [lo, 2 lo) write only into rows [lo/2, lo), which
+      // earlier rounds have read, and read only themselves: each round runs in parallel, with a
+      // barrier (the end of omp for) before the next.
+      bf16_t* out = reinterpret_cast<bf16_t*>(logits);
+#pragma omp parallel
+      {
+        ce_grad_rows(out, logits, lse, targets, 0, std::min(N, 1), V, dloss);
+        for (int64_t lo = 1; lo < N; lo *= 2) {
+          ce_grad_rows(out, logits, lse, targets, lo, std::min<int64_t>(N, 2 * lo), V, dloss);
+        }
+      }
+      return;
     }
-    float m, s;
-    softmax_row_stats(x, V, &m, &s);
-    const float k = dloss / s;
-#pragma omp simd
-    for (int i = 0; i < V; ++i) d[i] = fast_exp(x[i] - m) * k;
-    d[target] -= dloss;
+    default:
+      break;
   }
+  HR_CHECK_MSG(false, "cross_entropy_backward_inplace: dlogits storage must be f32, f16 or bf16");
 }
 
 // ---- optimizer -----------------------------------------------------------------------------

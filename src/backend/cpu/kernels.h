@@ -88,11 +88,29 @@ void residual_backward(float* da, float* db, const float* dout, int64_t n);
 
 // ---- softmax cross-entropy over the vocabulary --------------------------------------------
 // losses[N] = -log softmax(logits[n,:])[targets[n]]. A target of -1 means "ignore": loss 0.
-void cross_entropy_forward(float* losses, const float* logits, const int32_t* targets, int N,
-                           int V);
+// One pass over the logits (online max and sum; see Note [One-pass softmax statistics] in
+// docs/notes/memory-bound-kernels.md). With lse not null, also saves each row's log-sum-exp there
+// (lse[N]; 0 for ignored rows, which are not read) for the backward below. Each row's results
+// are the same bits whatever the thread count.
+void cross_entropy_forward(float* losses, float* lse, const float* logits, const int32_t* targets,
+                           int N, int V);
 // dlogits[n,:] = (softmax(logits[n,:]) - onehot(targets[n])) * dloss, i.e. the gradient of
 // dloss * sum_n losses[n]; rows with target -1 get 0. dlogits may alias logits (in place).
-// dloss is normally 1 / (tokens in the whole optimizer step).
+// dloss is normally 1 / (tokens in the whole optimizer step). Takes the forward's lse: one read
+// of the logits and one write (softmax = exp(logits - lse)).
+void cross_entropy_backward(float* dlogits, const float* logits, const float* lse,
+                            const int32_t* targets, int N, int V, float dloss);
+// The backward in place, with dlogits stored as the GEMM that reads them wants them: kF32 as
+// above; kF16 as fp32 holding the f16 rounding of each value (the fp16 path's f16 GEMM operand);
+// kBF16 as a dense bf16 matrix [N, V] at the start of the logits' memory (each value rounded once
+// to nearest even: what round_to_bf16_dense_inplace makes of the fp32 gradient), in the same
+// pass. REQUIRES: lse from cross_entropy_forward over these logits.
+void cross_entropy_backward_inplace(float* logits, const float* lse, const int32_t* targets, int N,
+                                    int V, float dloss, DType storage);
+// Without a saved lse: the forward's losses only, and a backward that recomputes each row's
+// statistics (two reads of the logits and one write).
+void cross_entropy_forward(float* losses, const float* logits, const int32_t* targets, int N,
+                           int V);
 void cross_entropy_backward(float* dlogits, const float* logits, const int32_t* targets, int N,
                             int V, float dloss);
 
@@ -107,6 +125,11 @@ void layernorm_forward(bf16_t* out, float* mean, float* rstd, const float* inp, 
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const bf16_t* dout,
                         const float* inp, const float* weight, const float* mean, const float* rstd,
                         int N, int C);
+// As above, and also stores the updated dinp rounded to bf16 in dinp_low[N, C] (the residual
+// stream's gradient as the bf16 GEMMs read it), in the same pass instead of a cast after it.
+void layernorm_backward(float* dinp, bf16_t* dinp_low, float* dweight, float* dbias,
+                        const bf16_t* dout, const float* inp, const float* weight,
+                        const float* mean, const float* rstd, int N, int C);
 // bf16 x bf16 GEMMs (AMX / AVX512-BF16 through oneDNN) with an fp32 bias, into fp32 (e.g. the
 // residual stream) or bf16.
 void matmul_forward(float* out, const bf16_t* inp, const bf16_t* weight, const float* bias, int N,
@@ -141,6 +164,10 @@ void layernorm_forward(f16_t* out, float* mean, float* rstd, const float* inp, c
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const f16_t* dout,
                         const float* inp, const float* weight, const float* mean, const float* rstd,
                         int N, int C);
+// With dinp_low: as the bf16 overload above, rounding to f16.
+void layernorm_backward(float* dinp, f16_t* dinp_low, float* dweight, float* dbias,
+                        const f16_t* dout, const float* inp, const float* weight, const float* mean,
+                        const float* rstd, int N, int C);
 void matmul_forward(float* out, const f16_t* inp, const float* weight, const float* bias, int N,
                     int IC, int OC, WeightLayout layout, MatmulStrides strides = {});
 void matmul_forward(f16_t* out, const f16_t* inp, const float* weight, const float* bias, int N,
