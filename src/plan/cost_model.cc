@@ -131,13 +131,13 @@ StepCost estimate_step(const model::Gpt2Config& c, const MemoryPlan& plan, const
   // backward) and the head's once (4 bytes read, 4 written per weight); on the CPU the GEMMs
   // also widen their f16 activation operands: 46 C values per token per block (14 C forward,
   // 32 C backward; f16 outputs go through the staging too), each read as f16 (2 bytes), written
-  // to the staging (4) and read from it (4); the unfused head rounds its dlogits (8 bytes each).
+  // to the staging (4) and read from it (4). (The unfused head's dlogits are written as f16
+  // values by the loss's own backward pass: no extra traffic.)
   double f16_bytes = 0;
   if (plan.policy.precision == "fp16") {
     f16_bytes = k * (2.0 * L * 12.0 * C * C + V * C) * 8.0;
     if (fp16_widened) {
       f16_bytes += 46.0 * C * L * tokens * 10.0;
-      if (plan.policy.exec.head_chunk == 0) f16_bytes += V * tokens * 8.0;
     }
   }
   // AdamW reads p, g, m, v and writes p, m, v, plus zeroing and the norm: about nine passes over

@@ -51,7 +51,9 @@ TEST(PlanOffloadCli, SevenBOnFourL4sFitsWithOptimizerOffload) {
   EXPECT_GT(c["host_optimizer_seconds"].get<double>(), 0);
   EXPECT_FALSE(c["by_category"].contains("optimizer"));
   EXPECT_GT(doc["device"]["offload_link_bandwidth"].get<double>(), 0);
-  EXPECT_LT(doc["planning_ms"].get<double>(), 1000.0);  // a failure detector, not a benchmark
+  // A detector of a runaway search (seconds of planning), not a benchmark: far above what a
+  // loaded machine takes (2.5 s measured at load average 10; 0.1 s quiet).
+  EXPECT_LT(doc["planning_ms"].get<double>(), 30000.0);
 
   // Off: nothing fits (exit 3), and the advice names offload as built.
   Outcome off = run(seven_b_on_four_l4s() + " --offload-optimizer off");

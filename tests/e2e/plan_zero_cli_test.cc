@@ -60,7 +60,7 @@ TEST(PlanZeroCli, SevenBOnEightL4sPrintsTheShardedPlan) {
   EXPECT_GT(doc["device"]["interconnect_bandwidth"].get<double>(), 0);
   // A failure detector, not a benchmark. Searching activation offload per block roughly doubles
   // the candidates (about 270 -> 500 ms on a quiet 2-core VM); 1 s failed under a loaded one.
-  EXPECT_LT(doc["planning_ms"].get<double>(), 2000.0);
+  EXPECT_LT(doc["planning_ms"].get<double>(), 30000.0);  // a runaway search, not a benchmark
   for (const auto& cand : doc["candidates"]) EXPECT_TRUE(cand.contains("zero"));
 
   // --zero constrains the stage: stage 1 cannot hold the 7B on 24 GiB devices.
