@@ -191,8 +191,9 @@ void add_train_flags(CLI::App* app, TrainFlags& f) {
                   "offload tier, where AdamW runs), or off")
       ->capture_default_str();
   app->add_option("--offload-memory", f.offload_memory,
-                  "the offload tier's budget (host memory), e.g. 64GiB (default: the host's "
-                  "available memory, MemAvailable; `plan` for a named GPU: not limited)")
+                  "the offload tier's budget (host memory), e.g. 64GiB, for the offloaded "
+                  "optimizer state and activations together (default: the host's available "
+                  "memory, MemAvailable; `plan` for a named GPU: not limited)")
       ->capture_default_str();
 }
 
@@ -425,13 +426,14 @@ Status resolve_train_options(TrainFlags& f, train::TrainOptions* o) {
     if (ch.contains("attention")) o->exec.tiled_attention = ch["attention"] != "plain";
     if (ch.contains("offload")) {
       if (ch["offload"] != "none" && ch["offload"] != "optimizer" &&
-          ch["offload"] != "activations") {
+          ch["offload"] != "activations" && ch["offload"] != "all") {
         return Status::invalid_argument(
             fmt::format("--plan {}: field 'chosen.offload' is {}; expected \"none\", "
-                        "\"optimizer\" or \"activations\" (offload_per_block says which blocks)",
+                        "\"optimizer\", \"activations\" or \"all\" (offload_per_block says which "
+                        "blocks)",
                         f.plan, ch["offload"].dump()));
       }
-      o->offload_optimizer = ch["offload"] == "optimizer";
+      o->offload_optimizer = ch["offload"] == "optimizer" || ch["offload"] == "all";
     }
     if (offload && *offload != o->offload_optimizer) {
       return Status::invalid_argument(fmt::format(
@@ -607,6 +609,15 @@ json schedule_json(const model::ExecOptions& e) {
   return plan::schedule_per_block(e, int(std::max(e.recompute.size(), e.offload.size())));
 }
 
+// The offload kinds in a plan file and --json: "none", "optimizer", "activations" or "all"
+// (both, in one offload tier), DESIGN.md's --offload names.
+const char* offload_kind(bool optimizer, bool activations) {
+  return optimizer && activations ? "all"
+         : optimizer              ? "optimizer"
+         : activations            ? "activations"
+                                  : "none";
+}
+
 json candidate_json(const plan::Candidate& c) {
   json j = {{"micro_batch", c.policy.micro_batch},
             {"accumulation", c.policy.accumulation},
@@ -619,12 +630,15 @@ json candidate_json(const plan::Candidate& c) {
             {"head_chunk", c.policy.exec.head_chunk},
             {"bf16_weights", c.policy.exec.bf16_weight_copy ? "copy" : "cast per layer"},
             {"techniques", plan::describe_exec(c.policy.exec)},
-            {"offload", c.policy.offload_optimizer                  ? "optimizer"
-                        : plan::offloaded_blocks(c.policy.exec) > 0 ? "activations"
-                                                                    : "none"},
+            {"offload",
+             offload_kind(c.policy.offload_optimizer, plan::offloaded_blocks(c.policy.exec) > 0)},
             {"offload_per_block", offload_json(c.policy.exec)},
             {"schedule_per_block", schedule_json(c.policy.exec)},
             {"offload_bytes", c.offload_bytes},
+            {"offload_optimizer_bytes", c.offload_bytes - c.offload_activation_bytes},
+            {"offload_activation_bytes", c.offload_activation_bytes},
+            {"offload_activation_link_bytes_per_step", c.cost.activation_offload_bytes},
+            {"offload_activation_seconds", c.cost.activation_offload_seconds},
             {"offload_link_bytes_per_step", c.cost.offload_bytes},
             {"offload_seconds", c.cost.offload_seconds},
             {"host_optimizer_seconds", c.cost.host_optimizer_seconds},
@@ -925,9 +939,19 @@ int run_train(TrainFlags& f) {
             : fmt::format(" (from {}, read before every step)", o.device_memory_file).c_str(),
         info.memory_table.c_str());
     if (!info.offload_table.empty()) {
-      std::fprintf(stderr,
-                   "optimizer offload: AdamW runs on the offload tier (host memory, budget %s); "
-                   "per step the gradients go there and the updated weights come back\n%s",
+      std::string what;
+      if (info.offload_optimizer) {
+        what =
+            "optimizer offload: AdamW runs on the offload tier; per step the gradients go there "
+            "and the updated weights come back";
+      }
+      if (info.offloaded_blocks > 0) {
+        what += fmt::format(
+            "{}activation offload: {} blocks' saved activations wait there "
+            "between their forward and backward",
+            what.empty() ? "" : "; ", info.offloaded_blocks);
+      }
+      std::fprintf(stderr, "%s (offload tier: host memory, one budget %s)\n%s", what.c_str(),
                    format_bytes(info.offload_budget).c_str(), info.offload_table.c_str());
     }
     std::fprintf(stderr, "expected step time: %.0f ms (cost model; speeds %s)\n",
@@ -1009,8 +1033,8 @@ int run_train(TrainFlags& f) {
               {"zero", o.zero_stage},
               {"batching", data::batching_name(o.batching)},
               {"padding", r->padding},
-              {"offload", o.offload_optimizer ? "optimizer" : "none"}};
-    if (o.offload_optimizer) {
+              {"offload", offload_kind(o.offload_optimizer, plan::offloaded_blocks(o.exec) > 0)}};
+    if (r->planned_offload_bytes > 0) {
       j["offload_bytes_peak"] = r->offload_bytes_peak;
       j["planned_offload_bytes"] = r->planned_offload_bytes;
       j["offload_memory"] = o.offload_memory;
@@ -1050,7 +1074,7 @@ int run_train(TrainFlags& f) {
       format_bytes(r->lower_bound_bytes).c_str(),
       r->lower_bound_bytes ? double(r->planned_peak_bytes) / double(r->lower_bound_bytes) : 1.0,
       format_bytes(o.device_memory).c_str());
-  if (o.offload_optimizer) {
+  if (r->planned_offload_bytes > 0) {
     std::fprintf(stderr, "offload tier: peak %s measured, %s planned, budget %s\n",
                  format_bytes(r->offload_bytes_peak).c_str(),
                  format_bytes(r->planned_offload_bytes).c_str(),
@@ -1271,9 +1295,10 @@ int run_plan(PlanFlags& pf) {
                 c.policy.micro_batch, c.policy.accumulation, multi ? " per device" : "",
                 c.policy.precision.c_str(), plan::describe_exec(c.policy.exec).c_str(),
                 multi ? fmt::format("ZeRO stage {}, ", c.policy.zero_stage).c_str() : "",
-                c.policy.offload_optimizer ? "optimizer offload"
-                : n_off > 0                ? "activation offload"
-                                           : "no offload");
+                c.policy.offload_optimizer && n_off > 0 ? "optimizer and activation offload"
+                : c.policy.offload_optimizer            ? "optimizer offload"
+                : n_off > 0                             ? "activation offload"
+                                                        : "no offload");
     const std::vector<std::string> per_block = plan::schedule_per_block(
         c.policy.exec, int(std::max(c.policy.exec.recompute.size(), c.policy.exec.offload.size())));
     if (!per_block.empty()) {
@@ -1292,11 +1317,16 @@ int run_plan(PlanFlags& pf) {
     if (n_off > 0) {
       const double bw = plan::offload_link_bandwidth(*dev);
       std::printf(
-          "  activation offload: %d blocks, %s in the offload tier (budget %s); %s moved per step "
-          "at %.1f GB/s, %.0f ms of it not hidden behind compute\n",
-          n_off, format_bytes(c.offload_bytes).c_str(), format_bytes(req.offload_memory).c_str(),
-          format_bytes(uint64_t(c.cost.offload_bytes)).c_str(), bw / 1e9,
-          c.cost.offload_seconds * 1e3);
+          "  activation offload: %d blocks, %s in the offload tier (budget %s%s); %s moved per "
+          "step at %.1f GB/s, %.0f ms of it not hidden behind compute\n",
+          n_off, format_bytes(c.offload_activation_bytes).c_str(),
+          format_bytes(req.offload_memory).c_str(),
+          c.policy.offload_optimizer ? fmt::format(", shared with the optimizer state: {} in all",
+                                                   format_bytes(c.offload_bytes))
+                                           .c_str()
+                                     : "",
+          format_bytes(uint64_t(c.cost.activation_offload_bytes)).c_str(), bw / 1e9,
+          c.cost.activation_offload_seconds * 1e3);
     }
     std::printf(
         "  peak %s per device (lower bound %s), predicted %.0f tokens/s%s (%.0f ms a step)\n",
@@ -1321,11 +1351,12 @@ int run_plan(PlanFlags& pf) {
           "the gradient copy%s)%s\n"
           "    per step %s over the host link (gradients out, weights back): %.0f ms at %.1f "
           "GB/s (%s), and AdamW on the host: %.0f ms at %.1f GB/s (%s); not overlapped\n",
-          format_bytes(c.offload_bytes).c_str(), multi ? " per device" : "",
-          multi && c.policy.zero_stage > 0 ? ", this rank's shard" : "",
+          format_bytes(c.offload_bytes - c.offload_activation_bytes).c_str(),
+          multi ? " per device" : "", multi && c.policy.zero_stage > 0 ? ", this rank's shard" : "",
           req.offload_memory ? fmt::format(", budget {}", format_bytes(req.offload_memory)).c_str()
                              : ", budget not limited",
-          format_bytes(uint64_t(c.cost.offload_bytes)).c_str(), c.cost.offload_seconds * 1e3,
+          format_bytes(uint64_t(c.cost.offload_bytes - c.cost.activation_offload_bytes)).c_str(),
+          (c.cost.offload_seconds - c.cost.activation_offload_seconds) * 1e3,
           plan::offload_link_bandwidth(*dev) / 1e9,
           dev->kind == "cpu" ? "memcpy, measured" : "host link, datasheet x 0.8",
           c.cost.host_optimizer_seconds * 1e3, host_bw / 1e9,
@@ -1334,7 +1365,7 @@ int run_plan(PlanFlags& pf) {
     std::printf("\nmemory%s at the peak (%s):\n%s", multi ? " per device" : "",
                 r->chosen_plan->ops[size_t(r->chosen_plan->peak_op)].name.c_str(),
                 plan::category_table(*r->chosen_plan, dev->memory_bytes).c_str());
-    if (c.policy.offload_optimizer && !multi) {
+    if (c.offload_bytes > 0 && !multi) {
       std::printf("\noffload tier:\n%s",
                   plan::offload_table(*r->chosen_plan, req.offload_memory).c_str());
     }

@@ -169,8 +169,10 @@ StepCost estimate_step(const model::Gpt2Config& c, const MemoryPlan& plan, const
     for (const model::OffloadBlock& ob : plan.activations.offloaded) {
       activation_bytes += 2.0 * double(ob.bytes) * k;
     }
-    s.offload_bytes += activation_bytes;
-    s.offload_seconds += k * offload_exposed_seconds(c, plan, d, bw);
+    s.activation_offload_bytes = activation_bytes;
+    s.activation_offload_seconds = k * offload_exposed_seconds(c, plan, d, bw);
+    s.offload_bytes += s.activation_offload_bytes;
+    s.offload_seconds += s.activation_offload_seconds;
     // On the CPU the copy thread shares the memory bus with compute: its reads and writes are
     // memory traffic the step pays for even when the copy itself is hidden.
     if (d.kind == "cpu") {

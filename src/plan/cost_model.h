@@ -21,9 +21,14 @@ struct StepCost {
   // offload tier and updated weights back over the host link, and AdamW's pass over master, m, v
   // and gradients at the host's memory bandwidth, not overlapped with compute. Activation
   // offload: the saved activations out and back, and the part of their transfer time not hidden
-  // behind compute. offload_bytes and offload_seconds count both.
+  // behind compute. offload_bytes and offload_seconds count both: the two kinds share the host
+  // link, and neither is hidden behind the other (the optimizer's copies run after the last
+  // backward, the activations' during forward and backward), so their times add up.
+  // activation_offload_*: the activations' part.
   double offload_bytes = 0;
   double offload_seconds = 0;
+  double activation_offload_bytes = 0;
+  double activation_offload_seconds = 0;
   double host_optimizer_seconds = 0;
   double step_seconds = 0;  // gemm + memory + comm + offload + host optimizer seconds
   double tokens_per_s = 0;  // all ranks together: ranks x tokens per rank / step_seconds

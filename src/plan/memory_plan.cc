@@ -95,11 +95,6 @@ Result<MemoryPlan> plan_training_memory(const model::Gpt2Config& config, const P
           l));
     }
   }
-  if (p.offload_optimizer && std::ranges::any_of(p.exec.offload, [](bool b) { return b; })) {
-    return Status::invalid_argument(
-        "optimizer offload and activation offload together are not built yet (they would share "
-        "the offload tier): use --offload-optimizer off or --offload-activations off");
-  }
   if (p.exec.head_chunk < 0) {
     return Status::invalid_argument(fmt::format("LM head chunk {} is negative", p.exec.head_chunk));
   }
@@ -304,8 +299,9 @@ ZeroWindowSizes gpt2_zero_window_sizes(const model::ParamTable& table, int ranks
 
 // See Note [Optimizer offload] in docs/notes/offload.md.
 void offload_optimizer_state(MemoryPlan* plan) {
-  HR_CHECK_MSG(plan->persistent.size() > 2 && plan->offload.empty(),
-               "offload_optimizer_state: a training plan without offload expected");
+  HR_CHECK_MSG(plan->persistent.size() > 2 && !plan->policy.offload_optimizer &&
+                   !offload_region(*plan, kOffloadMasterRegion),
+               "offload_optimizer_state: a training plan without optimizer offload expected");
   Region& params = plan->persistent[0];
   Region& opt = plan->persistent[2];
   const int64_t shard = opt.buffers.at(0).shape.numel();  // m's floats: the optimizer's shard
@@ -325,14 +321,17 @@ void offload_optimizer_state(MemoryPlan* plan) {
     for (BufferDesc& b : params.buffers) b.category = Category::kWeights;
   }
   moved(opt);
-  plan->offload.clear();
-  plan->offload.push_back(
-      single_region("master weights", Category::kMaster,
-                    {{"master_weights", DType::kF32, Shape{shard}, Category::kMaster}}));
-  plan->offload.push_back(single_region("optimizer", Category::kOptimizer, std::move(opt.buffers)));
-  plan->offload.push_back(
-      single_region("gradients", Category::kGrads,
+  // The optimizer's regions first, then what was there (the offloaded activations, if any).
+  std::vector<Region> tier;
+  tier.push_back(single_region(kOffloadMasterRegion, Category::kMaster,
+                               {{"master_weights", DType::kF32, Shape{shard}, Category::kMaster}}));
+  tier.push_back(
+      single_region(kOffloadOptimizerRegion, Category::kOptimizer, std::move(opt.buffers)));
+  tier.push_back(
+      single_region(kOffloadGradientsRegion, Category::kGrads,
                     {{"offload_gradients", DType::kF32, Shape{shard}, Category::kGrads}}));
+  for (Region& r : plan->offload) tier.push_back(std::move(r));
+  plan->offload = std::move(tier);
   opt.name = "optimizer (offloaded)";
   opt.buffers.clear();
   opt.layout = memory::Layout{};
@@ -341,6 +340,28 @@ void offload_optimizer_state(MemoryPlan* plan) {
   plan->peak_bytes = plan->persistent_bytes + plan->step_bytes;
   plan->lower_bound_bytes = plan->persistent_bytes + plan->step_lower_bound;
   plan->policy.offload_optimizer = true;
+}
+
+const Region* offload_region(const MemoryPlan& plan, const char* name) {
+  for (const Region& r : plan.offload) {
+    if (r.name == name) return &r;
+  }
+  return nullptr;
+}
+
+uint64_t offloaded_activation_bytes(const MemoryPlan& plan) {
+  const Region* r = offload_region(plan, kOffloadedActivationsRegion);
+  return r ? r->layout.size : 0;
+}
+
+std::string offload_parts(const MemoryPlan& plan) {
+  const uint64_t acts = offloaded_activation_bytes(plan), state = plan.offload_bytes - acts;
+  std::string s;
+  if (state > 0) s = fmt::format("optimizer state {}", format_bytes(state));
+  if (acts > 0) {
+    s += fmt::format("{}offloaded activations {}", s.empty() ? "" : " + ", format_bytes(acts));
+  }
+  return s;
 }
 
 uint64_t live_bytes_at(const MemoryPlan& plan, int op) {
@@ -375,10 +396,8 @@ std::string category_table(const MemoryPlan& plan, uint64_t budget) {
                    budget ? 100.0 * double(plan.peak_bytes) / double(budget) : 0.0,
                    format_bytes(budget), format_bytes(plan.lower_bound_bytes));
   if (plan.offload_bytes > 0) {
-    s += fmt::format(
-        "  {:<12} {:>12}   (offload tier, outside the device peak: {} blocks' "
-        "activations)\n",
-        "offload", format_bytes(plan.offload_bytes), plan.activations.offloaded.size());
+    s += fmt::format("  {:<12} {:>12}   (offload tier, outside the device peak: {})\n", "offload",
+                     format_bytes(plan.offload_bytes), offload_parts(plan));
   }
   return s;
 }
@@ -386,11 +405,18 @@ std::string category_table(const MemoryPlan& plan, uint64_t budget) {
 std::string offload_table(const MemoryPlan& plan, uint64_t budget) {
   if (plan.offload.empty()) return "";
   std::string s = fmt::format("  {:<20} {:>12} {:>7}\n", "offload tier", "bytes", "share");
+  const double total = double(std::max<uint64_t>(1, plan.offload_bytes));
   for (const Region& r : plan.offload) {
+    // The offloaded activations as one row (a dozen buffers per block).
+    if (r.name == kOffloadedActivationsRegion) {
+      s += fmt::format("  {:<20} {:>12} {:>6.1f}%   ({} blocks)\n", r.name,
+                       format_bytes(r.layout.size), 100.0 * double(r.layout.size) / total,
+                       plan.activations.offloaded.size());
+      continue;
+    }
     for (const BufferDesc& b : r.buffers) {
-      s += fmt::format(
-          "  {:<20} {:>12} {:>6.1f}%\n", b.name, format_bytes(b.bytes()),
-          100.0 * double(b.bytes()) / double(std::max<uint64_t>(1, plan.offload_bytes)));
+      s += fmt::format("  {:<20} {:>12} {:>6.1f}%\n", b.name, format_bytes(b.bytes()),
+                       100.0 * double(b.bytes()) / total);
     }
   }
   s += fmt::format("  {:<20} {:>12}   {}\n", "total", format_bytes(plan.offload_bytes),

@@ -52,7 +52,12 @@ struct ZeroWindowSizes {
 };
 ZeroWindowSizes gpt2_zero_window_sizes(const model::ParamTable& table, int ranks);
 
-// The offload region of the activations (MemoryPlan::offload).
+// The offload tier's regions (MemoryPlan::offload), found by name: optimizer offload's fp32
+// master weights, AdamW's m and v, and the gradient copy the host update reads; and activation
+// offload's saved activations. A plan may hold both kinds (one tier, one budget).
+inline constexpr const char* kOffloadMasterRegion = "master weights";
+inline constexpr const char* kOffloadOptimizerRegion = "optimizer";
+inline constexpr const char* kOffloadGradientsRegion = "gradients";
 inline constexpr const char* kOffloadedActivationsRegion = "offloaded activations";
 
 // A block of memory that the trainer allocates as one arena.
@@ -91,23 +96,37 @@ struct MemoryPlan {
   bool placed = true;         // false: step offsets not computed (see plan_training_memory)
 
   // The offload tier (a separate host resource with its own budget; pinned host memory on a
-  // GPU): regions allocated from it, not counted in peak_bytes. With Policy::offload_optimizer:
-  // kOffloadMasterRegion (fp32 master weights), kOffloadOptimizerRegion (adam_m, adam_v) and
-  // kOffloadGradientsRegion (the reduced gradients the host update reads), each the rank's
-  // shard; the device's optimizer region (index 2) is then empty. Or (not both yet) the region
-  // "offloaded activations" (ActivationTable::offload_buffers) when some block is offloaded.
-  static constexpr size_t kOffloadMasterRegion = 0;
-  static constexpr size_t kOffloadOptimizerRegion = 1;
-  static constexpr size_t kOffloadGradientsRegion = 2;
+  // GPU): regions allocated from it, not counted in peak_bytes, found by name
+  // (offload_region). With Policy::offload_optimizer: kOffloadMasterRegion (fp32 master
+  // weights), kOffloadOptimizerRegion (adam_m, adam_v) and kOffloadGradientsRegion (the reduced
+  // gradients the host update reads), each the rank's shard; the device's optimizer region
+  // (index 2) is then empty. And, when some block is offloaded, kOffloadedActivationsRegion
+  // (ActivationTable::offload_buffers). Both kinds are live through the whole step (the state
+  // persistently, the activations of each micro-batch), so the tier holds their sum.
   std::vector<Region> offload;
   uint64_t offload_bytes = 0;  // the offload tier's regions together
 };
 
+// The offload region named `name` (kOffload*Region), or null.
+const Region* offload_region(const MemoryPlan& plan, const char* name);
+// The offload tier's two parts: the offloaded activations' region, and the rest (optimizer
+// offload's state; per rank, as shard_plan counts it in the search's derived plans). Their sum
+// is plan.offload_bytes.
+uint64_t offloaded_activation_bytes(const MemoryPlan& plan);
+inline uint64_t offloaded_optimizer_bytes(const MemoryPlan& plan) {
+  return plan.offload_bytes - offloaded_activation_bytes(plan);
+}
+// The two parts in words: "optimizer state 24.8 GiB + offloaded activations 1.21 GiB" (either
+// alone when the other is empty; "" without offload).
+std::string offload_parts(const MemoryPlan& plan);
+
 // Moves the optimizer state of `plan` to the offload tier (Policy::offload_optimizer): m and v
 // leave the device's optimizer region (which stays, empty, so region indices do not move), the
 // device's fp32 parameters become working weights (category weights), and the offload tier gets
-// the master weights, m, v and a gradient copy of the optimizer's shard. Updates the byte
+// the master weights, m, v and a gradient copy of the optimizer's shard, ahead of the
+// offloaded activations' region when the plan has one (both share the tier). Updates the byte
 // counts. plan_training_memory calls it; the search applies it to plans it already has.
+// REQUIRES: !plan->policy.offload_optimizer.
 void offload_optimizer_state(MemoryPlan* plan);
 
 // Plans the memory of training `config` under `policy`. Errors: InvalidArgument for a policy

@@ -163,7 +163,11 @@ void shard_plan(MemoryPlan* mp, const ZeroSpec& z, bool executor_layout) {
   mp->by_category[size_t(Category::kGrads)] += uint64_t(m.grads + m.grad_shard);
   mp->by_category[size_t(Category::kOptimizer)] += uint64_t(m.optimizer);
   mp->persistent_bytes += uint64_t(m.total() + fp32_working);
-  if (mp->policy.offload_optimizer) mp->offload_bytes = uint64_t(m.offloaded);
+  // The offload tier: this rank's optimizer state, next to the offloaded activations (a
+  // micro-batch's, whatever the stage).
+  if (mp->policy.offload_optimizer) {
+    mp->offload_bytes = uint64_t(m.offloaded) + offloaded_activation_bytes(*mp);
+  }
   mp->peak_bytes = mp->persistent_bytes + mp->step_bytes;
   mp->lower_bound_bytes = mp->persistent_bytes + mp->step_lower_bound;
   mp->policy.ranks = z.ranks;
@@ -183,6 +187,7 @@ Candidate evaluate(const SearchRequest& r, const MemoryPlan& mp) {
   c.lower_bound_bytes = mp.lower_bound_bytes;
   c.by_category = mp.by_category;
   c.offload_bytes = mp.offload_bytes;
+  c.offload_activation_bytes = offloaded_activation_bytes(mp);
   c.cost = price(r, mp);
   const bool offload_fits = r.offload_memory == 0 || mp.offload_bytes <= r.offload_memory;
   c.fits = mp.peak_bytes <= r.device_memory && offload_fits;
@@ -193,8 +198,7 @@ Candidate evaluate(const SearchRequest& r, const MemoryPlan& mp) {
   } else if (!offload_fits) {
     c.rejected_because = fmt::format(
         "the offload tier needs {} ({}), {} over the {} offload budget (--offload-memory)",
-        format_bytes(mp.offload_bytes),
-        mp.policy.offload_optimizer ? "optimizer state" : "offloaded activations",
+        format_bytes(mp.offload_bytes), offload_parts(mp),
         format_bytes(mp.offload_bytes - r.offload_memory), format_bytes(r.offload_memory));
   }
   return c;
@@ -333,14 +337,7 @@ Result<SearchResult> search_leaf(const SearchRequest& r, PlanCache& cache);
 }  // namespace
 
 Result<SearchResult> search_plan(const SearchRequest& request) {
-  // Optimizer offload and activation offload together are not built yet (they would share the
-  // offload tier): optimizer offload on leaves activations on the device unless both were asked.
-  SearchRequest with_offload;
-  if (request.offload_optimizer.value_or(false) && !request.offload_activations) {
-    with_offload = request;
-    with_offload.offload_activations = false;
-  }
-  const SearchRequest& r = with_offload.offload_activations ? with_offload : request;
+  const SearchRequest& r = request;
   if (r.zero_stage && (*r.zero_stage < 0 || *r.zero_stage > 3)) {
     return Status::invalid_argument(
         fmt::format("--zero {}: expected auto, 0, 1, 2 or 3", *r.zero_stage));
@@ -392,12 +389,8 @@ Result<SearchResult> search_plan(const SearchRequest& request) {
           leaf.precision = r.precision == "auto" ? precision : r.precision;
           leaf.zero_stage = r.devices > 1 ? z : 0;
           leaf.offload_optimizer = offload;
-          // Optimizer offload and activation offload share the offload tier; together they are
-          // not built yet: a leaf with optimizer offload offloads no activations.
-          if (offload) {
-            if (r.offload_activations.value_or(false)) continue;
-            leaf.offload_activations = false;
-          }
+          // With optimizer offload the leaf still searches activation offload per block: both
+          // share the offload tier and its budget (docs/notes/offload.md, "Both kinds").
           leaves.push_back(std::move(leaf));
         }
       }
@@ -585,6 +578,8 @@ Result<SearchResult> search_leaf(const SearchRequest& r, PlanCache& cache) {
     mp.placed = full.placed;
     mp.offload = full.offload;
     mp.offload_bytes = full.offload_bytes;
+    // The offloaded blocks and their bytes: the cost model prices their transfers.
+    mp.activations.offloaded = full.activations.offloaded;
     return mp;
   };
   const auto full_of = [&replica_of](const MemoryPlan* mp) {
@@ -721,7 +716,11 @@ Result<SearchResult> search_leaf(const SearchRequest& r, PlanCache& cache) {
         const double t_sel = (secs[1] - secs[0]) / L, t_full = (secs[2] - secs[0]) / L;
         const double d_off = offload_auto ? (m0 - double(uni[3]->peak_bytes)) / L : 0.0;
         const double t_off = offload_auto ? (secs[3] - secs[0]) / L : 0.0;
-        const double tier_off = offload_auto ? double(uni[3]->offload_bytes) / L : 0.0;
+        // The tier's optimizer state (with optimizer offload) is there whatever the mix; each
+        // offloaded block adds its activations.
+        const double tier_base = double(uni[0]->offload_bytes);
+        const double tier_off =
+            offload_auto ? (double(uni[3]->offload_bytes) - tier_base) / L : 0.0;
         const int max_off = offload_auto ? L : 0;
         // (extra seconds, full, offloaded, selective)
         std::vector<std::tuple<double, int, int, int>> mixes;
@@ -730,7 +729,9 @@ Result<SearchResult> search_leaf(const SearchRequest& r, PlanCache& cache) {
             for (int ns = 0; nf + no + ns <= L; ns++) {
               if (nf == L || ns == L || no == L || (nf == 0 && ns == 0 && no == 0)) continue;
               if (m0 - nf * d_full - ns * d_sel - no * d_off > double(r.device_memory)) continue;
-              if (no * tier_off > double(r.offload_memory)) continue;
+              if (r.offload_memory && tier_base + no * tier_off > double(r.offload_memory)) {
+                continue;
+              }
               mixes.push_back({nf * t_full + ns * t_sel + no * t_off, nf, no, ns});
             }
           }
@@ -867,13 +868,12 @@ Result<SearchResult> search_leaf(const SearchRequest& r, PlanCache& cache) {
       res.advice = advise(r, mp);
     } else if (r.offload_memory && mp.offload_bytes > r.offload_memory) {
       res.advice = fmt::format(
-          "nothing fits: with optimizer offload the device holds micro-batch 1 ({} of {}), but the "
-          "offload tier needs {} for the master weights, AdamW moments and gradient copy, {} more "
-          "than its {} budget: raise --offload-memory, or shard the optimizer state over more "
-          "devices (ZeRO-1 or higher)\n",
+          "nothing fits: with offload the device holds micro-batch 1 ({} of {}), but the offload "
+          "tier needs {} ({}), {} more than its {} budget: raise --offload-memory, or shard the "
+          "optimizer state over more devices (ZeRO-1 or higher)\n",
           format_bytes(mp.peak_bytes), format_bytes(r.device_memory),
-          format_bytes(mp.offload_bytes), format_bytes(mp.offload_bytes - r.offload_memory),
-          format_bytes(r.offload_memory));
+          format_bytes(mp.offload_bytes), offload_parts(mp),
+          format_bytes(mp.offload_bytes - r.offload_memory), format_bytes(r.offload_memory));
     } else {
       res.advice = fmt::format(
           "nothing fits with the constraints given{}{}; the largest micro-batch that fits is {}.\n",

@@ -82,9 +82,11 @@ struct Candidate {
   uint64_t peak_bytes = 0;
   uint64_t lower_bound_bytes = 0;
   std::array<uint64_t, memory::kNumCategories> by_category{};
-  // The offload tier's bytes (per rank; MemoryPlan::offload_bytes): optimizer state or
-  // offloaded activations. 0 without offload.
+  // The offload tier's bytes (per rank; MemoryPlan::offload_bytes): optimizer state and
+  // offloaded activations together; 0 without offload. offload_activation_bytes: the
+  // activations' part (the rest is the optimizer state's).
   uint64_t offload_bytes = 0;
+  uint64_t offload_activation_bytes = 0;
   StepCost cost;
   bool fits = false;
   bool placed = true;            // false: rejected on the lower bound, never placed

@@ -36,47 +36,27 @@ float clip_scale(const AdamWConfig& config, double norm) {
 
 }  // namespace
 
-OptimizerOffload::OptimizerOffload(dist::Communicator* comm, const model::ParamTable* table,
-                                   int stage, const dist::ShardLayout* layout, uint64_t budget)
-    : limit_(&host_, budget),
-      tracking_(&limit_),
-      comm_(comm),
-      table_(table),
-      stage_(stage),
-      layout_(layout) {}
-
 Result<std::unique_ptr<OptimizerOffload>> OptimizerOffload::create(
-    const plan::MemoryPlan& plan, uint64_t budget, dist::Communicator* comm, int stage,
+    const plan::MemoryPlan& plan, const OffloadTier& tier, dist::Communicator* comm, int stage,
     const dist::ShardLayout* layout) {
-  HR_CHECK_MSG(plan.policy.offload_optimizer && plan.offload.size() == 3,
-               "OptimizerOffload: the plan has no optimizer offload regions");
+  HR_CHECK_MSG(plan.policy.offload_optimizer, "OptimizerOffload: a plan without optimizer offload");
   if (stage < 0 || stage > 2) {
     return Status::unsupported(fmt::format(
         "optimizer offload with ZeRO-{}: the trainer runs it with ZeRO 0, 1 or 2", stage));
   }
-  if (plan.offload_bytes > budget) {
-    std::string what;
-    for (const plan::Region& r : plan.offload) {
-      what += fmt::format("{}{} {}", what.empty() ? "" : ", ", r.name, format_bytes(r.layout.size));
-    }
-    return Status::out_of_memory(fmt::format(
-        "the offload tier (host memory for optimizer offload) needs {} ({}) but its budget is {}: "
-        "raise --offload-memory, shard the optimizer state over more ranks (--zero 1 under "
-        "mpirun), or train without offload (--offload-optimizer off) under a larger "
-        "--device-memory",
-        format_bytes(plan.offload_bytes), what, format_bytes(budget)));
-  }
-  std::unique_ptr<OptimizerOffload> o(
-      new OptimizerOffload(comm, &plan.params, stage, layout, budget));
-  auto make = [&](const plan::Region& r) {
-    return memory::Arena::create(&o->tracking_, r.buffers, r.layout, r.category);
-  };
-  using MP = plan::MemoryPlan;
-  HR_ASSIGN_OR_RETURN(o->master_, make(plan.offload[MP::kOffloadMasterRegion]));
-  HR_ASSIGN_OR_RETURN(o->optimizer_, make(plan.offload[MP::kOffloadOptimizerRegion]));
-  HR_ASSIGN_OR_RETURN(o->grads_, make(plan.offload[MP::kOffloadGradientsRegion]));
-  o->shard_floats_ = plan.offload[MP::kOffloadMasterRegion].buffers.at(0).shape.numel();
-  o->planned_bytes_ = plan.offload_bytes;
+  // By name: the tier may hold the offloaded activations' region too.
+  const memory::Arena* master = tier.arena(plan::kOffloadMasterRegion);
+  const memory::Arena* moments = tier.arena(plan::kOffloadOptimizerRegion);
+  const memory::Arena* grads = tier.arena(plan::kOffloadGradientsRegion);
+  HR_CHECK_MSG(master && moments && grads,
+               "OptimizerOffload: the offload tier has no optimizer offload regions");
+  std::unique_ptr<OptimizerOffload> o(new OptimizerOffload(comm, &plan.params, stage, layout));
+  o->master_ = master->f32(0);
+  o->m_ = moments->f32(0);
+  o->v_ = moments->f32(1);
+  o->grads_ = grads->f32(0);
+  o->shard_floats_ =
+      plan::offload_region(plan, plan::kOffloadMasterRegion)->buffers.at(0).shape.numel();
   HR_CHECK_MSG(o->piece_floats() <= o->shard_floats_, "the plan's offload shard is too small");
   // The padding past this rank's piece stays zero: AdamW never touches it.
   cpu::zero(o->master(), o->shard_floats_);

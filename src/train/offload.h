@@ -1,6 +1,6 @@
-// Optimizer offload (ZeRO-Offload style) in the trainer: the offload tier's own memory stack and
-// the regions the plan puts there, and the optimizer step that runs on them. See
-// docs/notes/offload.md ("Note [Optimizer offload]").
+// Optimizer offload (ZeRO-Offload style) in the trainer: the optimizer step that runs on the
+// offload tier's optimizer regions (train/offload_tier.h holds them, next to any offloaded
+// activations). See docs/notes/offload.md ("Note [Optimizer offload]").
 #pragma once
 
 #include <cstdint>
@@ -10,20 +10,17 @@
 #include "core/status.h"
 #include "dist/communicator.h"
 #include "dist/shard.h"
-#include "memory/adaptors.h"
-#include "memory/arena.h"
-#include "memory/host_resource.h"
 #include "plan/memory_plan.h"
+#include "train/offload_tier.h"
 #include "train/optimizer.h"
 
 namespace headroom::train {
 
-// The offload tier: a host leaf under its own budget (TrainOptions::offload_memory) with
-// tracking, holding the plan's offload regions (MemoryPlan::offload): the fp32 master weights,
-// AdamW's m and v, and the gradient copy the update reads, each this rank's shard (the whole
-// buffer at ZeRO-0). On a GPU the leaf would be pinned host memory; here it is host memory like
-// the device, and every copy between the two is a real memcpy, so the path is exercised and
-// measured.
+// The optimizer's regions of the offload tier (OffloadTier, plan::kOffloadMasterRegion,
+// kOffloadOptimizerRegion, kOffloadGradientsRegion): the fp32 master weights, AdamW's m and v,
+// and the gradient copy the update reads, each this rank's shard (the whole buffer at ZeRO-0).
+// On a GPU the tier would be pinned host memory; here it is host memory like the device, and
+// every copy between the two is a real memcpy, so the path is exercised and measured.
 //
 // The step (ZeRO stages 0-2):
 //   1. reduce on the device: all-reduce the gradients (stage 0), or reduce-scatter them into
@@ -38,20 +35,19 @@ namespace headroom::train {
 // Not thread-safe: the training thread calls it, with no communication in flight.
 class OptimizerOffload {
  public:
-  // Allocates `plan.offload` from the offload tier. `layout`: the optimizer's shard layout
-  // (ZeroOptimizer::layout(); the flat one-unit layout of stages 0-2). Errors: OutOfMemory
-  // naming the offload tier, what it needs and the budget, when `budget` does not hold the
-  // regions; Unsupported for ZeRO-3.
-  // REQUIRES: plan.policy.offload_optimizer; comm, table and layout outlive this object.
+  // Runs on `tier`'s optimizer regions (the tier made from `plan`, which holds them).
+  // `layout`: the optimizer's shard layout (ZeroOptimizer::layout(); the flat one-unit layout
+  // of stages 0-2). Errors: Unsupported for ZeRO-3.
+  // REQUIRES: plan.policy.offload_optimizer; tier, comm, table and layout outlive this object.
   static Result<std::unique_ptr<OptimizerOffload>> create(const plan::MemoryPlan& plan,
-                                                          uint64_t budget, dist::Communicator* comm,
-                                                          int stage,
+                                                          const OffloadTier& tier,
+                                                          dist::Communicator* comm, int stage,
                                                           const dist::ShardLayout* layout);
 
-  float* master() const { return master_.f32(0); }
-  float* m() const { return optimizer_.f32(0); }
-  float* v() const { return optimizer_.f32(1); }
-  float* grads() const { return grads_.f32(0); }
+  float* master() const { return master_; }
+  float* m() const { return m_; }
+  float* v() const { return v_; }
+  float* grads() const { return grads_; }
   int64_t shard_floats() const { return shard_floats_; }  // floats of each offload buffer
 
   // Sets the master weights from the device parameters (full buffer): this rank's piece. Call
@@ -69,9 +65,6 @@ class OptimizerOffload {
                       const AdamWConfig& config, float lr, int step, bool grads_reduced = false,
                       float loss_scale = 0.0f);
 
-  memory::MemoryStats stats() const { return tracking_.stats(); }
-  uint64_t budget() const { return limit_.budget(); }
-  uint64_t planned_bytes() const { return planned_bytes_; }
   // Bytes copied per step each way, and the time the copies of the last step took.
   uint64_t bytes_to_offload() const { return uint64_t(piece_floats()) * 4; }
   uint64_t bytes_to_device() const { return uint64_t(piece_floats()) * 4; }
@@ -79,19 +72,16 @@ class OptimizerOffload {
 
  private:
   OptimizerOffload(dist::Communicator* comm, const model::ParamTable* table, int stage,
-                   const dist::ShardLayout* layout, uint64_t budget);
+                   const dist::ShardLayout* layout)
+      : comm_(comm), table_(table), stage_(stage), layout_(layout) {}
   int64_t piece_floats() const;
 
-  memory::HostResource host_;
-  memory::LimitResource limit_;
-  memory::TrackingResource tracking_;
-  memory::Arena master_, optimizer_, grads_;
+  float *master_ = nullptr, *m_ = nullptr, *v_ = nullptr, *grads_ = nullptr;  // the tier's
   dist::Communicator* comm_;
   const model::ParamTable* table_;
   int stage_;
   const dist::ShardLayout* layout_;
   int64_t shard_floats_ = 0;
-  uint64_t planned_bytes_ = 0;
   double last_copy_ms_ = 0;
 };
 

@@ -13,36 +13,54 @@ namespace headroom::train {
 Result<std::unique_ptr<OffloadTier>> OffloadTier::create(const plan::MemoryPlan& plan,
                                                          uint64_t budget,
                                                          model::OffloadCopier::Options copier) {
-  // Only the offloaded activations: optimizer offload's regions (train/offload.h) have their own
-  // stack.
-  uint64_t bytes = 0;
-  for (const plan::Region& r : plan.offload) {
-    if (r.name == plan::kOffloadedActivationsRegion) bytes += r.layout.size;
-  }
-  if (bytes > budget) {
+  // One budget for both kinds: the optimizer state lives through the run, a micro-batch's
+  // offloaded activations through its forward and backward, so at the start of a backward the
+  // tier holds both (Note [Optimizer offload], "Both kinds").
+  if (plan.offload_bytes > budget) {
+    // What would make it fit, for each part the plan has.
+    std::vector<std::string> fixes = {"raise --offload-memory"};
+    if (plan::offloaded_optimizer_bytes(plan) > 0) {
+      fixes.push_back("shard the optimizer state over more ranks (--zero 1 under mpirun)");
+      fixes.push_back(
+          "keep the optimizer state on the device (--offload-optimizer off) under a larger "
+          "--device-memory");
+    }
+    if (plan::offloaded_activation_bytes(plan) > 0) {
+      fixes.push_back("offload fewer blocks' activations (--offload-activations auto|off)");
+    }
+    std::string advice;
+    for (size_t i = 0; i < fixes.size(); i++) {
+      advice += (i == 0 ? "" : i + 1 == fixes.size() ? ", or " : ", ") + fixes[i];
+    }
     return Status::out_of_memory(fmt::format(
-        "the plan offloads {} of activations ({} blocks) but the offload tier holds {}: raise "
-        "--offload-memory, or offload fewer blocks (--offload-activations auto|off)",
-        format_bytes(bytes), plan.activations.offloaded.size(), format_bytes(budget)));
+        "the offload tier (host memory) needs {} ({}) but its budget is {}: {}",
+        format_bytes(plan.offload_bytes), plan::offload_parts(plan), format_bytes(budget), advice));
   }
   std::unique_ptr<OffloadTier> t(new OffloadTier(budget));
-  for (size_t i = 0; i < plan.offload.size(); i++) {
-    const plan::Region& r = plan.offload[i];
-    if (r.name != plan::kOffloadedActivationsRegion) continue;
+  for (const plan::Region& r : plan.offload) {
     Result<memory::Arena> a = memory::Arena::create(&t->tracking_, r.buffers, r.layout, r.category);
     if (!a.is_ok()) {
-      return Status::out_of_memory(fmt::format("offload tier (--offload-memory {}): {}",
-                                               format_bytes(budget), a.status().message()));
+      return Status::out_of_memory(fmt::format("offload tier (--offload-memory {}), region {}: {}",
+                                               format_bytes(budget), r.name, a.status().message()));
     }
     t->arenas_.push_back(std::move(*a));
     t->names_.push_back(r.name);
-    if (!plan.activations.offloaded.empty()) t->activations_ = int(t->arenas_.size()) - 1;
+    if (r.name == plan::kOffloadedActivationsRegion && !plan.activations.offloaded.empty()) {
+      t->activations_ = int(t->arenas_.size()) - 1;
+    }
   }
   if (t->activations_ >= 0) t->copier_.emplace(copier);
   return t;
 }
 
 OffloadTier::~OffloadTier() = default;
+
+const memory::Arena* OffloadTier::arena(const char* name) const {
+  for (size_t i = 0; i < names_.size(); i++) {
+    if (names_[i] == name) return &arenas_[i];
+  }
+  return nullptr;
+}
 
 void OffloadTier::bind(model::Gpt2& net, const plan::MemoryPlan& plan) {
   if (plan.activations.offloaded.empty()) {
@@ -51,10 +69,8 @@ void OffloadTier::bind(model::Gpt2& net, const plan::MemoryPlan& plan) {
   }
   HR_CHECK_MSG(activations_ >= 0, "a plan offloads activations the offload tier has no room for");
   const memory::Arena& a = arenas_[size_t(activations_)];
-  const auto region = std::find_if(
-      plan.offload.begin(), plan.offload.end(),
-      [](const plan::Region& r) { return r.name == plan::kOffloadedActivationsRegion; });
-  HR_CHECK_MSG(region != plan.offload.end() && region->layout.size == a.size(),
+  const plan::Region* region = plan::offload_region(plan, plan::kOffloadedActivationsRegion);
+  HR_CHECK_MSG(region != nullptr && region->layout.size == a.size(),
                "the offloaded activations' region changed after the tier was made");
   net.bind_offload(&a, &*copier_);
 }

@@ -1,7 +1,8 @@
-// The offload tier of a training run: a host resource of its own with its own budget
-// (TrainOptions::offload_memory), the arenas of the plan's offload regions, and the copy thread
-// that moves offloaded activations there and back while the executor computes.
-// See docs/notes/offload-activations.md.
+// The offload tier of a training run: a host resource of its own with one budget
+// (TrainOptions::offload_memory, --offload-memory), the arenas of every region of the plan's
+// offload tier (optimizer offload's state and offloaded activations, either or both), and the
+// copy thread that moves offloaded activations there and back while the executor computes.
+// See docs/notes/offload.md and docs/notes/offload-activations.md.
 #pragma once
 
 #include <memory>
@@ -21,9 +22,10 @@ namespace headroom::train {
 
 class OffloadTier {
  public:
-  // The stack host leaf -> limit(budget) -> tracking; one arena per region of plan.offload, and a
-  // copy thread when the plan offloads activations. OutOfMemory, naming --offload-memory, when
-  // the regions exceed the budget.
+  // The stack host leaf -> limit(budget) -> tracking, and one arena per region of plan.offload
+  // (found by name: plan::kOffload*Region), so that the tracked peak is plan.offload_bytes; a
+  // copy thread when the plan offloads activations. OutOfMemory naming --offload-memory and
+  // the tier's parts (optimizer state, offloaded activations) when they exceed the budget.
   static Result<std::unique_ptr<OffloadTier>> create(const plan::MemoryPlan& plan, uint64_t budget,
                                                      model::OffloadCopier::Options copier = {});
   ~OffloadTier();
@@ -32,6 +34,10 @@ class OffloadTier {
   // plan: no offloaded block unbinds). REQUIRES: plan's offload region is the one this tier was
   // created with (re-plans never add offload).
   void bind(model::Gpt2& net, const plan::MemoryPlan& plan);
+
+  // The arena of the offload region `name` (plan::kOffload*Region), or null when the plan has
+  // none. Owned by the tier.
+  const memory::Arena* arena(const char* name) const;
 
   memory::MemoryStats stats() const { return tracking_.stats(); }
   uint64_t budget() const { return limit_.budget(); }

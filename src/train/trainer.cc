@@ -319,18 +319,23 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
   // The optimizer's collectives, recorded as ops of its step when profiling (step_events.h).
   TracedCommunicator zcomm(&comm);
   ZeroOptimizer zopt(&zcomm, &table, stage);
+  // The offload tier: its own host resource under one budget, holding every offload region of
+  // the plan (optimizer state, offloaded activations, or both), and the copy thread (made
+  // before the model, so that it outlives every forward and backward).
+  if (mp.policy.offload_optimizer && stage == 3) {
+    return Status::unsupported(
+        "optimizer offload runs with ZeRO 0-2 in the trainer (ZeRO-3's parameter shards are not "
+        "copied back from the offload tier yet): use --zero 2 or --offload-optimizer off");
+  }
+  const uint64_t offload_budget =
+      o.offload_memory > 0 ? o.offload_memory : cpu::query_cpu_device().available_bytes;
+  HR_ASSIGN_OR_RETURN(std::unique_ptr<OffloadTier> offload_tier,
+                      OffloadTier::create(mp, offload_budget, o.offload_copier));
   // Optimizer offload: m and v (and the master weights) live in the offload tier.
   std::unique_ptr<OptimizerOffload> offload;
   if (mp.policy.offload_optimizer) {
-    if (stage == 3) {
-      return Status::unsupported(
-          "optimizer offload runs with ZeRO 0-2 in the trainer (ZeRO-3's parameter shards are not "
-          "copied back from the offload tier yet): use --zero 2 or --offload-optimizer off");
-    }
-    uint64_t budget = o.offload_memory;
-    if (budget == 0) budget = cpu::query_cpu_device().available_bytes;
     HR_ASSIGN_OR_RETURN(offload,
-                        OptimizerOffload::create(mp, budget, &comm, stage, &zopt.layout()));
+                        OptimizerOffload::create(mp, *offload_tier, &comm, stage, &zopt.layout()));
   }
   float* m = offload ? offload->m() : opt_arena.f32(0);
   float* v = offload ? offload->v() : opt_arena.f32(1);
@@ -535,13 +540,6 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
   bf16_t* params_bf16 = bf16_arena.size() > 0 ? static_cast<bf16_t*>(bf16_arena.data(0)) : nullptr;
 
   if (params_bf16) cpu::cast_to_bf16(params_bf16, params, table.total_floats);
-  // The offload tier: its own host resource and budget, and the copy thread (declared before
-  // the model, so that it outlives every forward and backward).
-  // (Offloaded activations only: optimizer offload's regions live in OptimizerOffload's stack.)
-  const uint64_t offload_budget =
-      o.offload_memory > 0 ? o.offload_memory : cpu::query_cpu_device().available_bytes;
-  HR_ASSIGN_OR_RETURN(std::unique_ptr<OffloadTier> act_tier,
-                      OffloadTier::create(mp, offload_budget, o.offload_copier));
   model::Gpt2 net(cfg, &table);
   net.bind_params(params, grads, params_bf16);
   // ZeRO-2/3: backward writes gradient windows that the communication thread reduce-scatters
@@ -553,7 +551,7 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
   std::optional<ProfileRecord> rec;
   if (o.profile) {
     rec.emplace();
-    if (act_tier->copier()) act_tier->copier()->set_record(true);
+    if (offload_tier->copier()) offload_tier->copier()->set_record(true);
     rec->plan = mp;
     op_times.record = true;
     op_times.origin = run_start;
@@ -600,10 +598,12 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     info.num_parameters = table.num_parameters;
     info.planned_bytes = mp.peak_bytes;
     info.memory_table = plan::category_table(mp, o.device_memory);
-    if (offload) {
-      info.offload_table = plan::offload_table(mp, offload->budget());
+    if (mp.offload_bytes > 0) {
+      info.offload_table = plan::offload_table(mp, offload_tier->budget());
       info.offload_bytes = mp.offload_bytes;
-      info.offload_budget = offload->budget();
+      info.offload_budget = offload_tier->budget();
+      info.offload_optimizer = mp.policy.offload_optimizer;
+      info.offloaded_blocks = int(mp.activations.offloaded.size());
     }
     info.train_tokens = train_range.size();
     info.val_tokens = val_range.size();
@@ -762,7 +762,7 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
   auto evaluate = [&](int step) -> Result<std::optional<double>> {
     if (!val_batches) return std::optional<double>();
     if (rec) rec->events.set_pool_context(step, -1);
-    act_tier->bind(net, elastic.plan());
+    offload_tier->bind(net, elastic.plan());
     val_batches->set_position(val_range.begin);
     double sum = 0;
     int64_t count = 0;
@@ -797,7 +797,7 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
                               acquire(step, "for validation", G, T, B - q, &shape));
           const int rows = shape->policy.micro_batch;
           net.bind_activations(&arena, &shape->activations, rows, T);
-          act_tier->bind(net, *shape);
+          offload_tier->bind(net, *shape);
           int64_t valid = 0;
           if (zw) zw->begin_micro_batch(false);
           sum += net.forward(val_inputs + int64_t(q) * T, val_targets + int64_t(q) * T, &valid);
@@ -851,7 +851,7 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
   for (int step = start_step; step < o.steps; step++) {
     auto t0 = Clock::now();
     cur = StepStats();
-    const model::OffloadCopier::Stats copies0 = act_tier->copy_stats();
+    const model::OffloadCopier::Stats copies0 = offload_tier->copy_stats();
     HR_RETURN_IF_ERROR(follow_budget(step));
     tracking.reset_peak();
     // The whole step's micro-batches are there before the first forward, so the loss is
@@ -908,7 +908,7 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
       const plan::MemoryPlan& mbp = shape ? *shape : elastic.plan();
       const int b = mbp.policy.micro_batch;
       net.bind_activations(&*arena, &mbp.activations, b, len);
-      act_tier->bind(net, mbp);
+      offload_tier->bind(net, mbp);
       const int32_t* in = inputs + int64_t(row0 + done) * len;
       const int32_t* tg = targets + int64_t(row0 + done) * len;
       auto tm = Clock::now();
@@ -919,7 +919,7 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
       net.backward(in, tg, dloss);
       record("micro-batch", "micro_batch", tm, step, k);
       // Activation offload's copies of this micro-batch, on the profile's copy track.
-      if (model::OffloadCopier* copier = rec ? act_tier->copier() : nullptr) {
+      if (model::OffloadCopier* copier = rec ? offload_tier->copier() : nullptr) {
         for (const model::OffloadCopier::Span& c : copier->take_spans()) {
           record_op("offload copy", EventPhase::kNone, c.start, c.end, step, kEventThreadCopy);
         }
@@ -1035,17 +1035,22 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     s.lower_bound_bytes = elastic.plan().lower_bound_bytes;
     s.pool_reserved_bytes = elastic.pool_stats().reserved;
     s.device_budget = limit.budget();
-    if (offload) {
-      const memory::MemoryStats os = offload->stats();
+    if (mp.offload_bytes > 0) {
+      const memory::MemoryStats os = offload_tier->stats();
       s.offload_bytes_in_use = os.current;
       s.offload_bytes_peak = os.peak;
-      s.planned_offload_bytes = offload->planned_bytes();
-      s.offload_copy_ms = offload->last_copy_ms();
+      s.planned_offload_bytes = mp.offload_bytes;
     }
-    const model::OffloadCopier::Stats copies1 = act_tier->copy_stats();
+    // Both kinds' copies over the one host link: the optimizer's (gradients out, weights back)
+    // and the activations' (out and back per micro-batch, on the copy thread).
+    if (offload) {
+      s.offload_copy_ms = offload->last_copy_ms();
+      s.offload_bytes = offload->bytes_to_offload() + offload->bytes_to_device();
+    }
+    const model::OffloadCopier::Stats copies1 = offload_tier->copy_stats();
     if (copies1.bytes > copies0.bytes) {
-      s.offload_bytes = copies1.bytes - copies0.bytes;
-      s.offload_copy_ms = (copies1.copy_seconds - copies0.copy_seconds) * 1e3;
+      s.offload_bytes += copies1.bytes - copies0.bytes;
+      s.offload_copy_ms += (copies1.copy_seconds - copies0.copy_seconds) * 1e3;
       s.offload_wait_ms = (copies1.wait_seconds - copies0.wait_seconds) * 1e3;
     }
     if (!std::isfinite(s.loss)) {
@@ -1087,16 +1092,10 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
   }
   result.lower_bound_bytes = mp.lower_bound_bytes;
   if (zw) result.zero_events = zw->events();
-  if (offload) {
-    result.offload_memory = offload->stats();
-    result.offload_bytes_peak = result.offload_memory.peak;
-    result.planned_offload_bytes = offload->planned_bytes();
-  }
-  if (!offload) {
-    result.offload_bytes_peak = act_tier->stats().peak;
-    result.planned_offload_bytes = mp.offload_bytes;
-  }
-  const model::OffloadCopier::Stats copies = act_tier->copy_stats();
+  result.offload_memory = offload_tier->stats();
+  result.offload_bytes_peak = result.offload_memory.peak;
+  result.planned_offload_bytes = mp.offload_bytes;
+  const model::OffloadCopier::Stats copies = offload_tier->copy_stats();
   result.offload_copied_bytes = copies.bytes;
   result.offload_copy_ms = copies.copy_seconds * 1e3;
   result.offload_wait_ms = copies.wait_seconds * 1e3;

@@ -126,10 +126,10 @@ struct StepStats {
   uint64_t lower_bound_bytes = 0;
   uint64_t pool_reserved_bytes = 0;
   uint64_t device_budget = 0;
-  // The offload tier (optimizer offload or activation offload): its bytes in use, its peak and
-  // the plan's (0 without); this step's copies between the device and the tier (bytes and the
-  // copies' time), and the time the executor waited for activation copies (transfer time not
-  // hidden behind compute).
+  // The offload tier (optimizer offload, activation offload, or both in one tier): its bytes in
+  // use, its peak and the plan's (0 without); this step's copies between the device and the
+  // tier, both kinds together (bytes and the copies' time), and the time the executor waited
+  // for activation copies (transfer time not hidden behind compute).
   uint64_t offload_bytes_in_use = 0;
   uint64_t offload_bytes_peak = 0;
   uint64_t planned_offload_bytes = 0;
@@ -156,8 +156,10 @@ struct SetupInfo {
   uint64_t planned_bytes = 0;  // all arenas together
   std::string memory_table;    // by category, planned
   std::string offload_table;   // the offload tier's buffers, planned ("" without offload)
-  uint64_t offload_bytes = 0;  // the offload tier, planned
+  uint64_t offload_bytes = 0;  // the offload tier, planned (both kinds)
   uint64_t offload_budget = 0;
+  bool offload_optimizer = false;  // the tier holds the optimizer state
+  int offloaded_blocks = 0;        // and this many blocks' activations
   int64_t train_tokens = 0;
   int64_t val_tokens = 0;
   double predicted_step_ms = 0;  // the cost model's time per optimizer step for the plan

@@ -55,7 +55,9 @@ class OffloadDataParallel : public ::testing::Test {
   }
   void TearDown() override { fs::remove_all(dir_); }
 
-  Output run(int zero_stage, bool offload, model::Precision precision, const std::string& name) {
+  // `activations`: activation offload per block (empty: none), in the same offload tier.
+  Output run(int zero_stage, bool offload, model::Precision precision, const std::string& name,
+             std::vector<bool> activations = {}) {
     TrainOptions o;
     o.comm = &world();
     o.zero_stage = zero_stage;
@@ -74,6 +76,7 @@ class OffloadDataParallel : public ::testing::Test {
     o.eval_batches = 1;
     o.offload_optimizer = offload;
     o.offload_memory = uint64_t(1) << 30;
+    o.exec.offload = std::move(activations);
     o.out_dir = (dir_ / name).string();
     o.save_every = o.steps;
     Output out;
@@ -155,6 +158,43 @@ TEST_F(OffloadDataParallel, BitIdenticalToTheSameRanksWithoutOffload) {
     const int64_t S = c.stage == 0 ? P : ((P + R - 1) / R + 15) / 16 * 16;
     EXPECT_EQ(on.offload_planned, 4 * ((uint64_t(S) * 4 + 63) / 64 * 64));
     EXPECT_EQ(on.device_planned, mp->peak_bytes);
+  }
+}
+
+// Both kinds in one offload tier with data parallelism: each rank's tier holds its optimizer
+// shard and its micro-batch's offloaded activations; weights, m and v are bit-identical to the
+// same ranks with neither, and the tier's measured peak is the plan's sum of the two.
+TEST_F(OffloadDataParallel, BothKindsBitIdenticalToTheSameRanksWithNeither) {
+  const int R = world().size();
+  for (int stage : {0, 2}) {
+    if (stage > 0 && R == 1) continue;
+    const std::string tag = "both_" + std::to_string(stage);
+    SCOPED_TRACE(tag);
+    Output off = run(stage, false, model::Precision::kFp32, "neither_" + tag);
+    Output on = run(stage, true, model::Precision::kFp32, tag, {true, true});
+    ASSERT_TRUE(off.status.is_ok()) << off.status.to_string();
+    ASSERT_TRUE(on.status.is_ok()) << on.status.to_string();
+    EXPECT_TRUE(same(off.params, on.params));
+    if (world().rank() == 0) {
+      EXPECT_TRUE(same(off.m, on.m));
+      EXPECT_TRUE(same(off.v, on.v));
+    }
+    plan::Policy p;
+    p.micro_batch = 2;
+    p.accumulation = 2;
+    p.seq = 16;
+    p.ranks = R;
+    p.zero_stage = stage;
+    p.offload_optimizer = true;
+    Result<plan::MemoryPlan> opt = plan::plan_training_memory(tiny(), p);
+    p.exec.offload = {true, true};
+    Result<plan::MemoryPlan> both = plan::plan_training_memory(tiny(), p);
+    ASSERT_TRUE(opt.is_ok() && both.is_ok());
+    EXPECT_EQ(both->offload_bytes, opt->offload_bytes + plan::offloaded_activation_bytes(*both));
+    EXPECT_EQ(on.offload_planned, both->offload_bytes);
+    EXPECT_EQ(on.offload_peak, both->offload_bytes);
+    EXPECT_EQ(on.device_peak, on.device_planned);
+    EXPECT_EQ(on.device_planned, both->peak_bytes);
   }
 }
 

@@ -161,5 +161,65 @@ TEST_F(TrainOffloadCli, TrainsWithTheOffloadTierAsPlanned) {
   EXPECT_TRUE(has(contra.out, "contradicts")) << contra.out;
 }
 
+// Both kinds in one offload tier: `plan` shows both parts (text and JSON, offload "all"), a plan
+// file carries them to `train`, which saves the same model as with neither, and a budget too
+// small for the two together names the flag and both parts.
+TEST_F(TrainOffloadCli, BothKindsInOneTier) {
+  const std::string data = corpus();
+  const std::string shape =
+      " --model gpt2-tiny --seq 32 --batch 2 --global-batch 4 --precision fp32 --recompute none";
+  const std::string both = " --offload-optimizer on --offload-activations on";
+  Outcome p = run("plan" + shape + both + " --offload-memory 1GiB --json");
+  ASSERT_EQ(p.code, 0) << p.out;
+  nlohmann::json c = last_json(p.out)["chosen"];
+  EXPECT_EQ(c["offload"], "all");
+  const uint64_t opt = c["offload_optimizer_bytes"], act = c["offload_activation_bytes"];
+  EXPECT_GT(opt, 0u);
+  EXPECT_GT(act, 0u);
+  EXPECT_EQ(c["offload_bytes"].get<uint64_t>(), opt + act);
+  EXPECT_GT(c["offload_activation_link_bytes_per_step"].get<double>(), 0.0);
+  EXPECT_GT(c["offload_link_bytes_per_step"].get<double>(),
+            c["offload_activation_link_bytes_per_step"].get<double>());
+  for (bool b : c["offload_per_block"]) EXPECT_TRUE(b);
+  write("plan.json", p.out.substr(p.out.find("{\n")));
+
+  Outcome text = run("plan" + shape + both + " --offload-memory 1GiB");
+  ASSERT_EQ(text.code, 0) << text.out;
+  for (const char* what : {"optimizer and activation offload", "activation offload: 4 blocks",
+                           "shared with the optimizer state", "optimizer offload:", "offload tier:",
+                           "adam_m", "offloaded activations", "optimizer state"}) {
+    EXPECT_TRUE(has(text.out, what)) << what << "\n" << text.out;
+  }
+
+  const std::string train = "train --data " + data + shape + " --steps 3 --sample-tokens 0";
+  Outcome on = run(train + " --plan " + path("plan.json") + " --offload-memory 1GiB --json " +
+                   "--out " + path("both"));
+  ASSERT_EQ(on.code, 0) << on.out;
+  nlohmann::json doc = last_json(on.out);
+  EXPECT_EQ(doc["offload"], "all");
+  EXPECT_EQ(doc["planned_offload_bytes"].get<uint64_t>(), opt + act);
+  EXPECT_EQ(doc["offload_bytes_peak"], doc["planned_offload_bytes"]);
+  EXPECT_EQ(doc["device_bytes_peak"], doc["planned_peak_bytes"]);
+  Outcome neither = run(train + " --offload-optimizer off --offload-activations off --json --out " +
+                        path("neither"));
+  ASSERT_EQ(neither.code, 0) << neither.out;
+  EXPECT_EQ(last_json(neither.out)["offload"], "none");
+  auto bytes = [](const std::string& f) {
+    std::ifstream in(f, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  EXPECT_EQ(bytes(path("both") + "/model.safetensors"),
+            bytes(path("neither") + "/model.safetensors"));
+
+  // Room for the optimizer state, not for the activations on top.
+  Outcome small =
+      run(train + both + " --offload-memory " + std::to_string(opt) + " --out " + path("small"));
+  EXPECT_NE(small.code, 0) << small.out;
+  for (const char* what :
+       {"offload tier", "--offload-memory", "optimizer state", "offloaded activations"}) {
+    EXPECT_TRUE(has(small.out, what)) << what << "\n" << small.out;
+  }
+}
+
 }  // namespace
 }  // namespace headroom

@@ -66,9 +66,15 @@ TEST(OffloadPlan, RegionsMoveToTheOffloadTier) {
     // The offload tier: master, m, v and the gradient copy, 16 bytes a parameter.
     ASSERT_EQ(on->offload.size(), 3u);
     EXPECT_EQ(on->offload_bytes, 4 * P4);
-    EXPECT_EQ(on->offload[MemoryPlan::kOffloadMasterRegion].category, Category::kMaster);
-    EXPECT_EQ(on->offload[MemoryPlan::kOffloadOptimizerRegion].buffers.size(), 2u);
-    EXPECT_EQ(on->offload[MemoryPlan::kOffloadGradientsRegion].category, Category::kGrads);
+    ASSERT_TRUE(offload_region(*on, kOffloadMasterRegion) &&
+                offload_region(*on, kOffloadOptimizerRegion) &&
+                offload_region(*on, kOffloadGradientsRegion));
+    EXPECT_EQ(offload_region(*on, kOffloadMasterRegion)->category, Category::kMaster);
+    EXPECT_EQ(offload_region(*on, kOffloadOptimizerRegion)->buffers.size(), 2u);
+    EXPECT_EQ(offload_region(*on, kOffloadGradientsRegion)->category, Category::kGrads);
+    EXPECT_EQ(offload_region(*on, kOffloadedActivationsRegion), nullptr);
+    EXPECT_EQ(offloaded_optimizer_bytes(*on), 4 * P4);
+    EXPECT_EQ(offloaded_activation_bytes(*on), 0u);
     EXPECT_TRUE(off->offload.empty());
     EXPECT_EQ(off->offload_bytes, 0u);
     EXPECT_NE(offload_table(*on, 0).find("adam_m"), std::string::npos);
@@ -245,19 +251,160 @@ TEST(OffloadPlan, ExecutorLayoutMatchesTheTrainersPlan) {
       r.recompute = model::Recompute::kNone;
       r.fused_head = false;
       r.offload_optimizer = true;
-      Result<SearchResult> res = search_plan(r);
-      ASSERT_TRUE(res.is_ok() && res->chosen) << res.status().to_string();
-      const Candidate& c = *res->chosen;
-      ASSERT_TRUE(c.policy.offload_optimizer);
-      Result<MemoryPlan> trainer = plan_training_memory(r.config, c.policy);
-      ASSERT_TRUE(trainer.is_ok()) << trainer.status().to_string();
-      EXPECT_EQ(c.peak_bytes, trainer->peak_bytes) << precision << " stage " << z;
-      EXPECT_EQ(c.by_category, trainer->by_category) << precision << " stage " << z;
-      // The trainer's regions are 64-byte aligned: within 3 x 64 bytes of 16 S.
-      EXPECT_LE(c.offload_bytes, trainer->offload_bytes) << precision << " stage " << z;
-      EXPECT_LT(trainer->offload_bytes - c.offload_bytes, 4u * 64) << precision << " stage " << z;
+      // Optimizer offload alone, and with every block's activations in the same tier.
+      for (bool acts : {false, true}) {
+        SCOPED_TRACE(::testing::Message()
+                     << precision << " stage " << z << (acts ? " with activation offload" : ""));
+        r.offload_activations = acts;
+        Result<SearchResult> res = search_plan(r);
+        ASSERT_TRUE(res.is_ok() && res->chosen) << res.status().to_string();
+        const Candidate& c = *res->chosen;
+        ASSERT_TRUE(c.policy.offload_optimizer);
+        EXPECT_EQ(offloaded_blocks(c.policy.exec), acts ? 12 : 0);
+        Result<MemoryPlan> trainer = plan_training_memory(r.config, c.policy);
+        ASSERT_TRUE(trainer.is_ok()) << trainer.status().to_string();
+        EXPECT_EQ(c.peak_bytes, trainer->peak_bytes);
+        EXPECT_EQ(c.by_category, trainer->by_category);
+        // The trainer's regions are 64-byte aligned: within 3 x 64 bytes of 16 S.
+        EXPECT_LE(c.offload_bytes, trainer->offload_bytes);
+        EXPECT_LT(trainer->offload_bytes - c.offload_bytes, 4u * 64);
+        EXPECT_EQ(c.offload_activation_bytes, offloaded_activation_bytes(*trainer));
+        EXPECT_EQ(c.offload_activation_bytes > 0, acts);
+      }
     }
   }
+}
+
+// Note [Optimizer offload], "Both kinds": one tier holds the optimizer state and the offloaded
+// activations; its bytes are the sum of the two kinds', the device loses both, and the link
+// time is the sum of both kinds' (neither hides the other).
+TEST(OffloadPlan, BothKindsShareOneTierAndAddUp) {
+  const model::Gpt2Config c = *model::preset_config("gpt2-tiny");
+  for (const char* precision : {"fp32", "bf16"}) {
+    SCOPED_TRACE(precision);
+    Policy p;
+    p.micro_batch = 2;
+    p.accumulation = 3;
+    p.seq = 64;
+    p.precision = precision;
+    Result<MemoryPlan> none = plan_training_memory(c, p);
+    p.offload_optimizer = true;
+    Result<MemoryPlan> opt = plan_training_memory(c, p);
+    p.offload_optimizer = false;
+    p.exec.offload.assign(size_t(c.n_layer), true);
+    p.exec.offload[1] = false;  // a mix: block 1 keeps its activations
+    Result<MemoryPlan> act = plan_training_memory(c, p);
+    p.offload_optimizer = true;
+    Result<MemoryPlan> both = plan_training_memory(c, p);
+    ASSERT_TRUE(none.is_ok() && opt.is_ok() && act.is_ok() && both.is_ok())
+        << both.status().to_string();
+    EXPECT_GT(offloaded_activation_bytes(*act), 0u);
+    EXPECT_EQ(both->offload_bytes, opt->offload_bytes + act->offload_bytes);
+    EXPECT_EQ(offloaded_activation_bytes(*both), act->offload_bytes);
+    EXPECT_EQ(offloaded_optimizer_bytes(*both), opt->offload_bytes);
+    // The device: what each kind frees, both together.
+    EXPECT_EQ(none->peak_bytes - both->peak_bytes,
+              (none->peak_bytes - opt->peak_bytes) + (none->peak_bytes - act->peak_bytes));
+    EXPECT_EQ(both->step_bytes, act->step_bytes);
+    // The tier's regions, by name: the optimizer's three, then the activations'.
+    ASSERT_EQ(both->offload.size(), 4u);
+    EXPECT_EQ(both->offload[0].name, kOffloadMasterRegion);
+    EXPECT_EQ(both->offload[3].name, kOffloadedActivationsRegion);
+    EXPECT_EQ(offload_region(*both, kOffloadedActivationsRegion)->layout.size, act->offload_bytes);
+    EXPECT_NE(offload_parts(*both).find("optimizer state"), std::string::npos);
+    EXPECT_NE(offload_parts(*both).find("offloaded activations"), std::string::npos);
+    EXPECT_NE(category_table(*both, 0).find("optimizer state"), std::string::npos);
+    EXPECT_NE(offload_table(*both, 0).find("adam_v"), std::string::npos);
+    EXPECT_NE(offload_table(*both, 0).find(kOffloadedActivationsRegion), std::string::npos);
+    // Moving the optimizer state of a plan that already offloads activations (what the search
+    // does to the plans it has) gives the same plan.
+    MemoryPlan moved = *act;
+    offload_optimizer_state(&moved);
+    EXPECT_EQ(moved.offload_bytes, both->offload_bytes);
+    EXPECT_EQ(moved.peak_bytes, both->peak_bytes);
+    EXPECT_EQ(moved.by_category, both->by_category);
+    // Priced on one link: bytes and seconds of the two kinds add up.
+    const DeviceSpec d = cpu_like(8 * kGiB);
+    const StepCost co = estimate_step(c, *opt, d), ca = estimate_step(c, *act, d),
+                   cb = estimate_step(c, *both, d);
+    EXPECT_DOUBLE_EQ(cb.offload_bytes, co.offload_bytes + ca.offload_bytes);
+    EXPECT_DOUBLE_EQ(cb.offload_seconds, co.offload_seconds + ca.offload_seconds);
+    EXPECT_DOUBLE_EQ(cb.activation_offload_bytes, ca.offload_bytes);
+    EXPECT_DOUBLE_EQ(cb.host_optimizer_seconds, co.host_optimizer_seconds);
+  }
+}
+
+// The search puts both kinds in the tier when only both fit: GPT-2 124M with its activations
+// kept (--recompute none), a device budget between the plan with both and either alone.
+TEST(OffloadPlan, TheSearchChoosesBothWhenOnlyBothFit) {
+  SearchRequest r;
+  r.config = *model::preset_config("gpt2");
+  r.device.name = "test-gpu";
+  r.device.kind = "gpu";
+  r.device.flops_fp32 = 2e13;
+  r.device.mem_bandwidth = 1e12;
+  r.device.gemm_efficiency = 1;
+  r.device.offload_bandwidth = 1e13;  // both kinds priced on this link
+  r.seq = 256;
+  r.global_batch = 8;
+  r.micro_batch = 8;
+  r.precision = "fp32";
+  r.recompute = model::Recompute::kNone;
+  r.fused_head = false;
+  r.offload_memory = 64 * kGiB;
+  Policy p{8, 1, 256, "fp32", {}};
+  p.exec.tiled_attention = true;
+  p.offload_optimizer = true;
+  Result<MemoryPlan> opt = plan_training_memory(r.config, p);
+  p.exec.offload.assign(12, true);
+  Result<MemoryPlan> both = plan_training_memory(r.config, p);
+  p.offload_optimizer = false;
+  Result<MemoryPlan> act = plan_training_memory(r.config, p);
+  ASSERT_TRUE(opt.is_ok() && both.is_ok() && act.is_ok());
+  r.device_memory = both->peak_bytes + 16 * kMiB;
+  ASSERT_GT(opt->peak_bytes, r.device_memory);
+  ASSERT_GT(act->peak_bytes, r.device_memory);
+  r.device.memory_bytes = r.device_memory;
+
+  Result<SearchResult> res = search_plan(r);
+  ASSERT_TRUE(res.is_ok()) << res.status().to_string();
+  ASSERT_TRUE(res->chosen) << res->advice;
+  const Candidate& c = *res->chosen;
+  EXPECT_TRUE(c.policy.offload_optimizer);
+  EXPECT_EQ(offloaded_blocks(c.policy.exec), 12);
+  EXPECT_EQ(c.peak_bytes, both->peak_bytes);
+  EXPECT_EQ(c.offload_bytes, both->offload_bytes);
+  EXPECT_EQ(c.offload_activation_bytes, act->offload_bytes);
+  EXPECT_DOUBLE_EQ(c.cost.offload_bytes, estimate_step(r.config, *both, r.device).offload_bytes);
+  EXPECT_GT(c.cost.activation_offload_bytes, 0.0);
+  EXPECT_LT(c.cost.activation_offload_bytes, c.cost.offload_bytes);
+  ASSERT_TRUE(res->chosen_plan);
+  EXPECT_EQ(res->chosen_plan->offload_bytes, c.offload_bytes);
+  EXPECT_EQ(res->chosen_plan->offload.size(), 4u);
+
+  // Either kind alone: nothing fits.
+  for (int alone = 0; alone < 2; alone++) {
+    SearchRequest one = r;
+    (alone == 0 ? one.offload_activations : one.offload_optimizer) = false;
+    Result<SearchResult> s = search_plan(one);
+    ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+    EXPECT_FALSE(s->chosen) << (alone == 0 ? "optimizer offload alone" : "activations alone");
+  }
+  // The tier's one budget counts both kinds: room for the optimizer state but not for the
+  // activations on top, and nothing fits; the rejection names both parts.
+  // (--offload-activations on: the leanest plan offloads them, so the tier is what refuses.)
+  r.offload_memory = opt->offload_bytes + act->offload_bytes / 2;
+  r.offload_activations = true;
+  Result<SearchResult> small = search_plan(r);
+  ASSERT_TRUE(small.is_ok());
+  EXPECT_FALSE(small->chosen);
+  bool named = false;
+  for (const Candidate& rej : small->rejected) {
+    named |= rej.rejected_because.find("optimizer state") != std::string::npos &&
+             rej.rejected_because.find("offloaded activations") != std::string::npos &&
+             rej.rejected_because.find("--offload-memory") != std::string::npos;
+  }
+  EXPECT_TRUE(named);
 }
 
 TEST(OffloadPlan, ExplicitOffloadNeedsAHostLink) {

@@ -17,7 +17,6 @@
 #include "model/gpt2.h"
 #include "model/offload_copier.h"
 #include "plan/memory_plan.h"
-#include "plan/search.h"
 #include "train/trainer.h"
 
 namespace headroom {
@@ -294,35 +293,9 @@ TEST(ActivationOffload, ProfileShowsTheCopiesOnTheCopyTrack) {
 
 // Optimizer offload and activation offload would share the offload tier: together they are refused
 // with both flags named, and the search with optimizer offload on keeps activations on the device.
-TEST(ActivationOffload, WithOptimizerOffloadIsRefusedAndNotSearched) {
-  const model::Gpt2Config c = small_config(3);
-  model::ExecOptions e;
-  e.offload = {true, false, true};
-  plan::Policy p{1, 1, 16, "fp32", e};
-  p.offload_optimizer = true;
-  auto r = plan::plan_training_memory(c, p);
-  ASSERT_FALSE(r.is_ok());
-  EXPECT_NE(r.status().message().find("--offload-activations off"), std::string::npos);
-  EXPECT_NE(r.status().message().find("--offload-optimizer off"), std::string::npos);
-  plan::SearchRequest q;
-  q.config = c;
-  q.device.name = "test-gpu";
-  q.device.kind = "gpu";
-  q.device.flops_fp32 = 2e13;
-  q.device.mem_bandwidth = 1e12;
-  q.device.gemm_efficiency = 1;
-  q.device.host_link_bandwidth = 1e12;  // offload of either kind as cheap as it gets
-  q.device.offload_bandwidth = 1e12;
-  q.device_memory = uint64_t(1) << 30;
-  q.offload_memory = uint64_t(1) << 30;
-  q.seq = 16;
-  q.global_batch = 2;
-  q.offload_optimizer = true;
-  Result<plan::SearchResult> s = plan::search_plan(q);
-  ASSERT_TRUE(s.is_ok() && s->chosen) << s.status().to_string();
-  EXPECT_TRUE(s->chosen->policy.offload_optimizer);
-  EXPECT_EQ(plan::offloaded_blocks(s->chosen->policy.exec), 0);
-}
+// With optimizer offload too, both kinds share one offload tier: tests/train/offload_test.cc
+// (BothKinds*), tests/plan/offload_search_test.cc (BothKindsShareOneTierAndAddUp,
+// TheSearchChoosesBothWhenOnlyBothFit) and tests/dist/offload_dp_test.cc.
 
 TEST(ActivationOffload, ATooSmallOffloadTierIsAClearError) {
   const std::string data = token_file(257);

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <random>
@@ -151,10 +152,92 @@ TEST_F(Offload, TooSmallOffloadBudgetIsAClearOutOfMemory) {
   ASSERT_FALSE(r.is_ok());
   EXPECT_EQ(r.status().code(), StatusCode::kOutOfMemory);
   const std::string& msg = r.status().message();
-  for (const char* what : {"offload tier", "--offload-memory", "64.0 KiB", "master weights",
+  for (const char* what : {"offload tier", "--offload-memory", "64.0 KiB", "optimizer state",
                            "--offload-optimizer off"}) {
     EXPECT_NE(msg.find(what), std::string::npos) << what << "\n" << msg;
   }
+}
+
+// Both kinds in one offload tier (Note [Optimizer offload], "Both kinds"): the optimizer state
+// and the offloaded activations share its stack and budget. Weights, m, v and the losses are
+// bit-identical to neither; the tier's measured peak (and what it holds after every step) is
+// the combined plan's offload_bytes, the sum of the two kinds'. The copy thread's test hooks
+// deliver each activation copy as late as the waits allow and poison its source (as in
+// activation_offload_test.cc), so a missing wait or a region shared wrongly between the two
+// kinds changes the result.
+TEST_F(Offload, BothKindsTogetherAreBitIdenticalToNeither) {
+  using R = model::Recompute;
+  struct Case {
+    model::Precision precision;
+    std::vector<bool> offload;
+    std::vector<R> recompute;
+  };
+  const Case cases[] = {{model::Precision::kFp32, {true, true}, {}},
+                        {model::Precision::kBf16, {true, false}, {R::kSelective, R::kNone}}};
+  for (const Case& c : cases) {
+    const std::string name(model::precision_name(c.precision));
+    SCOPED_TRACE(name);
+    train::TrainOptions neither = options("neither_" + name, false, c.precision);
+    neither.exec.recompute = c.recompute;
+    const Snapshot off = run(neither);
+    train::TrainOptions o = options("both_" + name, true, c.precision);
+    o.exec.recompute = c.recompute;
+    o.exec.offload = c.offload;
+    o.offload_copier.delay = std::chrono::microseconds(200);
+    o.offload_copier.poison_sources = true;
+    o.offload_copier.run_at_wait = true;
+    train::TrainResult result;
+    const Snapshot both = run(o, &result);
+    ASSERT_EQ(off.losses.size(), 5u);
+    EXPECT_EQ(off.losses, both.losses);
+    EXPECT_TRUE(same(off.params, both.params));
+    EXPECT_TRUE(same(off.m, both.m));
+    EXPECT_TRUE(same(off.v, both.v));
+    EXPECT_GT(result.offload_copied_bytes, 0u);  // the activations did move
+    // The tier: the sum of the two kinds' plans, measured; four regions, four allocations.
+    plan::Policy pol{2, 3, 16, name, o.exec};
+    pol.offload_optimizer = true;
+    Result<plan::MemoryPlan> mp = plan::plan_training_memory(tiny(), pol);
+    plan::Policy opt_only{2, 3, 16, name, neither.exec};
+    opt_only.offload_optimizer = true;
+    Result<plan::MemoryPlan> opt = plan::plan_training_memory(tiny(), opt_only);
+    ASSERT_TRUE(mp.is_ok() && opt.is_ok()) << mp.status().to_string();
+    EXPECT_EQ(mp->offload_bytes, opt->offload_bytes + plan::offloaded_activation_bytes(*mp));
+    EXPECT_GT(plan::offloaded_activation_bytes(*mp), 0u);
+    EXPECT_EQ(result.planned_offload_bytes, mp->offload_bytes);
+    EXPECT_EQ(result.offload_bytes_peak, mp->offload_bytes);
+    EXPECT_EQ(result.offload_memory.allocations, 4u);
+    EXPECT_EQ(result.device_bytes_peak, mp->peak_bytes);
+    EXPECT_EQ(result.planned_peak_bytes, mp->peak_bytes);
+  }
+}
+
+// One budget for both kinds: room for the optimizer state alone is not room for both, and the
+// error names the flag and both parts.
+TEST_F(Offload, BothKindsShareOneBudget) {
+  train::TrainOptions o = options("small_both", true, model::Precision::kFp32);
+  o.exec.offload = {true, true};
+  plan::Policy pol{2, 3, 16, "fp32", {}};
+  pol.offload_optimizer = true;
+  Result<plan::MemoryPlan> opt = plan::plan_training_memory(tiny(), pol);
+  ASSERT_TRUE(opt.is_ok());
+  o.offload_memory = opt->offload_bytes;
+  Result<train::TrainResult> r = train::run_training(o, {});
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kOutOfMemory);
+  const std::string& msg = r.status().message();
+  for (const char* what :
+       {"offload tier", "--offload-memory", "optimizer state", "offloaded activations",
+        "--offload-optimizer off", "--offload-activations"}) {
+    EXPECT_NE(msg.find(what), std::string::npos) << what << "\n" << msg;
+  }
+  // The same budget holds the optimizer state alone.
+  o.exec.offload.clear();
+  o.steps = 1;
+  o.save_every = 0;
+  Result<train::TrainResult> alone = train::run_training(o, {});
+  ASSERT_TRUE(alone.is_ok()) << alone.status().to_string();
+  EXPECT_EQ(alone->offload_bytes_peak, opt->offload_bytes);
 }
 
 TEST_F(Offload, CheckpointsResumeExactlyAcrossOffloadOnAndOff) {

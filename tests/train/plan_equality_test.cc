@@ -190,6 +190,7 @@ TEST(PlanEquality, MeasuredPeaksEqualPlannedWithActivationOffload) {
     std::vector<bool> offload;
     int head_chunk = 0;
     model::Precision precision = model::Precision::kFp32;
+    bool offload_optimizer = false;  // both kinds in one offload tier
   };
   const std::vector<OffloadCase> cases = {
       {2, 2, 16, 1, {}, {true, true}},
@@ -204,10 +205,21 @@ TEST(PlanEquality, MeasuredPeaksEqualPlannedWithActivationOffload) {
        {true, false, true},
        16,
        model::Precision::kBf16},
+      {2, 2, 16, 2, {}, {true, true}, 0, model::Precision::kFp32, true},
+      {3,
+       2,
+       32,
+       2,
+       {R::kSelective, R::kFull, R::kNone},
+       {true, false, true},
+       16,
+       model::Precision::kBf16,
+       true},
   };
   for (const OffloadCase& c : cases) {
-    SCOPED_TRACE(::testing::Message() << "L=" << c.L << " B=" << c.B << " T=" << c.T << " K=" << c.K
-                                      << " chunk=" << c.head_chunk);
+    SCOPED_TRACE(::testing::Message()
+                 << "L=" << c.L << " B=" << c.B << " T=" << c.T << " K=" << c.K
+                 << " chunk=" << c.head_chunk << " optimizer offload=" << c.offload_optimizer);
     train::TrainOptions o;
     o.config = small_config(c.L, 64, 4, 300, 64);
     o.model_name = "test";
@@ -223,23 +235,31 @@ TEST(PlanEquality, MeasuredPeaksEqualPlannedWithActivationOffload) {
     o.warmup_steps = 1;
     o.device_memory = uint64_t(1) << 32;
     o.offload_memory = uint64_t(1) << 30;
+    o.offload_optimizer = c.offload_optimizer;
     o.eval_batches = 1;
     train::TrainCallbacks cb;
     cb.on_step = [&](const train::StepStats& s) {
       EXPECT_EQ(s.device_bytes_peak, s.planned_peak_bytes);
       EXPECT_GT(s.offload_bytes, 0u);
+      EXPECT_EQ(s.offload_bytes_peak, s.planned_offload_bytes);
     };
     Result<train::TrainResult> r = train::run_training(o, cb);
     ASSERT_TRUE(r.is_ok()) << r.status().to_string();
     plan::Policy p{c.B, c.K, c.T, std::string(model::precision_name(c.precision)), o.exec};
+    p.offload_optimizer = c.offload_optimizer;
     Result<plan::MemoryPlan> mp = plan::plan_training_memory(o.config, p);
     ASSERT_TRUE(mp.is_ok());
     EXPECT_EQ(r->device_bytes_peak, mp->peak_bytes);
-    // Device allocations: the planned regions only; the offload tier is counted on its own.
-    EXPECT_EQ(r->memory.allocations, mp->persistent.size() + 1);
-    EXPECT_GT(mp->offload_bytes, 0u);
+    // Device allocations: the planned non-empty regions only (the optimizer's is empty with
+    // optimizer offload); the offload tier is counted on its own, one allocation per region.
+    size_t regions = 0;
+    for (const plan::Region& reg : mp->persistent) regions += reg.layout.size > 0;
+    EXPECT_EQ(r->memory.allocations, regions + 1);
+    EXPECT_GT(plan::offloaded_activation_bytes(*mp), 0u);
+    EXPECT_EQ(plan::offloaded_optimizer_bytes(*mp) > 0, c.offload_optimizer);
     EXPECT_EQ(r->offload_bytes_peak, mp->offload_bytes);
     EXPECT_EQ(r->planned_offload_bytes, mp->offload_bytes);
+    EXPECT_EQ(r->offload_memory.allocations, mp->offload.size());
     fs::remove(o.data);
   }
 }
