@@ -241,7 +241,9 @@ TEST(ZeroSearch, ExecutorLayoutMatchesTheTrainersPlan) {
       ASSERT_TRUE(trainer.is_ok()) << trainer.status().to_string();
       EXPECT_EQ(trainer->policy.zero_stage, z);
       EXPECT_EQ(trainer->policy.ranks, 2);
-      if (z == 3) EXPECT_FALSE(c.policy.exec.bf16_weight_copy);
+      if (z == 3) {
+        EXPECT_FALSE(c.policy.exec.bf16_weight_copy);
+      }
       EXPECT_EQ(c.peak_bytes, trainer->peak_bytes) << precision << " stage " << z;
       EXPECT_EQ(c.by_category, trainer->by_category) << precision << " stage " << z;
     }
