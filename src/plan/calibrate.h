@@ -18,8 +18,8 @@ struct Calibration {
                                // GPT-2 small's shapes with the model's strides and layouts
   double gemm_flops_bf16 = 0;  // the same with bf16 operands (fp32 accumulate, the model's output
                                // types); 0 when oneDNN has no native bf16 kernel here
-  double gemm_peak_fp32 = 0;   // FLOP/s of one square 2048^3 fp32 GEMM: the peak MFU is quoted
-  double gemm_peak_bf16 = 0;   // against (bf16: 0 when unsupported)
+  double gemm_peak_fp32 = 0;   // FLOP/s of the best of a square 2112^3 GEMM and the shapes above:
+  double gemm_peak_bf16 = 0;   // the peak MFU is quoted against (bf16: 0 when unsupported)
   double mem_bandwidth = 0;    // bytes/s, STREAM triad a = b + s*c over arrays far larger than
                                // the last-level cache, counted as STREAM does (3 x 8 bytes per
                                // element; the write-allocate read is not counted)

@@ -102,7 +102,9 @@ TEST(OffloadPlan, SevenBOnFourL4sFitsOnlyWithOptimizerOffload) {
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   ASSERT_TRUE(res.is_ok()) << res.status().to_string();
   ASSERT_TRUE(res->chosen) << res->advice;
-  EXPECT_LT(ms, 1000.0);  // a failure detector; docs/notes/offload.md quotes the real figure
+  // A runaway-search detector, not a timing (docs/notes/offload.md quotes the real figure): 4.4 s
+  // under ASan in a debug build, 0.1 s in release.
+  EXPECT_LT(ms, 30000.0);
   const Candidate& c = *res->chosen;
   EXPECT_TRUE(c.fits);
   EXPECT_TRUE(c.policy.offload_optimizer);

@@ -86,7 +86,7 @@ TEST(ZeroSearch, SevenBOnFourL4sNeedsMoreThanShardingCanGive) {
   Result<SearchResult> res = timed_search(r, &ms);
   ASSERT_TRUE(res.is_ok()) << res.status().to_string();
   EXPECT_FALSE(res->chosen);
-  EXPECT_LT(ms, 1000.0);
+  EXPECT_LT(ms, 30000.0);  // a runaway search (3 s under ASan in debug), not a timing
   // Every stage was tried, each rejected on its per-rank bytes.
   std::array<int, 4> seen{};
   for (const Candidate& c : res->rejected) {
@@ -108,7 +108,7 @@ TEST(ZeroSearch, SevenBOnEightL4sFitsWithZero3) {
   ASSERT_TRUE(res.is_ok()) << res.status().to_string();
   ASSERT_TRUE(res->chosen) << res->advice;
   const Candidate& c = *res->chosen;
-  EXPECT_LT(ms, 1000.0);
+  EXPECT_LT(ms, 30000.0);  // a runaway search (3 s under ASan in debug), not a timing
   EXPECT_TRUE(c.fits);
   EXPECT_LE(c.peak_bytes, 24 * kGiB);
   EXPECT_EQ(c.policy.ranks, 8);
