@@ -99,6 +99,9 @@ struct GemmShape {
   bool pad_inp = false, pad_out = false;  // strides from activation_row_stride
   bool bf16_out = true;                   // bf16: the output is bf16 (else fp32)
   bool backward = true;                   // also time dinp and dweight (the step's 2 of 3 GEMMs)
+  // How many times a step of the other shapes' tokens runs this one (the head: measured at a
+  // quarter of the tokens to keep calibration short, so it counts four times).
+  double weight = 1;
   double flops() const { return 2.0 * N * IC * OC * (backward ? 3 : 1); }
 };
 
@@ -116,14 +119,14 @@ Sizes sizes_for(const CalibrationOptions& options) {
   // GPT-2 124M's matmuls at 2048 tokens (e.g. 8 x 256), forward and backward, as the model issues
   // them (gpt2.cc): c_attn, attention c_proj (fp32 out: the residual stream), c_fc (padded
   // 3072-wide output), MLP c_proj (padded input, fp32 out); the tied LM head (weight [V, C], fp32
-  // logits) at 512 tokens to keep calibration short. Weighted by their FLOPs as a step weights
-  // them. Three triad arrays of 256 MiB (768 MiB) stream well past any last-level cache we
-  // expect (300 MiB on the machine in docs/calibration.md).
+  // logits) at 512 tokens to keep calibration short, counted four times. Weighted by their FLOPs
+  // as a step of 2048 tokens weights them. Three triad arrays of 256 MiB (768 MiB) stream well past
+  // any last-level cache we expect (300 MiB on the machine in docs/calibration.md).
   return {{{2048, 768, 2304},
            {2048, 768, 768, L::kInOut, false, false, false},
            {2048, 768, 3072, L::kInOut, false, true, true},
            {2048, 3072, 768, L::kInOut, true, false, false},
-           {512, 768, 50257, L::kOutIn, false, false, false}},
+           {512, 768, 50257, L::kOutIn, false, false, false, true, 4.0}},
           2112,
           1,
           5,
@@ -188,11 +191,11 @@ Result<double> measure_gemm_shapes(const Sizes& sz, const char* name,
     report(progress, fmt::format("{} GEMM {} forward{}: {:.1f} GFLOP/s (median of {}, {:.1f} ms)",
                                  name, shape_text(s), s.backward ? " + backward" : "",
                                  s.flops() / t / 1e9, sz.reps, t * 1e3));
-    total_flops += s.flops();
-    total_seconds += t;
+    total_flops += s.weight * s.flops();
+    total_seconds += s.weight * t;
     *best = std::max(*best, s.flops() / t);
   }
-  return total_flops / total_seconds;  // the shapes weighted by their FLOPs, as in a step
+  return total_flops / total_seconds;  // the shapes weighted by their FLOPs in a step
 }
 
 // The peak: one square GEMM through the backend. bf16: n = 2112, dense (oneDNN 2.6 runs its AMX
