@@ -65,8 +65,10 @@ inline f16_t from_f32<f16_t>(float x) {
   const uint32_t normal = (a - 0x38000000u + 0x0fffu + ((a >> 13) & 1u)) >> 13;
   // Subnormal f16 (|x| < 2^-14): the significand with its implicit bit, shifted right by
   // 126 - exponent (>= 14; clamped at 31, where everything rounds to zero), rounded to even.
+  // Computed for every x and discarded for normal ones: clamped at 1 from below too, so that no
+  // shift is by a negative amount (undefined behaviour, which UBSan reports) for large |x|.
   const uint32_t m = (a & 0x007fffffu) | 0x00800000u;
-  const int32_t sh = std::min(31, 126 - int32_t(a >> 23));
+  const int32_t sh = std::clamp(126 - int32_t(a >> 23), 1, 31);
   const uint32_t half = m >> sh, rem = m & ((1u << sh) - 1u), mid = 1u << (sh - 1);
   const uint32_t subnormal = half + ((rem > mid || (rem == mid && (half & 1u))) ? 1u : 0u);
   const uint32_t finite = a >= 0x38800000u ? normal : subnormal;
