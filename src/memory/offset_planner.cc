@@ -247,7 +247,7 @@ class OffsetList {
       if (b.min_first > l || b.max_last < f) continue;
       for (size_t i = 0; i < b.begin.size(); i++) {
         out[k] = Range{b.begin[i], b.end[i]};
-        k += (b.first[i] <= l) & (f <= b.last[i]);
+        k += static_cast<size_t>(b.first[i] <= l) & static_cast<size_t>(f <= b.last[i]);
       }
     }
     return k;

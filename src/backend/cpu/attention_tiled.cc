@@ -2,6 +2,7 @@
 // row (online softmax) over 64 x 64 tiles and saves only the row log-sum-exp; the backward
 // recomputes each tile's probabilities from it (FlashAttention-2). See Note [Tiled attention] in
 // docs/notes/fused-kernels.md.
+#include <cpuid.h>
 #include <immintrin.h>
 #include <omp.h>
 #if defined(__linux__)
@@ -328,10 +329,11 @@ bool cpu_has_avx512bf16() {
 bool amx_usable() {
 #if defined(__x86_64__) && defined(__GNUC__) && defined(__linux__)
   static const bool ok = [] {
-    if (!cpu_has_avx512bf16() || !__builtin_cpu_supports("amx-tile") ||
-        !__builtin_cpu_supports("amx-bf16")) {
-      return false;
-    }
+    // CPUID leaf 7, subleaf 0: EDX bit 24 is AMX-TILE, bit 22 AMX-BF16 (read directly: clang 14's
+    // __builtin_cpu_supports does not know the AMX names).
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!cpu_has_avx512bf16() || __get_cpuid_count(7, 0, &a, &b, &c, &d) == 0) return false;
+    if ((d >> 24 & 1u) == 0 || (d >> 22 & 1u) == 0) return false;
     constexpr long kArchReqXcompPerm = 0x1023;
     constexpr long kXfeatureXtiledata = 18;
     return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
@@ -362,9 +364,6 @@ AttentionBf16Kernel resolved_kernel() {
 }
 
 inline int padded_head(int HS) { return (HS + 31) / 32 * 32; }
-inline uint32_t pair_bits(bf16_t lo, bf16_t hi) {
-  return uint32_t(lo.bits) | uint32_t(hi.bits) << 16;
-}
 
 size_t forward_bf16_slot_floats(int T, int HS) {
   const size_t HSp = padded_head(HS), Tp = size_t{1} * num_blocks(T) * kB;
@@ -388,8 +387,10 @@ size_t backward_bf16_slot_floats(int T, int HS) {
 #if defined(__x86_64__) && defined(__GNUC__)
 // GCC 12 warns of its own intrinsics' undefined vectors (-Wmaybe-uninitialized) when they are
 // inlined into functions with a target attribute: a false positive.
+#if !defined(__clang__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #define HR_BF16_TARGET \
   __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,amx-tile,amx-bf16")))
 
@@ -833,7 +834,9 @@ HR_BF16_TARGET void backward_head_bf16(bf16_t* dq, bf16_t* dk, bf16_t* dv, const
   transpose32(rows, HSp, reinterpret_cast<const uint32_t*>(dVT), Tp, HSp, Tp);
   for (int t = 0; t < T; ++t) narrow_row(dv + t * C3, dQ + int64_t{t} * HSp, HS, 1.0f);
 }
+#if !defined(__clang__)
 #pragma GCC diagnostic pop
+#endif
 #endif  // x86-64
 
 // Heads narrower than 32 take the fallback: the bf16 layouts pad HS to 32 (AMX's 32-element

@@ -648,8 +648,10 @@ void attention_backward(float* dqkv, float* scratch, const float* dout, const fl
 // ---- GELU ----------------------------------------------------------------------------------
 
 namespace {
+#if !HR_AVX512_KERNELS
 constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
 constexpr float kGeluCube = 0.044715f;
+#endif
 
 // With AVX-512: gelu16 / gelu_grad16 (fast_math.h), every element through the vector path.
 // Otherwise: plain loops that GCC vectorises, on fast_tanh.
