@@ -1,22 +1,28 @@
 // oneDNN matmul (through headroom::cpu::gemm, the path the kernels use) against OpenBLAS
 // cblas_sgemm on GPT-2 124M's GEMMs at B*T = 2048 tokens: forward, backward-data and
-// backward-weight (accumulating), plus a plain 2048^3. Results and the command: docs/gemm.md.
+// backward-weight (accumulating), plus a plain 2048^3; and the same GEMMs in bf16 (oneDNN). Results
+// and the command: docs/gemm.md.
 #include <benchmark/benchmark.h>
 #include <cblas.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
+#include <new>
 #include <random>
 #include <string>
 #include <vector>
 
 #include <oneapi/dnnl/dnnl.hpp>
 
+#include "backend/cpu/bf16.h"
 #include "backend/cpu/gemm.h"
 #include "backend/cpu/kernels.h"
+#include "memory/host_resource.h"
 
 namespace {
 
@@ -29,15 +35,21 @@ struct Layer {
   int N, IC, OC;
   WeightLayout layout;
   bool forward_only;
+  headroom::DType bf16_forward_out;  // the forward's output type in the bf16 model (gpt2.cc)
+  int out_ld = 0;  // the output activation's (and its gradient's) row stride; 0: dense (OC)
 };
 
 const Layer kLayers[] = {
-    {"attn_qkv_768x2304", kTokens, 768, 2304, WeightLayout::kInOut, false},
-    {"attn_proj_768x768", kTokens, 768, 768, WeightLayout::kInOut, false},
-    {"mlp_fc_768x3072", kTokens, 768, 3072, WeightLayout::kInOut, false},
-    {"mlp_proj_3072x768", kTokens, 3072, 768, WeightLayout::kInOut, false},
-    {"lm_head_768x50257_outin", kTokens, 768, 50257, WeightLayout::kOutIn, false},
-    {"square_2048", 2048, 2048, 2048, WeightLayout::kInOut, true},
+    {"attn_qkv_768x2304", kTokens, 768, 2304, WeightLayout::kInOut, false, headroom::DType::kBF16},
+    {"attn_proj_768x768", kTokens, 768, 768, WeightLayout::kInOut, false, headroom::DType::kF32},
+    {"mlp_fc_768x3072", kTokens, 768, 3072, WeightLayout::kInOut, false, headroom::DType::kBF16},
+    {"mlp_proj_3072x768", kTokens, 3072, 768, WeightLayout::kInOut, false, headroom::DType::kF32},
+    {"lm_head_768x50257_outin", kTokens, 768, 50257, WeightLayout::kOutIn, false,
+     headroom::DType::kF32},
+    // The logits as the model stores them: rows padded to 64 elements (logits_row_stride).
+    {"lm_head_768x50257_outin_ld50304", kTokens, 768, 50257, WeightLayout::kOutIn, false,
+     headroom::DType::kF32, 50304},
+    {"square_2048", 2048, 2048, 2048, WeightLayout::kInOut, true, headroom::DType::kF32},
 };
 
 enum class Pass { kForward, kBackwardData, kBackwardWeight };
@@ -54,23 +66,23 @@ struct Gemm {
 // The GEMM that kernels.cc issues for a layer and pass (see matmul_forward/matmul_backward).
 Gemm gemm_for(const Layer& l, Pass pass) {
   const bool io = l.layout == WeightLayout::kInOut;
-  const int64_t n = l.N, ic = l.IC, oc = l.OC;
+  const int64_t n = l.N, ic = l.IC, oc = l.OC, lo = l.out_ld ? l.out_ld : l.OC;
+  const int ldo = int(lo);
   switch (pass) {
     case Pass::kForward:  // out[N,OC] = inp[N,IC] x W
       return io ? Gemm{false, false, l.N,   l.OC,   l.IC,    l.IC,
-                       l.OC,  l.OC,  false, n * ic, ic * oc, n * oc}
+                       l.OC,  ldo,   false, n * ic, ic * oc, n * lo}
                 : Gemm{false, true, l.N,   l.OC,   l.IC,    l.IC,
-                       l.IC,  l.OC, false, n * ic, ic * oc, n * oc};
+                       l.IC,  ldo,  false, n * ic, ic * oc, n * lo};
     case Pass::kBackwardData:  // dinp[N,IC] = dout[N,OC] x W^T
-      return io ? Gemm{false, true, l.N,   l.IC,   l.OC,    l.OC,
-                       l.OC,  l.IC, false, n * oc, ic * oc, n * ic}
-                : Gemm{false, false, l.N,   l.IC,   l.OC,    l.OC,
-                       l.IC,  l.IC,  false, n * oc, ic * oc, n * ic};
+      return io ? Gemm{false, true, l.N,   l.IC,   l.OC,    ldo,
+                       l.OC,  l.IC, false, n * lo, ic * oc, n * ic}
+                : Gemm{false, false, l.N,   l.IC,   l.OC,    ldo,
+                       l.IC,  l.IC,  false, n * lo, ic * oc, n * ic};
     case Pass::kBackwardWeight:  // dW += inp^T x dout (kInOut) or dout^T x inp (kOutIn)
-      return io ? Gemm{true, false, l.IC, l.OC,   l.N,    l.IC,
-                       l.OC, l.OC,  true, n * ic, n * oc, ic * oc}
-                : Gemm{true, false, l.OC, l.IC,   l.N,    l.OC,
-                       l.IC, l.IC,  true, n * oc, n * ic, ic * oc};
+      return io ? Gemm{true, false, l.IC, l.OC, l.N, l.IC, ldo, l.OC, true, n * ic, n * lo, ic * oc}
+                : Gemm{true, false, l.OC, l.IC,   l.N,    ldo,
+                       l.IC, l.IC,  true, n * lo, n * ic, ic * oc};
   }
   return {};
 }
@@ -85,6 +97,39 @@ void run_gemm(Lib lib, const Gemm& g, const float* A, const float* B, float* C) 
   }
 }
 
+// Operand memory as the model's arenas hold it: mmap'ed, transparent huge pages asked for, touched
+// once (memory::HostResource). With plain vectors (4 KiB pages) the LM head's 412 MB output ran
+// 1.5-2x slower (TLB misses), which a training step never sees.
+template <typename T>
+class HostBuffer {
+ public:
+  explicit HostBuffer(int64_t n, T fill = T{}) : n_(n) {
+    headroom::Result<void*> p = resource_.allocate(bytes());
+    if (!p.is_ok()) throw std::bad_alloc();
+    p_ = static_cast<T*>(p.value());
+    std::fill_n(p_, n_, fill);
+  }
+  ~HostBuffer() { resource_.deallocate(p_, bytes()); }
+  HostBuffer(const HostBuffer&) = delete;
+  HostBuffer& operator=(const HostBuffer&) = delete;
+  T* data() { return p_; }
+  T& operator[](int64_t i) { return p_[i]; }
+
+ private:
+  size_t bytes() const { return size_t(n_) * sizeof(T); }
+  headroom::memory::HostResource resource_;
+  int64_t n_;
+  T* p_ = nullptr;
+};
+
+HostBuffer<float>* random_buffer(int64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
+  auto* b = new HostBuffer<float>(n);
+  for (int64_t i = 0; i < n; ++i) (*b)[i] = d(rng);
+  return b;
+}
+
 std::vector<float> random_vec(int64_t n, uint32_t seed) {
   std::mt19937 rng(seed);
   std::uniform_real_distribution<float> d(-1.0f, 1.0f);
@@ -95,8 +140,9 @@ std::vector<float> random_vec(int64_t n, uint32_t seed) {
 
 void BM_Gemm(benchmark::State& state, Layer layer, Pass pass, Lib lib) {
   const Gemm g = gemm_for(layer, pass);
-  std::vector<float> A = random_vec(g.a_size, 1), B = random_vec(g.b_size, 2);
-  std::vector<float> C(g.c_size, 0.0f);
+  std::unique_ptr<HostBuffer<float>> Ap(random_buffer(g.a_size, 1)), Bp(random_buffer(g.b_size, 2));
+  HostBuffer<float>&A = *Ap, &B = *Bp;
+  HostBuffer<float> C(g.c_size, 0.0f);
 
   // Spot-check a few entries against a double dot product before timing, so a wrong GEMM
   // (layout mix-up, library failure) fails the benchmark instead of timing garbage.
@@ -133,6 +179,60 @@ void BM_Gemm(benchmark::State& state, Layer layer, Pass pass, Lib lib) {
   }
 }
 
+// The same GEMMs with bf16 operands, as the bf16 model issues them (gpt2.cc, fused_head.cc): the
+// forward into the layer's output type, backward-data into bf16, backward-weight accumulating
+// into fp32. oneDNN only (OpenBLAS 0.3.21 has no bf16 x bf16 -> bf16 GEMM).
+void BM_GemmBf16(benchmark::State& state, Layer layer, Pass pass) {
+  using headroom::bf16_t;
+  using headroom::DType;
+  const Gemm g = gemm_for(layer, pass);
+  const DType c_type = pass == Pass::kForward        ? layer.bf16_forward_out
+                       : pass == Pass::kBackwardData ? DType::kBF16
+                                                     : DType::kF32;
+  std::vector<float> Af = random_vec(g.a_size, 1), Bf = random_vec(g.b_size, 2);
+  HostBuffer<bf16_t> A(g.a_size), B(g.b_size);
+  for (int64_t i = 0; i < g.a_size; ++i) A[i] = headroom::cpu::from_f32<bf16_t>(Af[i]);
+  for (int64_t i = 0; i < g.b_size; ++i) B[i] = headroom::cpu::from_f32<bf16_t>(Bf[i]);
+  HostBuffer<float> C(g.c_size, 0.0f);  // bf16 output uses the first half
+  auto run = [&] {
+    headroom::cpu::gemm_ex(g.ta, g.tb, g.M, g.N, g.K, DType::kBF16, A.data(), g.lda, B.data(),
+                           g.ldb, c_type, C.data(), g.ldc, nullptr, g.accumulate);
+  };
+  run();
+  for (int k = 0; k < 4; ++k) {  // spot check against a double dot product of the bf16 values
+    const int i = (k * 977) % g.M, j = (k * 1231) % g.N;
+    double ref = 0.0;
+    for (int p = 0; p < g.K; ++p) {
+      const double a =
+          headroom::cpu::to_f32(g.ta ? A[int64_t{p} * g.lda + i] : A[int64_t{i} * g.lda + p]);
+      const double b =
+          headroom::cpu::to_f32(g.tb ? B[int64_t{j} * g.ldb + p] : B[int64_t{p} * g.ldb + j]);
+      ref += a * b;
+    }
+    const int64_t at = int64_t{i} * g.ldc + j;
+    const double got = c_type == DType::kF32
+                           ? C[at]
+                           : headroom::cpu::to_f32(reinterpret_cast<const bf16_t*>(C.data())[at]);
+    if (std::abs(got - ref) > 1e-2 * (1.0 + std::abs(ref))) {
+      state.SkipWithError(("wrong result at (" + std::to_string(i) + "," + std::to_string(j) +
+                           "): " + std::to_string(got) + " vs " + std::to_string(ref))
+                              .c_str());
+      return;
+    }
+  }
+  for (auto _ : state) {
+    run();
+    benchmark::DoNotOptimize(C.data());
+    benchmark::ClobberMemory();
+  }
+  const double flops = 2.0 * g.M * g.N * g.K;
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["GFLOP"] = flops * 1e-9;
+  state.SetLabel(headroom::cpu::gemm_impl_name(g.ta, g.tb, g.M, g.N, g.K, g.lda, g.ldb, g.ldc,
+                                               false, g.accumulate, DType::kBF16, c_type));
+}
+
 void register_all() {
   const std::pair<Pass, const char*> passes[] = {{Pass::kForward, "fwd"},
                                                  {Pass::kBackwardData, "bwd_data"},
@@ -149,6 +249,10 @@ void register_all() {
             ->Unit(benchmark::kMillisecond)
             ->UseRealTime();
       }
+      const std::string name = std::string("gemm_bf16/") + layer.name + "/" + pass_name;
+      benchmark::RegisterBenchmark(name.c_str(), BM_GemmBf16, layer, pass)
+          ->Unit(benchmark::kMillisecond)
+          ->UseRealTime();
     }
   }
 }

@@ -94,6 +94,10 @@ int64_t ExecOptions::mlp_row_stride(int64_t four_c) const {
   return pad_rows ? cpu::activation_row_stride(four_c, elem) : four_c;
 }
 
+int64_t ExecOptions::logits_row_stride(int64_t V) const {
+  return pad_rows ? (V + 63) / 64 * 64 : V;
+}
+
 std::string_view precision_name(Precision p) {
   switch (p) {
     case Precision::kFp32:
@@ -209,7 +213,7 @@ ActivationTable gpt2_activation_table(const Gpt2Config& c, int B, int T, bool tr
             : add("head_logits_chunk",
                   {int64_t(cpu::lm_head_ce_scratch_floats(chunk, int(V), low))}, Category::kLogits);
   } else {
-    t.ids.logits = add("logits", {B, T, V}, Category::kLogits);
+    t.ids.logits = add("logits", {B, T, options.logits_row_stride(V)}, Category::kLogits);
   }
   t.ids.losses = add("losses", {B, T}, Category::kLogits);
   t.ids.att_fwd_scratch =
@@ -553,6 +557,11 @@ void Gpt2::wait_in(int l) {
   in_tickets_[size_t(l)] = 0;
 }
 
+int64_t Gpt2::logits_row_stride() const {
+  HR_CHECK(acts_ != nullptr);
+  return acts_->options.logits_row_stride(config_.vocab_size);
+}
+
 const float* Gpt2::logits() const {
   HR_CHECK_MSG(acts_->ids.logits != SIZE_MAX, "the fused LM head never holds the logits");
   return arena_->f32(acts_->ids.logits);
@@ -660,6 +669,7 @@ template <typename T>
 double Gpt2::forward_t(const int32_t* inputs, const int32_t* targets, int64_t* valid) {
   const Gpt2ActivationIds& id = acts_->ids;
   const int B = B_, Tu = T_used_, C = config_.n_embd, V = config_.vocab_size, L = config_.n_layer;
+  const int64_t ldv = acts_->options.logits_row_stride(V);  // the logits' row stride
   const int N = B * Tu;
   const memory::Arena& a = *arena_;
   using Phase = OpDesc::Phase;
@@ -708,7 +718,7 @@ double Gpt2::forward_t(const int32_t* inputs, const int32_t* targets, int64_t* v
   } else {
     timed(OpKind::kGemm, [&] {
       cpu::matmul_forward(a.f32(id.logits), lnf, gemm_weight<T>(wte), nullptr, N, C, V,
-                          cpu::WeightLayout::kOutIn);
+                          cpu::WeightLayout::kOutIn, {.inp = 0, .out = ldv});
     });
     if (!targets) {
       wait_out(L - 1);
@@ -717,7 +727,7 @@ double Gpt2::forward_t(const int32_t* inputs, const int32_t* targets, int64_t* v
       return 0.0;
     }
     timed(OpKind::kLoss, [&] {
-      cpu::cross_entropy_forward(losses, a.f32(id.head_lse), a.f32(id.logits), targets, N, V);
+      cpu::cross_entropy_forward(losses, a.f32(id.head_lse), a.f32(id.logits), targets, N, V, ldv);
     });
   }
   double sum = 0.0;
@@ -759,6 +769,7 @@ void Gpt2::backward_t(const int32_t* inputs, const int32_t* targets, float dloss
   const int B = B_, Tu = T_used_, C = config_.n_embd, NH = config_.n_head, V = config_.vocab_size,
             L = config_.n_layer;
   const int N = B * Tu;
+  const int64_t ldv = acts_->options.logits_row_stride(V);
   const memory::Arena& a = *arena_;
   const size_t np = table_->params.size();
   using Phase = OpDesc::Phase;
@@ -829,18 +840,20 @@ void Gpt2::backward_t(const int32_t* inputs, const int32_t* targets, float dloss
     float* dlogits = a.f32(id.logits);
     timed(OpKind::kLoss, [&] {
       cpu::cross_entropy_backward_inplace(dlogits, a.f32(id.head_lse), targets, N, V, dloss,
-                                          dtype_of_storage<T>());
+                                          dtype_of_storage<T>(), ldv);
     });
     timed(OpKind::kGemm, [&] {
       if constexpr (std::is_same_v<T, float>) {
         cpu::matmul_backward(dc, dwte, nullptr, dlogits, lnf, wte, N, C, V,
-                             cpu::WeightLayout::kOutIn);
+                             cpu::WeightLayout::kOutIn, {.inp = 0, .out = ldv});
       } else if constexpr (std::is_same_v<T, f16_t>) {
         cpu::matmul_backward(dc, dwte, nullptr, static_cast<const float*>(dlogits), lnf,
-                             gemm_weight<T>(wte), N, C, V, cpu::WeightLayout::kOutIn);
+                             gemm_weight<T>(wte), N, C, V, cpu::WeightLayout::kOutIn,
+                             {.inp = 0, .out = ldv});
       } else {
         cpu::matmul_backward(dc, dwte, nullptr, reinterpret_cast<const T*>(dlogits), lnf,
-                             gemm_weight<T>(wte), N, C, V, cpu::WeightLayout::kOutIn);
+                             gemm_weight<T>(wte), N, C, V, cpu::WeightLayout::kOutIn,
+                             {.inp = 0, .out = ldv});
       }
     });
   }

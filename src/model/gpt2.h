@@ -64,12 +64,17 @@ std::string_view precision_name(Precision p);  // "fp32", "bf16", "fp16"
 struct ExecOptions {
   // The row stride of the MLP's 4C-wide activations for these options.
   int64_t mlp_row_stride(int64_t four_c) const;
+  // The row stride of the full logits [B*T, V] (floats) and of their bf16 gradient (bf16 elements)
+  // for these options: V rounded up to 64 elements with pad_rows, so every row starts on a cache
+  // line (oneDNN's bf16 head GEMMs ran 1.4-2x faster so: docs/notes/lm-head-rows.md).
+  int64_t logits_row_stride(int64_t V) const;
 
   bool tiled_attention = true;  // online-softmax attention: no T x T probabilities are kept
   int head_chunk = 0;  // > 0: fused LM head + cross-entropy over chunks of this many tokens
                        // (the B x T x V logits never exist); 0: full logits buffer
   std::vector<Recompute> recompute;  // per block; empty means kNone everywhere
-  bool pad_rows = true;  // pad the 4C-wide activations' rows off 4 KiB multiples (speed only)
+  bool pad_rows = true;  // pad the 4C-wide activations' rows off 4 KiB multiples and the logits'
+                         // to 64 elements (speed only)
   Precision precision = Precision::kFp32;  // kBf16 and kFp16 need tiled attention
   // bf16 only: true keeps a persistent bf16 copy of the parameters (2 bytes each; AdamW refreshes
   // it); false casts each block's GEMM weights (and the LM head's) into step buffers just before
@@ -103,7 +108,7 @@ struct Gpt2ActivationIds {
   std::vector<Layer> bwd;  // where its backward reads: the same buffers, except that recomputed
                            // ones are the shared "recompute.*" buffers
   size_t lnf, lnf_mean, lnf_rstd;
-  size_t logits;        // [B,T,V]; SIZE_MAX with the fused head
+  size_t logits;        // [B,T,logits_row_stride(V)]; SIZE_MAX with the fused head
   size_t head_lse;      // [B,T] each row's log-sum-exp, saved by the loss's forward (both heads)
   size_t head_scratch;  // [chunk,V] logits chunk of the fused head; SIZE_MAX otherwise
   size_t losses;
@@ -247,7 +252,9 @@ class Gpt2 {
   // parameter gradients into the bound grads. Overwrites the logits with their gradient.
   void backward(const int32_t* inputs, const int32_t* targets, float dloss);
 
+  // The logits [B*T, V] of the last forward, row r at logits() + r * logits_row_stride().
   const float* logits() const;
+  int64_t logits_row_stride() const;
   // The offload tier (an arena of table->offload_buffers, laid out as the plan's offload
   // region) and the copy thread, for a table with offloaded blocks; null to unbind. Both must
   // outlive the forward/backward calls.

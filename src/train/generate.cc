@@ -52,7 +52,7 @@ Result<std::vector<int32_t>> sample_tokens(const model::Gpt2Config& config, cons
     const int len = std::min<int>(int(tokens.size()), window);
     const int32_t* ctx = tokens.data() + tokens.size() - size_t(len);
     net.forward(ctx, nullptr, nullptr, len);
-    const float* logits = net.logits() + int64_t(len - 1) * V;
+    const float* logits = net.logits() + int64_t(len - 1) * net.logits_row_stride();
     int32_t next = 0;
     if (o.temperature == 0) {
       next = int32_t(std::max_element(logits, logits + V) - logits);

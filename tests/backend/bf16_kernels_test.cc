@@ -5,7 +5,9 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -109,6 +111,49 @@ TEST(Bf16, CrossEntropyBackwardWritesDenseBf16InPlace) {
     const auto* out = reinterpret_cast<const bf16_t*>(b.data());
     for (int64_t i = 0; i < int64_t(N) * V; ++i) {
       ASSERT_EQ(out[i].bits, f32_to_bf16_bits(f32[size_t(i)])) << N << " rows, element " << i;
+    }
+  }
+}
+
+// Padded logits rows (the model's logits_row_stride): the same losses, lse and gradient bits as
+// the dense rows, for each storage (bf16 at the same row stride, in the first half of the
+// memory); the padding columns are neither read (NaN there changes nothing) nor written (f32, f16).
+TEST(Bf16, CrossEntropyTakesPaddedRows) {
+  const int V = 2100, ld = 2112;
+  for (int N : {1, 3, 17, 64}) {
+    VecF dense = rand_vec(size_t(N) * V, 70 + N, -6, 6);
+    std::vector<int32_t> tg(static_cast<size_t>(N));
+    for (int n = 0; n < N; ++n) tg[size_t(n)] = n % 4 == 1 ? -1 : (n * 131) % V;
+    VecF padded(size_t(N) * ld, std::nanf(""));
+    for (int n = 0; n < N; ++n) {
+      std::copy_n(dense.begin() + int64_t(n) * V, V, padded.begin() + int64_t(n) * ld);
+    }
+    VecF loss(static_cast<size_t>(N)), lse(static_cast<size_t>(N)), loss_p(loss), lse_p(lse);
+    cross_entropy_forward(loss.data(), lse.data(), dense.data(), tg.data(), N, V);
+    cross_entropy_forward(loss_p.data(), lse_p.data(), padded.data(), tg.data(), N, V, ld);
+    ASSERT_EQ(loss, loss_p) << N;
+    ASSERT_EQ(lse, lse_p) << N;
+    for (DType storage : {DType::kF32, DType::kF16, DType::kBF16}) {
+      VecF d = dense, dp = padded;
+      cross_entropy_backward_inplace(d.data(), lse.data(), tg.data(), N, V, 0.03f, storage);
+      cross_entropy_backward_inplace(dp.data(), lse.data(), tg.data(), N, V, 0.03f, storage, ld);
+      for (int n = 0; n < N; ++n) {
+        for (int j = 0; j < V; ++j) {
+          uint32_t got, want;
+          if (storage == DType::kBF16) {
+            got = reinterpret_cast<const bf16_t*>(dp.data())[int64_t(n) * ld + j].bits;
+            want = reinterpret_cast<const bf16_t*>(d.data())[int64_t(n) * V + j].bits;
+          } else {
+            std::memcpy(&got, &dp[size_t(n) * ld + j], 4);
+            std::memcpy(&want, &d[size_t(n) * V + j], 4);
+          }
+          ASSERT_EQ(got, want) << N << " rows, storage " << int(storage) << ", row " << n
+                               << ", column " << j;
+        }
+        if (storage != DType::kBF16) {
+          for (int j = V; j < ld; ++j) ASSERT_TRUE(std::isnan(dp[size_t(n) * ld + j]));
+        }
+      }
     }
   }
 }

@@ -793,7 +793,9 @@ void residual_backward(float* da, float* db, const float* dout, int64_t n) {
 // ---- cross-entropy -------------------------------------------------------------------------
 
 void cross_entropy_forward(float* losses, float* lse, const float* logits, const int32_t* targets,
-                           int N, int V) {
+                           int N, int V, int64_t ld) {
+  if (ld == 0) ld = V;
+  HR_CHECK(ld >= V);
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
     const int32_t target = targets[n];
@@ -803,7 +805,7 @@ void cross_entropy_forward(float* losses, float* lse, const float* logits, const
       if (lse != nullptr) lse[n] = 0.0f;
       continue;
     }
-    const float* x = logits + n * V;
+    const float* x = logits + n * ld;
     const double l = softmax_row_lse(x, V);
     losses[n] = static_cast<float>(l - x[target]);
     if (lse != nullptr) lse[n] = static_cast<float>(l);
@@ -883,17 +885,18 @@ void ce_grad_row(D* d, const float* x, int32_t target, float l, float dloss, int
 }
 
 // Rows from their saved lse, or (lse null) with statistics recomputed.
+// ld: the row stride of both logits (floats) and dlogits (D elements).
 template <typename D, bool kF16Values = false>
 void ce_grad_rows(D* dlogits, const float* logits, const float* lse, const int32_t* targets,
-                  int64_t n0, int64_t n1, int V, float dloss) {
+                  int64_t n0, int64_t n1, int V, float dloss, int64_t ld) {
 #pragma omp for schedule(static)
   for (int64_t n = n0; n < n1; ++n) {
     const int32_t target = targets[n];
     HR_CHECK(target >= -1 && target < V);
-    const float* x = logits + n * V;
+    const float* x = logits + n * ld;
     const float l =
         target < 0 ? 0.0f : (lse != nullptr ? lse[n] : static_cast<float>(softmax_row_lse(x, V)));
-    ce_grad_row<D, kF16Values>(dlogits + n * V, x, target, l, dloss, V);
+    ce_grad_row<D, kF16Values>(dlogits + n * ld, x, target, l, dloss, V);
   }
 }
 }  // namespace
@@ -902,29 +905,31 @@ void cross_entropy_backward(float* dlogits, const float* logits, const float* ls
                             const int32_t* targets, int N, int V, float dloss) {
   HR_CHECK(lse != nullptr);
 #pragma omp parallel
-  ce_grad_rows(dlogits, logits, lse, targets, 0, N, V, dloss);
+  ce_grad_rows(dlogits, logits, lse, targets, 0, N, V, dloss, V);
 }
 
 void cross_entropy_backward(float* dlogits, const float* logits, const int32_t* targets, int N,
                             int V, float dloss) {
 #pragma omp parallel
-  ce_grad_rows(dlogits, logits, static_cast<const float*>(nullptr), targets, 0, N, V, dloss);
+  ce_grad_rows(dlogits, logits, static_cast<const float*>(nullptr), targets, 0, N, V, dloss, V);
 }
 
 void cross_entropy_backward_inplace(float* logits, const float* lse, const int32_t* targets, int N,
-                                    int V, float dloss, DType storage) {
+                                    int V, float dloss, DType storage, int64_t ld) {
   HR_CHECK(lse != nullptr);
+  if (ld == 0) ld = V;
+  HR_CHECK(ld >= V);
   switch (storage) {
     case DType::kF32:
 #pragma omp parallel
-      ce_grad_rows(logits, logits, lse, targets, 0, N, V, dloss);
+      ce_grad_rows(logits, logits, lse, targets, 0, N, V, dloss, ld);
       return;
     case DType::kF16:
 #pragma omp parallel
-      ce_grad_rows<float, true>(logits, logits, lse, targets, 0, N, V, dloss);
+      ce_grad_rows<float, true>(logits, logits, lse, targets, 0, N, V, dloss, ld);
       return;
     case DType::kBF16: {
-      // Row n's bf16 gradient lands on floats [n V/2, (n+1) V/2): row 0 overlaps itself
+      // Row n's bf16 gradient lands on floats [n ld/2, n ld/2 + V/2): row 0 overlaps itself
       // (ce_grad_row reads before it writes), every later row lands inside rows < n. As in
       // round_to_bf16_dense_inplace, rows [lo, 2 lo) write only into rows [lo/2, lo), which
       // earlier rounds have read, and read only themselves: each round runs in parallel, with a
@@ -932,9 +937,9 @@ void cross_entropy_backward_inplace(float* logits, const float* lse, const int32
       bf16_t* out = reinterpret_cast<bf16_t*>(logits);
 #pragma omp parallel
       {
-        ce_grad_rows(out, logits, lse, targets, 0, std::min(N, 1), V, dloss);
+        ce_grad_rows(out, logits, lse, targets, 0, std::min(N, 1), V, dloss, ld);
         for (int64_t lo = 1; lo < N; lo *= 2) {
-          ce_grad_rows(out, logits, lse, targets, lo, std::min<int64_t>(N, 2 * lo), V, dloss);
+          ce_grad_rows(out, logits, lse, targets, lo, std::min<int64_t>(N, 2 * lo), V, dloss, ld);
         }
       }
       return;

@@ -92,8 +92,9 @@ void residual_backward(float* da, float* db, const float* dout, int64_t n);
 // docs/notes/memory-bound-kernels.md). With lse not null, also saves each row's log-sum-exp there
 // (lse[N]; 0 for ignored rows, which are not read) for the backward below. Each row's results
 // are the same bits whatever the thread count.
+// ld: the logits' row stride in floats (0: dense, V); columns [V, ld) are never read.
 void cross_entropy_forward(float* losses, float* lse, const float* logits, const int32_t* targets,
-                           int N, int V);
+                           int N, int V, int64_t ld = 0);
 // dlogits[n,:] = (softmax(logits[n,:]) - onehot(targets[n])) * dloss, i.e. the gradient of
 // dloss * sum_n losses[n]; rows with target -1 get 0. dlogits may alias logits (in place).
 // dloss is normally 1 / (tokens in the whole optimizer step). Takes the forward's lse: one read
@@ -102,11 +103,13 @@ void cross_entropy_backward(float* dlogits, const float* logits, const float* ls
                             const int32_t* targets, int N, int V, float dloss);
 // The backward in place, with dlogits stored as the GEMM that reads them wants them: kF32 as
 // above; kF16 as fp32 holding the f16 rounding of each value (the fp16 path's f16 GEMM operand);
-// kBF16 as a dense bf16 matrix [N, V] at the start of the logits' memory (each value rounded once
-// to nearest even: what round_to_bf16_dense_inplace makes of the fp32 gradient), in the same
-// pass. REQUIRES: lse from cross_entropy_forward over these logits.
+// kBF16 as a bf16 matrix [N, V] of row stride ld (bf16 elements) at the start of the logits'
+// memory (each value rounded once to nearest even: what round_to_bf16_dense_inplace makes of the
+// fp32 gradient when ld = V), in the same pass. ld: the logits' row stride in floats, and the
+// gradient's in its own elements (0: dense, V); columns [V, ld) are neither read nor written.
+// REQUIRES: lse from cross_entropy_forward over these logits.
 void cross_entropy_backward_inplace(float* logits, const float* lse, const int32_t* targets, int N,
-                                    int V, float dloss, DType storage);
+                                    int V, float dloss, DType storage, int64_t ld = 0);
 // Without a saved lse: the forward's losses only, and a backward that recomputes each row's
 // statistics (two reads of the logits and one write).
 void cross_entropy_forward(float* losses, const float* logits, const int32_t* targets, int N,
