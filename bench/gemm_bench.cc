@@ -11,8 +11,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <memory>
-#include <new>
 #include <random>
 #include <string>
 #include <vector>
@@ -97,52 +95,24 @@ void run_gemm(Lib lib, const Gemm& g, const float* A, const float* B, float* C) 
   }
 }
 
-// Operand memory as the model's arenas hold it: mmap'ed, transparent huge pages asked for, touched
-// once (memory::HostResource). With plain vectors (4 KiB pages) the LM head's 412 MB output ran
-// 1.5-2x slower (TLB misses), which a training step never sees.
+// Operand memory as the model's arenas hold it: mmap'ed, transparent huge pages asked for
+// (memory::HostAllocator). With plain vectors (4 KiB pages) the LM head's 412 MB output ran 1.5-2x
+// slower (TLB misses), which a training step never sees.
 template <typename T>
-class HostBuffer {
- public:
-  explicit HostBuffer(int64_t n, T fill = T{}) : n_(n) {
-    headroom::Result<void*> p = resource_.allocate(bytes());
-    if (!p.is_ok()) throw std::bad_alloc();
-    p_ = static_cast<T*>(p.value());
-    std::fill_n(p_, n_, fill);
-  }
-  ~HostBuffer() { resource_.deallocate(p_, bytes()); }
-  HostBuffer(const HostBuffer&) = delete;
-  HostBuffer& operator=(const HostBuffer&) = delete;
-  T* data() { return p_; }
-  T& operator[](int64_t i) { return p_[i]; }
+using HostVec = std::vector<T, headroom::memory::HostAllocator<T>>;
 
- private:
-  size_t bytes() const { return size_t(n_) * sizeof(T); }
-  headroom::memory::HostResource resource_;
-  int64_t n_;
-  T* p_ = nullptr;
-};
-
-HostBuffer<float>* random_buffer(int64_t n, uint32_t seed) {
+HostVec<float> random_vec(int64_t n, uint32_t seed) {
   std::mt19937 rng(seed);
   std::uniform_real_distribution<float> d(-1.0f, 1.0f);
-  auto* b = new HostBuffer<float>(n);
-  for (int64_t i = 0; i < n; ++i) (*b)[i] = d(rng);
-  return b;
-}
-
-std::vector<float> random_vec(int64_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
-  std::vector<float> v(n);
+  HostVec<float> v(n);
   for (auto& x : v) x = d(rng);
   return v;
 }
 
 void BM_Gemm(benchmark::State& state, Layer layer, Pass pass, Lib lib) {
   const Gemm g = gemm_for(layer, pass);
-  std::unique_ptr<HostBuffer<float>> Ap(random_buffer(g.a_size, 1)), Bp(random_buffer(g.b_size, 2));
-  HostBuffer<float>&A = *Ap, &B = *Bp;
-  HostBuffer<float> C(g.c_size, 0.0f);
+  HostVec<float> A = random_vec(g.a_size, 1), B = random_vec(g.b_size, 2);
+  HostVec<float> C(g.c_size, 0.0f);
 
   // Spot-check a few entries against a double dot product before timing, so a wrong GEMM
   // (layout mix-up, library failure) fails the benchmark instead of timing garbage.
@@ -189,11 +159,11 @@ void BM_GemmBf16(benchmark::State& state, Layer layer, Pass pass) {
   const DType c_type = pass == Pass::kForward        ? layer.bf16_forward_out
                        : pass == Pass::kBackwardData ? DType::kBF16
                                                      : DType::kF32;
-  std::vector<float> Af = random_vec(g.a_size, 1), Bf = random_vec(g.b_size, 2);
-  HostBuffer<bf16_t> A(g.a_size), B(g.b_size);
+  HostVec<float> Af = random_vec(g.a_size, 1), Bf = random_vec(g.b_size, 2);
+  HostVec<bf16_t> A(g.a_size), B(g.b_size);
   for (int64_t i = 0; i < g.a_size; ++i) A[i] = headroom::cpu::from_f32<bf16_t>(Af[i]);
   for (int64_t i = 0; i < g.b_size; ++i) B[i] = headroom::cpu::from_f32<bf16_t>(Bf[i]);
-  HostBuffer<float> C(g.c_size, 0.0f);  // bf16 output uses the first half
+  HostVec<float> C(g.c_size, 0.0f);  // bf16 output uses the first half
   auto run = [&] {
     headroom::cpu::gemm_ex(g.ta, g.tb, g.M, g.N, g.K, DType::kBF16, A.data(), g.lda, B.data(),
                            g.ldb, c_type, C.data(), g.ldc, nullptr, g.accumulate);

@@ -28,9 +28,15 @@
 #include "backend/cpu/kernels.h"
 #include "core/dtype.h"
 #include "core/units.h"
+#include "memory/host_resource.h"
 
 namespace headroom::plan {
 namespace {
+
+// Operands in memory like the arenas' (huge pages): the LM head's output on 4 KiB pages ran
+// 1.5-2x slower than in a step (docs/notes/lm-head-rows.md).
+template <typename T>
+using HostVec = std::vector<T, memory::HostAllocator<T>>;
 
 // 2: the step's matmuls forward and backward with the model's strides, and the square-GEMM peaks
 // (version 1 files are measured again).
@@ -102,6 +108,7 @@ struct GemmShape {
   // How many times a step of the other shapes' tokens runs this one (the head: measured at a
   // quarter of the tokens to keep calibration short, so it counts four times).
   double weight = 1;
+  bool logits_rows = false;  // the output's rows padded to 64 elements, as the model's logits
   double flops() const { return 2.0 * N * IC * OC * (backward ? 3 : 1); }
 };
 
@@ -119,14 +126,15 @@ Sizes sizes_for(const CalibrationOptions& options) {
   // GPT-2 124M's matmuls at 2048 tokens (e.g. 8 x 256), forward and backward, as the model issues
   // them (gpt2.cc): c_attn, attention c_proj (fp32 out: the residual stream), c_fc (padded
   // 3072-wide output), MLP c_proj (padded input, fp32 out); the tied LM head (weight [V, C], fp32
-  // logits) at 512 tokens to keep calibration short, counted four times. Weighted by their FLOPs
-  // as a step of 2048 tokens weights them. Three triad arrays of 256 MiB (768 MiB) stream well past
-  // any last-level cache we expect (300 MiB on the machine in docs/calibration.md).
+  // logits in rows padded to 64 elements) at 512 tokens to keep calibration short, counted four
+  // times. Weighted by their FLOPs as a step of 2048 tokens weights them. Three triad arrays of 256
+  // MiB (768 MiB) stream well past any last-level cache we expect (300 MiB on the machine in
+  // docs/calibration.md).
   return {{{2048, 768, 2304},
            {2048, 768, 768, L::kInOut, false, false, false},
            {2048, 768, 3072, L::kInOut, false, true, true},
            {2048, 3072, 768, L::kInOut, true, false, false},
-           {512, 768, 50257, L::kOutIn, false, false, false, true, 4.0}},
+           {512, 768, 50257, L::kOutIn, false, false, false, true, 4.0, true}},
           2112,
           1,
           5,
@@ -137,13 +145,13 @@ Sizes sizes_for(const CalibrationOptions& options) {
 std::string shape_text(const GemmShape& s) { return fmt::format("{}x{}->{}", s.N, s.IC, s.OC); }
 
 template <typename T>
-std::vector<T> filled(size_t count, uint32_t seed) {
-  std::vector<float> f(count);
+HostVec<T> filled(size_t count, uint32_t seed) {
+  HostVec<float> f(count);
   fill(f.data(), count, seed);
   if constexpr (std::is_same_v<T, float>) {
     return f;
   } else {
-    std::vector<T> out(count);
+    HostVec<T> out(count);
     for (size_t i = 0; i < count; ++i) out[i] = T{f32_to_bf16_bits(f[i])};
     return out;
   }
@@ -154,13 +162,15 @@ template <typename T>
 double time_shape(const GemmShape& s, const Sizes& sz) {
   const int64_t esz = sizeof(T);
   const int64_t ldi = s.pad_inp ? cpu::activation_row_stride(s.IC, esz) : s.IC;
-  const int64_t ldo = s.pad_out ? cpu::activation_row_stride(s.OC, esz) : s.OC;
+  const int64_t ldo = s.logits_rows ? (s.OC + 63) / 64 * 64  // ExecOptions::logits_row_stride
+                      : s.pad_out   ? cpu::activation_row_stride(s.OC, esz)
+                                    : s.OC;
   const cpu::MatmulStrides st{.inp = ldi, .out = ldo};
-  std::vector<T> inp = filled<T>(size_t(s.N) * ldi, 1), weight = filled<T>(size_t(s.IC) * s.OC, 2),
-                 dout = filled<T>(size_t(s.N) * ldo, 4), dinp(size_t(s.N) * ldi);
-  std::vector<float> bias = filled<float>(s.OC, 3), dweight(size_t(s.IC) * s.OC),
-                     out32(std::is_same_v<T, float> || !s.bf16_out ? size_t(s.N) * ldo : 0);
-  std::vector<T> out16(std::is_same_v<T, float> || !s.bf16_out ? 0 : size_t(s.N) * ldo);
+  HostVec<T> inp = filled<T>(size_t(s.N) * ldi, 1), weight = filled<T>(size_t(s.IC) * s.OC, 2),
+             dout = filled<T>(size_t(s.N) * ldo, 4), dinp(size_t(s.N) * ldi);
+  HostVec<float> bias = filled<float>(s.OC, 3), dweight(size_t(s.IC) * s.OC),
+                 out32(std::is_same_v<T, float> || !s.bf16_out ? size_t(s.N) * ldo : 0);
+  HostVec<T> out16(std::is_same_v<T, float> || !s.bf16_out ? 0 : size_t(s.N) * ldo);
   return time_median(sz.warmup, sz.reps, [&] {
     if (out16.empty()) {
       cpu::matmul_forward(out32.data(), inp.data(), weight.data(), bias.data(), s.N, s.IC, s.OC,
@@ -210,8 +220,8 @@ Result<double> measure_gemm_peak(const Sizes& sz, const char* name,
   const int n = fp32 ? sz.peak_n - 64 : sz.peak_n;
   const int lda = fp32 ? int(cpu::activation_row_stride(n, sizeof(float))) : n;
   const int ldc = lda;
-  std::vector<T> a = filled<T>(size_t(n) * lda, 1), b = filled<T>(size_t(n) * n, 2);
-  std::vector<float> c(size_t(n) * ldc);
+  HostVec<T> a = filled<T>(size_t(n) * lda, 1), b = filled<T>(size_t(n) * n, 2);
+  HostVec<float> c(size_t(n) * ldc);
   const DType ab = fp32 ? DType::kF32 : DType::kBF16;
   const double t = time_median(sz.warmup, sz.reps, [&] {
     cpu::gemm_ex(false, false, n, n, n, ab, a.data(), lda, b.data(), n, DType::kF32, c.data(), ldc,

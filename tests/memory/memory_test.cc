@@ -74,6 +74,21 @@ TYPED_TEST(ResourceSuite, AlignedWritableAndDistinct) {
   }
 }
 
+// HostAllocator: vectors whose large blocks come from HostResource's page-aligned mappings (the
+// bench and calibration operands), small ones from aligned_alloc; contents survive growth.
+TEST(HostAllocator, VectorsLiveInHostResourceMemory) {
+  std::vector<float, HostAllocator<float>> big(size_t{3} << 20, 1.5f);  // 12 MiB: mmap'ed
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(big.data()) % 4096, 0u);
+  EXPECT_EQ(big[123456], 1.5f);
+  std::vector<int, HostAllocator<int>> small;
+  for (int i = 0; i < 1000; i++) small.push_back(i);  // reallocates through the allocator
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(small.data()) % kDefaultAlignment, 0u);
+  EXPECT_EQ(small[999], 999);
+  big.resize(size_t{5} << 20, 2.0f);
+  EXPECT_EQ(big[size_t{3} << 20], 2.0f);
+  EXPECT_EQ(big[0], 1.5f);
+}
+
 TEST(LimitResource, EnforcesBudgetAndNamesIt) {
   HostResource host;
   LimitResource limit(&host, 10 * kMiB);
