@@ -208,10 +208,8 @@ ActivationTable gpt2_activation_table(const Gpt2Config& c, int B, int T, bool tr
   if (options.head_chunk > 0) {
     const int chunk = std::min(options.head_chunk, B * T);
     t.ids.head_scratch =
-        low == DType::kF32
-            ? add("head_logits_chunk", {chunk, V}, Category::kLogits)
-            : add("head_logits_chunk",
-                  {int64_t(cpu::lm_head_ce_scratch_floats(chunk, int(V), low))}, Category::kLogits);
+        add("head_logits_chunk", {int64_t(cpu::lm_head_ce_scratch_floats(chunk, int(V), low))},
+            Category::kLogits);
   } else {
     t.ids.logits = add("logits", {B, T, options.logits_row_stride(V)}, Category::kLogits);
   }

@@ -17,42 +17,50 @@
 namespace headroom::cpu {
 namespace {
 
-// logits[n, V] = x[n, C] x wte[V, C]^T (the kOutIn matmul_forward); fp32 logits.
-inline void chunk_logits(float* logits, const float* x, const float* wte, int n, int C, int V) {
-  gemm(false, true, n, V, C, x, C, wte, C, logits, V, nullptr, false);
+// The row stride of a chunk's logits and dlogits: V rounded up to 64 elements, so every row
+// starts on a cache line (as the full logits, ExecOptions::logits_row_stride; oneDNN ran the
+// head's GEMMs 1.2-1.6x faster so: docs/notes/lm-head-rows.md). Columns [V, ld) are unused.
+inline int head_ld(int V) { return (V + 63) / 64 * 64; }
+
+// logits[n, V] (row stride ld) = x[n, C] x wte[V, C]^T (the kOutIn matmul_forward); fp32 logits.
+inline void chunk_logits(float* logits, const float* x, const float* wte, int n, int C, int V,
+                         int ld) {
+  gemm(false, true, n, V, C, x, C, wte, C, logits, ld, nullptr, false);
 }
-inline void chunk_logits(float* logits, const bf16_t* x, const bf16_t* wte, int n, int C, int V) {
-  gemm_ex(false, true, n, V, C, DType::kBF16, x, C, wte, C, DType::kF32, logits, V, nullptr, false);
+inline void chunk_logits(float* logits, const bf16_t* x, const bf16_t* wte, int n, int C, int V,
+                         int ld) {
+  gemm_ex(false, true, n, V, C, DType::kBF16, x, C, wte, C, DType::kF32, logits, ld, nullptr,
+          false);
 }
 
-inline void chunk_logits(float* logits, const f16_t* x, const float* wte, int n, int C, int V) {
-  gemm_f16(false, true, n, V, C, x, C, wte, C, logits, V, nullptr, false);
+inline void chunk_logits(float* logits, const f16_t* x, const float* wte, int n, int C, int V,
+                         int ld) {
+  gemm_f16(false, true, n, V, C, x, C, wte, C, logits, ld, nullptr, false);
 }
 
 // dx[n, C] = dlogits x wte; dwte += dlogits^T x x (the kOutIn matmul_backward).
 inline void chunk_backward(float* dx, float* dwte, float* dlogits, const float* x, const float* wte,
-                           int n, int C, int V) {
-  if (dx != nullptr) gemm(false, false, n, C, V, dlogits, V, wte, C, dx, C, nullptr, false);
-  if (dwte != nullptr) gemm(true, false, V, C, n, dlogits, V, x, C, dwte, C, nullptr, true);
+                           int n, int C, int V, int ld) {
+  if (dx != nullptr) gemm(false, false, n, C, V, dlogits, ld, wte, C, dx, C, nullptr, false);
+  if (dwte != nullptr) gemm(true, false, V, C, n, dlogits, ld, x, C, dwte, C, nullptr, true);
 }
-// bf16: dlogits in bf16 (dense rows: oneDNN's AMX kernels), as autocast feeds the bf16 GEMMs;
-// dwte accumulates in fp32.
+// bf16: dlogits in bf16, as autocast feeds the bf16 GEMMs; dwte accumulates in fp32.
 inline void chunk_backward(bf16_t* dx, float* dwte, const bf16_t* dlogits, const bf16_t* x,
-                           const bf16_t* wte, int n, int C, int V) {
+                           const bf16_t* wte, int n, int C, int V, int ld) {
   const DType bf = DType::kBF16;
   if (dx != nullptr) {
-    gemm_ex(false, false, n, C, V, bf, dlogits, V, wte, C, bf, dx, C, nullptr, false);
+    gemm_ex(false, false, n, C, V, bf, dlogits, ld, wte, C, bf, dx, C, nullptr, false);
   }
   if (dwte != nullptr) {
-    gemm_ex(true, false, V, C, n, bf, dlogits, V, x, C, DType::kF32, dwte, C, nullptr, true);
+    gemm_ex(true, false, V, C, n, bf, dlogits, ld, x, C, DType::kF32, dwte, C, nullptr, true);
   }
 }
 
 // f16: dlogits are fp32 holding f16 values (in place over the logits).
 inline void chunk_backward(f16_t* dx, float* dwte, const float* dlogits, const f16_t* x,
-                           const float* wte, int n, int C, int V) {
-  if (dx != nullptr) gemm_f16(false, false, n, C, V, dlogits, V, wte, C, dx, C, nullptr);
-  if (dwte != nullptr) gemm_f16(true, false, V, C, n, dlogits, V, x, C, dwte, C, nullptr, true);
+                           const float* wte, int n, int C, int V, int ld) {
+  if (dx != nullptr) gemm_f16(false, false, n, C, V, dlogits, ld, wte, C, dx, C, nullptr);
+  if (dwte != nullptr) gemm_f16(true, false, V, C, n, dlogits, ld, x, C, dwte, C, nullptr, true);
 }
 
 // The storage of the chunk's dlogits for activations of type T: bf16 for bf16; fp32 otherwise
@@ -72,15 +80,16 @@ template <typename T, typename TW>
 void lm_head_ce_forward_t(float* losses, float* lse, const T* x, const TW* wte,
                           const int32_t* targets, int N, int C, int V, int chunk, float* scratch) {
   HR_CHECK(chunk >= 1 && V >= 1);
+  const int ld = head_ld(V);
   for (int c0 = 0; c0 < N; c0 += chunk) {
     const int n = std::min(chunk, N - c0);
-    chunk_logits(scratch, x + int64_t{c0} * C, wte, n, C, V);
+    chunk_logits(scratch, x + int64_t{c0} * C, wte, n, C, V, ld);
 #pragma omp parallel for schedule(static)
     for (int r = 0; r < n; ++r) {
       const int64_t row = c0 + r;
       const int32_t target = targets[row];
       HR_CHECK(target >= -1 && target < V);
-      const float* z = scratch + int64_t{r} * V;
+      const float* z = scratch + int64_t{r} * ld;
       float m, s;
       softmax_row_stats(z, V, &m, &s);
       // The same double-precision sum as cross_entropy_forward, so the losses agree to rounding.
@@ -96,20 +105,21 @@ void lm_head_ce_backward_t(T* dx, float* dwte, const T* x, const TW* wte, const 
                            const float* lse, int N, int C, int V, int chunk, float dloss,
                            float* scratch) {
   HR_CHECK(chunk >= 1 && V >= 1);
+  const int ld = head_ld(V);
   for (int c0 = 0; c0 < N; c0 += chunk) {
     const int n = std::min(chunk, N - c0);
     const T* xc = x + int64_t{c0} * C;
-    chunk_logits(scratch, xc, wte, n, C, V);
+    chunk_logits(scratch, xc, wte, n, C, V, ld);
     // dlogits: in place over the fp32 logits, or (bf16) into the bf16 area after them.
     using D = DlogitsT<T>;
     D* dlogits =
-        reinterpret_cast<D*>(std::is_same_v<T, bf16_t> ? scratch + int64_t{chunk} * V : scratch);
+        reinterpret_cast<D*>(std::is_same_v<T, bf16_t> ? scratch + int64_t{chunk} * ld : scratch);
 #pragma omp parallel for schedule(static)
     for (int r = 0; r < n; ++r) {
       const int32_t target = targets[c0 + r];
       HR_CHECK(target >= -1 && target < V);
-      const float* z = scratch + int64_t{r} * V;
-      D* d = dlogits + int64_t{r} * V;
+      const float* z = scratch + int64_t{r} * ld;
+      D* d = dlogits + int64_t{r} * ld;
       if (target < 0) {
         std::fill(d, d + V, to_dlogit<T>(0.0f));
         continue;
@@ -121,14 +131,15 @@ void lm_head_ce_backward_t(T* dx, float* dwte, const T* x, const TW* wte, const 
       for (int i = 0; i < V; ++i) d[i] = to_dlogit<T>(fast_exp(z[i] - l) * dloss);
       d[target] = to_dlogit<T>(dt);
     }
-    chunk_backward(dx == nullptr ? nullptr : dx + int64_t{c0} * C, dwte, dlogits, xc, wte, n, C, V);
+    chunk_backward(dx == nullptr ? nullptr : dx + int64_t{c0} * C, dwte, dlogits, xc, wte, n, C, V,
+                   ld);
   }
 }
 
 }  // namespace
 
 size_t lm_head_ce_scratch_floats(int chunk, int V, DType storage) {
-  const size_t logits = size_t{1} * chunk * V;
+  const size_t logits = size_t{1} * chunk * head_ld(V);
   // bf16: the chunk's dlogits in bf16 after its fp32 logits.
   return storage == DType::kBF16 ? logits + (logits + 1) / 2 : logits;
 }
@@ -167,15 +178,16 @@ void lm_head_ce_forward_backward(float* losses, float* dx, float* dwte, const fl
                                  const float* wte, const int32_t* targets, int N, int C, int V,
                                  int chunk, float dloss, float* scratch) {
   HR_CHECK(chunk >= 1 && V >= 1);
+  const int ld = head_ld(V);
   for (int c0 = 0; c0 < N; c0 += chunk) {
     const int n = std::min(chunk, N - c0);
     const float* xc = x + int64_t{c0} * C;
-    chunk_logits(scratch, xc, wte, n, C, V);
+    chunk_logits(scratch, xc, wte, n, C, V, ld);
 #pragma omp parallel for schedule(static)
     for (int r = 0; r < n; ++r) {
       const int32_t target = targets[c0 + r];
       HR_CHECK(target >= -1 && target < V);
-      float* z = scratch + int64_t{r} * V;
+      float* z = scratch + int64_t{r} * ld;
       if (target < 0) {
         losses[c0 + r] = 0.0f;
         std::fill(z, z + V, 0.0f);
@@ -189,7 +201,8 @@ void lm_head_ce_forward_backward(float* losses, float* dx, float* dwte, const fl
       for (int i = 0; i < V; ++i) z[i] = fast_exp(z[i] - m) * k;
       z[target] -= dloss;
     }
-    chunk_backward(dx == nullptr ? nullptr : dx + int64_t{c0} * C, dwte, scratch, xc, wte, n, C, V);
+    chunk_backward(dx == nullptr ? nullptr : dx + int64_t{c0} * C, dwte, scratch, xc, wte, n, C, V,
+                   ld);
   }
 }
 

@@ -87,8 +87,9 @@ void attention_tiled_backward(f16_t* dqkv, const f16_t* dout, const f16_t* qkv, 
 // logits[n,:] = x[n,:] x wte^T (wte[V,C], the tied embedding, kOutIn layout) are computed for
 // `chunk` rows at a time into scratch and reduced at once, so the N x V logits never exist.
 // Targets are in [0, V) or -1 (ignored: loss 0, zero gradient). REQUIRES: chunk >= 1.
-// scratch: lm_head_ce_scratch_floats(chunk, V) = chunk * V floats for every function below.
-// With bf16 storage (the overloads below) also chunk * V bf16 values of dlogits: 1.5x that.
+// scratch: lm_head_ce_scratch_floats(chunk, V) = chunk * ld floats for every function below, ld
+// = V rounded up to 64 (rows on cache lines: docs/notes/lm-head-rows.md). With bf16 storage (the
+// overloads below) also chunk * ld bf16 values of dlogits: 1.5x that.
 size_t lm_head_ce_scratch_floats(int chunk, int V, DType storage = DType::kF32);
 
 // losses[N] = logsumexp(logits[n,:]) - logits[n, targets[n]] (0 where the target is -1);
@@ -116,7 +117,7 @@ void lm_head_ce_backward(bf16_t* dx, float* dwte, const bf16_t* x, const bf16_t*
 // f16 storage (x, dx; wte is fp32 holding f16 values, kernels.h): x widened through the f16 GEMM
 // staging (kernels.h F16GemmStaging: 2 x chunk x C floats), fp32 logits, the loss and softmax in
 // fp32, dlogits rounded to f16 values in place (as autocast's f16 GEMMs would read them); dwte
-// (fp32) accumulates. Scratch: chunk * V floats, as fp32.
+// (fp32) accumulates. Scratch: chunk * ld floats, as fp32.
 void lm_head_ce_forward(float* losses, float* lse, const f16_t* x, const float* wte,
                         const int32_t* targets, int N, int C, int V, int chunk, float* scratch);
 void lm_head_ce_backward(f16_t* dx, float* dwte, const f16_t* x, const float* wte,
