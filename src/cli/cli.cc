@@ -1804,7 +1804,8 @@ int run(int argc, char** argv) {
       ->capture_default_str();
   bench_cmd
       ->add_option("--pad-rows", bnf.pad_rows,
-                   "pad the MLP activations' rows off 4 KiB multiples (true/false)")
+                   "pad the MLP activations' rows off 4 KiB multiples and the logits' rows to 64 "
+                   "elements (true/false)")
       ->capture_default_str();
   bench_cmd->add_flag("--record", bnf.record,
                       "record every kernel, op and step span as --profile does (to measure "
