@@ -19,25 +19,14 @@
 namespace headroom::cpu {
 namespace {
 
+using testing::AttnShape;
+using testing::bf_rand;  // values that bf16 holds exactly, so both paths see the same inputs
 using testing::expect_close;
+using testing::from_bf;
 using testing::rand_vec;
+using testing::to_bf;
+using testing::VecB;
 using testing::VecF;
-using VecB = std::vector<bf16_t>;
-
-VecB to_bf(const VecF& v) {
-  VecB out(v.size());
-  for (size_t i = 0; i < v.size(); ++i) out[i] = from_f32<bf16_t>(v[i]);
-  return out;
-}
-VecF from_bf(const VecB& v) {
-  VecF out(v.size());
-  for (size_t i = 0; i < v.size(); ++i) out[i] = to_f32(v[i]);
-  return out;
-}
-// Values that bf16 holds exactly, so both paths see the same inputs.
-VecF bf_rand(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
-  return from_bf(to_bf(rand_vec(n, seed, lo, hi)));
-}
 
 // One bf16 rounding: relative error <= 2^-8 (half an ulp of an 8-bit significand, 2^-7 of the
 // power of two below the value).
@@ -158,55 +147,9 @@ TEST(Bf16, CrossEntropyTakesPaddedRows) {
   }
 }
 
-TEST(Bf16, LayerNorm) {
-  const int N = 13, C = 96;
-  VecF x = rand_vec(size_t(N) * C, 3, -2, 2), w = rand_vec(C, 4), b = rand_vec(C, 5);
-  VecF out(size_t(N) * C), mean(N), rstd(N), mean2(N), rstd2(N);
-  VecB outb(size_t(N) * C);
-  layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C);
-  layernorm_forward(outb.data(), mean2.data(), rstd2.data(), x.data(), w.data(), b.data(), N, C);
-  EXPECT_EQ(mean, mean2);
-  EXPECT_EQ(rstd, rstd2);
-  expect_close(from_bf(outb), out, 1e-6, kRound, "layernorm out");
+TEST(Bf16, LayerNorm) { testing::check_layernorm_low<bf16_t>(1e-6, kRound); }
 
-  VecF dout = bf_rand(size_t(N) * C, 6);
-  VecF dx(size_t(N) * C, 0.5f), dw(C, 0.25f), db(C, -0.25f);
-  VecF dx2 = dx, dw2 = dw, db2 = db;
-  layernorm_backward(dx.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(), mean.data(),
-                     rstd.data(), N, C);
-  VecB doutb = to_bf(dout);
-  layernorm_backward(dx2.data(), dw2.data(), db2.data(), doutb.data(), x.data(), w.data(),
-                     mean.data(), rstd.data(), N, C);
-  // Same inputs, fp32 arithmetic in both (the compiler may vectorise the two differently).
-  expect_close(dx2, dx, 1e-6, 1e-6, "layernorm dinp");
-  expect_close(dw2, dw, 1e-6, 1e-6, "layernorm dweight");
-  expect_close(db2, db, 1e-6, 1e-6, "layernorm dbias");
-
-  // With dinp_low: the same dinp and parameter gradients, bit for bit, and dinp_low the rounding
-  // of the updated dinp (the cast it replaces).
-  VecF dx3(size_t(N) * C, 0.5f), dw3(C, 0.25f), db3(C, -0.25f);
-  VecB low(size_t(N) * C);
-  layernorm_backward(dx3.data(), low.data(), dw3.data(), db3.data(), doutb.data(), x.data(),
-                     w.data(), mean.data(), rstd.data(), N, C);
-  expect_close(dx3, dx2, 1e-6, 1e-6, "layernorm dinp with dinp_low");
-  EXPECT_EQ(dw3, dw2);
-  EXPECT_EQ(db3, db2);
-  for (size_t i = 0; i < dx3.size(); ++i) ASSERT_EQ(low[i].bits, f32_to_bf16_bits(dx3[i])) << i;
-}
-
-TEST(Bf16, Gelu) {
-  const int64_t n = 1000;
-  VecF x = bf_rand(n, 7, -4, 4), dout = bf_rand(n, 8);
-  VecF y(n), dx(n);
-  VecB yb(n), dxb(n);
-  gelu_forward(y.data(), x.data(), n);
-  VecB xb = to_bf(x), doutb = to_bf(dout);
-  gelu_forward(yb.data(), xb.data(), n);
-  expect_close(from_bf(yb), y, 1e-7, kRound, "gelu");
-  gelu_backward(dx.data(), x.data(), dout.data(), n);
-  gelu_backward(dxb.data(), xb.data(), doutb.data(), n);
-  expect_close(from_bf(dxb), dx, 1e-7, kRound, "gelu backward");
-}
+TEST(Bf16, Gelu) { testing::check_gelu_low<bf16_t>(kRound); }
 
 // bf16 GEMMs accumulate in fp32: with the same inputs, an fp32 result differs from the fp32
 // kernel by accumulation order only, and a bf16 result by one rounding more.
@@ -258,10 +201,6 @@ TEST(Bf16, MatmulPaddedStrides) {
   }
 }
 
-struct AttnShape {
-  int B, T, C, NH;
-};
-
 // The fallback bf16 attention (fp32 kernels on widened copies), forced on any CPU: the bf16
 // tile-product kernels are tested in fused_kernels_test.cc.
 struct WidenedAttention {
@@ -270,35 +209,8 @@ struct WidenedAttention {
 };
 
 void check_attention(AttnShape s) {
-  SCOPED_TRACE(::testing::Message()
-               << "B=" << s.B << " T=" << s.T << " C=" << s.C << " NH=" << s.NH);
   const WidenedAttention widened;
-  const size_t n3 = size_t(s.B) * s.T * 3 * s.C, n1 = size_t(s.B) * s.T * s.C;
-  VecF qkv = bf_rand(n3, 20, -2, 2);
-  VecB qkvb = to_bf(qkv);
-  VecF out(n1), lse(size_t(s.B) * s.NH * s.T), lse2(lse.size());
-  VecB outb(n1);
-  VecF fs(attention_tiled_scratch_floats(s.B, s.T, s.C, s.NH), NAN);
-  VecF fsb(attention_tiled_scratch_floats(s.B, s.T, s.C, s.NH, DType::kBF16), NAN);
-  attention_tiled_forward(out.data(), lse.data(), qkv.data(), s.B, s.T, s.C, s.NH, fs.data());
-  attention_tiled_forward(outb.data(), lse2.data(), qkvb.data(), s.B, s.T, s.C, s.NH, fsb.data());
-  // Same fp32 arithmetic on widened copies: lse identical, out rounded once.
-  EXPECT_EQ(lse, lse2);
-  expect_close(from_bf(outb), out, 1e-7, kRound, "attention out");
-
-  VecF dout = bf_rand(n1, 21);
-  VecB doutb = to_bf(dout);
-  // The fp32 backward on the forward's bf16-rounded output, as the bf16 path sees it.
-  VecF out_r = from_bf(outb);
-  VecF dqkv(n3);
-  VecB dqkvb(n3);
-  VecF bs(attention_tiled_backward_scratch_floats(s.B, s.T, s.C, s.NH), NAN);
-  VecF bsb(attention_tiled_backward_scratch_floats(s.B, s.T, s.C, s.NH, DType::kBF16), NAN);
-  attention_tiled_backward(dqkv.data(), dout.data(), qkv.data(), out_r.data(), lse.data(), s.B, s.T,
-                           s.C, s.NH, bs.data());
-  attention_tiled_backward(dqkvb.data(), doutb.data(), qkvb.data(), outb.data(), lse.data(), s.B,
-                           s.T, s.C, s.NH, bsb.data());
-  expect_close(from_bf(dqkvb), dqkv, 1e-7, kRound, "attention dqkv");
+  testing::check_attention_widened<bf16_t>(s, kRound);
 }
 
 TEST(Bf16, AttentionTiledSmall) { check_attention({2, 7, 24, 3}); }

@@ -19,24 +19,12 @@ namespace headroom::cpu {
 namespace {
 
 using testing::expect_close;
+using testing::from_h;
+using testing::h_rand;  // values that f16 holds exactly, so both paths see the same inputs
 using testing::rand_vec;
+using testing::to_h;
 using testing::VecF;
-using VecH = std::vector<f16_t>;
-
-VecH to_h(const VecF& v) {
-  VecH out(v.size());
-  for (size_t i = 0; i < v.size(); ++i) out[i] = from_f32<f16_t>(v[i]);
-  return out;
-}
-VecF from_h(const VecH& v) {
-  VecF out(v.size());
-  for (size_t i = 0; i < v.size(); ++i) out[i] = to_f32(v[i]);
-  return out;
-}
-// Values that f16 holds exactly, so both paths see the same inputs.
-VecF h_rand(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
-  return from_h(to_h(rand_vec(n, seed, lo, hi)));
-}
+using testing::VecH;
 // Each value of `ref` rounded once to f16.
 VecF rounded(const VecF& ref) {
   VecF out(ref.size());
@@ -101,41 +89,7 @@ TEST(F16, RoundingIsNearestEvenAndKeepsSpecials) {
   }
 }
 
-TEST(F16, LayerNorm) {
-  const int N = 13, C = 96;
-  VecF x = rand_vec(size_t(N) * C, 3, -2, 2), w = rand_vec(C, 4), b = rand_vec(C, 5);
-  VecF out(size_t(N) * C), mean(N), rstd(N), mean2(N), rstd2(N);
-  VecH outh(size_t(N) * C);
-  layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C);
-  layernorm_forward(outh.data(), mean2.data(), rstd2.data(), x.data(), w.data(), b.data(), N, C);
-  EXPECT_EQ(mean, mean2);
-  EXPECT_EQ(rstd, rstd2);
-  expect_close(from_h(outh), out, 1e-7, kRound, "layernorm out");
-
-  VecF dout = h_rand(size_t(N) * C, 6);
-  VecF dx(size_t(N) * C, 0.5f), dw(C, 0.25f), db(C, -0.25f);
-  VecF dx2 = dx, dw2 = dw, db2 = db;
-  layernorm_backward(dx.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(), mean.data(),
-                     rstd.data(), N, C);
-  VecH douth = to_h(dout);
-  layernorm_backward(dx2.data(), dw2.data(), db2.data(), douth.data(), x.data(), w.data(),
-                     mean.data(), rstd.data(), N, C);
-  // Same inputs, fp32 arithmetic in both (the compiler may vectorise the two differently).
-  expect_close(dx2, dx, 1e-6, 1e-6, "layernorm dinp");
-  expect_close(dw2, dw, 1e-6, 1e-6, "layernorm dweight");
-  expect_close(db2, db, 1e-6, 1e-6, "layernorm dbias");
-
-  // With dinp_low: the same dinp and parameter gradients, bit for bit, and dinp_low the rounding
-  // of the updated dinp (the cast it replaces).
-  VecF dx3(size_t(N) * C, 0.5f), dw3(C, 0.25f), db3(C, -0.25f);
-  VecH low(size_t(N) * C);
-  layernorm_backward(dx3.data(), low.data(), dw3.data(), db3.data(), douth.data(), x.data(),
-                     w.data(), mean.data(), rstd.data(), N, C);
-  expect_close(dx3, dx2, 1e-6, 1e-6, "layernorm dinp with dinp_low");
-  EXPECT_EQ(dw3, dw2);
-  EXPECT_EQ(db3, db2);
-  for (size_t i = 0; i < dx3.size(); ++i) ASSERT_EQ(low[i].bits, f32_to_f16_bits(dx3[i])) << i;
-}
+TEST(F16, LayerNorm) { testing::check_layernorm_low<f16_t>(1e-7, kRound); }
 
 // fp16: the loss's backward writes fp32 holding the f16 rounding of each gradient, in the same
 // pass: the bits of the fp32 gradient rounded once (small values become f16 subnormals or 0).
@@ -153,20 +107,8 @@ TEST(F16, CrossEntropyBackwardRoundsToF16Values) {
   }
 }
 
-TEST(F16, Gelu) {
-  const int64_t n = 1000;
-  VecF x = h_rand(n, 7, -4, 4), dout = h_rand(n, 8);
-  VecF y(n), dx(n);
-  VecH yh(n), dxh(n);
-  gelu_forward(y.data(), x.data(), n);
-  VecH xh = to_h(x), douth = to_h(dout);
-  gelu_forward(yh.data(), xh.data(), n);
-  // atol: results below f16's normal range (2^-14) are subnormal, with an absolute ulp of 2^-24.
-  expect_close(from_h(yh), y, 1e-7, kRound, "gelu");
-  gelu_backward(dx.data(), x.data(), dout.data(), n);
-  gelu_backward(dxh.data(), xh.data(), douth.data(), n);
-  expect_close(from_h(dxh), dx, 1e-7, kRound, "gelu backward");
-}
+// atol: results below f16's normal range (2^-14) are subnormal, with an absolute ulp of 2^-24.
+TEST(F16, Gelu) { testing::check_gelu_low<f16_t>(kRound); }
 
 // The f16 GEMMs widen exactly and run the fp32 GEMM: fp32 outputs are bit-identical to the fp32
 // kernel on the same values, f16 outputs are those rounded once, and accumulated weight
@@ -243,39 +185,8 @@ TEST(F16DeathTest, GemmWithoutEnoughStagingStops) {
       "without its staging area");
 }
 
-struct AttnShape {
-  int B, T, C, NH;
-};
-
-void check_attention(AttnShape s) {
-  SCOPED_TRACE(::testing::Message()
-               << "B=" << s.B << " T=" << s.T << " C=" << s.C << " NH=" << s.NH);
-  const size_t n3 = size_t(s.B) * s.T * 3 * s.C, n1 = size_t(s.B) * s.T * s.C;
-  VecF qkv = h_rand(n3, 20, -2, 2);
-  VecH qkvh = to_h(qkv);
-  VecF out(n1), lse(size_t(s.B) * s.NH * s.T), lse2(lse.size());
-  VecH outh(n1);
-  VecF fs(attention_tiled_scratch_floats(s.B, s.T, s.C, s.NH), NAN);
-  VecF fsh(attention_tiled_scratch_floats(s.B, s.T, s.C, s.NH, DType::kF16), NAN);
-  attention_tiled_forward(out.data(), lse.data(), qkv.data(), s.B, s.T, s.C, s.NH, fs.data());
-  attention_tiled_forward(outh.data(), lse2.data(), qkvh.data(), s.B, s.T, s.C, s.NH, fsh.data());
-  // Same fp32 arithmetic on widened copies: lse identical, out rounded once.
-  EXPECT_EQ(lse, lse2);
-  expect_close(from_h(outh), out, 1e-7, kRound, "attention out");
-
-  VecF dout = h_rand(n1, 21);
-  VecH douth = to_h(dout);
-  VecF out_r = from_h(outh);  // the fp32 backward on the f16-rounded output, as fp16 sees it
-  VecF dqkv(n3);
-  VecH dqkvh(n3);
-  VecF bs(attention_tiled_backward_scratch_floats(s.B, s.T, s.C, s.NH), NAN);
-  VecF bsh(attention_tiled_backward_scratch_floats(s.B, s.T, s.C, s.NH, DType::kF16), NAN);
-  attention_tiled_backward(dqkv.data(), dout.data(), qkv.data(), out_r.data(), lse.data(), s.B, s.T,
-                           s.C, s.NH, bs.data());
-  attention_tiled_backward(dqkvh.data(), douth.data(), qkvh.data(), outh.data(), lse.data(), s.B,
-                           s.T, s.C, s.NH, bsh.data());
-  expect_close(from_h(dqkvh), dqkv, 1e-7, kRound, "attention dqkv");
-}
+// f16 attention always runs the fp32 kernels on widened copies.
+void check_attention(testing::AttnShape s) { testing::check_attention_widened<f16_t>(s, kRound); }
 
 TEST(F16, AttentionTiledSmall) { check_attention({2, 7, 24, 3}); }
 TEST(F16, AttentionTiledPartialBlocks) { check_attention({1, 130, 128, 2}); }

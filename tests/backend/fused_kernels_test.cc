@@ -23,8 +23,6 @@ namespace {
 
 using namespace headroom::cpu::testing;  // NOLINT: test helpers
 
-// Expect |actual - expected| <= atol + rtol * |expected| everywhere; report the first misses.
-
 // Runs f with `threads` OpenMP threads, restoring the previous setting.
 template <typename F>
 void with_threads(int threads, F f) {
@@ -35,10 +33,6 @@ void with_threads(int threads, F f) {
 }
 
 // ---- tiled attention -------------------------------------------------------------------------
-
-struct AttnShape {
-  int B, T, C, NH;
-};
 
 struct TiledResult {
   VecF out, lse, dqkv;
@@ -175,19 +169,6 @@ TEST(AttentionTiled, ScratchDependsOnShapesOnly) {
 // inputs, and against the bf16 fallback (fp32 on widened copies). A test of a kernel this CPU
 // lacks is skipped (the switch falls back, which FallbackIsSelectable checks). Heads narrower
 // than 32 take the fallback on every CPU (checked too).
-
-using VecB = std::vector<bf16_t>;
-
-VecB to_bf(const VecF& v) {
-  VecB out(v.size());
-  for (size_t i = 0; i < v.size(); ++i) out[i] = from_f32<bf16_t>(v[i]);
-  return out;
-}
-VecF from_bf(const VecB& v) {
-  VecF out(v.size());
-  for (size_t i = 0; i < v.size(); ++i) out[i] = to_f32(v[i]);
-  return out;
-}
 
 // Sets the bf16 attention kernel for a scope, and back to kAuto after.
 struct Bf16KernelScope {

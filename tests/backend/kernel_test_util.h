@@ -1,5 +1,6 @@
 // Helpers shared by the kernel tests: random inputs, tolerance checks with the first misses
-// reported, and a double-precision reference of causal attention.
+// reported, a double-precision reference of causal attention, and for the bf16 and f16 kernel
+// tests the conversions and the checks that are the same for both storage types.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -9,12 +10,20 @@
 #include <cstdint>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
+
+#include "backend/cpu/bf16.h"
+#include "backend/cpu/fused_kernels.h"
+#include "backend/cpu/kernels.h"
+#include "core/dtype.h"
 
 namespace headroom::cpu::testing {
 
 using VecD = std::vector<double>;
 using VecF = std::vector<float>;
+using VecB = std::vector<bf16_t>;
+using VecH = std::vector<f16_t>;
 
 inline VecF rand_vec(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
   std::mt19937 rng(seed);
@@ -81,6 +90,144 @@ inline VecD attention_ref(const VecD& qkv, int B, int T, int C, int NH, VecD* at
         }
       }
   return out;
+}
+
+// ---- bf16 and f16 storage ------------------------------------------------------------------
+// Each value rounded once to T (nearest even), and back to fp32 (exact).
+template <typename T>
+std::vector<T> narrow_vec(const VecF& v) {
+  std::vector<T> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = from_f32<T>(v[i]);
+  return out;
+}
+template <typename T>
+VecF widen_vec(const std::vector<T>& v) {
+  VecF out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = to_f32(v[i]);
+  return out;
+}
+// Values that T holds exactly, so that the fp32 and T paths of a test see the same inputs.
+template <typename T>
+VecF exact_rand(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
+  return widen_vec(narrow_vec<T>(rand_vec(n, seed, lo, hi)));
+}
+
+inline VecB to_bf(const VecF& v) { return narrow_vec<bf16_t>(v); }
+inline VecF from_bf(const VecB& v) { return widen_vec(v); }
+inline VecF bf_rand(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
+  return exact_rand<bf16_t>(n, seed, lo, hi);
+}
+inline VecH to_h(const VecF& v) { return narrow_vec<f16_t>(v); }
+inline VecF from_h(const VecH& v) { return widen_vec(v); }
+inline VecF h_rand(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
+  return exact_rand<f16_t>(n, seed, lo, hi);
+}
+
+// core/dtype.h's scalar conversion of x to T's bits (not the kernels' own rounding).
+template <typename T>
+uint16_t core_bits(float x) {
+  if constexpr (std::is_same_v<T, bf16_t>) {
+    return f32_to_bf16_bits(x);
+  } else {
+    static_assert(std::is_same_v<T, f16_t>);
+    return f32_to_f16_bits(x);
+  }
+}
+
+// LayerNorm with T output (forward) and T dout (backward) against the fp32 kernels: the same
+// statistics, out rounded once (atol out_atol, relative round), the same fp32 arithmetic in the
+// backward; with dinp_low, dinp and the parameter gradients unchanged and dinp_low the rounding
+// of the updated dinp (the cast it replaces).
+template <typename T>
+void check_layernorm_low(double out_atol, double round) {
+  const int N = 13, C = 96;
+  VecF x = rand_vec(size_t(N) * C, 3, -2, 2), w = rand_vec(C, 4), b = rand_vec(C, 5);
+  VecF out(size_t(N) * C), mean(N), rstd(N), mean2(N), rstd2(N);
+  std::vector<T> outl(size_t(N) * C);
+  layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C);
+  layernorm_forward(outl.data(), mean2.data(), rstd2.data(), x.data(), w.data(), b.data(), N, C);
+  EXPECT_EQ(mean, mean2);
+  EXPECT_EQ(rstd, rstd2);
+  expect_close(widen_vec(outl), out, out_atol, round, "layernorm out");
+
+  VecF dout = exact_rand<T>(size_t(N) * C, 6);
+  VecF dx(size_t(N) * C, 0.5f), dw(C, 0.25f), db(C, -0.25f);
+  VecF dx2 = dx, dw2 = dw, db2 = db;
+  layernorm_backward(dx.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(), mean.data(),
+                     rstd.data(), N, C);
+  std::vector<T> doutl = narrow_vec<T>(dout);
+  layernorm_backward(dx2.data(), dw2.data(), db2.data(), doutl.data(), x.data(), w.data(),
+                     mean.data(), rstd.data(), N, C);
+  // Same inputs, fp32 arithmetic in both (the compiler may vectorise the two differently).
+  expect_close(dx2, dx, 1e-6, 1e-6, "layernorm dinp");
+  expect_close(dw2, dw, 1e-6, 1e-6, "layernorm dweight");
+  expect_close(db2, db, 1e-6, 1e-6, "layernorm dbias");
+
+  VecF dx3(size_t(N) * C, 0.5f), dw3(C, 0.25f), db3(C, -0.25f);
+  std::vector<T> low(size_t(N) * C);
+  layernorm_backward(dx3.data(), low.data(), dw3.data(), db3.data(), doutl.data(), x.data(),
+                     w.data(), mean.data(), rstd.data(), N, C);
+  expect_close(dx3, dx2, 1e-6, 1e-6, "layernorm dinp with dinp_low");
+  EXPECT_EQ(dw3, dw2);
+  EXPECT_EQ(db3, db2);
+  for (size_t i = 0; i < dx3.size(); ++i) ASSERT_EQ(low[i].bits, core_bits<T>(dx3[i])) << i;
+}
+
+// GELU with T storage against fp32 on the same (T-representable) inputs: fp32 arithmetic, the
+// result rounded once (atol 1e-7 for results that fall below the type's normal range).
+template <typename T>
+void check_gelu_low(double round) {
+  const int64_t n = 1000;
+  VecF x = exact_rand<T>(n, 7, -4, 4), dout = exact_rand<T>(n, 8);
+  VecF y(n), dx(n);
+  std::vector<T> yl(n), dxl(n);
+  gelu_forward(y.data(), x.data(), n);
+  std::vector<T> xl = narrow_vec<T>(x), doutl = narrow_vec<T>(dout);
+  gelu_forward(yl.data(), xl.data(), n);
+  expect_close(widen_vec(yl), y, 1e-7, round, "gelu");
+  gelu_backward(dx.data(), x.data(), dout.data(), n);
+  gelu_backward(dxl.data(), xl.data(), doutl.data(), n);
+  expect_close(widen_vec(dxl), dx, 1e-7, round, "gelu backward");
+}
+
+struct AttnShape {
+  int B, T, C, NH;
+};
+
+// Tiled attention with T storage that runs the fp32 kernels on widened copies (f16 always, bf16
+// under AttentionBf16Kernel::kWidenFp32, which the caller selects), against the fp32 kernels on
+// the same inputs: the same fp32 arithmetic, so lse identical and out rounded once; the backward
+// against the fp32 backward on the forward's rounded output (what the T path sees), dqkv rounded
+// once (relative round).
+template <typename T>
+void check_attention_widened(AttnShape s, double round) {
+  SCOPED_TRACE(::testing::Message()
+               << "B=" << s.B << " T=" << s.T << " C=" << s.C << " NH=" << s.NH);
+  const DType storage = dtype_of<T>();
+  const size_t n3 = size_t(s.B) * s.T * 3 * s.C, n1 = size_t(s.B) * s.T * s.C;
+  VecF qkv = exact_rand<T>(n3, 20, -2, 2);
+  std::vector<T> qkvl = narrow_vec<T>(qkv);
+  VecF out(n1), lse(size_t(s.B) * s.NH * s.T), lse2(lse.size());
+  std::vector<T> outl(n1);
+  VecF fs(attention_tiled_scratch_floats(s.B, s.T, s.C, s.NH), NAN);
+  VecF fsl(attention_tiled_scratch_floats(s.B, s.T, s.C, s.NH, storage), NAN);
+  attention_tiled_forward(out.data(), lse.data(), qkv.data(), s.B, s.T, s.C, s.NH, fs.data());
+  attention_tiled_forward(outl.data(), lse2.data(), qkvl.data(), s.B, s.T, s.C, s.NH, fsl.data());
+  EXPECT_EQ(lse, lse2);
+  expect_close(widen_vec(outl), out, 1e-7, round, "attention out");
+
+  VecF dout = exact_rand<T>(n1, 21);
+  std::vector<T> doutl = narrow_vec<T>(dout);
+  VecF out_r = widen_vec(outl);
+  VecF dqkv(n3);
+  std::vector<T> dqkvl(n3);
+  VecF bs(attention_tiled_backward_scratch_floats(s.B, s.T, s.C, s.NH), NAN);
+  VecF bsl(attention_tiled_backward_scratch_floats(s.B, s.T, s.C, s.NH, storage), NAN);
+  attention_tiled_backward(dqkv.data(), dout.data(), qkv.data(), out_r.data(), lse.data(), s.B, s.T,
+                           s.C, s.NH, bs.data());
+  attention_tiled_backward(dqkvl.data(), doutl.data(), qkvl.data(), outl.data(), lse.data(), s.B,
+                           s.T, s.C, s.NH, bsl.data());
+  expect_close(widen_vec(dqkvl), dqkv, 1e-7, round, "attention dqkv");
 }
 
 }  // namespace headroom::cpu::testing

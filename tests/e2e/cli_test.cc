@@ -19,16 +19,7 @@ namespace fs = std::filesystem;
 using e2e::Outcome;
 using e2e::run;
 
-class Cli : public e2e::TempDirTest {
- protected:
-  // A small corpus: one fortune file from Debian's package, tokenised.
-  std::string corpus() {
-    std::string out = path("corpus.tokens");
-    Outcome r = run("prepare /usr/share/games/fortunes/computers --doc-separator % --out " + out);
-    EXPECT_EQ(r.code, 0) << r.out;
-    return out;
-  }
-};
+class Cli : public e2e::TempDirTest {};
 
 TEST_F(Cli, VersionAndHelp) {
   Outcome v = run("--version");

@@ -1,5 +1,5 @@
 // Shared by the end-to-end tests: run the headroom executable and capture what it prints, and a
-// fixture with a fresh temporary directory per test.
+// fixture with a fresh temporary directory per test and a small corpus in it.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -37,6 +37,11 @@ inline Outcome run(const std::string& args) {
   return r;
 }
 
+// Whether `what` occurs in `out`.
+inline bool has(const std::string& out, const std::string& what) {
+  return out.find(what) != std::string::npos;
+}
+
 // A fresh directory per test, removed after it.
 class TempDirTest : public ::testing::Test {
  protected:
@@ -52,6 +57,13 @@ class TempDirTest : public ::testing::Test {
   std::string path(const std::string& name) const { return (dir_ / name).string(); }
   void write(const std::string& name, const std::string& text) const {
     std::ofstream(path(name), std::ios::binary) << text;
+  }
+  // A small corpus: one fortune file from Debian's package, tokenised into the test's directory.
+  std::string corpus() const {
+    std::string out = path("corpus.tokens");
+    Outcome r = run("prepare /usr/share/games/fortunes/computers --doc-separator % --out " + out);
+    EXPECT_EQ(r.code, 0) << r.out;
+    return out;
   }
   fs::path dir_;
 };

@@ -12,21 +12,11 @@
 namespace headroom {
 namespace {
 
+using e2e::has;
 using e2e::Outcome;
 using e2e::run;
 
-class Fp16Cli : public e2e::TempDirTest {
- protected:
-  std::string corpus() {
-    std::string out = path("corpus.tokens");
-    Outcome r = run("prepare /usr/share/games/fortunes/computers --doc-separator % --out " + out);
-    EXPECT_EQ(r.code, 0) << r.out;
-    return out;
-  }
-  static bool has(const std::string& text, const std::string& what) {
-    return text.find(what) != std::string::npos;
-  }
-};
+class Fp16Cli : public e2e::TempDirTest {};
 
 TEST_F(Fp16Cli, BadLossScaleFlagsGetClearErrors) {
   const std::string data = corpus();

@@ -18,12 +18,6 @@ using nlohmann::json;
 
 class OffloadCli : public e2e::TempDirTest {
  protected:
-  std::string corpus() {
-    std::string out = path("corpus.tokens");
-    Outcome r = run("prepare /usr/share/games/fortunes/computers --doc-separator % --out " + out);
-    EXPECT_EQ(r.code, 0) << r.out;
-    return out;
-  }
   std::vector<double> losses(const std::string& log) {
     std::vector<double> v;
     std::ifstream f(log);

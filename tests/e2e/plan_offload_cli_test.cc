@@ -13,6 +13,7 @@
 namespace headroom {
 namespace {
 
+using e2e::has;
 using e2e::Outcome;
 using e2e::run;
 
@@ -20,10 +21,6 @@ std::string seven_b_on_four_l4s() {
   return "plan --model " + std::string(HEADROOM_SOURCE_DIR) +
          "/configs/gpt-7b.json --devices 4 --device-memory 24GiB --device L4 --seq 2048 "
          "--global-batch 64";
-}
-
-bool has(const std::string& out, const std::string& what) {
-  return out.find(what) != std::string::npos;
 }
 
 nlohmann::json last_json(const std::string& out) {
@@ -83,15 +80,7 @@ TEST(PlanOffloadCli, BadValuesAreNamed) {
   EXPECT_TRUE(has(h.out, "MemAvailable")) << h.out;
 }
 
-class TrainOffloadCli : public e2e::TempDirTest {
- protected:
-  std::string corpus() {
-    std::string out = path("corpus.tokens");
-    Outcome r = run("prepare /usr/share/games/fortunes/computers --doc-separator % --out " + out);
-    EXPECT_EQ(r.code, 0) << r.out;
-    return out;
-  }
-};
+class TrainOffloadCli : public e2e::TempDirTest {};
 
 TEST_F(TrainOffloadCli, TrainsWithTheOffloadTierAsPlanned) {
   const std::string data = corpus();

@@ -15,6 +15,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
+using e2e::has;
 using e2e::Outcome;
 using e2e::run;
 
@@ -24,10 +25,6 @@ std::string seven_b(int devices, const std::string& offload = "off") {
          std::to_string(devices) +
          " --device-memory 24GiB --device L4 --seq 2048 --global-batch 64 --offload-optimizer " +
          offload;
-}
-
-bool has(const std::string& out, const std::string& what) {
-  return out.find(what) != std::string::npos;
 }
 
 TEST(PlanZeroCli, SevenBOnEightL4sPrintsTheShardedPlan) {

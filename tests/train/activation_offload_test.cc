@@ -18,22 +18,16 @@
 #include "model/offload_copier.h"
 #include "plan/memory_plan.h"
 #include "train/trainer.h"
+#include "train_test_util.h"
 
 namespace headroom {
 namespace {
 
 namespace fs = std::filesystem;
 using model::Recompute;
+using train::test::one_micro_batch;
 
-model::Gpt2Config small_config(int L) {
-  model::Gpt2Config c;
-  c.n_layer = L;
-  c.n_embd = 64;
-  c.n_head = 4;
-  c.vocab_size = 257;
-  c.n_positions = 64;
-  return c;
-}
+model::Gpt2Config small_config(int L) { return train::test::gpt2_config(L, 64, 4, 257, 64); }
 
 std::string token_file(int vocab) {
   std::string path =
@@ -143,44 +137,6 @@ TEST(ActivationOffload, OnAndOffGiveBitIdenticalTraining) {
     EXPECT_LE(b.result.offload_copied_bytes, train_copies + b.result.planned_offload_bytes);
   }
   fs::remove(data);
-}
-
-// One micro-batch from a NaN-poisoned planned layout (offload regions poisoned too), with the
-// copier's delay and poison hooks, against the plain run (no offload, one range per buffer).
-std::pair<std::vector<float>, double> one_micro_batch(const model::Gpt2Config& c,
-                                                      const plan::MemoryPlan& mp,
-                                                      const memory::Layout& layout,
-                                                      model::OffloadCopier* copier) {
-  memory::HostResource host;
-  const model::ParamTable& t = mp.params;
-  std::vector<float> params(size_t(t.total_floats)), grads(size_t(t.total_floats), 0.0f);
-  model::gpt2_init_params(c, t, params.data(), 3);
-  auto arena =
-      memory::Arena::create(&host, mp.step.buffers, layout, memory::Category::kActivations);
-  EXPECT_TRUE(arena.is_ok());
-  std::memset(arena->base(), 0xff, arena->size());
-  std::optional<memory::Arena> tier;
-  if (!mp.offload.empty()) {
-    auto a = memory::Arena::create(&host, mp.offload[0].buffers, mp.offload[0].layout,
-                                   memory::Category::kOffload);
-    EXPECT_TRUE(a.is_ok());
-    std::memset(a->base(), 0xff, a->size());
-    tier.emplace(std::move(*a));
-  }
-  model::Gpt2 net(c, &t);
-  net.bind_params(params.data(), grads.data());
-  const int B = mp.policy.micro_batch, T = mp.policy.seq;
-  net.bind_activations(&*arena, &mp.activations, B, T);
-  if (tier) net.bind_offload(&*tier, copier);
-  std::vector<int32_t> in(size_t(B * T)), tg(size_t(B * T));
-  for (int i = 0; i < B * T; i++) {
-    in[size_t(i)] = (i * 7 + 3) % c.vocab_size;
-    tg[size_t(i)] = (i * 13 + 1) % c.vocab_size;
-  }
-  int64_t valid = 0;
-  double loss = net.forward(in.data(), tg.data(), &valid);
-  net.backward(in.data(), tg.data(), 1.0f / float(valid));
-  return {grads, loss};
 }
 
 TEST(ActivationOffload, PlannedOffsetsWithDelayedCopiesGiveBitIdenticalGradients) {

@@ -22,77 +22,21 @@
 #include "train/loss_scale.h"
 #include "train/optimizer.h"
 #include "train/trainer.h"
+#include "train_test_util.h"
 
 namespace headroom {
 namespace {
 
 namespace fs = std::filesystem;
 
-model::Gpt2Config small() {
-  model::Gpt2Config c;
-  c.n_layer = 3;
-  c.n_embd = 64;
-  c.n_head = 4;
-  c.vocab_size = 300;
-  c.n_positions = 64;
-  return c;
-}
-
-struct StepResult {
-  double loss = 0;
-  std::vector<float> grads;  // unscaled
-};
-
-// Forward and backward of one micro-batch under `exec` with the loss gradient scaled by `scale`
-// (then the gradients unscaled, as the optimizer does), from the planned arena poisoned with NaN
-// bytes (a read of memory the plan gave to another buffer shows).
-StepResult one_step(const model::Gpt2Config& c, model::ExecOptions exec, int B, int T,
-                    float scale = 1.0f) {
-  const std::string precision(model::precision_name(exec.precision));
-  Result<plan::MemoryPlan> mp =
-      plan::plan_training_memory(c, plan::Policy{B, 1, T, precision, exec});
-  EXPECT_TRUE(mp.is_ok()) << mp.status().to_string();
-  const model::ParamTable& t = mp->params;
-  std::vector<float> params(size_t(t.total_floats));
-  StepResult r;
-  r.grads.assign(size_t(t.total_floats), 0.0f);
-  model::gpt2_init_params(c, t, params.data(), 21);
-  memory::HostResource host;
-  auto arena = memory::Arena::create(&host, mp->step.buffers, mp->step.layout,
-                                     memory::Category::kActivations);
-  EXPECT_TRUE(arena.is_ok());
-  std::memset(arena->base(), 0xff, arena->size());
-  model::Gpt2 net(c, &t);
-  net.bind_params(params.data(), r.grads.data());
-  net.bind_activations(&*arena, &mp->activations, B, T);
-  std::mt19937 rng(5);
-  std::vector<int32_t> in(size_t(B * T)), tg(size_t(B * T));
-  for (int i = 0; i < B * T; i++) {
-    in[size_t(i)] = int32_t(rng() % uint32_t(c.vocab_size));
-    tg[size_t(i)] = i % 11 == 3 ? -1 : int32_t(rng() % uint32_t(c.vocab_size));
-  }
-  int64_t valid = 0;
-  r.loss = net.forward(in.data(), tg.data(), &valid) / double(valid);
-  net.backward(in.data(), tg.data(), scale / float(valid));
-  for (float& g : r.grads) g /= scale;
-  return r;
-}
-
-// Cosine similarity and the largest difference relative to the largest fp32 gradient.
-std::pair<double, double> compare(const std::vector<float>& a, const std::vector<float>& b) {
-  double dot = 0, na = 0, nb = 0, worst = 0, scale = 0;
-  for (size_t i = 0; i < a.size(); i++) {
-    dot += double(a[i]) * b[i];
-    na += double(a[i]) * a[i];
-    nb += double(b[i]) * b[i];
-    worst = std::max(worst, double(std::fabs(a[i] - b[i])));
-    scale = std::max(scale, double(std::fabs(b[i])));
-  }
-  return {dot / std::sqrt(na * nb), worst / scale};
-}
+using train::test::compare;
+using train::test::learnable_tokens;
+using train::test::one_step;
+using train::test::small_config;
+using train::test::StepResult;
 
 TEST(Fp16, OneStepMatchesFp32ToF16Rounding) {
-  const model::Gpt2Config c = small();
+  const model::Gpt2Config c = small_config();
   struct Variant {
     int head_chunk;
     model::Recompute rc;
@@ -124,7 +68,7 @@ TEST(Fp16, OneStepMatchesFp32ToF16Rounding) {
 // Without the loss scale the small gradients of the f16 activations underflow (below 2^-24 they
 // are zero): the reason for loss scaling, measured. Scaled, the gradients are closer to fp32's.
 TEST(Fp16, LossScalingRescuesUnderflowingGradients) {
-  const model::Gpt2Config c = small();
+  const model::Gpt2Config c = small_config();
   model::ExecOptions e;
   StepResult f = one_step(c, e, 2, 48);
   e.precision = model::Precision::kFp16;
@@ -142,7 +86,7 @@ TEST(Fp16, LossScalingRescuesUnderflowingGradients) {
 // fp16 recomputation is invisible like fp32's: the recomputed buffers are rounded the same way
 // as the saved ones, so every recompute mode gives bit-identical gradients.
 TEST(Fp16, RecomputeIsBitIdentical) {
-  const model::Gpt2Config c = small();
+  const model::Gpt2Config c = small_config();
   model::ExecOptions e;
   e.precision = model::Precision::kFp16;
   for (int head : {0, 16}) {
@@ -160,7 +104,7 @@ TEST(Fp16, RecomputeIsBitIdentical) {
 }
 
 TEST(Fp16, PlanHoldsF16ActivationsCastWeightsAndAStagingArea) {
-  const model::Gpt2Config c = small();
+  const model::Gpt2Config c = small_config();
   model::ExecOptions e;
   Result<plan::MemoryPlan> f = plan::plan_training_memory(c, plan::Policy{4, 1, 64, "fp32", e});
   Result<plan::MemoryPlan> h = plan::plan_training_memory(c, plan::Policy{4, 1, 64, "fp16", e});
@@ -248,7 +192,7 @@ TEST(LossScale, BacksOffOnOverflowAndGrowsAfterTheInterval) {
 
 // An overflow leaves the optimizer's buffers untouched, found in the norm pass itself.
 TEST(LossScale, AdamWStepLeavesEverythingOnAnOverflow) {
-  const model::ParamTable t = model::gpt2_param_table(small());
+  const model::ParamTable t = model::gpt2_param_table(small_config());
   std::vector<float> p(size_t(t.total_floats)), g(p.size()), m(p.size(), 0.1f), v(p.size(), 0.2f);
   std::mt19937 rng(3);
   std::normal_distribution<float> n(0.0f, 1.0f);
@@ -284,26 +228,6 @@ TEST(LossScale, AdamWStepLeavesEverythingOnAnOverflow) {
 
 // ---- training ----------------------------------------------------------------------------
 
-std::string learnable_tokens(int vocab, int n, const std::string& name) {
-  std::string path =
-      (fs::path(testing::TempDir()) / (name + "_" + std::to_string(getpid()) + ".tok")).string();
-  std::mt19937 rng(9);
-  std::vector<int32_t> toks(static_cast<size_t>(n));
-  int32_t cur = 1;
-  int docs = 0;
-  for (int i = 0; i < n; i++) {
-    if (rng() % 97 == 0) {
-      toks[size_t(i)] = vocab - 1;  // end of document
-      docs++;
-      continue;
-    }
-    cur = rng() % 8 == 0 ? int32_t(rng() % 200) : (cur * 7 + 3) % 200;
-    toks[size_t(i)] = cur;
-  }
-  EXPECT_TRUE(data::write_token_file(path, toks, vocab, vocab - 1, docs + 1).is_ok());
-  return path;
-}
-
 std::string file_bytes(const fs::path& p) {
   std::ifstream f(p, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(f), {});
@@ -312,12 +236,8 @@ std::string file_bytes(const fs::path& p) {
 class Fp16Training : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::path(testing::TempDir()) /
-           ("headroom_fp16_" + std::to_string(getpid()) + "_" +
-            testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-    data_ = learnable_tokens(small().vocab_size, 30000, "fp16_train");
+    dir_ = train::test::fresh_test_dir("headroom_fp16");
+    data_ = learnable_tokens(small_config().vocab_size, 30000, "fp16_train");
   }
   void TearDown() override {
     fs::remove_all(dir_);
@@ -325,7 +245,7 @@ class Fp16Training : public ::testing::Test {
   }
   train::TrainOptions options(const std::string& out) {
     train::TrainOptions o;
-    o.config = small();
+    o.config = small_config();
     o.model_name = "small";
     o.data = data_;
     o.seq = 32;
@@ -343,22 +263,12 @@ class Fp16Training : public ::testing::Test {
     o.loss_scale.growth_interval = 3;
     return o;
   }
-  struct Run {
-    std::vector<train::StepStats> steps;
-    std::vector<float> params;
-  };
+  using Run = train::test::RunOutput;
   Run run(const train::TrainOptions& o, int stop_after = 0) {
-    Run r;
-    train::TrainCallbacks cb;
-    cb.on_step = [&](const train::StepStats& s) { r.steps.push_back(s); };
-    if (stop_after)
-      cb.should_stop = [&](const train::StepStats& s) { return s.step == stop_after; };
-    cb.on_finish = [&](const model::Gpt2Config& c, const float* p, memory::MemoryResource*) {
-      r.params.assign(p, p + model::gpt2_param_table(c).total_floats);
-      return Status::ok();
-    };
-    Result<train::TrainResult> res = train::run_training(o, cb);
-    EXPECT_TRUE(res.is_ok()) << res.status().to_string();
+    std::function<bool(const train::StepStats&)> stop;
+    if (stop_after) stop = [stop_after](const train::StepStats& s) { return s.step == stop_after; };
+    Run r = train::test::run_collecting(o, nullptr, stop);
+    EXPECT_TRUE(r.result.is_ok()) << r.result.status().to_string();
     return r;
   }
   fs::path dir_;
@@ -432,20 +342,7 @@ TEST(Fp16LossCurve, FollowsFp32Over50Steps) {
   cfg->vocab_size = 512;
   const std::string data = learnable_tokens(cfg->vocab_size, 40000, "fp16_curve");
   auto run = [&](model::Precision p, int* skipped) {
-    train::TrainOptions o;
-    o.config = *cfg;
-    o.model_name = "gpt2-tiny";
-    o.data = data;
-    o.seq = 64;
-    o.micro_batch = 4;
-    o.accumulation = 1;
-    o.exec.head_chunk = 128;
-    o.exec.precision = p;
-    o.steps = 50;
-    o.warmup_steps = 5;
-    o.adamw.lr = 1e-3f;
-    o.device_memory = uint64_t(2) << 30;
-    o.val_fraction = 0;
+    const train::TrainOptions o = train::test::loss_curve_options(*cfg, data, p);
     std::vector<double> losses;
     train::TrainCallbacks cb;
     cb.on_step = [&](const train::StepStats& s) {

@@ -15,77 +15,21 @@
 #include "model/gpt2.h"
 #include "plan/memory_plan.h"
 #include "train/trainer.h"
+#include "train_test_util.h"
 
 namespace headroom {
 namespace {
 
 namespace fs = std::filesystem;
 
-model::Gpt2Config small() {
-  model::Gpt2Config c;
-  c.n_layer = 3;
-  c.n_embd = 64;
-  c.n_head = 4;
-  c.vocab_size = 300;
-  c.n_positions = 64;
-  return c;
-}
-
-struct StepResult {
-  double loss = 0;
-  std::vector<float> grads;
-};
-
-// Forward and backward of one micro-batch under `exec`, from the planned arena poisoned with NaN
-// bytes (a read of memory the plan gave to another buffer shows).
-StepResult one_step(const model::Gpt2Config& c, model::ExecOptions exec, int B, int T) {
-  const std::string precision(model::precision_name(exec.precision));
-  Result<plan::MemoryPlan> mp =
-      plan::plan_training_memory(c, plan::Policy{B, 1, T, precision, exec});
-  EXPECT_TRUE(mp.is_ok()) << mp.status().to_string();
-  const model::ParamTable& t = mp->params;
-  std::vector<float> params(size_t(t.total_floats));
-  StepResult r;
-  r.grads.assign(size_t(t.total_floats), 0.0f);
-  model::gpt2_init_params(c, t, params.data(), 21);
-  std::vector<bf16_t> copy(size_t(t.total_floats));
-  cpu::cast_to_bf16(copy.data(), params.data(), t.total_floats);
-  memory::HostResource host;
-  auto arena = memory::Arena::create(&host, mp->step.buffers, mp->step.layout,
-                                     memory::Category::kActivations);
-  EXPECT_TRUE(arena.is_ok());
-  std::memset(arena->base(), 0xff, arena->size());
-  model::Gpt2 net(c, &t);
-  net.bind_params(params.data(), r.grads.data(),
-                  exec.precision == model::Precision::kBf16 ? copy.data() : nullptr);
-  net.bind_activations(&*arena, &mp->activations, B, T);
-  std::mt19937 rng(5);
-  std::vector<int32_t> in(size_t(B * T)), tg(size_t(B * T));
-  for (int i = 0; i < B * T; i++) {
-    in[size_t(i)] = int32_t(rng() % uint32_t(c.vocab_size));
-    tg[size_t(i)] = i % 11 == 3 ? -1 : int32_t(rng() % uint32_t(c.vocab_size));
-  }
-  int64_t valid = 0;
-  r.loss = net.forward(in.data(), tg.data(), &valid) / double(valid);
-  net.backward(in.data(), tg.data(), 1.0f / float(valid));
-  return r;
-}
-
-// Cosine similarity and the largest difference relative to the largest fp32 gradient.
-std::pair<double, double> compare(const std::vector<float>& a, const std::vector<float>& b) {
-  double dot = 0, na = 0, nb = 0, worst = 0, scale = 0;
-  for (size_t i = 0; i < a.size(); i++) {
-    dot += double(a[i]) * b[i];
-    na += double(a[i]) * a[i];
-    nb += double(b[i]) * b[i];
-    worst = std::max(worst, double(std::fabs(a[i] - b[i])));
-    scale = std::max(scale, double(std::fabs(b[i])));
-  }
-  return {dot / std::sqrt(na * nb), worst / scale};
-}
+using train::test::compare;
+using train::test::learnable_tokens;
+using train::test::one_step;
+using train::test::small_config;
+using train::test::StepResult;
 
 TEST(MixedPrecision, OneStepMatchesFp32ToBf16Rounding) {
-  const model::Gpt2Config c = small();
+  const model::Gpt2Config c = small_config();
   struct Variant {
     int head_chunk;
     model::Recompute rc;
@@ -118,7 +62,7 @@ TEST(MixedPrecision, OneStepMatchesFp32ToBf16Rounding) {
 // bf16 recomputation is invisible like fp32's: the recomputed buffers are rounded the same way
 // as the saved ones, so every recompute mode gives bit-identical gradients.
 TEST(MixedPrecision, RecomputeIsBitIdenticalInBf16) {
-  const model::Gpt2Config c = small();
+  const model::Gpt2Config c = small_config();
   model::ExecOptions e;
   e.precision = model::Precision::kBf16;
   StepResult none = one_step(c, e, 2, 40);
@@ -134,7 +78,7 @@ TEST(MixedPrecision, RecomputeIsBitIdenticalInBf16) {
 // Casting each block's weights just before use instead of keeping a bf16 copy gives the same
 // bf16 values, so the same bits; the plan has no copy region but two step buffers.
 TEST(MixedPrecision, CastingWeightsPerLayerEqualsTheCopy) {
-  const model::Gpt2Config c = small();
+  const model::Gpt2Config c = small_config();
   for (model::Recompute rc : {model::Recompute::kNone, model::Recompute::kFull}) {
     for (int head : {0, 16}) {
       model::ExecOptions e;
@@ -158,7 +102,7 @@ TEST(MixedPrecision, CastingWeightsPerLayerEqualsTheCopy) {
 }
 
 TEST(MixedPrecision, PlanHoldsBf16ActivationsAndAWeightCopy) {
-  const model::Gpt2Config c = small();
+  const model::Gpt2Config c = small_config();
   model::ExecOptions e;
   Result<plan::MemoryPlan> f = plan::plan_training_memory(c, plan::Policy{4, 1, 64, "fp32", e});
   Result<plan::MemoryPlan> h = plan::plan_training_memory(c, plan::Policy{4, 1, 64, "bf16", e});
@@ -179,28 +123,6 @@ TEST(MixedPrecision, PlanHoldsBf16ActivationsAndAWeightCopy) {
   EXPECT_NE(plain.status().message().find("tiled attention"), std::string::npos);
 }
 
-// Tokens with structure to learn: each next token is a function of the current one, with some
-// noise, in documents of varying length.
-std::string learnable_tokens(int vocab, int n) {
-  std::string path =
-      (fs::path(testing::TempDir()) / ("mixed_" + std::to_string(getpid()) + ".tok")).string();
-  std::mt19937 rng(9);
-  std::vector<int32_t> toks(static_cast<size_t>(n));
-  int32_t cur = 1;
-  int docs = 0;
-  for (int i = 0; i < n; i++) {
-    if (rng() % 97 == 0) {
-      toks[size_t(i)] = vocab - 1;  // end of document
-      docs++;
-      continue;
-    }
-    cur = rng() % 8 == 0 ? int32_t(rng() % 200) : (cur * 7 + 3) % 200;
-    toks[size_t(i)] = cur;
-  }
-  EXPECT_TRUE(data::write_token_file(path, toks, vocab, vocab - 1, docs + 1).is_ok());
-  return path;
-}
-
 // The check: 50 steps of gpt2-tiny in bf16 follow the fp32 loss curve. gpt2-tiny's
 // blocks (4 layers, 128 wide) with a 512-token vocabulary, so that the test takes seconds (the
 // full vocabulary's LM head is 90% of its time); docs/notes/mixed-precision.md has the curves of
@@ -209,22 +131,9 @@ TEST(MixedPrecision, Bf16LossCurveFollowsFp32Over50Steps) {
   Result<model::Gpt2Config> cfg = model::resolve_model("gpt2-tiny");
   ASSERT_TRUE(cfg.is_ok());
   cfg->vocab_size = 512;
-  const std::string data = learnable_tokens(cfg->vocab_size, 40000);
+  const std::string data = learnable_tokens(cfg->vocab_size, 40000, "mixed");
   auto run = [&](model::Precision p) {
-    train::TrainOptions o;
-    o.config = *cfg;
-    o.model_name = "gpt2-tiny";
-    o.data = data;
-    o.seq = 64;
-    o.micro_batch = 4;
-    o.accumulation = 1;
-    o.exec.head_chunk = 128;
-    o.exec.precision = p;
-    o.steps = 50;
-    o.warmup_steps = 5;
-    o.adamw.lr = 1e-3f;
-    o.device_memory = uint64_t(2) << 30;
-    o.val_fraction = 0;
+    const train::TrainOptions o = train::test::loss_curve_options(*cfg, data, p);
     std::vector<double> losses;
     train::TrainCallbacks cb;
     cb.on_step = [&](const train::StepStats& s) { losses.push_back(s.loss); };

@@ -14,21 +14,15 @@
 #include "model/gpt2.h"
 #include "plan/memory_plan.h"
 #include "train/trainer.h"
+#include "train_test_util.h"
 
 namespace headroom {
 namespace {
 
 namespace fs = std::filesystem;
 
-model::Gpt2Config small_config(int L, int C, int NH, int V, int P) {
-  model::Gpt2Config c;
-  c.n_layer = L;
-  c.n_embd = C;
-  c.n_head = NH;
-  c.vocab_size = V;
-  c.n_positions = P;
-  return c;
-}
+using train::test::gpt2_config;
+using train::test::one_micro_batch;
 
 std::string random_token_file(int vocab, int n) {
   std::string path = (fs::path(testing::TempDir()) / ("plan_eq_" + std::to_string(getpid()) + "_" +
@@ -82,7 +76,7 @@ TEST(PlanEquality, MeasuredPeakEqualsPlannedPeak) {
                  << " recompute=" << model::recompute_name(c.recompute)
                  << " precision=" << model::precision_name(c.precision));
     train::TrainOptions o;
-    o.config = small_config(c.L, c.C, c.NH, c.V, c.P);
+    o.config = gpt2_config(c.L, c.C, c.NH, c.V, c.P);
     o.model_name = "test";
     o.data = random_token_file(c.V, 20000);
     o.seq = c.T;
@@ -131,7 +125,7 @@ TEST(PlanEquality, OptimizerOffloadMeasuredEqualsPlannedOnBothTiers) {
     SCOPED_TRACE(::testing::Message() << "L=" << c.L << " C=" << c.C << " B=" << c.B << " K=" << c.K
                                       << " precision=" << model::precision_name(c.precision));
     train::TrainOptions o;
-    o.config = small_config(c.L, c.C, c.NH, c.V, c.P);
+    o.config = gpt2_config(c.L, c.C, c.NH, c.V, c.P);
     o.model_name = "test";
     o.data = random_token_file(c.V, 20000);
     o.seq = c.T;
@@ -221,7 +215,7 @@ TEST(PlanEquality, MeasuredPeaksEqualPlannedWithActivationOffload) {
                  << "L=" << c.L << " B=" << c.B << " T=" << c.T << " K=" << c.K
                  << " chunk=" << c.head_chunk << " optimizer offload=" << c.offload_optimizer);
     train::TrainOptions o;
-    o.config = small_config(c.L, 64, 4, 300, 64);
+    o.config = gpt2_config(c.L, 64, 4, 300, 64);
     o.model_name = "test";
     o.data = random_token_file(300, 20000);
     o.seq = c.T;
@@ -266,7 +260,7 @@ TEST(PlanEquality, MeasuredPeaksEqualPlannedWithActivationOffload) {
 
 TEST(PlanEquality, TheStepRegionReusesMemory) {
   // Backward workspaces reuse the logits' memory once the LM head's backward is done.
-  model::Gpt2Config c = small_config(4, 128, 4, 5000, 128);
+  model::Gpt2Config c = gpt2_config(4, 128, 4, 5000, 128);
   Result<plan::MemoryPlan> mp = plan::plan_training_memory(c, plan::Policy{4, 1, 128, "fp32", {}});
   ASSERT_TRUE(mp.is_ok());
   uint64_t sum = 0;
@@ -276,41 +270,12 @@ TEST(PlanEquality, TheStepRegionReusesMemory) {
   EXPECT_LE(double(mp->step_bytes), 1.05 * double(mp->step_lower_bound));
 }
 
-// Runs forward and backward of one micro-batch from an arena with `layout` and returns the
-// gradients and the loss.
-std::pair<std::vector<float>, double> run_once(const model::Gpt2Config& c,
-                                               const plan::MemoryPlan& mp,
-                                               const memory::Layout& layout) {
-  memory::HostResource host;
-  const model::ParamTable& t = mp.params;
-  std::vector<float> params(size_t(t.total_floats)), grads(size_t(t.total_floats), 0.0f);
-  model::gpt2_init_params(c, t, params.data(), 3);
-  auto arena =
-      memory::Arena::create(&host, mp.step.buffers, layout, memory::Category::kActivations);
-  EXPECT_TRUE(arena.is_ok());
-  // Poison the whole arena so a read of memory that another buffer owns shows.
-  std::memset(arena->base(), 0xff, arena->size());
-  model::Gpt2 net(c, &t);
-  net.bind_params(params.data(), grads.data());
-  const int B = mp.policy.micro_batch, T = mp.policy.seq;
-  net.bind_activations(&*arena, &mp.activations, B, T);
-  std::vector<int32_t> in(size_t(B * T)), tg(size_t(B * T));
-  for (int i = 0; i < B * T; i++) {
-    in[size_t(i)] = (i * 7 + 3) % c.vocab_size;
-    tg[size_t(i)] = (i * 13 + 1) % c.vocab_size;
-  }
-  int64_t valid = 0;
-  double loss = net.forward(in.data(), tg.data(), &valid);
-  net.backward(in.data(), tg.data(), 1.0f / float(valid));
-  return {grads, loss};
-}
-
 TEST(PlanEquality, PlannedOffsetsGiveBitIdenticalGradients) {
-  model::Gpt2Config c = small_config(3, 64, 4, 300, 64);
+  model::Gpt2Config c = gpt2_config(3, 64, 4, 300, 64);
   Result<plan::MemoryPlan> mp = plan::plan_training_memory(c, plan::Policy{2, 1, 32, "fp32", {}});
   ASSERT_TRUE(mp.is_ok());
-  auto planned = run_once(c, *mp, mp->step.layout);
-  auto plain = run_once(c, *mp, memory::sequential_layout(mp->step.buffers));
+  auto planned = one_micro_batch(c, *mp, mp->step.layout);
+  auto plain = one_micro_batch(c, *mp, memory::sequential_layout(mp->step.buffers));
   EXPECT_EQ(planned.second, plain.second);
   ASSERT_EQ(planned.first.size(), plain.first.size());
   EXPECT_EQ(0, std::memcmp(planned.first.data(), plain.first.data(), planned.first.size() * 4));
@@ -320,7 +285,7 @@ TEST(PlanEquality, PlannedOffsetsGiveBitIdenticalGradients) {
 // choice only: the same loss and gradients as dense rows, to the rounding of a different GEMM
 // blocking.
 TEST(PlanEquality, PaddedMlpRowsMatchDenseRows) {
-  model::Gpt2Config c = small_config(2, 256, 4, 300, 64);
+  model::Gpt2Config c = gpt2_config(2, 256, 4, 300, 64);
   model::ExecOptions padded, dense;
   dense.pad_rows = false;
   Result<plan::MemoryPlan> mp_pad =
@@ -331,8 +296,8 @@ TEST(PlanEquality, PaddedMlpRowsMatchDenseRows) {
   const auto& fch = mp_pad->step.buffers[mp_pad->activations.ids.fwd[0].fch];
   EXPECT_EQ(fch.shape[2], 1024 + 16);  // padded
   EXPECT_EQ(mp_dense->step.buffers[mp_dense->activations.ids.fwd[0].fch].shape[2], 1024);
-  auto a = run_once(c, *mp_pad, mp_pad->step.layout);
-  auto b = run_once(c, *mp_dense, mp_dense->step.layout);
+  auto a = one_micro_batch(c, *mp_pad, mp_pad->step.layout);
+  auto b = one_micro_batch(c, *mp_dense, mp_dense->step.layout);
   EXPECT_NEAR(a.second, b.second, 1e-6 * std::fabs(b.second));
   double worst = 0, scale = 0;
   for (size_t i = 0; i < a.first.size(); i++) {

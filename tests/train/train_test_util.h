@@ -1,23 +1,44 @@
-// What the trainer's tests share (tests/train/{checkpoint,elastic,step_events}_test.cc,
-// tests/dist/trainer_dp_test.cc): the tiny model, a fresh directory per test with a random token
-// file, and a training run that collects every step's stats and the final weights.
+// What the trainer's tests share (tests/train/*_test.cc, tests/dist/trainer_dp_test.cc): small
+// models, a fresh directory per test with a random or a learnable token file, a training run that
+// collects every step's stats and the final weights, and one micro-batch's forward and backward
+// from a planned arena poisoned with NaN bytes.
 #pragma once
 
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <functional>
+#include <optional>
 #include <random>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "backend/cpu/kernels.h"
 #include "data/token_file.h"
+#include "memory/host_resource.h"
 #include "model/gpt2.h"
+#include "model/offload_copier.h"
+#include "plan/memory_plan.h"
 #include "train/trainer.h"
 
 namespace headroom::train::test {
+
+inline model::Gpt2Config gpt2_config(int L, int C, int NH, int V, int P) {
+  model::Gpt2Config c;
+  c.n_layer = L;
+  c.n_embd = C;
+  c.n_head = NH;
+  c.vocab_size = V;
+  c.n_positions = P;
+  return c;
+}
+
+// 3 layers, 64 wide, 4 heads, a 300-token vocabulary, 64 positions: the mixed-precision tests'.
+inline model::Gpt2Config small_config() { return gpt2_config(3, 64, 4, 300, 64); }
 
 // 2 layers, 64 wide, 4 heads, a 211-token vocabulary, 32 positions: a step takes milliseconds.
 inline model::Gpt2Config tiny_config() {
@@ -76,6 +97,148 @@ inline RunOutput run_collecting(const TrainOptions& o,
   };
   r.result = run_training(o, cb);
   return r;
+}
+
+// Tokens with structure to learn, written to TempDir()/<name>_<pid>.tok: each next token is a
+// function of the current one, with some noise, in documents of varying length (vocab - 1 ends
+// a document). Returns the path.
+inline std::string learnable_tokens(int vocab, int n, const std::string& name) {
+  namespace fs = std::filesystem;
+  std::string path =
+      (fs::path(testing::TempDir()) / (name + "_" + std::to_string(getpid()) + ".tok")).string();
+  std::mt19937 rng(9);
+  std::vector<int32_t> toks(static_cast<size_t>(n));
+  int32_t cur = 1;
+  int docs = 0;
+  for (int i = 0; i < n; i++) {
+    if (rng() % 97 == 0) {
+      toks[size_t(i)] = vocab - 1;  // end of document
+      docs++;
+      continue;
+    }
+    cur = rng() % 8 == 0 ? int32_t(rng() % 200) : (cur * 7 + 3) % 200;
+    toks[size_t(i)] = cur;
+  }
+  EXPECT_TRUE(data::write_token_file(path, toks, vocab, vocab - 1, docs + 1).is_ok());
+  return path;
+}
+
+// The loss-curve tests' run: gpt2-tiny's blocks (`cfg`) on `data`, 50 steps of 4 x 64 tokens in
+// `precision`, with the fused LM head.
+inline TrainOptions loss_curve_options(const model::Gpt2Config& cfg, const std::string& data,
+                                       model::Precision precision) {
+  TrainOptions o;
+  o.config = cfg;
+  o.model_name = "gpt2-tiny";
+  o.data = data;
+  o.seq = 64;
+  o.micro_batch = 4;
+  o.accumulation = 1;
+  o.exec.head_chunk = 128;
+  o.exec.precision = precision;
+  o.steps = 50;
+  o.warmup_steps = 5;
+  o.adamw.lr = 1e-3f;
+  o.device_memory = uint64_t(2) << 30;
+  o.val_fraction = 0;
+  return o;
+}
+
+struct StepResult {
+  double loss = 0;
+  std::vector<float> grads;  // unscaled
+};
+
+// Forward and backward of one micro-batch under `exec` (a bf16 weight copy bound for bf16) with
+// the loss gradient scaled by `scale` (then the gradients unscaled, as the optimizer does), from
+// the planned arena poisoned with NaN bytes (a read of memory the plan gave to another buffer
+// shows).
+inline StepResult one_step(const model::Gpt2Config& c, model::ExecOptions exec, int B, int T,
+                           float scale = 1.0f) {
+  const std::string precision(model::precision_name(exec.precision));
+  Result<plan::MemoryPlan> mp =
+      plan::plan_training_memory(c, plan::Policy{B, 1, T, precision, exec});
+  EXPECT_TRUE(mp.is_ok()) << mp.status().to_string();
+  const model::ParamTable& t = mp->params;
+  std::vector<float> params(size_t(t.total_floats));
+  StepResult r;
+  r.grads.assign(size_t(t.total_floats), 0.0f);
+  model::gpt2_init_params(c, t, params.data(), 21);
+  std::vector<bf16_t> copy;
+  if (exec.precision == model::Precision::kBf16) {
+    copy.resize(size_t(t.total_floats));
+    cpu::cast_to_bf16(copy.data(), params.data(), t.total_floats);
+  }
+  memory::HostResource host;
+  auto arena = memory::Arena::create(&host, mp->step.buffers, mp->step.layout,
+                                     memory::Category::kActivations);
+  EXPECT_TRUE(arena.is_ok());
+  std::memset(arena->base(), 0xff, arena->size());
+  model::Gpt2 net(c, &t);
+  net.bind_params(params.data(), r.grads.data(), copy.empty() ? nullptr : copy.data());
+  net.bind_activations(&*arena, &mp->activations, B, T);
+  std::mt19937 rng(5);
+  std::vector<int32_t> in(size_t(B * T)), tg(size_t(B * T));
+  for (int i = 0; i < B * T; i++) {
+    in[size_t(i)] = int32_t(rng() % uint32_t(c.vocab_size));
+    tg[size_t(i)] = i % 11 == 3 ? -1 : int32_t(rng() % uint32_t(c.vocab_size));
+  }
+  int64_t valid = 0;
+  r.loss = net.forward(in.data(), tg.data(), &valid) / double(valid);
+  net.backward(in.data(), tg.data(), scale / float(valid));
+  for (float& g : r.grads) g /= scale;
+  return r;
+}
+
+// Cosine similarity and the largest difference relative to the largest gradient of b.
+inline std::pair<double, double> compare(const std::vector<float>& a, const std::vector<float>& b) {
+  double dot = 0, na = 0, nb = 0, worst = 0, scale = 0;
+  for (size_t i = 0; i < a.size(); i++) {
+    dot += double(a[i]) * b[i];
+    na += double(a[i]) * a[i];
+    nb += double(b[i]) * b[i];
+    worst = std::max(worst, double(std::fabs(a[i] - b[i])));
+    scale = std::max(scale, double(std::fabs(b[i])));
+  }
+  return {dot / std::sqrt(na * nb), worst / scale};
+}
+
+// One micro-batch of plan `mp` (fp32) with its step buffers at `layout`, from an arena poisoned
+// with NaN bytes (the offload regions too, bound with `copier` when the plan has them): the
+// gradients and the summed loss.
+inline std::pair<std::vector<float>, double> one_micro_batch(
+    const model::Gpt2Config& c, const plan::MemoryPlan& mp, const memory::Layout& layout,
+    model::OffloadCopier* copier = nullptr) {
+  memory::HostResource host;
+  const model::ParamTable& t = mp.params;
+  std::vector<float> params(size_t(t.total_floats)), grads(size_t(t.total_floats), 0.0f);
+  model::gpt2_init_params(c, t, params.data(), 3);
+  auto arena =
+      memory::Arena::create(&host, mp.step.buffers, layout, memory::Category::kActivations);
+  EXPECT_TRUE(arena.is_ok());
+  std::memset(arena->base(), 0xff, arena->size());
+  std::optional<memory::Arena> tier;
+  if (!mp.offload.empty()) {
+    auto a = memory::Arena::create(&host, mp.offload[0].buffers, mp.offload[0].layout,
+                                   memory::Category::kOffload);
+    EXPECT_TRUE(a.is_ok());
+    std::memset(a->base(), 0xff, a->size());
+    tier.emplace(std::move(*a));
+  }
+  model::Gpt2 net(c, &t);
+  net.bind_params(params.data(), grads.data());
+  const int B = mp.policy.micro_batch, T = mp.policy.seq;
+  net.bind_activations(&*arena, &mp.activations, B, T);
+  if (tier) net.bind_offload(&*tier, copier);
+  std::vector<int32_t> in(size_t(B * T)), tg(size_t(B * T));
+  for (int i = 0; i < B * T; i++) {
+    in[size_t(i)] = (i * 7 + 3) % c.vocab_size;
+    tg[size_t(i)] = (i * 13 + 1) % c.vocab_size;
+  }
+  int64_t valid = 0;
+  double loss = net.forward(in.data(), tg.data(), &valid);
+  net.backward(in.data(), tg.data(), 1.0f / float(valid));
+  return {grads, loss};
 }
 
 }  // namespace headroom::train::test

@@ -581,24 +581,6 @@ HR_BF16_TARGET void pack_pairs_transposed(uint32_t* kt, const bf16_t* k, int HSp
   transpose32(kt, kB, reinterpret_cast<const uint32_t*>(k), HSp / 2, kB, HSp / 2);
 }
 
-// exp(x) of 16 lanes: fast_exp's method (fast_math.h) in AVX-512: clamp to [-87, 88],
-// n = round(x / ln2), Cody-Waite reduction, the Cephes polynomial, times 2^n.
-HR_BF16_TARGET inline __m512 exp16(__m512 x) {
-  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-  return _mm512_scalef_ps(p, n);
-}
-
 // Mask of the columns c0 + [0, 16) that are < ncols.
 inline __mmask16 cols_mask(int c0, int ncols) {
   const int n = std::clamp(ncols - c0, 0, 16);
@@ -946,57 +928,64 @@ void attention_tiled_backward_low(TS* dqkv, const TS* dout, const TS* qkv, const
 #if defined(__x86_64__) && defined(__GNUC__)
 // The bf16 kernels with AVX512-BF16 tile products: the same tasks, order and schedule as the
 // fp32 kernels, so the results are bit-identical for any thread count.
-template <bool kAmx>
-void attention_tiled_forward_dp(bf16_t* out, float* lse, const bf16_t* qkv, int B, int T, int C,
-                                int NH, float* scratch) {
+
+// One (b, h) of the work: its indices (bh = b * NH + h), the head size, the softmax scale, and
+// the running worker's slot of scratch.
+struct HeadTask {
+  int b, h, bh;
+  int HS;
+  float scale;
+  float* slot;
+};
+
+// What the bf16 forward and backward share: the shape check, one slot of slot_floats(T, HS)
+// floats per worker, the (b, h) pairs handed out one at a time (as the fp32 backward's), and on
+// AMX the tile configuration loaded on each worker (it is per thread). head(task) runs one pair.
+template <bool kAmx, typename Head>
+void for_each_head_bf16(int B, int T, int C, int NH, size_t (*slot_floats)(int T, int HS),
+                        float* scratch, const Head& head) {
+  HR_CHECK(NH > 0 && C % NH == 0 && T >= 1);
   const int HS = C / NH;
-  const int64_t C3 = int64_t{3} * C;
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
   const int BH = B * NH;
   const int slots = std::min(BH, kAttentionMaxWorkers);
-  const size_t slot_floats = forward_bf16_slot_floats(T, HS);
+  const size_t slot_size = slot_floats(T, HS);
 #pragma omp parallel num_threads(workers_for(slots))
   {
-    float* slot = scratch + omp_get_thread_num() * slot_floats;
-    if constexpr (kAmx) amx_begin();  // the tile configuration is per thread
+    float* slot = scratch + omp_get_thread_num() * slot_size;
+    if constexpr (kAmx) amx_begin();
 #pragma omp for schedule(dynamic, 1)
-    for (int bh = 0; bh < BH; ++bh) {
-      const int b = bh / NH, h = bh % NH;
-      const bf16_t* base = qkv + int64_t{b} * T * C3 + int64_t{h} * HS;
-      forward_head_bf16<kAmx>(out + int64_t{b} * T * C + int64_t{h} * HS, lse + int64_t{bh} * T,
-                              base, base + C, base + 2 * C, C3, C, T, HS, scale, slot);
-    }
+    for (int bh = 0; bh < BH; ++bh) head(HeadTask{bh / NH, bh % NH, bh, HS, scale, slot});
     if constexpr (kAmx) amx_end();
   }
+}
+
+template <bool kAmx>
+void attention_tiled_forward_dp(bf16_t* out, float* lse, const bf16_t* qkv, int B, int T, int C,
+                                int NH, float* scratch) {
+  const int64_t C3 = int64_t{3} * C;
+  for_each_head_bf16<kAmx>(B, T, C, NH, forward_bf16_slot_floats, scratch, [&](const HeadTask& t) {
+    const bf16_t* base = qkv + int64_t{t.b} * T * C3 + int64_t{t.h} * t.HS;
+    forward_head_bf16<kAmx>(out + int64_t{t.b} * T * C + int64_t{t.h} * t.HS,
+                            lse + int64_t{t.bh} * T, base, base + C, base + 2 * C, C3, C, T, t.HS,
+                            t.scale, t.slot);
+  });
 }
 
 template <bool kAmx>
 void attention_tiled_backward_dp(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qkv,
                                  const bf16_t* out, const float* lse, int B, int T, int C, int NH,
                                  float* scratch) {
-  const int HS = C / NH;
   const int64_t C3 = int64_t{3} * C;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
-  const int BH = B * NH;
-  const int slots = std::min(BH, kAttentionMaxWorkers);
-  const size_t slot_floats = backward_bf16_slot_floats(T, HS);
-#pragma omp parallel num_threads(workers_for(slots))
-  {
-    float* slot = scratch + omp_get_thread_num() * slot_floats;
-    if constexpr (kAmx) amx_begin();  // the tile configuration is per thread
-#pragma omp for schedule(dynamic, 1)
-    for (int bh = 0; bh < BH; ++bh) {
-      const int b = bh / NH, h = bh % NH;
-      const int64_t off3 = int64_t{b} * T * C3 + int64_t{h} * HS;
-      const int64_t off1 = int64_t{b} * T * C + int64_t{h} * HS;
-      const bf16_t* base = qkv + off3;
-      bf16_t* dbase = dqkv + off3;
-      backward_head_bf16<kAmx>(dbase, dbase + C, dbase + 2 * C, base, base + C, base + 2 * C,
-                               dout + off1, out + off1, lse + int64_t{bh} * T, C3, C, T, HS, scale,
-                               slot);
-    }
-    if constexpr (kAmx) amx_end();
-  }
+  for_each_head_bf16<kAmx>(B, T, C, NH, backward_bf16_slot_floats, scratch, [&](const HeadTask& t) {
+    const int64_t off3 = int64_t{t.b} * T * C3 + int64_t{t.h} * t.HS;
+    const int64_t off1 = int64_t{t.b} * T * C + int64_t{t.h} * t.HS;
+    const bf16_t* base = qkv + off3;
+    bf16_t* dbase = dqkv + off3;
+    backward_head_bf16<kAmx>(dbase, dbase + C, dbase + 2 * C, base, base + C, base + 2 * C,
+                             dout + off1, out + off1, lse + int64_t{t.bh} * T, C3, C, T, t.HS,
+                             t.scale, t.slot);
+  });
 }
 #endif
 
@@ -1012,8 +1001,7 @@ void attention_tiled_forward(bf16_t* out, float* lse, const bf16_t* qkv, int B, 
                              int NH, float* scratch) {
 #if defined(__x86_64__) && defined(__GNUC__)
   const AttentionBf16Kernel kernel = resolved_kernel();
-  if (NH > 0 && C % NH == 0 && use_bf16_products(C / NH)) {
-    HR_CHECK(NH > 0 && C % NH == 0 && T >= 1);
+  if (NH > 0 && C % NH == 0 && use_bf16_products(C / NH)) {  // for_each_head_bf16 checks T
     if (kernel == AttentionBf16Kernel::kAmx) {
       attention_tiled_forward_dp<true>(out, lse, qkv, B, T, C, NH, scratch);
     } else {
@@ -1029,8 +1017,7 @@ void attention_tiled_backward(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qk
                               float* scratch) {
 #if defined(__x86_64__) && defined(__GNUC__)
   const AttentionBf16Kernel kernel = resolved_kernel();
-  if (NH > 0 && C % NH == 0 && use_bf16_products(C / NH)) {
-    HR_CHECK(NH > 0 && C % NH == 0 && T >= 1);
+  if (NH > 0 && C % NH == 0 && use_bf16_products(C / NH)) {  // for_each_head_bf16 checks T
     if (kernel == AttentionBf16Kernel::kAmx) {
       attention_tiled_backward_dp<true>(dqkv, dout, qkv, out, lse, B, T, C, NH, scratch);
     } else {

@@ -79,10 +79,11 @@ inline f16_t from_f32<f16_t>(float x) {
 // x rounded to the nearest f16 value, as a float (exact: every f16 is a float).
 inline float round_f16(float x) { return to_f32(from_f32<f16_t>(x)); }
 
-#if defined(__AVX512F__)
+#if HR_AVX512_HELPERS
 // 16 floats to bf16 with the same rounding (and NaN handling) as from_f32<bf16_t>. (The maskz
-// forms with a full mask avoid GCC 12's false -Wmaybe-uninitialized in the plain ones.)
-inline __m256i cvt_ps_bf16(__m512 v) {
+// forms with a full mask avoid GCC 12's false -Wmaybe-uninitialized in the plain ones.) With a
+// target attribute, as fast_math.h's AVX-512 forms: the bf16 attention kernels use it too.
+HR_AVX512_TARGET inline __m256i cvt_ps_bf16(__m512 v) {
   const __m512i u = _mm512_castps_si512(v);
   const __m512i lsb =
       _mm512_and_si512(_mm512_maskz_srli_epi32(0xFFFF, u, 16), _mm512_set1_epi32(1));

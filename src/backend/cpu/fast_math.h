@@ -48,9 +48,21 @@ inline float fast_tanh(float x) { return 1.0f - 2.0f / (fast_exp(2.0f * x) + 1.0
 #endif
 #endif
 
-#if HR_AVX512_KERNELS
+#if defined(__x86_64__) && defined(__GNUC__)  // GCC and clang
+// The AVX-512 forms below carry their instruction sets in a target attribute, so that one
+// definition serves two kinds of caller: the kernels compiled for this CPU (HR_AVX512_KERNELS,
+// -march=native), and functions that have an AVX-512 target attribute of their own in any x86-64
+// build (the bf16 / AMX attention kernels in attention_tiled.cc, chosen at run time). GCC and
+// clang inline a function with a target attribute into a caller whose instruction sets include
+// its own, as they inline a plain one (checked with objdump: no call to exp16 in
+// attention_tiled.cc.o, kernels.cc.o or fused_head.cc.o).
+#define HR_AVX512_TARGET __attribute__((target("avx512f,avx512bw,avx512vl")))
+#define HR_AVX512_HELPERS 1
+#endif
+
+#if HR_AVX512_HELPERS
 // The mask of the first min(16, n) lanes (n >= 0).
-inline __mmask16 first_lanes(int64_t n) {
+HR_AVX512_TARGET inline __mmask16 first_lanes(int64_t n) {
   return n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1u);
 }
 
@@ -62,7 +74,7 @@ inline __mmask16 first_lanes(int64_t n) {
 // as in bf16.h.) exp of 16 floats: fast_exp's argument clamp, reduction and polynomial, with FMAs
 // and vscalefps for the 2^n (relative error below 2e-7 for x in [-87, 88]; NaN stays NaN:
 // vmaxps/vminps return their second operand, x, when it is a NaN).
-inline __m512 exp16(__m512 x) {
+HR_AVX512_TARGET inline __m512 exp16(__m512 x) {
   x = _mm512_maskz_min_ps(0xFFFF, _mm512_set1_ps(88.0f),
                           _mm512_maskz_max_ps(0xFFFF, _mm512_set1_ps(-87.0f), x));
   const __m512 n =
@@ -82,14 +94,14 @@ inline __m512 exp16(__m512 x) {
 
 // 1 / d for d >= 1 (vrcp14ps and one Newton step: within about 1 ulp; 0 where d overflows the
 // reciprocal's range, i.e. above ~1e38, where 1/d is below float's normal range anyway).
-inline __m512 recip16(__m512 d) {
+HR_AVX512_TARGET inline __m512 recip16(__m512 d) {
   const __m512 r = _mm512_maskz_rcp14_ps(0xFFFF, d);
   return _mm512_fmadd_ps(r, _mm512_fnmadd_ps(d, r, _mm512_set1_ps(1.0f)), r);
 }
 
 // GELU, tanh form, as x - x / (exp(2u) + 1) with u = sqrt(2/pi) (x + 0.044715 x^3): that is
 // 0.5 x (1 + tanh(u)) with tanh(u) = 1 - 2 / (exp(2u) + 1).
-inline __m512 gelu16(__m512 x) {
+HR_AVX512_TARGET inline __m512 gelu16(__m512 x) {
   const __m512 x2 = _mm512_mul_ps(x, x);
   const __m512 u2 =
       _mm512_mul_ps(_mm512_mul_ps(x, _mm512_set1_ps(2.0f * 0.7978845608028654f)),
@@ -100,7 +112,7 @@ inline __m512 gelu16(__m512 x) {
 
 // d gelu / dx: with s = 1 / (exp(2u) + 1), 0.5 (1 + tanh u) = 1 - s and 1 - tanh^2 u =
 // 4 s (1 - s), so gelu' = (1 - s) (1 + 2 x s u') with u' = sqrt(2/pi) (1 + 3 * 0.044715 x^2).
-inline __m512 gelu_grad16(__m512 x) {
+HR_AVX512_TARGET inline __m512 gelu_grad16(__m512 x) {
   const __m512 x2 = _mm512_mul_ps(x, x);
   const __m512 u2 =
       _mm512_mul_ps(_mm512_mul_ps(x, _mm512_set1_ps(2.0f * 0.7978845608028654f)),
@@ -113,7 +125,7 @@ inline __m512 gelu_grad16(__m512 x) {
   return _mm512_mul_ps(one_minus_s,
                        _mm512_fmadd_ps(_mm512_mul_ps(x, s), du2, _mm512_set1_ps(1.0f)));
 }
-#endif
+#endif  // HR_AVX512_HELPERS
 
 // max and sum_i exp(x_i - max) of one row, in one pass over memory (see Note [One-pass
 // softmax statistics] in docs/notes/memory-bound-kernels.md). The row is walked in blocks of
