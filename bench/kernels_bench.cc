@@ -5,7 +5,8 @@
 // buffer is at least 192 MiB, except the cross-entropy's logits, which are GPT-2's own
 // (2048 x 50257 fp32, 412 MB). Kernels named "Before" are the previous versions (two-pass
 // statistics, scalar-tail GELU and casts, the LayerNorm on `omp simd` loops with a second pass
-// for its parameter gradients), kept here only to measure against in the same run.
+// for its parameter gradients; "Main" is the bf16 GELU with main's integer bf16 rounding), kept
+// here only to measure against in the same run.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -242,6 +243,34 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const TD* dou
   }
 }
 
+#if HR_AVX512_KERNELS
+// main's bf16 GELU: gelu16 / gelu_grad16 over 16 lanes, the bf16 stores rounded by the integer
+// form (cvt_ps_bf16_int) that cvt_ps_bf16 used before it took vcvtneps2bf16.
+template <typename TI, typename F>
+void map16_int_round(bf16_t* out, const TI* in, const bf16_t* in2, int64_t n, F f) {
+#pragma omp parallel
+  {
+    const int64_t nth = omp_get_num_threads(), tid = omp_get_thread_num();
+    const int64_t units = (n + 63) / 64, per = units / nth, rem = units % nth;
+    const int64_t u0 = tid * per + std::min(tid, rem), u1 = u0 + per + (tid < rem ? 1 : 0);
+    const int64_t i0 = std::min(n, u0 * 64), i1 = std::min(n, u1 * 64);
+    for (int64_t i = i0; i < i1; i += 16) {
+      const __mmask16 m = first_lanes(i1 - i);
+      const __m512 y = in2 != nullptr ? f(load16(in + i, m), load16(in2 + i, m))
+                                      : f(load16(in + i, m), _mm512_setzero_ps());
+      _mm256_mask_storeu_epi16(out + i, m, cvt_ps_bf16_int(y));
+    }
+  }
+}
+void gelu_forward_main(bf16_t* out, const bf16_t* inp, int64_t n) {
+  map16_int_round(out, inp, static_cast<const bf16_t*>(nullptr), n,
+                  [](__m512 x, __m512) { return gelu16(x); });
+}
+void gelu_backward_main(bf16_t* dinp, const bf16_t* inp, const bf16_t* dout, int64_t n) {
+  map16_int_round(dinp, inp, dout, n,
+                  [](__m512 x, __m512 d) { return _mm512_mul_ps(gelu_grad16(x), d); });
+}
+#endif
 }  // namespace before
 
 // ---- LayerNorm: 65536 rows of 768 (192 MiB fp32) -------------------------------------------
@@ -316,6 +345,21 @@ void BM_GeluBackward(benchmark::State& state) {
   }
   report(state, double(n) * 3 * sizeof(T));
 }
+
+#if HR_AVX512_KERNELS
+void BM_GeluForwardMainBf16(benchmark::State& state) {
+  const int64_t n = state.range(0);
+  std::vector<bf16_t> inp = buffer<bf16_t>(size_t(n), 0.3f), out = buffer<bf16_t>(size_t(n), 0);
+  for (auto _ : state) before::gelu_forward_main(out.data(), inp.data(), n);
+  report(state, double(n) * 2 * sizeof(bf16_t));
+}
+void BM_GeluBackwardMainBf16(benchmark::State& state) {
+  const int64_t n = state.range(0);
+  std::vector<bf16_t> inp = buffer<bf16_t>(size_t(n), 0.3f), d = buffer<bf16_t>(size_t(n), 0.1f);
+  for (auto _ : state) before::gelu_backward_main(d.data(), inp.data(), d.data(), n);
+  report(state, double(n) * 3 * sizeof(bf16_t));
+}
+#endif
 
 void BM_Residual(benchmark::State& state) {
   std::vector<float> a = buffer(size_t(kElems), 1), b = buffer(size_t(kElems), 2);
@@ -468,6 +512,10 @@ HR_BENCH(BM_GeluForward<bf16_t, true>)
     ->Name("BM_GeluForwardBefore<bf16_t>")
     ->Arg(kElems)
     ->Arg(256 << 10);
+#if HR_AVX512_KERNELS
+HR_BENCH(BM_GeluForwardMainBf16)->Name("BM_GeluForwardMain<bf16_t>")->Arg(kElems)->Arg(256 << 10);
+HR_BENCH(BM_GeluBackwardMainBf16)->Name("BM_GeluBackwardMain<bf16_t>")->Arg(kElems)->Arg(256 << 10);
+#endif
 HR_BENCH(BM_GeluForward<bf16_t, false>)
     ->Name("BM_GeluForward<bf16_t>")
     ->Arg(kElems)
