@@ -1,10 +1,12 @@
 // CPU fp32 kernels (see kernels.h for the contract). GEMMs go through gemm.h (oneDNN); the rest
 // are OpenMP loops written so that GCC vectorises them with -O3 -march=native.
 //
-// Determinism: no atomics. Parameter-gradient reductions over rows (layernorm, bias, embedding)
-// are parallelised over the output dimension, each thread owning a column range and summing
-// rows in order, so they do not even depend on the thread count. Only sum_squares combines
-// per-thread partials (in thread order), and the GEMMs follow oneDNN's blocking.
+// Determinism: no atomics. Parameter-gradient reductions over rows (bias, embedding, and
+// layernorm without AVX-512) are parallelised over the output dimension, each thread owning a
+// column range and summing rows in order, so they do not even depend on the thread count; the
+// AVX-512 layernorm backward sums 12 blocks of rows fixed by N, in block order (see Note
+// [LayerNorm backward in one pass]), likewise. Only sum_squares combines per-thread partials (in
+// thread order), and the GEMMs follow oneDNN's blocking.
 #include "backend/cpu/kernels.h"
 
 #include <immintrin.h>
