@@ -324,6 +324,15 @@ TEST(LayerNorm, ThreadCountIndependent) {
     };
     omp_set_num_threads(1);
     const auto one = run();
+    // dinp_low is the updated dinp rounded (the cast it replaces), in both forms of the backward.
+    std::vector<bf16_t> castb(NC);
+    std::vector<f16_t> casth(NC);
+    cast_to_bf16(castb.data(), one[8].data(), int64_t(NC));
+    cast_to_f16(casth.data(), one[12].data(), int64_t(NC));
+    for (size_t i = 0; i < NC; ++i) {
+      ASSERT_EQ(one[11][i], float(castb[i].bits)) << "bf16 dinp_low " << i << ", C = " << C;
+      ASSERT_EQ(one[14][i], float(casth[i].bits)) << "f16 dinp_low " << i << ", C = " << C;
+    }
     for (int threads : {2, 3}) {
       omp_set_num_threads(threads);
       const auto other = run();
