@@ -4,7 +4,9 @@
 // Sizes are far larger than the caches (300 MiB of L3 on the development machine): every
 // buffer is at least 192 MiB, except the cross-entropy's logits, which are GPT-2's own
 // (2048 x 50257 fp32, 412 MB). Kernels named "Before" are the previous versions (two-pass
-// statistics, scalar-tail GELU and casts), kept here only to measure against in the same run.
+// statistics, scalar-tail GELU and casts, the LayerNorm on `omp simd` loops with a second pass
+// for its parameter gradients; "Main" is the bf16 GELU with main's integer bf16 rounding), kept
+// here only to measure against in the same run.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -12,6 +14,8 @@
 #include <cmath>
 #include <cstring>
 #include <vector>
+
+#include <omp.h>
 
 #include "backend/cpu/bf16.h"
 #include "backend/cpu/fast_math.h"
@@ -136,35 +140,176 @@ void round_to_f16_values(float* out, const float* inp, int64_t n) {
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) out[i] = round_f16(inp[i]);
 }
+// main's LayerNorm (before the AVX-512 row kernels and the one-pass backward).
+template <typename TOut>
+void layernorm_forward(TOut* out, float* mean, float* rstd, const float* inp, const float* weight,
+                       const float* bias, int N, int C) {
+  constexpr float kEps = 1e-5f;
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    const float* x = inp + n * C;
+    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (int c = 0; c < C; ++c) s += x[c];
+    const float m = s / C;
+    float v = 0.0f;  // two-pass variance: no cancellation for rows with a large mean
+#pragma omp simd reduction(+ : v)
+    for (int c = 0; c < C; ++c) v += (x[c] - m) * (x[c] - m);
+    const float r = 1.0f / std::sqrt(v / C + kEps);
+    TOut* o = out + n * C;
+    if (bias != nullptr) {
+#pragma omp simd
+      for (int c = 0; c < C; ++c) o[c] = from_f32<TOut>((x[c] - m) * r * weight[c] + bias[c]);
+    } else {
+#pragma omp simd
+      for (int c = 0; c < C; ++c) o[c] = from_f32<TOut>((x[c] - m) * r * weight[c]);
+    }
+    mean[n] = m;
+    rstd[n] = r;
+  }
+}
+
+// With dinp_low (not null), also stores each updated dinp value rounded to TL there.
+template <typename TD, typename TL = float>
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const TD* dout, const float* inp,
+                        const float* weight, const float* mean, const float* rstd, int N, int C,
+                        TL* dinp_low = nullptr) {
+  // Input gradient: rows are independent.
+  if (dinp != nullptr) {
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < N; ++n) {
+      const float* x = inp + n * C;
+      const TD* dy = dout + n * C;
+      const float m = mean[n], r = rstd[n];
+      float sum_dn = 0.0f, sum_dn_n = 0.0f;
+#pragma omp simd reduction(+ : sum_dn, sum_dn_n)
+      for (int c = 0; c < C; ++c) {
+        const float dn = to_f32(dy[c]) * weight[c];
+        sum_dn += dn;
+        sum_dn_n += dn * (x[c] - m) * r;
+      }
+      const float mean_dn = sum_dn / C, mean_dn_n = sum_dn_n / C;
+      float* dx = dinp + n * C;
+      if (dinp_low == nullptr) {
+#pragma omp simd
+        for (int c = 0; c < C; ++c) {
+          const float norm = (x[c] - m) * r;
+          dx[c] += (to_f32(dy[c]) * weight[c] - mean_dn - norm * mean_dn_n) * r;
+        }
+      } else {
+        TL* lo = dinp_low + n * C;
+#pragma omp simd
+        for (int c = 0; c < C; ++c) {
+          const float norm = (x[c] - m) * r;
+          const float v = dx[c] + (to_f32(dy[c]) * weight[c] - mean_dn - norm * mean_dn_n) * r;
+          dx[c] = v;
+          lo[c] = from_f32<TL>(v);
+        }
+      }
+    }
+  }
+  // Parameter gradients: reductions over rows, parallel over channels (deterministic).
+  if (dweight == nullptr && dbias == nullptr) return;
+#pragma omp parallel
+  {
+    const int64_t nth = omp_get_num_threads(), tid = omp_get_thread_num();
+    const int64_t units = (int64_t{C} + 15) / 16, per = units / nth, rem = units % nth;
+    const int64_t c0 = std::min<int64_t>(C, (tid * per + std::min(tid, rem)) * 16);
+    const int64_t c1 =
+        std::min<int64_t>(C, (tid * per + std::min(tid, rem) + per + (tid < rem)) * 16);
+    for (int64_t cb = c0; cb < c1; cb += 256) {
+      const int64_t w = std::min<int64_t>(256, c1 - cb);
+      float acc_w[256] = {}, acc_b[256] = {};
+      for (int64_t n = 0; n < N; ++n) {
+        const float* x = inp + n * C + cb;
+        const TD* dy = dout + n * C + cb;
+        const float m = mean[n], r = rstd[n];
+#pragma omp simd
+        for (int64_t j = 0; j < w; ++j) {
+          const float d = to_f32(dy[j]);
+          acc_w[j] += d * ((x[j] - m) * r);
+          acc_b[j] += d;
+        }
+      }
+      if (dweight != nullptr) {
+#pragma omp simd
+        for (int64_t j = 0; j < w; ++j) dweight[cb + j] += acc_w[j];
+      }
+      if (dbias != nullptr) {
+#pragma omp simd
+        for (int64_t j = 0; j < w; ++j) dbias[cb + j] += acc_b[j];
+      }
+    }
+  }
+}
+
+#if HR_AVX512_KERNELS
+// main's bf16 GELU: gelu16 / gelu_grad16 over 16 lanes, the bf16 stores rounded by the integer
+// form (cvt_ps_bf16_int) that cvt_ps_bf16 used before it took vcvtneps2bf16.
+template <typename TI, typename F>
+void map16_int_round(bf16_t* out, const TI* in, const bf16_t* in2, int64_t n, F f) {
+#pragma omp parallel
+  {
+    const int64_t nth = omp_get_num_threads(), tid = omp_get_thread_num();
+    const int64_t units = (n + 63) / 64, per = units / nth, rem = units % nth;
+    const int64_t u0 = tid * per + std::min(tid, rem), u1 = u0 + per + (tid < rem ? 1 : 0);
+    const int64_t i0 = std::min(n, u0 * 64), i1 = std::min(n, u1 * 64);
+    for (int64_t i = i0; i < i1; i += 16) {
+      const __mmask16 m = first_lanes(i1 - i);
+      const __m512 y = in2 != nullptr ? f(load16(in + i, m), load16(in2 + i, m))
+                                      : f(load16(in + i, m), _mm512_setzero_ps());
+      _mm256_mask_storeu_epi16(out + i, m, cvt_ps_bf16_int(y));
+    }
+  }
+}
+void gelu_forward_main(bf16_t* out, const bf16_t* inp, int64_t n) {
+  map16_int_round(out, inp, static_cast<const bf16_t*>(nullptr), n,
+                  [](__m512 x, __m512) { return gelu16(x); });
+}
+void gelu_backward_main(bf16_t* dinp, const bf16_t* inp, const bf16_t* dout, int64_t n) {
+  map16_int_round(dinp, inp, dout, n,
+                  [](__m512 x, __m512 d) { return _mm512_mul_ps(gelu_grad16(x), d); });
+}
+#endif
 }  // namespace before
 
 // ---- LayerNorm: 65536 rows of 768 (192 MiB fp32) -------------------------------------------
 constexpr int kRows = 65536, C = 768;
 
-template <typename T>
+template <typename T, bool kBefore>
 void BM_LayerNormForward(benchmark::State& state) {
   std::vector<float> inp = buffer(size_t(kRows) * C, 0.5f), w = buffer(C, 1), b = buffer(C, 0),
                      mean = buffer(kRows, 0), rstd = buffer(kRows, 0);
   std::vector<T> out = buffer<T>(size_t(kRows) * C, 0);
   for (auto _ : state) {
-    layernorm_forward(out.data(), mean.data(), rstd.data(), inp.data(), w.data(), b.data(), kRows,
-                      C);
+    if constexpr (kBefore) {
+      before::layernorm_forward(out.data(), mean.data(), rstd.data(), inp.data(), w.data(),
+                                b.data(), kRows, C);
+    } else {
+      layernorm_forward(out.data(), mean.data(), rstd.data(), inp.data(), w.data(), b.data(), kRows,
+                        C);
+    }
   }
   report(state, double(kRows) * C * (4 + sizeof(T)));
 }
 
-template <typename T>
+template <typename T, bool kBefore>
 void BM_LayerNormBackward(benchmark::State& state) {
   std::vector<float> inp = buffer(size_t(kRows) * C, 0.5f), dinp = buffer(size_t(kRows) * C, 0),
                      w = buffer(C, 1), dw = buffer(C, 0), db = buffer(C, 0),
                      mean = buffer(kRows, 0), rstd = buffer(kRows, 1);
   std::vector<T> dout = buffer<T>(size_t(kRows) * C, 0.1f);
   for (auto _ : state) {
-    layernorm_backward(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(), w.data(),
-                       mean.data(), rstd.data(), kRows, C);
+    if constexpr (kBefore) {
+      before::layernorm_backward(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(),
+                                 w.data(), mean.data(), rstd.data(), kRows, C);
+    } else {
+      layernorm_backward(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(), w.data(),
+                         mean.data(), rstd.data(), kRows, C);
+    }
   }
-  // What one pass must move: inp, dout and dinp read, dinp written. (The kernel reads inp and
-  // dout a second time for the parameter gradients, which it reduces over channels.)
+  // What one pass must move: inp, dout and dinp read, dinp written. (main's kernel read inp and
+  // dout a second time for the parameter gradients; the current one folds them into the pass.)
   report(state, double(kRows) * C * (12 + sizeof(T)));
 }
 
@@ -200,6 +345,21 @@ void BM_GeluBackward(benchmark::State& state) {
   }
   report(state, double(n) * 3 * sizeof(T));
 }
+
+#if HR_AVX512_KERNELS
+void BM_GeluForwardMainBf16(benchmark::State& state) {
+  const int64_t n = state.range(0);
+  std::vector<bf16_t> inp = buffer<bf16_t>(size_t(n), 0.3f), out = buffer<bf16_t>(size_t(n), 0);
+  for (auto _ : state) before::gelu_forward_main(out.data(), inp.data(), n);
+  report(state, double(n) * 2 * sizeof(bf16_t));
+}
+void BM_GeluBackwardMainBf16(benchmark::State& state) {
+  const int64_t n = state.range(0);
+  std::vector<bf16_t> inp = buffer<bf16_t>(size_t(n), 0.3f), d = buffer<bf16_t>(size_t(n), 0.1f);
+  for (auto _ : state) before::gelu_backward_main(d.data(), inp.data(), d.data(), n);
+  report(state, double(n) * 3 * sizeof(bf16_t));
+}
+#endif
 
 void BM_Residual(benchmark::State& state) {
   std::vector<float> a = buffer(size_t(kElems), 1), b = buffer(size_t(kElems), 2);
@@ -331,12 +491,18 @@ void BM_CrossEntropyBackwardF16(benchmark::State& s) { ce_backward_bench(s, DTyp
 
 #define HR_BENCH(...) BENCHMARK(__VA_ARGS__)->Unit(benchmark::kMillisecond)->UseRealTime()
 HR_BENCH(BM_Triad);
-HR_BENCH(BM_LayerNormForward<float>);
-HR_BENCH(BM_LayerNormForward<bf16_t>);
-HR_BENCH(BM_LayerNormForward<f16_t>);
-HR_BENCH(BM_LayerNormBackward<float>);
-HR_BENCH(BM_LayerNormBackward<bf16_t>);
-HR_BENCH(BM_LayerNormBackward<f16_t>);
+HR_BENCH(BM_LayerNormForward<float, true>)->Name("BM_LayerNormForwardBefore<float>");
+HR_BENCH(BM_LayerNormForward<float, false>)->Name("BM_LayerNormForward<float>");
+HR_BENCH(BM_LayerNormForward<bf16_t, true>)->Name("BM_LayerNormForwardBefore<bf16_t>");
+HR_BENCH(BM_LayerNormForward<bf16_t, false>)->Name("BM_LayerNormForward<bf16_t>");
+HR_BENCH(BM_LayerNormForward<f16_t, true>)->Name("BM_LayerNormForwardBefore<f16_t>");
+HR_BENCH(BM_LayerNormForward<f16_t, false>)->Name("BM_LayerNormForward<f16_t>");
+HR_BENCH(BM_LayerNormBackward<float, true>)->Name("BM_LayerNormBackwardBefore<float>");
+HR_BENCH(BM_LayerNormBackward<float, false>)->Name("BM_LayerNormBackward<float>");
+HR_BENCH(BM_LayerNormBackward<bf16_t, true>)->Name("BM_LayerNormBackwardBefore<bf16_t>");
+HR_BENCH(BM_LayerNormBackward<bf16_t, false>)->Name("BM_LayerNormBackward<bf16_t>");
+HR_BENCH(BM_LayerNormBackward<f16_t, true>)->Name("BM_LayerNormBackwardBefore<f16_t>");
+HR_BENCH(BM_LayerNormBackward<f16_t, false>)->Name("BM_LayerNormBackward<f16_t>");
 HR_BENCH(BM_GeluForward<float, true>)
     ->Name("BM_GeluForwardBefore<float>")
     ->Arg(kElems)
@@ -346,6 +512,10 @@ HR_BENCH(BM_GeluForward<bf16_t, true>)
     ->Name("BM_GeluForwardBefore<bf16_t>")
     ->Arg(kElems)
     ->Arg(256 << 10);
+#if HR_AVX512_KERNELS
+HR_BENCH(BM_GeluForwardMainBf16)->Name("BM_GeluForwardMain<bf16_t>")->Arg(kElems)->Arg(256 << 10);
+HR_BENCH(BM_GeluBackwardMainBf16)->Name("BM_GeluBackwardMain<bf16_t>")->Arg(kElems)->Arg(256 << 10);
+#endif
 HR_BENCH(BM_GeluForward<bf16_t, false>)
     ->Name("BM_GeluForward<bf16_t>")
     ->Arg(kElems)

@@ -6,6 +6,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -53,6 +54,28 @@ TEST(Bf16, RoundingIsNearestEvenAndKeepsSpecials) {
   for (size_t i = 0; i < x.size(); ++i) {
     ASSERT_EQ(v[i].bits, f32_to_bf16_bits(x[i])) << i;
     ASSERT_EQ(from_f32<bf16_t>(x[i]).bits, f32_to_bf16_bits(x[i])) << i;
+  }
+}
+
+// The vector rounding (vcvtneps2bf16 where the CPU has AVX512-BF16, with denormal inputs taken by
+// the integer form) against the scalar one, on every sign and exponent and on mantissas that round
+// down, tie (to even, both ways), round up and carry, NaNs with payloads, infinities and
+// denormals: every upper half, with six lower halves.
+TEST(Bf16, VectorRoundingMatchesScalarOnEveryExponent) {
+  std::vector<float> x;
+  for (uint32_t hi = 0; hi < 0x10000u; ++hi) {
+    for (uint32_t lo : {0x0000u, 0x0001u, 0x7fffu, 0x8000u, 0x8001u, 0xffffu}) {
+      x.push_back(std::bit_cast<float>((hi << 16) | lo));
+    }
+  }
+  x.push_back(1e-40f);  // a denormal alone in a vector of normal values
+  for (int i = 0; i < 15; ++i) x.push_back(1.0f + float(i));
+  VecB v(x.size());
+  cast_to_bf16(v.data(), x.data(), int64_t(x.size()));
+  for (size_t i = 0; i < x.size(); ++i) {
+    ASSERT_EQ(v[i].bits, from_f32<bf16_t>(x[i]).bits)
+        << i << ": " << std::hex << std::bit_cast<uint32_t>(x[i]);
+    ASSERT_EQ(v[i].bits, f32_to_bf16_bits(x[i])) << i;
   }
 }
 

@@ -216,6 +216,135 @@ TEST(LayerNorm, BackwardMatchesFiniteDifferencesAndAccumulates) {
   expect_close(dw2, g_w, 1e-5, 1e-4, "dweight (no dinp, no dbias)");
 }
 
+// The input and parameter gradients of layernorm_ref in double, from their closed form (the
+// finite-difference test above checks the kernel against differences at a small size; at these
+// sizes differences would be slow). dx is overwritten, dw and db are sums over rows.
+void layernorm_backward_ref(const VecD& x, const VecD& w, const VecD& dy, int N, int C, VecD* dx,
+                            VecD* dw, VecD* db) {
+  VecD mean, rstd;
+  layernorm_ref(x, w, nullptr, N, C, &mean, &rstd);
+  dx->assign(x.size(), 0.0);
+  dw->assign(C, 0.0);
+  db->assign(C, 0.0);
+  for (int n = 0; n < N; ++n) {
+    const size_t o = size_t(n) * C;
+    double sum_dn = 0, sum_dn_n = 0;
+    for (int c = 0; c < C; ++c) {
+      const double norm = (x[o + c] - mean[n]) * rstd[n];
+      sum_dn += dy[o + c] * w[c];
+      sum_dn_n += dy[o + c] * w[c] * norm;
+      (*dw)[c] += dy[o + c] * norm;
+      (*db)[c] += dy[o + c];
+    }
+    for (int c = 0; c < C; ++c) {
+      const double norm = (x[o + c] - mean[n]) * rstd[n];
+      (*dx)[o + c] = (dy[o + c] * w[c] - sum_dn / C - norm * sum_dn_n / C) * rstd[n];
+    }
+  }
+}
+
+// Row lengths around the AVX-512 kernels' vector loops: shorter than one vector, not a multiple
+// of 16 (a masked last vector after whole ones), exactly 64 (four accumulators, no tail), and
+// wider than the one-pass backward takes (1100 > 1024: input gradient and parameter gradients in
+// separate passes). 150 rows: 12 blocks of 12 or 13 rows for the parameter gradients.
+TEST(LayerNorm, RowLengthsAroundTheVectorWidth) {
+  const int N = 150;
+  for (int C : {1, 7, 16, 37, 64, 100, 777, 1100}) {
+    SCOPED_TRACE("C = " + std::to_string(C));
+    VecF x = rand_vec(size_t(N) * C, 30, -2, 3), w = rand_vec(C, 31, 0.5, 1.5), b = rand_vec(C, 32);
+    for (int c = 0; c < C; ++c) x[size_t(3) * C + c] += 100.0f;  // a row with a large mean
+    VecF out(size_t(N) * C), mean(N), rstd(N);
+    layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C);
+    VecD bd = to_d(b), md, rd;
+    const VecD ref = layernorm_ref(to_d(x), to_d(w), &bd, N, C, &md, &rd);
+    // As ForwardMatchesReference: float sums over C values (four accumulators of 16 lanes).
+    expect_close(out, ref, 2e-5, 1e-5, "out");
+    expect_close(mean, md, 1e-5, 1e-6, "mean");
+    expect_close(rstd, rd, 1e-6, 1e-5, "rstd");
+
+    VecF dy = rand_vec(size_t(N) * C, 33), dx0 = rand_vec(size_t(N) * C, 34);
+    VecF dx = dx0, dw(C, 0.0f), db(C, 0.0f);
+    layernorm_backward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), mean.data(),
+                       rstd.data(), N, C);
+    VecD gx, gw, gb;
+    layernorm_backward_ref(to_d(x), to_d(w), to_d(dy), N, C, &gx, &gw, &gb);
+    for (size_t i = 0; i < dx.size(); ++i) dx[i] -= dx0[i];
+    // dx: float sums over C terms of size ~1 (~C/32 per lane): ~1e-5 for C = 1100. dw, db: float
+    // sums over 150 rows of terms below ~2 in magnitude (13 per block, then 12 blocks): ~1e-5.
+    expect_close(dx, gx, 2e-5, 1e-4, "dinp");
+    expect_close(dw, gw, 2e-5, 1e-4, "dweight");
+    expect_close(db, gb, 2e-5, 1e-4, "dbias");
+
+    // The parameter gradients alone (dinp null: a separate pass over columns) are the same bits
+    // as those computed with the input gradient (in the same pass for C <= 1024).
+    VecF dw2(C, 0.0f), db2(C, 0.0f);
+    layernorm_backward(nullptr, dw2.data(), db2.data(), dy.data(), x.data(), w.data(), mean.data(),
+                       rstd.data(), N, C);
+    EXPECT_EQ(dw2, dw);
+    EXPECT_EQ(db2, db);
+  }
+}
+
+// Every LayerNorm output, for every storage type, is the same bits with 1, 2 and 3 threads: rows
+// belong to one thread, and the parameter gradients are summed in blocks of rows fixed by N.
+TEST(LayerNorm, ThreadCountIndependent) {
+  const int saved = omp_get_max_threads();
+  for (int C : {37, 768, 1100}) {
+    const int N = 301;  // 12 blocks of 25 or 26 rows: 6 a thread with 2 threads, 4 with 3
+    const size_t NC = size_t(N) * C;
+    VecF x = rand_vec(NC, 40, -2, 2), w = rand_vec(C, 41), b = rand_vec(C, 42),
+         dy = rand_vec(NC, 43);
+    std::vector<bf16_t> dyb(NC);
+    std::vector<f16_t> dyh(NC);
+    cast_to_bf16(dyb.data(), dy.data(), int64_t(NC));
+    cast_to_f16(dyh.data(), dy.data(), int64_t(NC));
+    auto run = [&] {
+      std::vector<VecF> r;
+      VecF out(NC), mean(N), rstd(N);
+      std::vector<bf16_t> outb(NC), lowb(NC);
+      std::vector<f16_t> outh(NC), lowh(NC);
+      layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C);
+      layernorm_forward(outb.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C);
+      layernorm_forward(outh.data(), mean.data(), rstd.data(), x.data(), w.data(), nullptr, N, C);
+      VecF dx(NC, 0.5f), dw(C, 0.0f), db(C, 0.0f), dxb(NC, 0.5f), dwb(C, 0.0f), dbb(C, 0.0f),
+          dxh(NC, 0.5f), dwh(C, 0.0f);
+      layernorm_backward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(),
+                         mean.data(), rstd.data(), N, C);
+      layernorm_backward(dxb.data(), lowb.data(), dwb.data(), dbb.data(), dyb.data(), x.data(),
+                         w.data(), mean.data(), rstd.data(), N, C);
+      layernorm_backward(dxh.data(), lowh.data(), dwh.data(), nullptr, dyh.data(), x.data(),
+                         w.data(), mean.data(), rstd.data(), N, C);
+      VecF ob(NC), oh(NC), lb(NC), lh(NC);
+      for (size_t i = 0; i < NC; ++i) {
+        ob[i] = float(outb[i].bits), oh[i] = float(outh[i].bits);
+        lb[i] = float(lowb[i].bits), lh[i] = float(lowh[i].bits);
+      }
+      r = {out, mean, rstd, ob, oh, dx, dw, db, dxb, dwb, dbb, lb, dxh, dwh, lh};
+      return r;
+    };
+    omp_set_num_threads(1);
+    const auto one = run();
+    // dinp_low is the updated dinp rounded (the cast it replaces), in both forms of the backward.
+    std::vector<bf16_t> castb(NC);
+    std::vector<f16_t> casth(NC);
+    cast_to_bf16(castb.data(), one[8].data(), int64_t(NC));
+    cast_to_f16(casth.data(), one[12].data(), int64_t(NC));
+    for (size_t i = 0; i < NC; ++i) {
+      ASSERT_EQ(one[11][i], float(castb[i].bits)) << "bf16 dinp_low " << i << ", C = " << C;
+      ASSERT_EQ(one[14][i], float(casth[i].bits)) << "f16 dinp_low " << i << ", C = " << C;
+    }
+    for (int threads : {2, 3}) {
+      omp_set_num_threads(threads);
+      const auto other = run();
+      for (size_t i = 0; i < one.size(); ++i) {
+        EXPECT_EQ(other[i], one[i])
+            << "output " << i << ", C = " << C << ", " << threads << " threads";
+      }
+    }
+  }
+  omp_set_num_threads(saved);
+}
+
 // ---- matmul --------------------------------------------------------------------------------
 
 struct MatmulCase {

@@ -80,10 +80,11 @@ inline f16_t from_f32<f16_t>(float x) {
 inline float round_f16(float x) { return to_f32(from_f32<f16_t>(x)); }
 
 #if HR_AVX512_HELPERS
-// 16 floats to bf16 with the same rounding (and NaN handling) as from_f32<bf16_t>. (The maskz
-// forms with a full mask avoid GCC 12's false -Wmaybe-uninitialized in the plain ones.) With a
-// target attribute, as fast_math.h's AVX-512 forms: the bf16 attention kernels use it too.
-HR_AVX512_TARGET inline __m256i cvt_ps_bf16(__m512 v) {
+// 16 floats to bf16 with the same rounding (and NaN handling) as from_f32<bf16_t>, by integer
+// arithmetic (AVX-512F). (The maskz forms with a full mask avoid GCC 12's false
+// -Wmaybe-uninitialized in the plain ones.) With a target attribute, as fast_math.h's AVX-512
+// forms: the bf16 attention kernels use it too.
+HR_AVX512_TARGET inline __m256i cvt_ps_bf16_int(__m512 v) {
   const __m512i u = _mm512_castps_si512(v);
   const __m512i lsb =
       _mm512_and_si512(_mm512_maskz_srli_epi32(0xFFFF, u, 16), _mm512_set1_epi32(1));
@@ -91,6 +92,19 @@ HR_AVX512_TARGET inline __m256i cvt_ps_bf16(__m512 v) {
   const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
   r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(u, _mm512_set1_epi32(0x400000)));
   return _mm512_maskz_cvtepi32_epi16(0xFFFF, _mm512_maskz_srli_epi32(0xFFFF, r, 16));
+}
+
+// The same bits as cvt_ps_bf16_int. With AVX512-BF16, vcvtneps2bf16 gives them in one instruction
+// (round to nearest even; a NaN keeps its upper bits and is quieted with 0x40, as here) except for
+// denormal inputs, which it flushes to zero: a vector holding one (|x| < 2^-126, rare in
+// training) takes the integer form. About 8 instructions fewer per 16 values stored.
+HR_AVX512_TARGET inline __m256i cvt_ps_bf16(__m512 v) {
+#if defined(__AVX512BF16__) && defined(__AVX512DQ__)
+  if (__builtin_expect(_mm512_fpclass_ps_mask(v, 0x20) == 0, 1)) {  // 0x20: denormal
+    return reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v));
+  }
+#endif
+  return cvt_ps_bf16_int(v);
 }
 #endif
 

@@ -1,10 +1,12 @@
 // CPU fp32 kernels (see kernels.h for the contract). GEMMs go through gemm.h (oneDNN); the rest
 // are OpenMP loops written so that GCC vectorises them with -O3 -march=native.
 //
-// Determinism: no atomics. Parameter-gradient reductions over rows (layernorm, bias, embedding)
-// are parallelised over the output dimension, each thread owning a column range and summing
-// rows in order, so they do not even depend on the thread count. Only sum_squares combines
-// per-thread partials (in thread order), and the GEMMs follow oneDNN's blocking.
+// Determinism: no atomics. Parameter-gradient reductions over rows (bias, embedding, and
+// layernorm without AVX-512) are parallelised over the output dimension, each thread owning a
+// column range and summing rows in order, so they do not even depend on the thread count; the
+// AVX-512 layernorm backward sums 12 blocks of rows fixed by N, in block order (see Note
+// [LayerNorm backward in one pass]), likewise. Only sum_squares combines per-thread partials (in
+// thread order), and the GEMMs follow oneDNN's blocking.
 #include "backend/cpu/kernels.h"
 
 #include <immintrin.h>
@@ -142,10 +144,83 @@ void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32
 // ---- layernorm -----------------------------------------------------------------------------
 
 namespace {
+constexpr float kLnEps = 1e-5f;
+
+#if HR_AVX512_KERNELS
+// The sum of v's 16 lanes, always by the same tree (the result depends on v only): halves, then
+// quarters, pairs and lanes (the maskz forms with a full mask: GCC 12 warns falsely about the
+// plain ones, as in bf16.h).
+inline float hsum16(__m512 v) {
+  v = _mm512_add_ps(v, _mm512_maskz_shuffle_f32x4(0xFFFF, v, v, 0x4E));  // 256-bit halves swapped
+  v = _mm512_add_ps(v, _mm512_maskz_shuffle_f32x4(0xFFFF, v, v, 0xB1));  // 128-bit quarters swapped
+  v = _mm512_add_ps(v, _mm512_maskz_permute_ps(0xFFFF, v, 0x4E));        // pairs of lanes swapped
+  v = _mm512_add_ps(v, _mm512_maskz_permute_ps(0xFFFF, v, 0xB1));        // lanes swapped
+  return _mm512_cvtss_f32(v);
+}
+
+// One row's mean and 1 / sqrt(variance + eps), two-pass (the row is in L1 for the second pass;
+// no cancellation for rows with a large mean). Four vector accumulators per pass: a single one
+// makes each pass wait on the add latency (GCC's `omp simd reduction` kept one). The lanes and
+// their order depend on C only, so the result does not depend on the thread.
+inline void layernorm_row_stats16(const float* x, int C, float* mean, float* rstd) {
+  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  int c = 0;
+  for (; c + 64 <= C; c += 64) {
+    a0 = _mm512_add_ps(a0, _mm512_loadu_ps(x + c));
+    a1 = _mm512_add_ps(a1, _mm512_loadu_ps(x + c + 16));
+    a2 = _mm512_add_ps(a2, _mm512_loadu_ps(x + c + 32));
+    a3 = _mm512_add_ps(a3, _mm512_loadu_ps(x + c + 48));
+  }
+  for (; c < C; c += 16) a0 = _mm512_add_ps(a0, _mm512_maskz_loadu_ps(first_lanes(C - c), x + c));
+  const float m = hsum16(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3))) / C;
+  const __m512 vm = _mm512_set1_ps(m);
+  a0 = a1 = a2 = a3 = _mm512_setzero_ps();
+  for (c = 0; c + 64 <= C; c += 64) {
+    const __m512 d0 = _mm512_sub_ps(_mm512_loadu_ps(x + c), vm);
+    const __m512 d1 = _mm512_sub_ps(_mm512_loadu_ps(x + c + 16), vm);
+    const __m512 d2 = _mm512_sub_ps(_mm512_loadu_ps(x + c + 32), vm);
+    const __m512 d3 = _mm512_sub_ps(_mm512_loadu_ps(x + c + 48), vm);
+    a0 = _mm512_fmadd_ps(d0, d0, a0);
+    a1 = _mm512_fmadd_ps(d1, d1, a1);
+    a2 = _mm512_fmadd_ps(d2, d2, a2);
+    a3 = _mm512_fmadd_ps(d3, d3, a3);
+  }
+  for (; c < C; c += 16) {
+    const __mmask16 k = first_lanes(C - c);
+    const __m512 d = _mm512_maskz_sub_ps(k, _mm512_maskz_loadu_ps(k, x + c), vm);
+    a0 = _mm512_fmadd_ps(d, d, a0);
+  }
+  const float v = hsum16(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3))) / C;
+  *mean = m;
+  *rstd = 1.0f / std::sqrt(v + kLnEps);
+}
+#endif
+
 template <typename TOut>
 void layernorm_forward_t(TOut* out, float* mean, float* rstd, const float* inp, const float* weight,
                          const float* bias, int N, int C) {
-  constexpr float kEps = 1e-5f;
+#if HR_AVX512_KERNELS
+  // Statistics (two passes over the row, from L1 after the first), then the output, 16 lanes at a
+  // time with the last vector masked.
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    const float* x = inp + n * C;
+    TOut* o = out + n * C;
+    float m, r;
+    layernorm_row_stats16(x, C, &m, &r);
+    const __m512 vm = _mm512_set1_ps(m), vr = _mm512_set1_ps(r);
+    for (int c = 0; c < C; c += 16) {
+      const __mmask16 k = first_lanes(C - c);
+      const __m512 norm = _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + c), vm), vr);
+      const __m512 w = _mm512_maskz_loadu_ps(k, weight + c);
+      store16(o + c, k,
+              bias != nullptr ? _mm512_fmadd_ps(norm, w, _mm512_maskz_loadu_ps(k, bias + c))
+                              : _mm512_mul_ps(norm, w));
+    }
+    mean[n] = m;
+    rstd[n] = r;
+  }
+#else
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
     const float* x = inp + n * C;
@@ -156,7 +231,7 @@ void layernorm_forward_t(TOut* out, float* mean, float* rstd, const float* inp, 
     float v = 0.0f;  // two-pass variance: no cancellation for rows with a large mean
 #pragma omp simd reduction(+ : v)
     for (int c = 0; c < C; ++c) v += (x[c] - m) * (x[c] - m);
-    const float r = 1.0f / std::sqrt(v / C + kEps);
+    const float r = 1.0f / std::sqrt(v / C + kLnEps);
     TOut* o = out + n * C;
     if (bias != nullptr) {
 #pragma omp simd
@@ -168,8 +243,164 @@ void layernorm_forward_t(TOut* out, float* mean, float* rstd, const float* inp, 
     mean[n] = m;
     rstd[n] = r;
   }
+#endif
 }
 
+#if HR_AVX512_KERNELS
+// See Note [LayerNorm backward in one pass] in docs/notes/memory-bound-kernels.md. The parameter
+// gradients are sums over rows taken in kLnBlocks blocks of rows (ln_block_begin): each block's
+// sum in row order, then the blocks' sums added in block order. The blocks depend on N only, so
+// the result does not depend on the thread count, and both forms below (fused into the row pass,
+// or a separate pass over columns) compute it with the same operations in the same order: the
+// same bits. Twelve blocks (fewer when N < 12): whole rounds for 1, 2, 3, 4, 6 and 12 threads, and
+// at most 12 / threads barriers a call (a barrier costs a scheduler time slice when the machine is
+// busy).
+constexpr int64_t kLnBlocks = 12;
+inline int64_t ln_blocks(int64_t N) { return std::min(N, kLnBlocks); }
+// The first row of block b of ln_blocks(N).
+inline int64_t ln_block_begin(int64_t b, int64_t N) { return b * N / ln_blocks(N); }
+// The fused form keeps each block's partial sums (2C floats) and their total on the caller's stack
+// (13 x 8 KiB at most); wider rows (GPT-2 large and XL's 1280 and 1600) take the separate pass.
+constexpr int kLnFusedMaxC = 1024;
+
+// One row of the input gradient, dx += (dy w - mean(dy w) - norm mean(dy w norm)) r with
+// norm = (x - m) r, two passes over the row (the second from L1); with lo, also lo = TL(dx). With
+// part, also part[c] += dy norm and part[C + c] += dy (this row's share of the parameter
+// gradients, in the same pass).
+template <typename TD, typename TL>
+inline void layernorm_backward_row16(float* dx, TL* lo, float* part, const TD* dy, const float* x,
+                                     const float* w, float m, float r, int C) {
+  const __m512 vm = _mm512_set1_ps(m), vr = _mm512_set1_ps(r);
+  __m512 s0 = _mm512_setzero_ps(), s1 = s0, t0 = s0, t1 = s0;
+  int c = 0;
+  for (; c + 32 <= C; c += 32) {
+    const __m512 dn0 = _mm512_mul_ps(load16(dy + c, 0xFFFF), _mm512_loadu_ps(w + c));
+    const __m512 dn1 = _mm512_mul_ps(load16(dy + c + 16, 0xFFFF), _mm512_loadu_ps(w + c + 16));
+    const __m512 n0 = _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(x + c), vm), vr);
+    const __m512 n1 = _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(x + c + 16), vm), vr);
+    s0 = _mm512_add_ps(s0, dn0);
+    s1 = _mm512_add_ps(s1, dn1);
+    t0 = _mm512_fmadd_ps(dn0, n0, t0);
+    t1 = _mm512_fmadd_ps(dn1, n1, t1);
+  }
+  for (; c < C; c += 16) {
+    const __mmask16 k = first_lanes(C - c);
+    const __m512 dn = _mm512_mul_ps(load16(dy + c, k), _mm512_maskz_loadu_ps(k, w + c));
+    const __m512 nr =
+        _mm512_mul_ps(_mm512_maskz_sub_ps(k, _mm512_maskz_loadu_ps(k, x + c), vm), vr);
+    s0 = _mm512_add_ps(s0, dn);
+    t0 = _mm512_fmadd_ps(dn, nr, t0);
+  }
+  const __m512 mean_dn = _mm512_set1_ps(hsum16(_mm512_add_ps(s0, s1)) / C);
+  const __m512 mean_dn_n = _mm512_set1_ps(hsum16(_mm512_add_ps(t0, t1)) / C);
+  for (c = 0; c < C; c += 16) {
+    const __mmask16 k = first_lanes(C - c);
+    const __m512 d = load16(dy + c, k);
+    const __m512 nr = _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + c), vm), vr);
+    const __m512 t = _mm512_fnmadd_ps(nr, mean_dn_n,
+                                      _mm512_fmsub_ps(d, _mm512_maskz_loadu_ps(k, w + c), mean_dn));
+    const __m512 g = _mm512_fmadd_ps(t, vr, _mm512_maskz_loadu_ps(k, dx + c));
+    _mm512_mask_storeu_ps(dx + c, k, g);
+    if (lo != nullptr) store16(lo + c, k, g);
+    if (part != nullptr) {
+      _mm512_mask_storeu_ps(part + c, k,
+                            _mm512_fmadd_ps(d, nr, _mm512_maskz_loadu_ps(k, part + c)));
+      _mm512_mask_storeu_ps(part + C + c, k,
+                            _mm512_add_ps(_mm512_maskz_loadu_ps(k, part + C + c), d));
+    }
+  }
+}
+
+// acc[j] += add[j] for j < n.
+inline void add_floats(float* acc, const float* add, int64_t n) {
+  for (int64_t j = 0; j < n; j += 16) {
+    const __mmask16 k = first_lanes(n - j);
+    _mm512_mask_storeu_ps(
+        acc + j, k,
+        _mm512_add_ps(_mm512_maskz_loadu_ps(k, acc + j), _mm512_maskz_loadu_ps(k, add + j)));
+  }
+}
+
+// The parameter gradients alone, parallel over columns: for each block of rows, its
+// sum in row order, added to the running total in block order (the fused form's operations).
+template <typename TD>
+void layernorm_param_grads_by_columns16(float* dweight, float* dbias, const TD* dout,
+                                        const float* inp, const float* mean, const float* rstd,
+                                        int N, int C) {
+#pragma omp parallel
+  {
+    int64_t c0, c1;
+    thread_range(C, 16, &c0, &c1);
+    for (int64_t cb = c0; cb < c1; cb += kColBlock) {
+      const int64_t w = std::min<int64_t>(kColBlock, c1 - cb);
+      alignas(64) float acc_w[kColBlock] = {}, acc_b[kColBlock] = {};
+      alignas(64) float part_w[kColBlock], part_b[kColBlock];
+      for (int64_t b = 0; b < ln_blocks(N); ++b) {
+        std::fill(part_w, part_w + kColBlock, 0.0f);  // whole: the last vector is stored whole
+        std::fill(part_b, part_b + kColBlock, 0.0f);
+        for (int64_t n = ln_block_begin(b, N); n < ln_block_begin(b + 1, N); ++n) {
+          const float* x = inp + n * C + cb;
+          const TD* dy = dout + n * C + cb;
+          const __m512 vm = _mm512_set1_ps(mean[n]), vr = _mm512_set1_ps(rstd[n]);
+          for (int64_t j = 0; j < w; j += 16) {
+            const __mmask16 k = first_lanes(w - j);
+            const __m512 d = load16(dy + j, k);
+            const __m512 nr = _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + j), vm), vr);
+            _mm512_store_ps(part_w + j, _mm512_fmadd_ps(d, nr, _mm512_load_ps(part_w + j)));
+            _mm512_store_ps(part_b + j, _mm512_add_ps(_mm512_load_ps(part_b + j), d));
+          }
+        }
+        add_floats(acc_w, part_w, w);
+        add_floats(acc_b, part_b, w);
+      }
+      if (dweight != nullptr) add_floats(dweight + cb, acc_w, w);
+      if (dbias != nullptr) add_floats(dbias + cb, acc_b, w);
+    }
+  }
+}
+
+template <typename TD, typename TL = float>
+void layernorm_backward_t(float* dinp, float* dweight, float* dbias, const TD* dout,
+                          const float* inp, const float* weight, const float* mean,
+                          const float* rstd, int N, int C, TL* dinp_low = nullptr) {
+  const bool params = dweight != nullptr || dbias != nullptr;
+  const bool fused = dinp != nullptr && params && C <= kLnFusedMaxC;
+  if (dinp != nullptr && !fused) {  // the input gradient alone: rows are independent
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < N; ++n) {
+      layernorm_backward_row16(dinp + n * C, dinp_low != nullptr ? dinp_low + n * C : nullptr,
+                               static_cast<float*>(nullptr), dout + n * C, inp + n * C, weight,
+                               mean[n], rstd[n], C);
+    }
+  }
+  if (!params) return;
+  if (!fused) {
+    layernorm_param_grads_by_columns16(dweight, dbias, dout, inp, mean, rstd, N, C);
+    return;
+  }
+  // One pass: each block's input gradient is written and its parameter gradients summed (into
+  // its own row of `parts`) in the same pass; the blocks' sums are added in block order after the
+  // parallel loop. (Blocks in rounds with a barrier each, holding only two partial sums per
+  // thread, ran 20-40x slower on this shared machine: a barrier in the middle of a parallel
+  // region costs whole scheduler time slices when other processes compete for the cores.)
+  const int64_t blocks = ln_blocks(N);
+  alignas(64) float parts[kLnBlocks][2 * kLnFusedMaxC];
+#pragma omp parallel for schedule(static)
+  for (int64_t b = 0; b < blocks; ++b) {
+    float* part = parts[b];
+    std::fill(part, part + 2 * C, 0.0f);
+    for (int64_t n = ln_block_begin(b, N); n < ln_block_begin(b + 1, N); ++n) {
+      layernorm_backward_row16(dinp + n * C, dinp_low != nullptr ? dinp_low + n * C : nullptr, part,
+                               dout + n * C, inp + n * C, weight, mean[n], rstd[n], C);
+    }
+  }
+  alignas(64) float acc[2 * kLnFusedMaxC];
+  std::fill(acc, acc + 2 * C, 0.0f);
+  for (int64_t b = 0; b < blocks; ++b) add_floats(acc, parts[b], 2 * int64_t{C});
+  if (dweight != nullptr) add_floats(dweight, acc, C);
+  if (dbias != nullptr) add_floats(dbias, acc + C, C);
+}
+#else
 // With dinp_low (not null), also stores each updated dinp value rounded to TL there.
 template <typename TD, typename TL = float>
 void layernorm_backward_t(float* dinp, float* dweight, float* dbias, const TD* dout,
@@ -240,6 +471,8 @@ void layernorm_backward_t(float* dinp, float* dweight, float* dbias, const TD* d
     }
   }
 }
+
+#endif
 
 }  // namespace
 
