@@ -51,7 +51,9 @@ TEST(DocumentPieces, EveryTokenIsTheTargetOfExactlyOnePieceOfOneDocument) {
     for (int64_t i = p.begin; i < p.begin + p.length; i++) {
       covered[size_t(i)]++;
       // Only a piece's last token may be an eot: no piece crosses a document boundary.
-      if (i + 1 < p.begin + p.length) EXPECT_NE(toks[size_t(i)], kEot) << "piece at " << p.begin;
+      if (i + 1 < p.begin + p.length) {
+        EXPECT_NE(toks[size_t(i)], kEot) << "piece at " << p.begin;
+      }
     }
     EXPECT_EQ(p.first, p.begin == 0 || toks[size_t(p.begin - 1)] == kEot);
   }

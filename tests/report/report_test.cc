@@ -93,9 +93,9 @@ Profile make_profile(int steps, int micro_batches, int layers, int peak_step = 1
     sample(4 * kMiB, 0);
   }
   p.markers.push_back({p.memory[p.memory.size() / 3].t_us, "oom-recovery",
-                       "allocation of 512.0 MiB failed in lm_head.fwd; re-planning"});
+                       "allocation of 512.0 MiB failed in lm_head.fwd; re-planning", ""});
   p.markers.push_back({p.memory[p.memory.size() / 3 + 1].t_us, "re-plan",
-                       "micro-batch 8 -> 4, accumulation 4 -> 8 (effective batch 32 kept)"});
+                       "micro-batch 8 -> 4, accumulation 4 -> 8 (effective batch 32 kept)", ""});
   // The second step is what the page draws.
   if (steps > 1) {
     const double step_len = t / steps;
@@ -467,7 +467,7 @@ TEST(TraceJson, EscapesNamesAndRoundTrips) {
   const std::string odd = "say \"hi\"\\ </script><!-- \n\t\x01 é";
   p.title = odd;
   p.spans.push_back({odd, "gemm", kThreadCompute, 0, 1, 0, 0, 0});
-  p.markers.push_back({0, "re-plan", odd});
+  p.markers.push_back({0, "re-plan", odd, ""});
   ASSERT_TRUE(write_trace_json(p, dir.file("t.json")).is_ok());
   const json trace = json::parse(read_all(dir.file("t.json")));
   bool found = false;
