@@ -109,40 +109,55 @@ HostVec<float> random_vec(int64_t n, uint32_t seed) {
   return v;
 }
 
-void BM_Gemm(benchmark::State& state, Layer layer, Pass pass, Lib lib) {
-  const Gemm g = gemm_for(layer, pass);
-  HostVec<float> A = random_vec(g.a_size, 1), B = random_vec(g.b_size, 2);
-  HostVec<float> C(g.c_size, 0.0f);
-
-  // Spot-check a few entries against a double dot product before timing, so a wrong GEMM
-  // (layout mix-up, library failure) fails the benchmark instead of timing garbage.
-  run_gemm(lib, g, A.data(), B.data(), C.data());
+// Spot-checks a few entries of the GEMM's result (got(at), at = i * ldc + j) against a double dot
+// product of the operands as stored, so a wrong GEMM (layout mix-up, library failure) fails the
+// benchmark instead of timing garbage. Returns false (and skips the benchmark) on a mismatch.
+template <typename T, typename Got>
+bool spot_check(benchmark::State& state, const Gemm& g, const T* A, const T* B, Got got,
+                double tol) {
+  using headroom::cpu::to_f32;
   for (int k = 0; k < 4; ++k) {
     const int i = (k * 977) % g.M, j = (k * 1231) % g.N;
     double ref = 0.0;
     for (int p = 0; p < g.K; ++p) {
-      const double a = g.ta ? A[int64_t{p} * g.lda + i] : A[int64_t{i} * g.lda + p];
-      const double b = g.tb ? B[int64_t{j} * g.ldb + p] : B[int64_t{p} * g.ldb + j];
+      const double a = to_f32(g.ta ? A[int64_t{p} * g.lda + i] : A[int64_t{i} * g.lda + p]);
+      const double b = to_f32(g.tb ? B[int64_t{j} * g.ldb + p] : B[int64_t{p} * g.ldb + j]);
       ref += a * b;
     }
-    const double got = C[int64_t{i} * g.ldc + j];
-    if (std::abs(got - ref) > 1e-3 * (1.0 + std::abs(ref))) {
+    const double v = got(int64_t{i} * g.ldc + j);
+    if (std::abs(v - ref) > tol * (1.0 + std::abs(ref))) {
       state.SkipWithError(("wrong result at (" + std::to_string(i) + "," + std::to_string(j) +
-                           "): " + std::to_string(got) + " vs " + std::to_string(ref))
+                           "): " + std::to_string(v) + " vs " + std::to_string(ref))
                               .c_str());
-      return;
+      return false;
     }
   }
+  return true;
+}
 
+// Times run() and reports GFLOP/s and GFLOP.
+template <typename Run>
+void time_gemm(benchmark::State& state, const Gemm& g, float* C, Run run) {
   for (auto _ : state) {
-    run_gemm(lib, g, A.data(), B.data(), C.data());
-    benchmark::DoNotOptimize(C.data());
+    run();
+    benchmark::DoNotOptimize(C);
     benchmark::ClobberMemory();
   }
   const double flops = 2.0 * g.M * g.N * g.K;
   state.counters["GFLOP/s"] =
       benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
   state.counters["GFLOP"] = flops * 1e-9;
+}
+
+void BM_Gemm(benchmark::State& state, Layer layer, Pass pass, Lib lib) {
+  const Gemm g = gemm_for(layer, pass);
+  HostVec<float> A = random_vec(g.a_size, 1), B = random_vec(g.b_size, 2);
+  HostVec<float> C(g.c_size, 0.0f);
+
+  run_gemm(lib, g, A.data(), B.data(), C.data());
+  auto got = [&](int64_t at) -> double { return C[at]; };
+  if (!spot_check(state, g, A.data(), B.data(), got, 1e-3)) return;
+  time_gemm(state, g, C.data(), [&] { run_gemm(lib, g, A.data(), B.data(), C.data()); });
   if (lib == Lib::kOneDnn) {
     state.SetLabel(headroom::cpu::gemm_impl_name(g.ta, g.tb, g.M, g.N, g.K, g.lda, g.ldb, g.ldc,
                                                  false, g.accumulate));
@@ -169,36 +184,13 @@ void BM_GemmBf16(benchmark::State& state, Layer layer, Pass pass) {
                            g.ldb, c_type, C.data(), g.ldc, nullptr, g.accumulate);
   };
   run();
-  for (int k = 0; k < 4; ++k) {  // spot check against a double dot product of the bf16 values
-    const int i = (k * 977) % g.M, j = (k * 1231) % g.N;
-    double ref = 0.0;
-    for (int p = 0; p < g.K; ++p) {
-      const double a =
-          headroom::cpu::to_f32(g.ta ? A[int64_t{p} * g.lda + i] : A[int64_t{i} * g.lda + p]);
-      const double b =
-          headroom::cpu::to_f32(g.tb ? B[int64_t{j} * g.ldb + p] : B[int64_t{p} * g.ldb + j]);
-      ref += a * b;
-    }
-    const int64_t at = int64_t{i} * g.ldc + j;
-    const double got = c_type == DType::kF32
-                           ? C[at]
-                           : headroom::cpu::to_f32(reinterpret_cast<const bf16_t*>(C.data())[at]);
-    if (std::abs(got - ref) > 1e-2 * (1.0 + std::abs(ref))) {
-      state.SkipWithError(("wrong result at (" + std::to_string(i) + "," + std::to_string(j) +
-                           "): " + std::to_string(got) + " vs " + std::to_string(ref))
-                              .c_str());
-      return;
-    }
-  }
-  for (auto _ : state) {
-    run();
-    benchmark::DoNotOptimize(C.data());
-    benchmark::ClobberMemory();
-  }
-  const double flops = 2.0 * g.M * g.N * g.K;
-  state.counters["GFLOP/s"] =
-      benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
-  state.counters["GFLOP"] = flops * 1e-9;
+  auto got = [&](int64_t at) -> double {
+    return c_type == DType::kF32
+               ? C[at]
+               : headroom::cpu::to_f32(reinterpret_cast<const bf16_t*>(C.data())[at]);
+  };
+  if (!spot_check(state, g, A.data(), B.data(), got, 1e-2)) return;
+  time_gemm(state, g, C.data(), run);
   state.SetLabel(headroom::cpu::gemm_impl_name(g.ta, g.tb, g.M, g.N, g.K, g.lda, g.ldb, g.ldc,
                                                false, g.accumulate, DType::kBF16, c_type));
 }
