@@ -95,7 +95,7 @@ int64_t ExecOptions::mlp_row_stride(int64_t four_c) const {
 }
 
 int64_t ExecOptions::logits_row_stride(int64_t V) const {
-  return pad_rows ? (V + 63) / 64 * 64 : V;
+  return pad_rows ? cpu::logits_row_stride(V) : V;
 }
 
 std::string_view precision_name(Precision p) {

@@ -162,7 +162,7 @@ template <typename T>
 double time_shape(const GemmShape& s, const Sizes& sz) {
   const int64_t esz = sizeof(T);
   const int64_t ldi = s.pad_inp ? cpu::activation_row_stride(s.IC, esz) : s.IC;
-  const int64_t ldo = s.logits_rows ? (s.OC + 63) / 64 * 64  // ExecOptions::logits_row_stride
+  const int64_t ldo = s.logits_rows ? cpu::logits_row_stride(s.OC)
                       : s.pad_out   ? cpu::activation_row_stride(s.OC, esz)
                                     : s.OC;
   const cpu::MatmulStrides st{.inp = ldi, .out = ldo};

@@ -17,10 +17,8 @@
 namespace headroom::cpu {
 namespace {
 
-// The row stride of a chunk's logits and dlogits: V rounded up to 64 elements, so every row
-// starts on a cache line (as the full logits, ExecOptions::logits_row_stride; oneDNN ran the
-// head's GEMMs 1.2-1.6x faster so: docs/notes/lm-head-rows.md). Columns [V, ld) are unused.
-inline int head_ld(int V) { return (V + 63) / 64 * 64; }
+// The row stride of a chunk's logits and dlogits (logits_row_stride); columns [V, ld) are unused.
+inline int head_ld(int V) { return int(logits_row_stride(V)); }
 
 // logits[n, V] (row stride ld) = x[n, C] x wte[V, C]^T (the kOutIn matmul_forward); fp32 logits.
 inline void chunk_logits(float* logits, const float* x, const float* wte, int n, int C, int V,

@@ -64,6 +64,10 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
 // strides make the loads of successive rows compete for the same cache sets (4K aliasing): GPT-2's
 // 3072-wide MLP GEMMs ran 2.4-2.6x slower with them on the development machine (docs/gemm.md).
 int64_t activation_row_stride(int64_t cols, int64_t elem_bytes = 4);
+// The row stride of the LM head's logits [N, V] and of their gradient, full or per chunk of the
+// fused head: V rounded up to 64 elements, so every row starts on a cache line in fp32 and in bf16
+// (oneDNN ran the head's GEMMs 1.2-1.6x faster so: docs/notes/lm-head-rows.md).
+inline int64_t logits_row_stride(int64_t V) { return (V + 63) / 64 * 64; }
 
 // ---- causal multi-head self-attention (plain: keeps the T x T probabilities) -----------------
 // qkv[B,T,3C] holds q, k, v side by side (as GPT-2's c_attn output); head h uses channels
