@@ -47,6 +47,11 @@ const Layer kLayers[] = {
     // The logits as the model stores them: rows padded to 64 elements (logits_row_stride).
     {"lm_head_768x50257_outin_ld50304", kTokens, 768, 50257, WeightLayout::kOutIn, false,
      headroom::DType::kF32, 50304},
+    // The bf16 model's forward since session 6: all 50304 columns (dense output rows; the weight's
+    // rows past V are the flat copy's next tensors). Its backward rows time K = 50304 and are not
+    // what the model runs (it takes K = V).
+    {"lm_head_768x50304_outin", kTokens, 768, 50304, WeightLayout::kOutIn, false,
+     headroom::DType::kF32},
     {"square_2048", 2048, 2048, 2048, WeightLayout::kInOut, true, headroom::DType::kF32},
 };
 

@@ -555,6 +555,33 @@ void Gpt2::wait_in(int l) {
   in_tickets_[size_t(l)] = 0;
 }
 
+// Note [The head's padded columns]: in bf16, oneDNN 2.6 runs the head's forward GEMM with its
+// AMX brgemm kernel only when the output's rows are dense (N = ldc). With N = V = 50257 into rows
+// of 50304 it takes gemm:jit, 1.3-1.4x slower (docs/notes/lm-head-rows.md). So the forward
+// computes all ldv columns where the weight's memory holds ldv rows: wte [V, C] is the first
+// tensor of the flat parameter buffer and its bf16 copy (same offsets), so rows [V, ldv) are the
+// next tensors' values (wpe's in GPT-2). Columns [V, ldv) of the logits then hold finite
+// products nobody reads: the loss, its gradient, the backward GEMMs (K = V) and sampling take
+// columns [0, V) only. Elsewhere (fp32: no gain measured; the per-layer cast; parameters from
+// hooks) the GEMM computes V columns.
+template <typename T>
+int Gpt2::head_forward_columns(const float* wte) const {
+  const int V = config_.vocab_size;
+  const int64_t ldv = acts_->options.logits_row_stride(V);
+  if constexpr (!std::is_same_v<T, bf16_t>) {
+    return V;
+  } else {
+    const ParamDesc& p = table_->params[0];
+    const bool flat = acts_->options.bf16_weight_copy && params_ != nullptr &&
+                      params_bf16_ != nullptr && wte == params_ + p.offset;
+    const bool rows_inside = p.offset + ldv * config_.n_embd <= table_->total_floats;
+    return flat && rows_inside ? int(ldv) : V;
+  }
+}
+
+template int Gpt2::head_forward_columns<float>(const float*) const;
+template int Gpt2::head_forward_columns<bf16_t>(const float*) const;
+
 int64_t Gpt2::logits_row_stride() const {
   HR_CHECK(acts_ != nullptr);
   return acts_->options.logits_row_stride(config_.vocab_size);
@@ -714,8 +741,9 @@ double Gpt2::forward_t(const int32_t* inputs, const int32_t* targets, int64_t* v
                               V, acts_->options.head_chunk, a.f32(id.head_scratch));
     });
   } else {
+    const int head_cols = head_forward_columns<T>(wte);
     timed(OpKind::kGemm, [&] {
-      cpu::matmul_forward(a.f32(id.logits), lnf, gemm_weight<T>(wte), nullptr, N, C, V,
+      cpu::matmul_forward(a.f32(id.logits), lnf, gemm_weight<T>(wte), nullptr, N, C, head_cols,
                           cpu::WeightLayout::kOutIn, {.inp = 0, .out = ldv});
     });
     if (!targets) {

@@ -90,6 +90,14 @@ TEST(MixedPrecision, CastingWeightsPerLayerEqualsTheCopy) {
       StepResult cast = one_step(c, e, 2, 40);
       EXPECT_EQ(cast.loss, copy.loss);
       EXPECT_EQ(0, std::memcmp(cast.grads.data(), copy.grads.data(), cast.grads.size() * 4));
+      if (head == 0) {
+        // With the copy the head's forward computes the logits' padded columns too (rows of
+        // the flat copy past wte; Note [The head's padded columns]); the per-layer cast
+        // computes V. Same bits in columns [0, V) either way.
+        EXPECT_EQ(copy.head_columns, int(cpu::logits_row_stride(c.vocab_size)));
+        EXPECT_EQ(cast.head_columns, c.vocab_size);
+        EXPECT_NE(c.vocab_size % 64, 0) << "the test needs a vocabulary with padded rows";
+      }
     }
   }
   model::ExecOptions e;

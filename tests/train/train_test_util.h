@@ -147,6 +147,7 @@ inline TrainOptions loss_curve_options(const model::Gpt2Config& cfg, const std::
 struct StepResult {
   double loss = 0;
   std::vector<float> grads;  // unscaled
+  int head_columns = 0;  // columns the head's forward GEMM computed (Gpt2::head_forward_columns)
 };
 
 // Forward and backward of one micro-batch under `exec` (a bf16 weight copy bound for bf16) with
@@ -185,6 +186,9 @@ inline StepResult one_step(const model::Gpt2Config& c, model::ExecOptions exec, 
   }
   int64_t valid = 0;
   r.loss = net.forward(in.data(), tg.data(), &valid) / double(valid);
+  const float* wte = params.data() + t.params[0].offset;
+  r.head_columns = exec.precision == model::Precision::kBf16 ? net.head_forward_columns<bf16_t>(wte)
+                                                             : net.head_forward_columns<float>(wte);
   net.backward(in.data(), tg.data(), scale / float(valid));
   for (float& g : r.grads) g /= scale;
   return r;
