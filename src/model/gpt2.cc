@@ -562,8 +562,9 @@ void Gpt2::wait_in(int l) {
 // tensor of the flat parameter buffer and its bf16 copy (same offsets), so rows [V, ldv) are the
 // next tensors' values (wpe's in GPT-2). Columns [V, ldv) of the logits then hold finite
 // products nobody reads: the loss, its gradient, the backward GEMMs (K = V) and sampling take
-// columns [0, V) only. Elsewhere (fp32: no gain measured; the per-layer cast; parameters from
-// hooks) the GEMM computes V columns.
+// columns [0, V) only. The fused head's chunk GEMMs do the same (its wte_rows argument).
+// Elsewhere (fp32: no gain measured; the per-layer cast; parameters from hooks) the GEMM computes
+// V columns.
 template <typename T>
 int Gpt2::head_forward_columns(const float* wte) const {
   const int V = config_.vocab_size;
@@ -737,8 +738,14 @@ double Gpt2::forward_t(const int32_t* inputs, const int32_t* targets, int64_t* v
   float* losses = a.f32(id.losses);
   if (id.logits == SIZE_MAX) {
     timed(OpKind::kLoss, [&] {
-      cpu::lm_head_ce_forward(losses, a.f32(id.head_lse), lnf, gemm_weight<T>(wte), targets, N, C,
-                              V, acts_->options.head_chunk, a.f32(id.head_scratch));
+      if constexpr (std::is_same_v<T, bf16_t>) {  // Note [The head's padded columns]
+        cpu::lm_head_ce_forward(losses, a.f32(id.head_lse), lnf, gemm_weight<T>(wte), targets, N, C,
+                                V, acts_->options.head_chunk, a.f32(id.head_scratch),
+                                head_forward_columns<T>(wte));
+      } else {
+        cpu::lm_head_ce_forward(losses, a.f32(id.head_lse), lnf, gemm_weight<T>(wte), targets, N, C,
+                                V, acts_->options.head_chunk, a.f32(id.head_scratch));
+      }
     });
   } else {
     const int head_cols = head_forward_columns<T>(wte);
@@ -855,8 +862,14 @@ void Gpt2::backward_t(const int32_t* inputs, const int32_t* targets, float dloss
   float* dwte = grad_ptr(0);
   if (id.logits == SIZE_MAX) {
     timed(OpKind::kLoss, [&] {
-      cpu::lm_head_ce_backward(dc, dwte, lnf, gemm_weight<T>(wte), targets, a.f32(id.head_lse), N,
-                               C, V, acts_->options.head_chunk, dloss, a.f32(id.head_scratch));
+      if constexpr (std::is_same_v<T, bf16_t>) {
+        cpu::lm_head_ce_backward(dc, dwte, lnf, gemm_weight<T>(wte), targets, a.f32(id.head_lse), N,
+                                 C, V, acts_->options.head_chunk, dloss, a.f32(id.head_scratch),
+                                 head_forward_columns<T>(wte));
+      } else {
+        cpu::lm_head_ce_backward(dc, dwte, lnf, gemm_weight<T>(wte), targets, a.f32(id.head_lse), N,
+                                 C, V, acts_->options.head_chunk, dloss, a.f32(id.head_scratch));
+      }
     });
   } else {
     // The logits buffer becomes dlogits in place, in one pass from the saved log-sum-exp,

@@ -296,6 +296,48 @@ TEST(Bf16, FusedHead) {
   expect_close(dwte2, dwte, 2e-4, 3 * kRound, "head dwte");
 }
 
+// With wte_rows >= ld the chunk GEMMs compute the padded columns too (from wte's rows past V, any
+// finite values): losses, lse, dx and dwte are those of the V-column GEMMs, and the scratch's
+// padded columns are the only memory that changes.
+TEST(Bf16, FusedHeadComputingThePaddedColumns) {
+  const int N = 37, C = 64, V = 301, chunk = 16;
+  const int ld = int(logits_row_stride(V));
+  ASSERT_GT(ld, V);
+  VecB xb = to_bf(bf_rand(size_t(N) * C, 50, -2, 2));
+  // wte with ld rows: rows [V, ld) stand for the next tensor of the flat copy.
+  VecB wteb = to_bf(bf_rand(size_t(ld) * C, 51, -0.5f, 0.5f));
+  std::vector<int32_t> targets(N);
+  for (int i = 0; i < N; ++i) targets[size_t(i)] = i == 7 ? -1 : (i * 53) % V;
+  struct Out {
+    VecF losses, lse, dwte;
+    VecB dx;
+    bool padding_written = false;  // the scratch's logits columns [V, ld) hold values, not NaN
+  };
+  auto run = [&](int wte_rows) {
+    Out o{VecF(N), VecF(N), VecF(size_t(V) * C, 0.25f), VecB(size_t(N) * C)};
+    VecF scratch(lm_head_ce_scratch_floats(chunk, V, DType::kBF16), NAN);
+    lm_head_ce_forward(o.losses.data(), o.lse.data(), xb.data(), wteb.data(), targets.data(), N, C,
+                       V, chunk, scratch.data(), wte_rows);
+    lm_head_ce_backward(o.dx.data(), o.dwte.data(), xb.data(), wteb.data(), targets.data(),
+                        o.lse.data(), N, C, V, chunk, 1.0f / 36, scratch.data(), wte_rows);
+    o.padding_written = std::isfinite(scratch[size_t(V)]) && std::isfinite(scratch[size_t(ld - 1)]);
+    return o;
+  };
+  const Out dense = run(0), padded = run(ld);
+  EXPECT_FALSE(dense.padding_written);
+  EXPECT_TRUE(padded.padding_written);
+  // The same products of the same bf16 values summed in fp32 over C = 64 terms: whichever oneDNN
+  // kernel runs, a column's value may differ by the accumulation order only.
+  expect_close(padded.losses, dense.losses, 1e-6, 1e-6, "losses");
+  expect_close(padded.lse, dense.lse, 1e-6, 1e-6, "lse");
+  expect_close(from_bf(padded.dx), from_bf(dense.dx), 1e-6, kRound, "dx");
+  expect_close(padded.dwte, dense.dwte, 1e-6, 1e-5, "dwte");
+  // Fewer rows than ld: V columns, the same bits as the default.
+  const Out short_rows = run(ld - 1);
+  EXPECT_EQ(short_rows.losses, dense.losses);
+  EXPECT_EQ(short_rows.dwte, dense.dwte);
+}
+
 TEST(Bf16, AdamWWritesTheRoundedCopy) {
   const int64_t n = 1003;
   VecF p = rand_vec(n, 40), g = rand_vec(n, 41), m(n, 0.0f), v(n, 0.0f);

@@ -74,14 +74,19 @@ inline DlogitsT<T> to_dlogit(float x) {
   }
 }
 
+// The columns a chunk's logits GEMM computes: all ld where wte holds ld rows (dense output rows,
+// which oneDNN's AMX brgemm wants; the columns past V are never read), else V.
+inline int chunk_cols(int V, int ld, int wte_rows) { return wte_rows >= ld ? ld : V; }
+
 template <typename T, typename TW>
 void lm_head_ce_forward_t(float* losses, float* lse, const T* x, const TW* wte,
-                          const int32_t* targets, int N, int C, int V, int chunk, float* scratch) {
+                          const int32_t* targets, int N, int C, int V, int chunk, float* scratch,
+                          int wte_rows = 0) {
   HR_CHECK(chunk >= 1 && V >= 1);
-  const int ld = head_ld(V);
+  const int ld = head_ld(V), cols = chunk_cols(V, ld, wte_rows);
   for (int c0 = 0; c0 < N; c0 += chunk) {
     const int n = std::min(chunk, N - c0);
-    chunk_logits(scratch, x + int64_t{c0} * C, wte, n, C, V, ld);
+    chunk_logits(scratch, x + int64_t{c0} * C, wte, n, C, cols, ld);
 #pragma omp parallel for schedule(static)
     for (int r = 0; r < n; ++r) {
       const int64_t row = c0 + r;
@@ -101,13 +106,13 @@ void lm_head_ce_forward_t(float* losses, float* lse, const T* x, const TW* wte,
 template <typename T, typename TW>
 void lm_head_ce_backward_t(T* dx, float* dwte, const T* x, const TW* wte, const int32_t* targets,
                            const float* lse, int N, int C, int V, int chunk, float dloss,
-                           float* scratch) {
+                           float* scratch, int wte_rows = 0) {
   HR_CHECK(chunk >= 1 && V >= 1);
-  const int ld = head_ld(V);
+  const int ld = head_ld(V), cols = chunk_cols(V, ld, wte_rows);
   for (int c0 = 0; c0 < N; c0 += chunk) {
     const int n = std::min(chunk, N - c0);
     const T* xc = x + int64_t{c0} * C;
-    chunk_logits(scratch, xc, wte, n, C, V, ld);
+    chunk_logits(scratch, xc, wte, n, C, cols, ld);
     // dlogits: in place over the fp32 logits, or (bf16) into the bf16 area after them.
     using D = DlogitsT<T>;
     D* dlogits =
@@ -147,8 +152,9 @@ void lm_head_ce_forward(float* losses, float* lse, const float* x, const float* 
   lm_head_ce_forward_t(losses, lse, x, wte, targets, N, C, V, chunk, scratch);
 }
 void lm_head_ce_forward(float* losses, float* lse, const bf16_t* x, const bf16_t* wte,
-                        const int32_t* targets, int N, int C, int V, int chunk, float* scratch) {
-  lm_head_ce_forward_t(losses, lse, x, wte, targets, N, C, V, chunk, scratch);
+                        const int32_t* targets, int N, int C, int V, int chunk, float* scratch,
+                        int wte_rows) {
+  lm_head_ce_forward_t(losses, lse, x, wte, targets, N, C, V, chunk, scratch, wte_rows);
 }
 
 void lm_head_ce_backward(float* dx, float* dwte, const float* x, const float* wte,
@@ -158,8 +164,8 @@ void lm_head_ce_backward(float* dx, float* dwte, const float* x, const float* wt
 }
 void lm_head_ce_backward(bf16_t* dx, float* dwte, const bf16_t* x, const bf16_t* wte,
                          const int32_t* targets, const float* lse, int N, int C, int V, int chunk,
-                         float dloss, float* scratch) {
-  lm_head_ce_backward_t(dx, dwte, x, wte, targets, lse, N, C, V, chunk, dloss, scratch);
+                         float dloss, float* scratch, int wte_rows) {
+  lm_head_ce_backward_t(dx, dwte, x, wte, targets, lse, N, C, V, chunk, dloss, scratch, wte_rows);
 }
 
 void lm_head_ce_forward(float* losses, float* lse, const f16_t* x, const float* wte,
