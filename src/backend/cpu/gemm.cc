@@ -130,10 +130,15 @@ class GemmCache {
     auto desc = k.has_bias ? dnnl::matmul::desc(src_md, wei_md, bias_md, dst_md)
                            : dnnl::matmul::desc(src_md, wei_md, dst_md);
     dnnl::matmul::primitive_desc pd(desc, attr, engine_);
+    // fp32 GEMMs take oneDNN's gemm:jit where it offers one: oneDNN 2.6 ranks brg:avx512_core
+    // first for dense rows, which was 3-9% slower on GPT-2's 768-wide shapes (docs/gemm.md,
+    // session 6). bf16 keeps oneDNN's order (its AMX brgemm).
     // Measurement knob (docs/gemm.md): HEADROOM_GEMM_PREFER=<prefix> takes the first of oneDNN's
-    // implementations for this shape whose name starts with the prefix (e.g. "gemm:jit"), if any.
-    // Read at every creation (rare), so a test can set it for the shapes it creates.
-    const char* prefer = std::getenv("HEADROOM_GEMM_PREFER");
+    // implementations for this shape whose name starts with the prefix (e.g. "gemm:jit"), if any;
+    // set but empty, oneDNN's own order for every type. Read at every creation (rare), so a test
+    // can set it for the shapes it creates.
+    const char* env = std::getenv("HEADROOM_GEMM_PREFER");
+    const char* prefer = env != nullptr ? env : (k.ab_type == DType::kF32 ? "gemm:jit" : nullptr);
     if (prefer != nullptr && *prefer != '\0') {
       dnnl::matmul::primitive_desc it = pd;
       do {
