@@ -799,6 +799,29 @@ TEST(Reductions, SumSquaresScaleZero) {
   for (float f : y) ASSERT_EQ(f, 0.0f);
 }
 
+// Every length through the vector body and the masked tail, from unaligned starts.
+TEST(Reductions, SumSquaresShortAndUnaligned) {
+  VecF x = rand_vec(200, 141);
+  for (int off : {0, 1, 5}) {
+    for (int n = 1; n <= 100; ++n) {
+      double ref = 0;
+      for (int i = 0; i < n; ++i) ref += double(x[size_t(off + i)]) * x[size_t(off + i)];
+      ASSERT_NEAR(sum_squares(x.data() + off, n), ref, 1e-12 * ref) << off << " " << n;
+    }
+  }
+}
+
+// Buffers of 64 MiB and more take the non-temporal path: every float of the range zeroed, from an
+// unaligned start to an odd end, and nothing outside it.
+TEST(Reductions, ZeroLargeBufferExactlyItsRange) {
+  const int64_t n = (int64_t{64} << 20 >> 2) + 1001;
+  std::vector<float> y(size_t(n) + 10, 1.5f);
+  zero(y.data() + 3, n);
+  for (int i = 0; i < 3; ++i) ASSERT_EQ(y[size_t(i)], 1.5f);
+  for (int64_t i = 3; i < n + 3; ++i) ASSERT_EQ(y[size_t(i)], 0.0f) << i;
+  for (size_t i = size_t(n) + 3; i < y.size(); ++i) ASSERT_EQ(y[i], 1.5f);
+}
+
 // ---- thread-count invariance ---------------------------------------------------------------
 
 // Runs a chain of kernels at GPT-like (small) shapes and returns every output.
