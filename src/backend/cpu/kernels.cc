@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include "backend/cpu/bf16.h"
 #include "backend/cpu/fast_math.h"
@@ -886,12 +887,101 @@ constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
 constexpr float kGeluCube = 0.044715f;
 #endif
 
-// With AVX-512: gelu16 / gelu_grad16 (fast_math.h), every element through the vector path.
-// Otherwise: plain loops that GCC vectorises, on fast_tanh.
+#if HR_AVX512_KERNELS
+// See Note [GELU by lookup table] in docs/notes/memory-bound-kernels.md. A bf16 or f16 input has
+// 65536 possible values, so GELU in 16-bit storage is a function of 16 bits. The tables are
+// computed once, on first use, by the same instructions as the computed path (gelu16 then
+// store16; gelu_grad16 in fp32), so a lookup returns the computed path's bits for every input.
+// A static local: built once, thread-safe (C++11), outside the memory plan like oneDNN's code.
+template <typename T>
+struct GeluForwardTable {
+  // One entry per input's bits. The gather reads 32 bits at 2 * index, i.e. entries i and i + 1:
+  // one entry of padding keeps the read at 0xFFFF inside the array (its upper half discarded).
+  alignas(64) T out[65536 + 32];
+  GeluForwardTable() {
+    alignas(64) T x[16];
+    for (int i = 0; i < 65536; i += 16) {
+      for (int j = 0; j < 16; ++j) x[j] = T{uint16_t(i + j)};
+      store16(out + i, 0xFFFF, gelu16(load16(x, 0xFFFF)));
+    }
+    for (int i = 65536; i < 65536 + 32; ++i) out[i] = T{0};
+  }
+};
+template <typename T>
+struct GeluGradTable {
+  alignas(64) float grad[65536];  // gelu'(x) in fp32, by gelu_grad16
+  GeluGradTable() {
+    alignas(64) T x[16];
+    for (int i = 0; i < 65536; i += 16) {
+      for (int j = 0; j < 16; ++j) x[j] = T{uint16_t(i + j)};
+      _mm512_store_ps(grad + i, gelu_grad16(load16(x, 0xFFFF)));
+    }
+  }
+};
+template <typename T>
+const T* gelu_forward_table() {
+  static const GeluForwardTable<T> table;
+  return table.out;
+}
+template <typename T>
+const float* gelu_grad_table() {
+  static const GeluGradTable<T> table;
+  return table.grad;
+}
+
+// The 16 inputs' bits as 32-bit gather indices (lanes outside m: 0, a valid index).
+inline __m512i bits16(const void* p, __mmask16 m) {
+  return _mm512_maskz_cvtepu16_epi32(0xFFFF, _mm256_maskz_loadu_epi16(m, p));
+}
+
+// out[i] = table[bits(inp[i])] by vpgatherdd, each thread's range ending in one masked vector.
+// (The masked gathers: GCC 12 warns falsely about the plain ones, as about other maskz forms.)
+template <typename T>
+void gelu_forward_lookup(T* out, const T* inp, int64_t n) {
+  const T* table = gelu_forward_table<T>();
+#pragma omp parallel
+  {
+    int64_t i0, i1;
+    thread_range(n, 64, &i0, &i1);
+    for (int64_t i = i0; i < i1; i += 16) {
+      const __mmask16 m = first_lanes(i1 - i);
+      const __m512i v =
+          _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, bits16(inp + i, m), table, 2);
+      _mm256_mask_storeu_epi16(out + i, m, _mm512_maskz_cvtepi32_epi16(0xFFFF, v));
+    }
+  }
+}
+
+// dinp[i] = gelu'(inp[i]) * dout[i], gelu' from the table (vgatherdps): the computed path's
+// product, operands in the same order, so the same bits.
+template <typename T>
+void gelu_backward_lookup(T* dinp, const T* inp, const T* dout, int64_t n) {
+  const float* table = gelu_grad_table<T>();
+#pragma omp parallel
+  {
+    int64_t i0, i1;
+    thread_range(n, 64, &i0, &i1);
+    for (int64_t i = i0; i < i1; i += 16) {
+      const __mmask16 m = first_lanes(i1 - i);
+      const __m512 g =
+          _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, bits16(inp + i, m), table, 4);
+      store16(dinp + i, m, _mm512_mul_ps(g, load16(dout + i, m)));
+    }
+  }
+}
+#endif
+
+// With AVX-512: fp32 storage through gelu16 / gelu_grad16 (fast_math.h), every element through
+// the vector path; bf16 and f16 storage by table lookup (the same bits, see above). Otherwise:
+// plain loops that GCC vectorises, on fast_tanh.
 template <typename T>
 void gelu_forward_t(T* out, const T* inp, int64_t n) {
 #if HR_AVX512_KERNELS
-  map16(out, inp, n, [](__m512 x) { return gelu16(x); });
+  if constexpr (std::is_same_v<T, float>) {
+    map16(out, inp, n, [](__m512 x) { return gelu16(x); });
+  } else {
+    gelu_forward_lookup(out, inp, n);
+  }
 #else
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) {
@@ -905,7 +995,11 @@ void gelu_forward_t(T* out, const T* inp, int64_t n) {
 template <typename T>
 void gelu_backward_t(T* dinp, const T* inp, const T* dout, int64_t n) {
 #if HR_AVX512_KERNELS
-  map16(dinp, inp, dout, n, [](__m512 x, __m512 d) { return _mm512_mul_ps(gelu_grad16(x), d); });
+  if constexpr (std::is_same_v<T, float>) {
+    map16(dinp, inp, dout, n, [](__m512 x, __m512 d) { return _mm512_mul_ps(gelu_grad16(x), d); });
+  } else {
+    gelu_backward_lookup(dinp, inp, dout, n);
+  }
 #else
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) {
