@@ -277,21 +277,26 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const TD* dou
 // ---- LayerNorm: 65536 rows of 768 (192 MiB fp32) -------------------------------------------
 constexpr int kRows = 65536, C = 768;
 
+// Over state.range(0) rows: 65536 (from memory) or 256 (768 KiB of input: from L2, what the
+// arithmetic alone allows).
 template <typename T, bool kBefore>
 void BM_LayerNormForward(benchmark::State& state) {
-  std::vector<float> inp = buffer(size_t(kRows) * C, 0.5f), w = buffer(C, 1), b = buffer(C, 0),
-                     mean = buffer(kRows, 0), rstd = buffer(kRows, 0);
-  std::vector<T> out = buffer<T>(size_t(kRows) * C, 0);
+  const int rows = int(state.range(0));
+  std::vector<float> inp(size_t(rows) * C), w = buffer(C, 1), b = buffer(C, 0),
+                                            mean = buffer(size_t(rows), 0),
+                                            rstd = buffer(size_t(rows), 0);
+  for (size_t i = 0; i < inp.size(); ++i) inp[i] = float(int(i * 2654435761u % 2000u)) * 0.001f;
+  std::vector<T> out = buffer<T>(size_t(rows) * C, 0);
   for (auto _ : state) {
     if constexpr (kBefore) {
       before::layernorm_forward(out.data(), mean.data(), rstd.data(), inp.data(), w.data(),
-                                b.data(), kRows, C);
+                                b.data(), rows, C);
     } else {
-      layernorm_forward(out.data(), mean.data(), rstd.data(), inp.data(), w.data(), b.data(), kRows,
+      layernorm_forward(out.data(), mean.data(), rstd.data(), inp.data(), w.data(), b.data(), rows,
                         C);
     }
   }
-  report(state, double(kRows) * C * (4 + sizeof(T)));
+  report(state, double(rows) * C * (4 + sizeof(T)));
 }
 
 template <typename T, bool kBefore>
@@ -492,12 +497,30 @@ void BM_CrossEntropyBackwardF16(benchmark::State& s) { ce_backward_bench(s, DTyp
 
 #define HR_BENCH(...) BENCHMARK(__VA_ARGS__)->Unit(benchmark::kMillisecond)->UseRealTime()
 HR_BENCH(BM_Triad);
-HR_BENCH(BM_LayerNormForward<float, true>)->Name("BM_LayerNormForwardBefore<float>");
-HR_BENCH(BM_LayerNormForward<float, false>)->Name("BM_LayerNormForward<float>");
-HR_BENCH(BM_LayerNormForward<bf16_t, true>)->Name("BM_LayerNormForwardBefore<bf16_t>");
-HR_BENCH(BM_LayerNormForward<bf16_t, false>)->Name("BM_LayerNormForward<bf16_t>");
-HR_BENCH(BM_LayerNormForward<f16_t, true>)->Name("BM_LayerNormForwardBefore<f16_t>");
-HR_BENCH(BM_LayerNormForward<f16_t, false>)->Name("BM_LayerNormForward<f16_t>");
+HR_BENCH(BM_LayerNormForward<float, true>)
+    ->Name("BM_LayerNormForwardBefore<float>")
+    ->Arg(kRows)
+    ->Arg(256);
+HR_BENCH(BM_LayerNormForward<float, false>)
+    ->Name("BM_LayerNormForward<float>")
+    ->Arg(kRows)
+    ->Arg(256);
+HR_BENCH(BM_LayerNormForward<bf16_t, true>)
+    ->Name("BM_LayerNormForwardBefore<bf16_t>")
+    ->Arg(kRows)
+    ->Arg(256);
+HR_BENCH(BM_LayerNormForward<bf16_t, false>)
+    ->Name("BM_LayerNormForward<bf16_t>")
+    ->Arg(kRows)
+    ->Arg(256);
+HR_BENCH(BM_LayerNormForward<f16_t, true>)
+    ->Name("BM_LayerNormForwardBefore<f16_t>")
+    ->Arg(kRows)
+    ->Arg(256);
+HR_BENCH(BM_LayerNormForward<f16_t, false>)
+    ->Name("BM_LayerNormForward<f16_t>")
+    ->Arg(kRows)
+    ->Arg(256);
 HR_BENCH(BM_LayerNormBackward<float, true>)->Name("BM_LayerNormBackwardBefore<float>");
 HR_BENCH(BM_LayerNormBackward<float, false>)->Name("BM_LayerNormBackward<float>");
 HR_BENCH(BM_LayerNormBackward<bf16_t, true>)->Name("BM_LayerNormBackwardBefore<bf16_t>");
