@@ -962,6 +962,9 @@ void gelu_forward_lookup(T* out, const T* inp, int64_t n) {
     int64_t i0, i1;
     thread_range(n, 64, &i0, &i1);
     for (int64_t i = i0; i < i1; i += 16) {
+      // The input 4 KiB ahead, as the fp32 forward: 0.83-0.91x of the time without, in two
+      // loaded runs each (the backward, prefetching both inputs: 0.88-1.0x, not done).
+      _mm_prefetch(reinterpret_cast<const char*>(inp + std::min(i + 2048, n - 1)), _MM_HINT_T0);
       const __mmask16 m = first_lanes(i1 - i);
       const __m512i v =
           _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, bits16(inp + i, m), table, 2);
