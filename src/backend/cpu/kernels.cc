@@ -913,8 +913,9 @@ constexpr float kGeluCube = 0.044715f;
 // A static local: built once, thread-safe (C++11), outside the memory plan like oneDNN's code.
 template <typename T>
 struct GeluForwardTable {
-  // One entry per input's bits. The gather reads 32 bits at 2 * index, i.e. entries i and i + 1:
-  // one entry of padding keeps the read at 0xFFFF inside the array (its upper half discarded).
+  // One entry per input's bits. The gather reads 32 bits at 2 * index, i.e. entries i and i + 1
+  // (the upper half discarded): the padding (one entry needed, a cache line's worth kept) keeps
+  // the read at 0xFFFF inside the array.
   alignas(64) T out[65536 + 32];
   GeluForwardTable() {
     alignas(64) T x[16];
