@@ -4,9 +4,10 @@
 // Sizes are far larger than the caches (300 MiB of L3 on the development machine): every
 // buffer is at least 192 MiB, except the cross-entropy's logits, which are GPT-2's own
 // (2048 x 50257 fp32, 412 MB). Kernels named "Before" are the previous versions (two-pass
-// statistics, scalar-tail GELU and casts, the LayerNorm on `omp simd` loops with a second pass
-// for its parameter gradients; "Main" is the bf16 GELU with main's integer bf16 rounding), kept
-// here only to measure against in the same run.
+// statistics, scalar-tail casts, the LayerNorm on `omp simd` loops with a second pass for its
+// parameter gradients, GELU computed for every element where 16-bit storage now looks it up;
+// "Main" is main's AVX-512 LayerNorm forward before it prefetched the rows ahead), kept here only
+// to measure against in the same run.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -111,6 +112,34 @@ void cross_entropy_backward(float* d, const float* logits, const int32_t* target
     d[n * V + targets[n]] -= dloss;
   }
 }
+// main's GELU before the lookup tables: every element computed (gelu16 / gelu_grad16 with
+// AVX-512, 16 lanes at a time, each thread's range ending in one masked vector).
+#if HR_AVX512_KERNELS
+template <typename TO, typename TI, typename F>
+void map16(TO* out, const TI* in, const TI* in2, int64_t n, F f) {
+#pragma omp parallel
+  {
+    const int64_t nth = omp_get_num_threads(), tid = omp_get_thread_num();
+    const int64_t units = (n + 63) / 64, per = units / nth, rem = units % nth;
+    const int64_t u0 = tid * per + std::min(tid, rem), u1 = u0 + per + (tid < rem ? 1 : 0);
+    const int64_t i0 = std::min(n, u0 * 64), i1 = std::min(n, u1 * 64);
+    for (int64_t i = i0; i < i1; i += 16) {
+      const __mmask16 m = first_lanes(i1 - i);
+      store16(out + i, m,
+              in2 != nullptr ? f(load16(in + i, m), load16(in2 + i, m))
+                             : f(load16(in + i, m), _mm512_setzero_ps()));
+    }
+  }
+}
+template <typename T>
+void gelu_forward(T* out, const T* inp, int64_t n) {
+  map16(out, inp, static_cast<const T*>(nullptr), n, [](__m512 x, __m512) { return gelu16(x); });
+}
+template <typename T>
+void gelu_backward(T* dinp, const T* inp, const T* dout, int64_t n) {
+  map16(dinp, inp, dout, n, [](__m512 x, __m512 d) { return _mm512_mul_ps(gelu_grad16(x), d); });
+}
+#else
 template <typename T>
 void gelu_forward(T* out, const T* inp, int64_t n) {
 #pragma omp parallel for simd schedule(static)
@@ -132,6 +161,7 @@ void gelu_backward(T* dinp, const T* inp, const T* dout, int64_t n) {
     dinp[i] = from_f32<T>(grad * to_f32(dout[i]));
   }
 }
+#endif
 void cast_to_bf16(bf16_t* out, const float* inp, int64_t n) {
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) out[i] = from_f32<bf16_t>(inp[i]);
@@ -244,31 +274,68 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const TD* dou
 }
 
 #if HR_AVX512_KERNELS
-// main's bf16 GELU: gelu16 / gelu_grad16 over 16 lanes, the bf16 stores rounded by the integer
-// form (cvt_ps_bf16_int) that cvt_ps_bf16 used before it took vcvtneps2bf16.
-template <typename TI, typename F>
-void map16_int_round(bf16_t* out, const TI* in, const bf16_t* in2, int64_t n, F f) {
-#pragma omp parallel
-  {
-    const int64_t nth = omp_get_num_threads(), tid = omp_get_thread_num();
-    const int64_t units = (n + 63) / 64, per = units / nth, rem = units % nth;
-    const int64_t u0 = tid * per + std::min(tid, rem), u1 = u0 + per + (tid < rem ? 1 : 0);
-    const int64_t i0 = std::min(n, u0 * 64), i1 = std::min(n, u1 * 64);
-    for (int64_t i = i0; i < i1; i += 16) {
-      const __mmask16 m = first_lanes(i1 - i);
-      const __m512 y = in2 != nullptr ? f(load16(in + i, m), load16(in2 + i, m))
-                                      : f(load16(in + i, m), _mm512_setzero_ps());
-      _mm256_mask_storeu_epi16(out + i, m, cvt_ps_bf16_int(y));
-    }
+// main's AVX-512 LayerNorm forward (the kern helper's row kernels), before the rows ahead were
+// prefetched: the same statistics and output arithmetic, so the same bits.
+inline float hsum16(__m512 v) {
+  v = _mm512_add_ps(v, _mm512_maskz_shuffle_f32x4(0xFFFF, v, v, 0x4E));
+  v = _mm512_add_ps(v, _mm512_maskz_shuffle_f32x4(0xFFFF, v, v, 0xB1));
+  v = _mm512_add_ps(v, _mm512_maskz_permute_ps(0xFFFF, v, 0x4E));
+  v = _mm512_add_ps(v, _mm512_maskz_permute_ps(0xFFFF, v, 0xB1));
+  return _mm512_cvtss_f32(v);
+}
+inline void layernorm_row_stats16(const float* x, int C, float* mean, float* rstd) {
+  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  int c = 0;
+  for (; c + 64 <= C; c += 64) {
+    a0 = _mm512_add_ps(a0, _mm512_loadu_ps(x + c));
+    a1 = _mm512_add_ps(a1, _mm512_loadu_ps(x + c + 16));
+    a2 = _mm512_add_ps(a2, _mm512_loadu_ps(x + c + 32));
+    a3 = _mm512_add_ps(a3, _mm512_loadu_ps(x + c + 48));
   }
+  for (; c < C; c += 16) a0 = _mm512_add_ps(a0, _mm512_maskz_loadu_ps(first_lanes(C - c), x + c));
+  const float m = hsum16(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3))) / C;
+  const __m512 vm = _mm512_set1_ps(m);
+  a0 = a1 = a2 = a3 = _mm512_setzero_ps();
+  for (c = 0; c + 64 <= C; c += 64) {
+    const __m512 d0 = _mm512_sub_ps(_mm512_loadu_ps(x + c), vm);
+    const __m512 d1 = _mm512_sub_ps(_mm512_loadu_ps(x + c + 16), vm);
+    const __m512 d2 = _mm512_sub_ps(_mm512_loadu_ps(x + c + 32), vm);
+    const __m512 d3 = _mm512_sub_ps(_mm512_loadu_ps(x + c + 48), vm);
+    a0 = _mm512_fmadd_ps(d0, d0, a0);
+    a1 = _mm512_fmadd_ps(d1, d1, a1);
+    a2 = _mm512_fmadd_ps(d2, d2, a2);
+    a3 = _mm512_fmadd_ps(d3, d3, a3);
+  }
+  for (; c < C; c += 16) {
+    const __mmask16 k = first_lanes(C - c);
+    const __m512 d = _mm512_maskz_sub_ps(k, _mm512_maskz_loadu_ps(k, x + c), vm);
+    a0 = _mm512_fmadd_ps(d, d, a0);
+  }
+  const float v = hsum16(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3))) / C;
+  *mean = m;
+  *rstd = 1.0f / std::sqrt(v + 1e-5f);
 }
-void gelu_forward_main(bf16_t* out, const bf16_t* inp, int64_t n) {
-  map16_int_round(out, inp, static_cast<const bf16_t*>(nullptr), n,
-                  [](__m512 x, __m512) { return gelu16(x); });
-}
-void gelu_backward_main(bf16_t* dinp, const bf16_t* inp, const bf16_t* dout, int64_t n) {
-  map16_int_round(dinp, inp, dout, n,
-                  [](__m512 x, __m512 d) { return _mm512_mul_ps(gelu_grad16(x), d); });
+template <typename TOut>
+void layernorm_forward_main(TOut* out, float* mean, float* rstd, const float* inp,
+                            const float* weight, const float* bias, int N, int C) {
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    const float* x = inp + n * C;
+    TOut* o = out + n * C;
+    float m, r;
+    layernorm_row_stats16(x, C, &m, &r);
+    const __m512 vm = _mm512_set1_ps(m), vr = _mm512_set1_ps(r);
+    for (int c = 0; c < C; c += 16) {
+      const __mmask16 k = first_lanes(C - c);
+      const __m512 norm = _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + c), vm), vr);
+      const __m512 w = _mm512_maskz_loadu_ps(k, weight + c);
+      store16(o + c, k,
+              bias != nullptr ? _mm512_fmadd_ps(norm, w, _mm512_maskz_loadu_ps(k, bias + c))
+                              : _mm512_mul_ps(norm, w));
+    }
+    mean[n] = m;
+    rstd[n] = r;
+  }
 }
 #endif
 }  // namespace before
@@ -276,21 +343,33 @@ void gelu_backward_main(bf16_t* dinp, const bf16_t* inp, const bf16_t* dout, int
 // ---- LayerNorm: 65536 rows of 768 (192 MiB fp32) -------------------------------------------
 constexpr int kRows = 65536, C = 768;
 
-template <typename T, bool kBefore>
+// Over state.range(0) rows: 65536 (from memory) or 256 (768 KiB of input: from L2, what the
+// arithmetic alone allows).
+// kBefore: 1 = main's kernel before the AVX-512 row kernels, 2 = main's AVX-512 kernel without
+// the prefetch, 0 = the current kernel.
+template <typename T, int kBefore>
 void BM_LayerNormForward(benchmark::State& state) {
-  std::vector<float> inp = buffer(size_t(kRows) * C, 0.5f), w = buffer(C, 1), b = buffer(C, 0),
-                     mean = buffer(kRows, 0), rstd = buffer(kRows, 0);
-  std::vector<T> out = buffer<T>(size_t(kRows) * C, 0);
+  const int rows = int(state.range(0));
+  std::vector<float> inp(size_t(rows) * C), w = buffer(C, 1), b = buffer(C, 0),
+                                            mean = buffer(size_t(rows), 0),
+                                            rstd = buffer(size_t(rows), 0);
+  for (size_t i = 0; i < inp.size(); ++i) inp[i] = float(int(i * 2654435761u % 2000u)) * 0.001f;
+  std::vector<T> out = buffer<T>(size_t(rows) * C, 0);
   for (auto _ : state) {
-    if constexpr (kBefore) {
+    if constexpr (kBefore == 1) {
       before::layernorm_forward(out.data(), mean.data(), rstd.data(), inp.data(), w.data(),
-                                b.data(), kRows, C);
+                                b.data(), rows, C);
+#if HR_AVX512_KERNELS
+    } else if constexpr (kBefore == 2) {
+      before::layernorm_forward_main(out.data(), mean.data(), rstd.data(), inp.data(), w.data(),
+                                     b.data(), rows, C);
+#endif
     } else {
-      layernorm_forward(out.data(), mean.data(), rstd.data(), inp.data(), w.data(), b.data(), kRows,
+      layernorm_forward(out.data(), mean.data(), rstd.data(), inp.data(), w.data(), b.data(), rows,
                         C);
     }
   }
-  report(state, double(kRows) * C * (4 + sizeof(T)));
+  report(state, double(rows) * C * (4 + sizeof(T)));
 }
 
 template <typename T, bool kBefore>
@@ -317,11 +396,22 @@ void BM_LayerNormBackward(benchmark::State& state) {
 constexpr int64_t kElems = int64_t(64) << 20;
 
 // GELU over state.range(0) elements: 64M (from memory) or 256K (from L2: what the arithmetic
-// alone allows, the ceiling for the memory-bound size).
+// alone allows, the ceiling for the memory-bound size). Inputs spread over [-4, 4) (an MLP's
+// pre-activations are of that order), so that table lookups (16-bit storage) touch the entries
+// a training step touches, not one entry.
+template <typename T>
+std::vector<T> gelu_input(int64_t n) {
+  std::vector<T> v(static_cast<size_t>(n));
+  for (size_t i = 0; i < v.size(); ++i) {
+    const uint32_t h = uint32_t(i) * 2654435761u;
+    v[i] = from_f32<T>(float(h >> 8) * (8.0f / 16777216.0f) - 4.0f);
+  }
+  return v;
+}
 template <typename T, bool kBefore>
 void BM_GeluForward(benchmark::State& state) {
   const int64_t n = state.range(0);
-  std::vector<T> inp = buffer<T>(size_t(n), 0.3f), out = buffer<T>(size_t(n), 0);
+  std::vector<T> inp = gelu_input<T>(n), out = buffer<T>(size_t(n), 0);
   for (auto _ : state) {
     if constexpr (kBefore) {
       before::gelu_forward(out.data(), inp.data(), n);
@@ -335,31 +425,20 @@ void BM_GeluForward(benchmark::State& state) {
 template <typename T, bool kBefore>
 void BM_GeluBackward(benchmark::State& state) {
   const int64_t n = state.range(0);
-  std::vector<T> inp = buffer<T>(size_t(n), 0.3f), d = buffer<T>(size_t(n), 0.1f);
+  // Not in place (as the model runs it): repeated in place, dout would decay to subnormals and 0
+  // where |gelu'| < 1, which is not what a step sees. The write then costs a read for ownership
+  // (as the triad's and the forward's do).
+  std::vector<T> inp = gelu_input<T>(n), d = buffer<T>(size_t(n), 0.1f),
+                 dx = buffer<T>(size_t(n), 0);
   for (auto _ : state) {
     if constexpr (kBefore) {
-      before::gelu_backward(d.data(), inp.data(), d.data(), n);
+      before::gelu_backward(dx.data(), inp.data(), d.data(), n);
     } else {
-      gelu_backward(d.data(), inp.data(), d.data(), n);
+      gelu_backward(dx.data(), inp.data(), d.data(), n);
     }
   }
   report(state, double(n) * 3 * sizeof(T));
 }
-
-#if HR_AVX512_KERNELS
-void BM_GeluForwardMainBf16(benchmark::State& state) {
-  const int64_t n = state.range(0);
-  std::vector<bf16_t> inp = buffer<bf16_t>(size_t(n), 0.3f), out = buffer<bf16_t>(size_t(n), 0);
-  for (auto _ : state) before::gelu_forward_main(out.data(), inp.data(), n);
-  report(state, double(n) * 2 * sizeof(bf16_t));
-}
-void BM_GeluBackwardMainBf16(benchmark::State& state) {
-  const int64_t n = state.range(0);
-  std::vector<bf16_t> inp = buffer<bf16_t>(size_t(n), 0.3f), d = buffer<bf16_t>(size_t(n), 0.1f);
-  for (auto _ : state) before::gelu_backward_main(d.data(), inp.data(), d.data(), n);
-  report(state, double(n) * 3 * sizeof(bf16_t));
-}
-#endif
 
 void BM_Residual(benchmark::State& state) {
   std::vector<float> a = buffer(size_t(kElems), 1), b = buffer(size_t(kElems), 2);
@@ -491,12 +570,39 @@ void BM_CrossEntropyBackwardF16(benchmark::State& s) { ce_backward_bench(s, DTyp
 
 #define HR_BENCH(...) BENCHMARK(__VA_ARGS__)->Unit(benchmark::kMillisecond)->UseRealTime()
 HR_BENCH(BM_Triad);
-HR_BENCH(BM_LayerNormForward<float, true>)->Name("BM_LayerNormForwardBefore<float>");
-HR_BENCH(BM_LayerNormForward<float, false>)->Name("BM_LayerNormForward<float>");
-HR_BENCH(BM_LayerNormForward<bf16_t, true>)->Name("BM_LayerNormForwardBefore<bf16_t>");
-HR_BENCH(BM_LayerNormForward<bf16_t, false>)->Name("BM_LayerNormForward<bf16_t>");
-HR_BENCH(BM_LayerNormForward<f16_t, true>)->Name("BM_LayerNormForwardBefore<f16_t>");
-HR_BENCH(BM_LayerNormForward<f16_t, false>)->Name("BM_LayerNormForward<f16_t>");
+HR_BENCH(BM_LayerNormForward<float, 1>)
+    ->Name("BM_LayerNormForwardBefore<float>")
+    ->Arg(kRows)
+    ->Arg(256);
+#if HR_AVX512_KERNELS
+HR_BENCH(BM_LayerNormForward<float, 2>)
+    ->Name("BM_LayerNormForwardMain<float>")
+    ->Arg(kRows)
+    ->Arg(256);
+#endif
+HR_BENCH(BM_LayerNormForward<float, 0>)->Name("BM_LayerNormForward<float>")->Arg(kRows)->Arg(256);
+HR_BENCH(BM_LayerNormForward<bf16_t, 1>)
+    ->Name("BM_LayerNormForwardBefore<bf16_t>")
+    ->Arg(kRows)
+    ->Arg(256);
+#if HR_AVX512_KERNELS
+HR_BENCH(BM_LayerNormForward<bf16_t, 2>)
+    ->Name("BM_LayerNormForwardMain<bf16_t>")
+    ->Arg(kRows)
+    ->Arg(256);
+#endif
+HR_BENCH(BM_LayerNormForward<bf16_t, 0>)->Name("BM_LayerNormForward<bf16_t>")->Arg(kRows)->Arg(256);
+HR_BENCH(BM_LayerNormForward<f16_t, 1>)
+    ->Name("BM_LayerNormForwardBefore<f16_t>")
+    ->Arg(kRows)
+    ->Arg(256);
+#if HR_AVX512_KERNELS
+HR_BENCH(BM_LayerNormForward<f16_t, 2>)
+    ->Name("BM_LayerNormForwardMain<f16_t>")
+    ->Arg(kRows)
+    ->Arg(256);
+#endif
+HR_BENCH(BM_LayerNormForward<f16_t, 0>)->Name("BM_LayerNormForward<f16_t>")->Arg(kRows)->Arg(256);
 HR_BENCH(BM_LayerNormBackward<float, true>)->Name("BM_LayerNormBackwardBefore<float>");
 HR_BENCH(BM_LayerNormBackward<float, false>)->Name("BM_LayerNormBackward<float>");
 HR_BENCH(BM_LayerNormBackward<bf16_t, true>)->Name("BM_LayerNormBackwardBefore<bf16_t>");
@@ -512,10 +618,6 @@ HR_BENCH(BM_GeluForward<bf16_t, true>)
     ->Name("BM_GeluForwardBefore<bf16_t>")
     ->Arg(kElems)
     ->Arg(256 << 10);
-#if HR_AVX512_KERNELS
-HR_BENCH(BM_GeluForwardMainBf16)->Name("BM_GeluForwardMain<bf16_t>")->Arg(kElems)->Arg(256 << 10);
-HR_BENCH(BM_GeluBackwardMainBf16)->Name("BM_GeluBackwardMain<bf16_t>")->Arg(kElems)->Arg(256 << 10);
-#endif
 HR_BENCH(BM_GeluForward<bf16_t, false>)
     ->Name("BM_GeluForward<bf16_t>")
     ->Arg(kElems)

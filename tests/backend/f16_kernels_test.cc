@@ -110,6 +110,12 @@ TEST(F16, CrossEntropyBackwardRoundsToF16Values) {
 // atol: results below f16's normal range (2^-14) are subnormal, with an absolute ulp of 2^-24.
 TEST(F16, Gelu) { testing::check_gelu_low<f16_t>(kRound); }
 
+// Every 16-bit input through the kernels (tables with AVX-512) equals the computed path, bit for
+// bit: forward, and backward with douts of both signs, one that rounds, a large and a tiny one.
+TEST(F16, GeluEveryInputMatchesTheComputedPath) {
+  testing::check_gelu_every_input<f16_t>({1.0f, -0.5f, 0.3f, 1000.0f, 1e-5f});
+}
+
 // The f16 GEMMs widen exactly and run the fp32 GEMM: fp32 outputs are bit-identical to the fp32
 // kernel on the same values, f16 outputs are those rounded once, and accumulated weight
 // gradients are bit-identical too.

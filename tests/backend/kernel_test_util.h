@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <initializer_list>
 #include <random>
 #include <string>
 #include <type_traits>
@@ -188,6 +189,78 @@ void check_gelu_low(double round) {
   gelu_backward(dx.data(), x.data(), dout.data(), n);
   gelu_backward(dxl.data(), xl.data(), doutl.data(), n);
   expect_close(widen_vec(dxl), dx, 1e-7, round, "gelu backward");
+}
+
+// GELU in T storage over every one of the 65536 input bit patterns (NaNs, infinities and
+// subnormals included), at a length that ends in a partial vector and splits unevenly between
+// threads: the forward, and the backward with each of `douts`, bit for bit against the computed
+// path. With AVX-512 the kernels look GELU up in tables (Note [GELU by lookup table]); the
+// reference here is the computed path's arithmetic (gelu16 / gelu_grad16 and store16), so a
+// table built or indexed differently fails. Without AVX-512 the kernel computes, and the
+// reference is the portable loop's formula.
+template <typename T>
+void check_gelu_every_input(std::initializer_list<float> douts) {
+  const int64_t n = 65536 + 37;  // every pattern, then 37 more (a masked last vector)
+  std::vector<T> x(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) x[size_t(i)] = T{uint16_t((i * 40503 % 65536) ^ (i >> 16))};
+  auto bits = [](const std::vector<T>& v) {
+    std::vector<uint16_t> b(v.size());
+    for (size_t i = 0; i < v.size(); ++i) b[i] = v[i].bits;
+    return b;
+  };
+  // The reference for 16 inputs (d: the dout values, or null for the forward).
+  auto reference = [](const T* xs, const T* ds, T* out) {
+#if HR_AVX512_KERNELS
+    const __m512 v = load16(xs, 0xFFFF);
+    store16(out, 0xFFFF,
+            ds == nullptr ? gelu16(v) : _mm512_mul_ps(gelu_grad16(v), load16(ds, 0xFFFF)));
+#else
+    for (int j = 0; j < 16; ++j) {
+      const float v = to_f32(xs[j]);
+      const float u = 0.7978845608028654f * (v + 0.044715f * v * v * v);
+      if (ds == nullptr) {
+        out[j] = from_f32<T>(0.5f * v * (1.0f + fast_tanh(u)));
+      } else {
+        const float th = fast_tanh(u);
+        const float du = 0.7978845608028654f * (1.0f + 3.0f * 0.044715f * v * v);
+        const float g = 0.5f * (1.0f + th) + 0.5f * v * (1.0f - th * th) * du;
+        out[j] = from_f32<T>(g * to_f32(ds[j]));
+      }
+    }
+#endif
+  };
+  std::vector<T> xp = x;
+  xp.resize(size_t(n + 15) / 16 * 16, T{0});
+  std::vector<T> want(xp.size()), got(static_cast<size_t>(n));
+  for (size_t i = 0; i < xp.size(); i += 16) reference(&xp[i], nullptr, &want[i]);
+  want.resize(size_t(n));
+  gelu_forward(got.data(), x.data(), n);
+  const auto gb = bits(got), wb = bits(want);
+  int misses = 0;
+  for (size_t i = 0; i < gb.size(); ++i) {
+    if (gb[i] != wb[i] && ++misses <= 5) {
+      ADD_FAILURE() << "gelu of bits 0x" << std::hex << x[i].bits << ": 0x" << gb[i] << ", want 0x"
+                    << wb[i];
+    }
+  }
+  EXPECT_EQ(misses, 0) << "forward";
+  for (float d : douts) {
+    std::vector<T> dv(xp.size(), from_f32<T>(d)), dwant(xp.size());
+    for (size_t i = 0; i < xp.size(); i += 16) reference(&xp[i], &dv[i], &dwant[i]);
+    dwant.resize(size_t(n));
+    dv.resize(size_t(n));
+    std::vector<T> dgot = dv;  // in place, as the model runs it (dinp aliases dout)
+    gelu_backward(dgot.data(), x.data(), dgot.data(), n);
+    const auto db = bits(dgot), dw = bits(dwant);
+    misses = 0;
+    for (size_t i = 0; i < db.size(); ++i) {
+      if (db[i] != dw[i] && ++misses <= 5) {
+        ADD_FAILURE() << "gelu backward of bits 0x" << std::hex << x[i].bits << " with dout " << d
+                      << ": 0x" << db[i] << ", want 0x" << dw[i];
+      }
+    }
+    EXPECT_EQ(misses, 0) << "backward, dout " << d;
+  }
 }
 
 struct AttnShape {

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include "backend/cpu/bf16.h"
 #include "backend/cpu/fast_math.h"
@@ -45,13 +46,18 @@ inline void thread_range(int64_t n, int64_t align, int64_t* begin, int64_t* end)
 // out[i] = f(in[i]) (and with in2, f(in[i], in2[i])) for i < n, 16 lanes at a time, each
 // thread's range ending in one masked vector (no scalar tail: see fast_math.h). Ranges are
 // multiples of 64 elements, whole cache lines for every storage type. out may alias the inputs.
-template <typename TO, typename TI, typename F>
+// With kAhead > 0, each vector also prefetches the input kAhead elements ahead (see the fp32
+// GELU forward).
+template <int64_t kAhead = 0, typename TO, typename TI, typename F>
 inline void map16(TO* out, const TI* in, int64_t n, F f) {
 #pragma omp parallel
   {
     int64_t i0, i1;
     thread_range(n, 64, &i0, &i1);
     for (int64_t i = i0; i < i1; i += 16) {
+      if constexpr (kAhead > 0) {
+        _mm_prefetch(reinterpret_cast<const char*>(in + std::min(i + kAhead, n - 1)), _MM_HINT_T0);
+      }
       const __mmask16 m = first_lanes(i1 - i);
       store16(out + i, m, f(load16(in + i, m)));
     }
@@ -196,6 +202,16 @@ inline void layernorm_row_stats16(const float* x, int C, float* mean, float* rst
 }
 #endif
 
+#if HR_AVX512_KERNELS
+// The forward reads a row from memory (the sum), twice more from L1 (the squared deviations, the
+// output), so the memory stream would stall during each row's output loop (the hardware
+// prefetcher does not run far enough ahead for that): that loop prefetches the row two ahead
+// (6 KiB at C = 768), one line per vector of 16 floats, as many lines as the row has. Measured
+// with 0, 1, 2, 3 and 4 rows ahead (docs/notes/memory-bound-kernels.md, "LayerNorm forward: the
+// next rows prefetched"): 2 and 3 alike, 1 about half the gain. It moves no result.
+constexpr int64_t kLnPrefetchRows = 2;
+#endif
+
 template <typename TOut>
 void layernorm_forward_t(TOut* out, float* mean, float* rstd, const float* inp, const float* weight,
                          const float* bias, int N, int C) {
@@ -209,7 +225,10 @@ void layernorm_forward_t(TOut* out, float* mean, float* rstd, const float* inp, 
     float m, r;
     layernorm_row_stats16(x, C, &m, &r);
     const __m512 vm = _mm512_set1_ps(m), vr = _mm512_set1_ps(r);
+    // The row kLnPrefetchRows ahead, one cache line per output vector (see the constant).
+    const float* ahead = inp + std::min<int64_t>(n + kLnPrefetchRows, N - 1) * C;
     for (int c = 0; c < C; c += 16) {
+      _mm_prefetch(reinterpret_cast<const char*>(ahead + c), _MM_HINT_T0);
       const __mmask16 k = first_lanes(C - c);
       const __m512 norm = _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + c), vm), vr);
       const __m512 w = _mm512_maskz_loadu_ps(k, weight + c);
@@ -886,12 +905,107 @@ constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
 constexpr float kGeluCube = 0.044715f;
 #endif
 
-// With AVX-512: gelu16 / gelu_grad16 (fast_math.h), every element through the vector path.
-// Otherwise: plain loops that GCC vectorises, on fast_tanh.
+#if HR_AVX512_KERNELS
+// See Note [GELU by lookup table] in docs/notes/memory-bound-kernels.md. A bf16 or f16 input has
+// 65536 possible values, so GELU in 16-bit storage is a function of 16 bits. The tables are
+// computed once, on first use, by the same instructions as the computed path (gelu16 then
+// store16; gelu_grad16 in fp32), so a lookup returns the computed path's bits for every input.
+// A static local: built once, thread-safe (C++11), outside the memory plan like oneDNN's code.
+template <typename T>
+struct GeluForwardTable {
+  // One entry per input's bits. The gather reads 32 bits at 2 * index, i.e. entries i and i + 1
+  // (the upper half discarded): the padding (one entry needed, a cache line's worth kept) keeps
+  // the read at 0xFFFF inside the array.
+  alignas(64) T out[65536 + 32];
+  GeluForwardTable() {
+    alignas(64) T x[16];
+    for (int i = 0; i < 65536; i += 16) {
+      for (int j = 0; j < 16; ++j) x[j] = T{uint16_t(i + j)};
+      store16(out + i, 0xFFFF, gelu16(load16(x, 0xFFFF)));
+    }
+    for (int i = 65536; i < 65536 + 32; ++i) out[i] = T{0};
+  }
+};
+template <typename T>
+struct GeluGradTable {
+  alignas(64) float grad[65536];  // gelu'(x) in fp32, by gelu_grad16
+  GeluGradTable() {
+    alignas(64) T x[16];
+    for (int i = 0; i < 65536; i += 16) {
+      for (int j = 0; j < 16; ++j) x[j] = T{uint16_t(i + j)};
+      _mm512_store_ps(grad + i, gelu_grad16(load16(x, 0xFFFF)));
+    }
+  }
+};
+template <typename T>
+const T* gelu_forward_table() {
+  static const GeluForwardTable<T> table;
+  return table.out;
+}
+template <typename T>
+const float* gelu_grad_table() {
+  static const GeluGradTable<T> table;
+  return table.grad;
+}
+
+// The 16 inputs' bits as 32-bit gather indices (lanes outside m: 0, a valid index).
+inline __m512i bits16(const void* p, __mmask16 m) {
+  return _mm512_maskz_cvtepu16_epi32(0xFFFF, _mm256_maskz_loadu_epi16(m, p));
+}
+
+// out[i] = table[bits(inp[i])] by vpgatherdd, each thread's range ending in one masked vector.
+// (The masked gathers: GCC 12 warns falsely about the plain ones, as about other maskz forms.)
+template <typename T>
+void gelu_forward_lookup(T* out, const T* inp, int64_t n) {
+  const T* table = gelu_forward_table<T>();
+#pragma omp parallel
+  {
+    int64_t i0, i1;
+    thread_range(n, 64, &i0, &i1);
+    for (int64_t i = i0; i < i1; i += 16) {
+      // The input 4 KiB ahead, as the fp32 forward: 0.83-0.91x of the time without, in two
+      // loaded runs each (the backward, prefetching both inputs: 0.88-1.0x, not done).
+      _mm_prefetch(reinterpret_cast<const char*>(inp + std::min(i + 2048, n - 1)), _MM_HINT_T0);
+      const __mmask16 m = first_lanes(i1 - i);
+      const __m512i v =
+          _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, bits16(inp + i, m), table, 2);
+      _mm256_mask_storeu_epi16(out + i, m, _mm512_maskz_cvtepi32_epi16(0xFFFF, v));
+    }
+  }
+}
+
+// dinp[i] = gelu'(inp[i]) * dout[i], gelu' from the table (vgatherdps): the computed path's
+// product, operands in the same order, so the same bits.
+template <typename T>
+void gelu_backward_lookup(T* dinp, const T* inp, const T* dout, int64_t n) {
+  const float* table = gelu_grad_table<T>();
+#pragma omp parallel
+  {
+    int64_t i0, i1;
+    thread_range(n, 64, &i0, &i1);
+    for (int64_t i = i0; i < i1; i += 16) {
+      const __mmask16 m = first_lanes(i1 - i);
+      const __m512 g =
+          _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, bits16(inp + i, m), table, 4);
+      store16(dinp + i, m, _mm512_mul_ps(g, load16(dout + i, m)));
+    }
+  }
+}
+#endif
+
+// With AVX-512: fp32 storage through gelu16 / gelu_grad16 (fast_math.h), every element through
+// the vector path; bf16 and f16 storage by table lookup (the same bits, see above). Otherwise:
+// plain loops that GCC vectorises, on fast_tanh.
 template <typename T>
 void gelu_forward_t(T* out, const T* inp, int64_t n) {
 #if HR_AVX512_KERNELS
-  map16(out, inp, n, [](__m512 x) { return gelu16(x); });
+  if constexpr (std::is_same_v<T, float>) {
+    // The input prefetched 1024 floats (4 KiB) ahead: 0.80-0.82x of the time without, in three
+    // loaded runs (256 ahead: 0.78-0.97x, 4096: 0.90x); see docs/notes/memory-bound-kernels.md.
+    map16<1024>(out, inp, n, [](__m512 x) { return gelu16(x); });
+  } else {
+    gelu_forward_lookup(out, inp, n);
+  }
 #else
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) {
@@ -905,7 +1019,11 @@ void gelu_forward_t(T* out, const T* inp, int64_t n) {
 template <typename T>
 void gelu_backward_t(T* dinp, const T* inp, const T* dout, int64_t n) {
 #if HR_AVX512_KERNELS
-  map16(dinp, inp, dout, n, [](__m512 x, __m512 d) { return _mm512_mul_ps(gelu_grad16(x), d); });
+  if constexpr (std::is_same_v<T, float>) {
+    map16(dinp, inp, dout, n, [](__m512 x, __m512 d) { return _mm512_mul_ps(gelu_grad16(x), d); });
+  } else {
+    gelu_backward_lookup(dinp, inp, dout, n);
+  }
 #else
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) {
