@@ -5,6 +5,7 @@
 #include <benchmark/benchmark.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -12,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "attention_tiled_before.h"
 #include "backend/cpu/bf16.h"
 #include "backend/cpu/fused_kernels.h"
 #include "backend/cpu/kernels.h"
@@ -100,6 +102,64 @@ void BM_Attention(benchmark::State& state) {
       std::max(fscratch_t.size(), bscratch_t.size()) * 4.0 / (1 << 20);
 }
 
+// ---- fp32 tiled attention: current kernels vs the previous ones ------------------------------
+// Args: B, T, C, NH. Each iteration runs, forward and backward, the kernels before the per-head
+// packing (attention_tiled_before.h, kept for this comparison only) and the current ones, on the
+// same inputs, alternated. FLOPs as BM_Attention.
+void BM_AttentionFp32VsBefore(benchmark::State& state) {
+  const int B = state.range(0), T = state.range(1), C = state.range(2), NH = state.range(3);
+  const int HS = C / NH;
+  const size_t nqkv = size_t{3} * B * T * C, nout = size_t{1} * B * T * C;
+  const std::vector<float> qkv = rand_vec(nqkv, 1), dout = rand_vec(nout, 2, -0.01f, 0.01f);
+  std::vector<float> out_o(nout), out_n(nout), dqkv_o(nqkv), dqkv_n(nqkv);
+  std::vector<float> lse_o(size_t{1} * B * NH * T), lse_n(lse_o.size());
+  std::vector<float> fs_o(before::attention_tiled_scratch_floats(B, T, C, NH));
+  std::vector<float> bs_o(before::attention_tiled_backward_scratch_floats(B, T, C, NH));
+  std::vector<float> fs_n(attention_tiled_scratch_floats(B, T, C, NH));
+  std::vector<float> bs_n(attention_tiled_backward_scratch_floats(B, T, C, NH));
+  double of = 0, ob = 0, nf = 0, nb = 0;
+  for (auto _ : state) {
+    of += seconds([&] {
+      before::attention_tiled_forward(out_o.data(), lse_o.data(), qkv.data(), B, T, C, NH,
+                                      fs_o.data());
+    });
+    nf += seconds([&] {
+      attention_tiled_forward(out_n.data(), lse_n.data(), qkv.data(), B, T, C, NH, fs_n.data());
+    });
+    ob += seconds([&] {
+      before::attention_tiled_backward(dqkv_o.data(), dout.data(), qkv.data(), out_o.data(),
+                                       lse_o.data(), B, T, C, NH, bs_o.data());
+    });
+    nb += seconds([&] {
+      attention_tiled_backward(dqkv_n.data(), dout.data(), qkv.data(), out_n.data(), lse_n.data(),
+                               B, T, C, NH, bs_n.data());
+    });
+    benchmark::ClobberMemory();
+  }
+  // The two compute the same sums (tests/backend states the tolerances against the plain path).
+  const double eo = max_abs_diff(out_o, out_n), el = max_abs_diff(lse_o, lse_n),
+               ed = max_abs_diff(dqkv_o, dqkv_n);
+  if (!(eo < 1e-6 && el < 1e-5 && ed < 1e-6)) {
+    state.SkipWithError(("new != before: out " + std::to_string(eo) + ", lse " +
+                         std::to_string(el) + ", dqkv " + std::to_string(ed))
+                            .c_str());
+    return;
+  }
+  const double n = static_cast<double>(state.iterations());
+  const double pairs = double{1} * B * NH * T * (T + 1) / 2;
+  state.counters["before_fwd_ms"] = 1e3 * of / n;
+  state.counters["before_bwd_ms"] = 1e3 * ob / n;
+  state.counters["new_fwd_ms"] = 1e3 * nf / n;
+  state.counters["new_bwd_ms"] = 1e3 * nb / n;
+  state.counters["fwd_new/before"] = nf / of;
+  state.counters["bwd_new/before"] = nb / ob;
+  state.counters["step_new/before"] = (nf + nb) / (of + ob);
+  state.counters["new_GFLOP/s"] = pairs * 12 * HS * n / (nf + nb) * 1e-9;
+  state.counters["max_abs_diff"] = std::max({eo, ed});
+  state.counters["before_scratch_MiB"] = std::max(fs_o.size(), bs_o.size()) * 4.0 / (1 << 20);
+  state.counters["new_scratch_MiB"] = std::max(fs_n.size(), bs_n.size()) * 4.0 / (1 << 20);
+}
+
 // ---- attention with bf16 storage: bf16 tile products vs the fp32 fallback -------------------
 // Args: B, T, C, NH. Each iteration runs, forward and backward, the fp32 tiled kernel on fp32
 // data, the bf16 fallback (bf16 rows widened to fp32, the fp32 kernel: the bf16 path before the
@@ -179,6 +239,80 @@ void BM_AttentionBf16(benchmark::State& state) {
   state.counters["new_GFLOP/s"] = pairs * 12 * HS * n / (nf + nb) * 1e-9;
 }
 
+// ---- bf16 tiled attention (AMX): current kernels vs the previous ones -----------------------
+// Args: B, T, C, NH. Each iteration runs, forward and backward, the AMX kernels as they were
+// before issue 6 (attention_tiled_before.h) and the current ones (the library with kAmx), on the
+// same bf16 inputs, alternated. Skipped on a CPU without AMX. FLOPs as BM_Attention.
+void BM_AttentionBf16VsBefore(benchmark::State& state) {
+  const int B = state.range(0), T = state.range(1), C = state.range(2), NH = state.range(3);
+  const int HS = C / NH;
+  set_attention_bf16_kernel(AttentionBf16Kernel::kAmx);  // asks for AMX once
+  if (attention_bf16_kernel() != AttentionBf16Kernel::kAmx) {
+    set_attention_bf16_kernel(AttentionBf16Kernel::kAuto);
+    state.SkipWithError("no AMX on this CPU");
+    return;
+  }
+  const size_t nqkv = size_t{3} * B * T * C, nout = size_t{1} * B * T * C;
+  const std::vector<float> qf = rand_vec(nqkv, 1), df = rand_vec(nout, 2, -0.01f, 0.01f);
+  std::vector<bf16_t> qkv(nqkv), dout(nout), out_o(nout), out_n(nout), dqkv_o(nqkv), dqkv_n(nqkv);
+  for (size_t i = 0; i < nqkv; ++i) qkv[i] = from_f32<bf16_t>(qf[i]);
+  for (size_t i = 0; i < nout; ++i) dout[i] = from_f32<bf16_t>(df[i]);
+  std::vector<float> lse_o(size_t{1} * B * NH * T), lse_n(lse_o.size());
+  std::vector<float> fs_o(std::min(B * NH, kAttentionMaxWorkers) *
+                          before::forward_bf16_slot_floats(T, HS));
+  std::vector<float> bs_o(std::min(B * NH, kAttentionMaxWorkers) *
+                          before::backward_bf16_slot_floats(T, HS));
+  std::vector<float> fs_n(attention_tiled_scratch_floats(B, T, C, NH, DType::kBF16));
+  std::vector<float> bs_n(attention_tiled_backward_scratch_floats(B, T, C, NH, DType::kBF16));
+  double of = 0, ob = 0, nf = 0, nb = 0;
+  for (auto _ : state) {
+    of += seconds([&] {
+      before::attention_tiled_forward_dp<true>(out_o.data(), lse_o.data(), qkv.data(), B, T, C, NH,
+                                               fs_o.data());
+    });
+    nf += seconds([&] {
+      attention_tiled_forward(out_n.data(), lse_n.data(), qkv.data(), B, T, C, NH, fs_n.data());
+    });
+    ob += seconds([&] {
+      before::attention_tiled_backward_dp<true>(dqkv_o.data(), dout.data(), qkv.data(),
+                                                out_o.data(), lse_o.data(), B, T, C, NH,
+                                                bs_o.data());
+    });
+    nb += seconds([&] {
+      attention_tiled_backward(dqkv_n.data(), dout.data(), qkv.data(), out_n.data(), lse_n.data(),
+                               B, T, C, NH, bs_n.data());
+    });
+    benchmark::ClobberMemory();
+  }
+  set_attention_bf16_kernel(AttentionBf16Kernel::kAuto);
+  double eo = 0, ed = 0;
+  for (size_t i = 0; i < nout; ++i) {
+    eo = std::max(eo, std::abs(double{to_f32(out_o[i])} - to_f32(out_n[i])));
+  }
+  for (size_t i = 0; i < nqkv; ++i) {
+    ed = std::max(ed, std::abs(double{to_f32(dqkv_o[i])} - to_f32(dqkv_n[i])));
+  }
+  const double el = max_abs_diff(lse_o, lse_n);
+  // Within the bf16 kernels' own tolerances against fp32 (tests/backend): 2^-7 out, 2^-5 dqkv.
+  if (!(eo < 1.0 / 128 && ed < 1.0 / 32 && el < 1e-5)) {
+    state.SkipWithError(("new != before: out " + std::to_string(eo) + ", lse " +
+                         std::to_string(el) + ", dqkv " + std::to_string(ed))
+                            .c_str());
+    return;
+  }
+  const double n = static_cast<double>(state.iterations());
+  const double pairs = double{1} * B * NH * T * (T + 1) / 2;
+  state.counters["before_fwd_ms"] = 1e3 * of / n;
+  state.counters["before_bwd_ms"] = 1e3 * ob / n;
+  state.counters["new_fwd_ms"] = 1e3 * nf / n;
+  state.counters["new_bwd_ms"] = 1e3 * nb / n;
+  state.counters["fwd_new/before"] = nf / of;
+  state.counters["bwd_new/before"] = nb / ob;
+  state.counters["step_new/before"] = (nf + nb) / (of + ob);
+  state.counters["new_GFLOP/s"] = pairs * 12 * HS * n / (nf + nb) * 1e-9;
+  state.counters["max_abs_diff"] = std::max(eo, ed);
+}
+
 // ---- LM head + cross-entropy: chunked vs unfused ---------------------------------------------
 // Args: N, C, V, chunk. Each iteration runs forward + backward three ways: unfused (full N x V
 // logits, matmul + cross_entropy), fused (forward, then backward with the recompute) and fused
@@ -251,8 +385,24 @@ BENCHMARK(BM_Attention)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 
+BENCHMARK(BM_AttentionFp32VsBefore)
+    ->Name("attention/fp32_new_vs_before")
+    ->ArgNames({"B", "T", "C", "NH"})
+    ->Args({8, 256, 768, 12})
+    ->Args({2, 1024, 768, 12})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
 BENCHMARK(BM_AttentionBf16)
     ->Name("attention/bf16_tiles_vs_widened")
+    ->ArgNames({"B", "T", "C", "NH"})
+    ->Args({8, 256, 768, 12})
+    ->Args({2, 1024, 768, 12})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
+BENCHMARK(BM_AttentionBf16VsBefore)
+    ->Name("attention/bf16_amx_new_vs_before")
     ->ArgNames({"B", "T", "C", "NH"})
     ->Args({8, 256, 768, 12})
     ->Args({2, 1024, 768, 12})

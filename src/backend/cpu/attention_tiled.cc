@@ -23,6 +23,14 @@
 #include "backend/cpu/fused_kernels.h"
 #include "core/check.h"
 
+// GCC 12 warns of its own intrinsics' undefined vectors (-Wmaybe-uninitialized) when they are
+// inlined (_mm512_reduce_*_ps, and any intrinsic inlined into a function with a target
+// attribute): a false positive.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
 namespace headroom::cpu {
 namespace {
 
@@ -128,41 +136,136 @@ void small_gemm(int M, int N, int K, const float* A, int64_t ars, int64_t acs, c
   }
 }
 
+#if HR_AVX512_HELPERS
+// An in-register transpose of a 16 x 16 block of 32-bit elements: r[i] holds row i on entry and
+// column i on return (unpacks of 32-bit pairs, then 64-bit pairs within 128-bit lanes, then two
+// rounds of lane shuffles). The maskz forms with a full mask are the plain instructions; they
+// avoid GCC 12's false -Wmaybe-uninitialized in the unmasked intrinsics (as in bf16.h).
+HR_AVX512_TARGET inline void transpose16x16(__m512 r[16]) {
+  constexpr __mmask16 kAll = 0xFFFF;
+  __m512 t[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_maskz_unpacklo_ps(kAll, r[i], r[i + 1]);
+    t[i + 1] = _mm512_maskz_unpackhi_ps(kAll, r[i], r[i + 1]);
+  }
+  // u[4g + j], lane l: column 4l + j of rows 4g..4g+3.
+  __m512 u[16];
+  for (int g = 0; g < 16; g += 4) {
+    u[g] = _mm512_maskz_shuffle_ps(kAll, t[g], t[g + 2], 0x44);
+    u[g + 1] = _mm512_maskz_shuffle_ps(kAll, t[g], t[g + 2], 0xEE);
+    u[g + 2] = _mm512_maskz_shuffle_ps(kAll, t[g + 1], t[g + 3], 0x44);
+    u[g + 3] = _mm512_maskz_shuffle_ps(kAll, t[g + 1], t[g + 3], 0xEE);
+  }
+  for (int j = 0; j < 4; ++j) {
+    const __m512 a_even =
+        _mm512_maskz_shuffle_f32x4(kAll, u[j], u[4 + j], 0x88);  // lanes 0, 2 of each
+    const __m512 a_odd = _mm512_maskz_shuffle_f32x4(kAll, u[j], u[4 + j], 0xDD);  // lanes 1, 3
+    const __m512 b_even = _mm512_maskz_shuffle_f32x4(kAll, u[8 + j], u[12 + j], 0x88);
+    const __m512 b_odd = _mm512_maskz_shuffle_f32x4(kAll, u[8 + j], u[12 + j], 0xDD);
+    r[j] = _mm512_maskz_shuffle_f32x4(kAll, a_even, b_even, 0x88);
+    r[8 + j] = _mm512_maskz_shuffle_f32x4(kAll, a_even, b_even, 0xDD);
+    r[4 + j] = _mm512_maskz_shuffle_f32x4(kAll, a_odd, b_odd, 0x88);
+    r[12 + j] = _mm512_maskz_shuffle_f32x4(kAll, a_odd, b_odd, 0xDD);
+  }
+}
+#endif
+
 // dst[d*kB + c] = src[c*ld + d] for c < n, d < HS; columns [n, kB) are zeroed, so a tile's
 // padding keys give score 0 (always masked: only the last, diagonal, key block is partial).
+// 16 x 16 blocks transposed in registers (the loads masked at the head's and the block's edge).
 void pack_transposed(float* dst, const float* src, int64_t ld, int n, int HS) {
+#if defined(__AVX512F__)
+  for (int d0 = 0; d0 < HS; d0 += 16) {
+    const int nd = std::min(16, HS - d0);
+    const auto dmask = static_cast<__mmask16>(nd == 16 ? 0xFFFFu : (1u << nd) - 1u);
+    for (int c0 = 0; c0 < kB; c0 += 16) {
+      __m512 r[16];
+      for (int i = 0; i < 16; ++i) {
+        r[i] = c0 + i < n ? _mm512_maskz_loadu_ps(dmask, src + (c0 + i) * ld + d0)
+                          : _mm512_setzero_ps();
+      }
+      transpose16x16(r);
+      for (int i = 0; i < nd; ++i) _mm512_storeu_ps(dst + int64_t{d0 + i} * kB + c0, r[i]);
+    }
+  }
+#else
   for (int d = 0; d < HS; ++d) {
     float* row = dst + int64_t{d} * kB;
     for (int c = 0; c < n; ++c) row[c] = src[c * ld + d];
     for (int c = n; c < kB; ++c) row[c] = 0.0f;
   }
+#endif
+}
+
+// dst[r*HS + d] = src[r*ld + d] for r < n, d < HS: rows gathered to a contiguous block.
+void pack_rows(float* dst, const float* src, int64_t ld, int n, int HS) {
+  for (int r = 0; r < n; ++r) std::memcpy(dst + int64_t{r} * HS, src + r * ld, sizeof(float) * HS);
 }
 
 inline int num_blocks(int T) { return (T + kB - 1) / kB; }
 
-size_t forward_slot_floats(int HS) { return size_t{1} * HS * kB + kB * kB + kB; }
-size_t backward_slot_floats(int HS) { return size_t{2} * HS * kB + 2 * kB * kB + kB; }
+#if defined(__x86_64__)
+// Mask of the columns c0 + [0, 16) that are < ncols.
+inline __mmask16 cols_mask(int c0, int ncols) {
+  const int n = std::clamp(ncols - c0, 0, 16);
+  return static_cast<__mmask16>((1u << n) - 1u);
+}
+#endif
+
+// Slots (Note [Tiled attention]): per head, each key block packed once for all the query blocks
+// that use it, keys transposed ([HS, kB] per block, contiguous, so a tile product's B operand
+// is 16 KiB that stays in L1: the rows of qkv at their stride of 3C floats fall on few cache
+// sets and evicted each other) and values (and the backward's keys) as rows [T, HS].
+//   forward:  k^T blocks, v rows, s [kB, kB], l [kB];
+//   backward: k^T and v^T blocks, k rows, q and dout rows of the query block, P and dS [kB, kB],
+//             D [kB].
+size_t forward_slot_floats(int T, int HS) {
+  return size_t{2} * num_blocks(T) * kB * HS + kB * kB + kB;
+}
+size_t backward_slot_floats(int T, int HS) {
+  return size_t{3} * num_blocks(T) * kB * HS + size_t{2} * kB * HS + 2 * kB * kB + kB;
+}
 
 // Threads for `tasks` tasks with `slots` scratch slots: thread i uses slot i.
 inline int workers_for(int slots) { return std::max(1, std::min(omp_get_max_threads(), slots)); }
 
 // One query block of one (b, h): the online softmax over key blocks 0..ib.
-//   q, k, v: the (b, h) rows of qkv (row stride C3); o: the block's output rows (stride C);
-//   m: the block's lse entries, holding the running max until the end.
-void forward_block(float* o, float* m, const float* q, const float* k, const float* v, int64_t C3,
-                   int64_t C, int HS, int ib, int nq, float scale, float* slot) {
-  float* kt = slot;                  // [HS, kB] keys of the current block, transposed
-  float* s = kt + int64_t{HS} * kB;  // [kB, kB] scores, then probabilities
-  float* l = s + kB * kB;            // [kB] running sums
+//   q: the block's query rows (stride ldq); kt, vr: the head's packed keys and values;
+//   o: the block's output rows (stride ldo); m: the block's lse entries, holding the running
+//   max until the end; s, l: [kB, kB] and [kB] of the slot.
+void forward_block(float* o, float* m, const float* q, const float* kt, const float* vr,
+                   int64_t ldq, int64_t ldo, int HS, int ib, int nq, float scale, float* s,
+                   float* l) {
   for (int jb = 0; jb <= ib; ++jb) {
     const bool diag = jb == ib;
     const int nk = diag ? nq : kB;
     const int64_t j0 = int64_t{jb} * kB;
-    pack_transposed(kt, k + j0 * C3, C3, nk, HS);
-    small_gemm(nq, kB, HS, q, C3, 1, kt, kB, s, kB, false);
+    small_gemm(nq, kB, HS, q, ldq, 1, kt + j0 * HS, kB, s, kB, false);
     for (int r = 0; r < nq; ++r) {
       float* row = s + r * kB;
       const int ncols = diag ? r + 1 : kB;  // causal: key j0+c <= query i0+r
+#if HR_AVX512_KERNELS
+      // The row in four vectors: scale and max, then exp and sum, columns past the causal edge
+      // (and the padding past nk) stored as 0.
+      const __m512 vscale = _mm512_set1_ps(scale);
+      __m512 x[kB / 16];
+      __m512 vmax = _mm512_set1_ps(-INFINITY);
+      for (int c = 0; c < kB / 16; ++c) {
+        x[c] = _mm512_mul_ps(_mm512_loadu_ps(row + 16 * c), vscale);
+        vmax = _mm512_mask_max_ps(vmax, cols_mask(16 * c, ncols), vmax, x[c]);
+      }
+      const float mx = _mm512_reduce_max_ps(vmax);
+      const float m_new = jb == 0 ? mx : std::max(m[r], mx);
+      const __m512 vm = _mm512_set1_ps(m_new);
+      __m512 vsum = _mm512_setzero_ps();
+      for (int c = 0; c < kB / 16; ++c) {
+        const __m512 e =
+            _mm512_maskz_mov_ps(cols_mask(16 * c, ncols), exp16(_mm512_sub_ps(x[c], vm)));
+        vsum = _mm512_add_ps(vsum, e);
+        _mm512_storeu_ps(row + 16 * c, e);
+      }
+      const float sum = _mm512_reduce_add_ps(vsum);
+#else
       float mx = -INFINITY;
 #pragma omp simd reduction(max : mx)
       for (int c = 0; c < ncols; ++c) {
@@ -178,12 +281,13 @@ void forward_block(float* o, float* m, const float* q, const float* k, const flo
         sum += p;
       }
       for (int c = ncols; c < nk; ++c) row[c] = 0.0f;
+#endif
       if (jb == 0) {
         l[r] = sum;
       } else if (m_new != m[r]) {  // rescale what the earlier key blocks accumulated
         const float alpha = std::exp(m[r] - m_new);
         l[r] = l[r] * alpha + sum;
-        float* orow = o + r * C;
+        float* orow = o + r * ldo;
 #pragma omp simd
         for (int d = 0; d < HS; ++d) orow[d] *= alpha;
       } else {
@@ -192,42 +296,73 @@ void forward_block(float* o, float* m, const float* q, const float* k, const flo
       m[r] = m_new;
     }
     // o (+)= p x v; the first key block overwrites, so out needs no zeroing.
-    small_gemm(nq, HS, nk, s, kB, 1, v + j0 * C3, C3, o, C, jb > 0);
+    small_gemm(nq, HS, nk, s, kB, 1, vr + j0 * HS, HS, o, ldo, jb > 0);
   }
   for (int r = 0; r < nq; ++r) {
     const float inv = 1.0f / l[r];
-    float* orow = o + r * C;
+    float* orow = o + r * ldo;
 #pragma omp simd
     for (int d = 0; d < HS; ++d) orow[d] *= inv;
     m[r] = m[r] + std::log(l[r]);
   }
 }
 
+// One (b, h) of the forward: its keys and values packed once, then each query block.
+//   q, k, v: the head's rows (stride ld); o: its output rows (stride ldo); L: lse[b, h, :].
+void forward_head(float* o, float* L, const float* q, const float* k, const float* v, int64_t ld,
+                  int64_t ldo, int T, int HS, float scale, float* slot) {
+  const int nb = num_blocks(T);
+  const int64_t TH = int64_t{nb} * kB * HS;
+  float* kt = slot;        // per key block [HS, kB]
+  float* vr = kt + TH;     // [T, HS]
+  float* s = vr + TH;      // [kB, kB] scores, then probabilities
+  float* l = s + kB * kB;  // [kB] running sums
+  for (int blk = 0; blk < nb; ++blk) {
+    const int64_t j0 = int64_t{blk} * kB;
+    const int n = std::min<int64_t>(kB, T - j0);
+    pack_transposed(kt + j0 * HS, k + j0 * ld, ld, n, HS);
+    pack_rows(vr + j0 * HS, v + j0 * ld, ld, n, HS);
+  }
+  for (int ib = 0; ib < nb; ++ib) {
+    const int64_t i0 = int64_t{ib} * kB;
+    const int nq = std::min<int64_t>(kB, T - i0);
+    forward_block(o + i0 * ldo, L + i0, q + i0 * ld, kt, vr, ld, ldo, HS, ib, nq, scale, s, l);
+  }
+}
+
 // One (b, h) of the backward, all tiles in a fixed order: query blocks outer, key blocks inner.
-//   q, k, v: the (b, h) rows of qkv; dq, dk, dv: the same rows of dqkv (stride C3);
+//   q, k, v: the (b, h) rows of qkv; dq, dk, dv: the same rows of dqkv (stride C3), each
+//   overwritten by its first product (dQ's block at key block 0, dK's and dV's at the diagonal,
+//   the first query block that sees them), so they need no zeroing;
 //   dy, y: dout and out rows (stride C); L: lse[b, h, :].
 void backward_head(float* dq, float* dk, float* dv, const float* q, const float* k, const float* v,
                    const float* dy, const float* y, const float* L, int64_t C3, int64_t C, int T,
                    int HS, float scale, float* slot) {
-  float* kt = slot;                   // [HS, kB]
-  float* vt = kt + int64_t{HS} * kB;  // [HS, kB]
-  float* p = vt + int64_t{HS} * kB;   // [kB, kB] probabilities
-  float* ds = p + kB * kB;            // [kB, kB] dP, then dS
-  float* D = ds + kB * kB;            // [kB] rowsum(dy * y)
-  for (int t = 0; t < T; ++t) {
-    std::fill(dq + t * C3, dq + t * C3 + HS, 0.0f);
-    std::fill(dk + t * C3, dk + t * C3 + HS, 0.0f);
-    std::fill(dv + t * C3, dv + t * C3 + HS, 0.0f);
-  }
   const int nb = num_blocks(T);
+  const int64_t TH = int64_t{nb} * kB * HS;
+  float* kt = slot;                    // per key block [HS, kB]
+  float* vt = kt + TH;                 // per key block [HS, kB]
+  float* kr = vt + TH;                 // [T, HS]
+  float* qb = kr + TH;                 // [kB, HS] the query block's q rows
+  float* dyb = qb + int64_t{kB} * HS;  // [kB, HS] and dout rows
+  float* p = dyb + int64_t{kB} * HS;   // [kB, kB] probabilities
+  float* ds = p + kB * kB;             // [kB, kB] dP, then dS
+  float* D = ds + kB * kB;             // [kB] rowsum(dy * y)
+  for (int blk = 0; blk < nb; ++blk) {
+    const int64_t j0 = int64_t{blk} * kB;
+    const int n = std::min<int64_t>(kB, T - j0);
+    pack_transposed(kt + j0 * HS, k + j0 * C3, C3, n, HS);
+    pack_transposed(vt + j0 * HS, v + j0 * C3, C3, n, HS);
+    pack_rows(kr + j0 * HS, k + j0 * C3, C3, n, HS);
+  }
   for (int ib = 0; ib < nb; ++ib) {
     const int64_t i0 = int64_t{ib} * kB;
     const int nq = std::min<int64_t>(kB, T - i0);
-    const float* qi = q + i0 * C3;
-    const float* dyi = dy + i0 * C;
     const float* Li = L + i0;
+    pack_rows(qb, q + i0 * C3, C3, nq, HS);
+    pack_rows(dyb, dy + i0 * C, C, nq, HS);
     for (int r = 0; r < nq; ++r) {
-      const float* a = dyi + r * C;
+      const float* a = dyb + r * HS;
       const float* b = y + (i0 + r) * C;
       float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
@@ -238,33 +373,46 @@ void backward_head(float* dq, float* dk, float* dv, const float* q, const float*
       const bool diag = jb == ib;
       const int nk = diag ? nq : kB;
       const int64_t j0 = int64_t{jb} * kB;
-      pack_transposed(kt, k + j0 * C3, C3, nk, HS);
-      pack_transposed(vt, v + j0 * C3, C3, nk, HS);
-      small_gemm(nq, kB, HS, qi, C3, 1, kt, kB, p, kB, false);   // scores
-      small_gemm(nq, kB, HS, dyi, C, 1, vt, kB, ds, kB, false);  // dP = dy v^T
+      small_gemm(nq, kB, HS, qb, HS, 1, kt + j0 * HS, kB, p, kB, false);    // scores
+      small_gemm(nq, kB, HS, dyb, HS, 1, vt + j0 * HS, kB, ds, kB, false);  // dP = dy v^T
+      // P = exp(scale s - lse), dS = P (dP - D) scale (the score's scale folded in), 0 past the
+      // causal edge and the padding past nk.
       for (int r = 0; r < nq; ++r) {
         float* prow = p + r * kB;
         float* drow = ds + r * kB;
         const int ncols = diag ? r + 1 : kB;
         const float lse = Li[r], Dr = D[r];
+#if HR_AVX512_KERNELS
+        const __m512 vscale = _mm512_set1_ps(scale), vlse = _mm512_set1_ps(lse),
+                     vD = _mm512_set1_ps(Dr);
+        for (int c = 0; c < kB; c += 16) {
+          const __mmask16 mask = cols_mask(c, ncols);
+          const __m512 pr = _mm512_maskz_mov_ps(
+              mask, exp16(_mm512_fmsub_ps(_mm512_loadu_ps(prow + c), vscale, vlse)));
+          const __m512 d = _mm512_sub_ps(_mm512_loadu_ps(drow + c), vD);
+          _mm512_storeu_ps(prow + c, pr);
+          _mm512_storeu_ps(drow + c, _mm512_mul_ps(_mm512_mul_ps(pr, d), vscale));
+        }
+#else
 #pragma omp simd
         for (int c = 0; c < ncols; ++c) {
           const float pr = fast_exp(prow[c] * scale - lse);
           prow[c] = pr;
-          drow[c] = pr * (drow[c] - Dr) * scale;  // dS, with the score's scale folded in
+          drow[c] = pr * (drow[c] - Dr) * scale;
         }
         for (int c = ncols; c < nk; ++c) prow[c] = drow[c] = 0.0f;
+#endif
       }
-      small_gemm(nk, HS, nq, p, 1, kB, dyi, C, dv + j0 * C3, C3, true);            // dV += P^T dy
-      small_gemm(nk, HS, nq, ds, 1, kB, qi, C3, dk + j0 * C3, C3, true);           // dK += dS^T q
-      small_gemm(nq, HS, nk, ds, kB, 1, k + j0 * C3, C3, dq + i0 * C3, C3, true);  // dQ += dS k
+      small_gemm(nk, HS, nq, p, 1, kB, dyb, HS, dv + j0 * C3, C3, !diag);  // dV += P^T dy
+      small_gemm(nk, HS, nq, ds, 1, kB, qb, HS, dk + j0 * C3, C3, !diag);  // dK += dS^T q
+      small_gemm(nq, HS, nk, ds, kB, 1, kr + j0 * HS, HS, dq + i0 * C3, C3, jb > 0);  // dQ += dS k
     }
   }
 }
 
 // bf16 storage: each task first widens the rows it reads into fp32 copies in its slot, runs the
 // fp32 code above on them, and rounds its output once. The copies hold `rows` rows of one head.
-size_t forward_widen_floats(int T, int HS) { return size_t{1} * T * 3 * HS + size_t{kB} * HS; }
+size_t forward_widen_floats(int T, int HS) { return size_t{1} * T * 4 * HS; }
 size_t backward_widen_floats(int T, int HS) { return size_t{1} * T * 8 * HS; }
 
 // dst[r*ld_dst + c] = src[r*ld_src + c] as float, for r < rows, c < cols.
@@ -385,12 +533,6 @@ size_t backward_bf16_slot_floats(int T, int HS) {
 }
 
 #if defined(__x86_64__) && defined(__GNUC__)
-// GCC 12 warns of its own intrinsics' undefined vectors (-Wmaybe-uninitialized) when they are
-// inlined into functions with a target attribute: a false positive.
-#if !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
 #define HR_BF16_TARGET \
   __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,amx-tile,amx-bf16")))
 
@@ -559,18 +701,20 @@ HR_BF16_TARGET void copy_rows_padded(bf16_t* dst, int HSp, const bf16_t* src, in
   }
 }
 
-// dst[c * ld_dst + r] = src[r * ld_src + c] for r < rows (a multiple of 16), c < cols: a
-// transpose of 32-bit elements, 16 rows at a time by gathers.
+// dst[c * ld_dst + r] = src[r * ld_src + c] for r < rows, c < cols (both multiples of 16): a
+// transpose of 32-bit elements, 16 x 16 blocks in registers.
 HR_BF16_TARGET void transpose32(uint32_t* dst, int64_t ld_dst, const uint32_t* src, int64_t ld_src,
                                 int rows, int cols) {
-  const __m512i idx =
-      _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                         _mm512_set1_epi32(static_cast<int>(ld_src)));
   for (int r = 0; r < rows; r += 16) {
-    const uint32_t* s0 = src + int64_t{r} * ld_src;
-    for (int c = 0; c < cols; ++c) {
-      const __m512i v = _mm512_i32gather_epi32(idx, s0 + c, 4);
-      _mm512_storeu_si512(dst + int64_t{c} * ld_dst + r, v);
+    for (int c = 0; c < cols; c += 16) {
+      __m512 x[16];
+      for (int i = 0; i < 16; ++i) {
+        x[i] = _mm512_castsi512_ps(_mm512_loadu_si512(src + int64_t{r + i} * ld_src + c));
+      }
+      transpose16x16(x);
+      for (int i = 0; i < 16; ++i) {
+        _mm512_storeu_si512(dst + int64_t{c + i} * ld_dst + r, _mm512_castps_si512(x[i]));
+      }
     }
   }
 }
@@ -581,11 +725,6 @@ HR_BF16_TARGET void pack_pairs_transposed(uint32_t* kt, const bf16_t* k, int HSp
   transpose32(kt, kB, reinterpret_cast<const uint32_t*>(k), HSp / 2, kB, HSp / 2);
 }
 
-// Mask of the columns c0 + [0, 16) that are < ncols.
-inline __mmask16 cols_mask(int c0, int ncols) {
-  const int n = std::clamp(ncols - c0, 0, 16);
-  return static_cast<__mmask16>((1u << n) - 1u);
-}
 
 // Rows [2p, 2p+1] of a 64-row block (rows [HSp]) interleaved, as the B of x v: v2[p*HSp + d] =
 // pair (v[2p][d], v[2p+1][d]).
@@ -816,9 +955,6 @@ HR_BF16_TARGET void backward_head_bf16(bf16_t* dq, bf16_t* dk, bf16_t* dv, const
   transpose32(rows, HSp, reinterpret_cast<const uint32_t*>(dVT), Tp, HSp, Tp);
   for (int t = 0; t < T; ++t) narrow_row(dv + t * C3, dQ + int64_t{t} * HSp, HS, 1.0f);
 }
-#if !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
 #endif  // x86-64
 
 // Heads narrower than 32 take the fallback: the bf16 layouts pad HS to 32 (AMX's 32-element
@@ -832,20 +968,19 @@ bool use_bf16_products(int HS) {
 }  // namespace
 
 size_t attention_tiled_scratch_floats(int B, int T, int C, int NH, DType storage) {
-  if (storage == DType::kBF16 && use_bf16_products(C / NH)) {  // tasks are heads
-    const int64_t slots = std::min<int64_t>(int64_t{B} * NH, kAttentionMaxWorkers);
+  // Tasks are heads on every path.
+  const int64_t slots = std::min<int64_t>(int64_t{B} * NH, kAttentionMaxWorkers);
+  if (storage == DType::kBF16 && use_bf16_products(C / NH)) {
     return static_cast<size_t>(slots) * forward_bf16_slot_floats(T, C / NH);
   }
-  const int64_t tasks = int64_t{B} * NH * num_blocks(T);  // tasks are query blocks
-  const int64_t slots = std::min<int64_t>(tasks, kAttentionMaxWorkers);
-  size_t slot = forward_slot_floats(C / NH);
+  size_t slot = forward_slot_floats(T, C / NH);
   if (storage != DType::kF32) slot += forward_widen_floats(T, C / NH);
   return static_cast<size_t>(slots) * slot;
 }
 
 size_t attention_tiled_backward_scratch_floats(int B, int T, int C, int NH, DType storage) {
   const int64_t slots = std::min<int64_t>(int64_t{B} * NH, kAttentionMaxWorkers);
-  size_t slot = backward_slot_floats(C / NH);
+  size_t slot = backward_slot_floats(T, C / NH);
   if (storage == DType::kBF16 && use_bf16_products(C / NH)) {
     slot = backward_bf16_slot_floats(T, C / NH);
   } else if (storage != DType::kF32) {
@@ -862,30 +997,24 @@ void attention_tiled_forward_low(TS* out, float* lse, const TS* qkv, int B, int 
   const int HS = C / NH;
   const int64_t C3 = int64_t{3} * C, H3 = int64_t{3} * HS;
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
-  const int nb = num_blocks(T);
   const int BH = B * NH;
-  const int tasks = BH * nb;
-  const int slots = std::min(tasks, kAttentionMaxWorkers);
-  const size_t slot_floats = forward_slot_floats(HS) + forward_widen_floats(T, HS);
+  const int slots = std::min(BH, kAttentionMaxWorkers);
+  const size_t slot_floats = forward_slot_floats(T, HS) + forward_widen_floats(T, HS);
 #pragma omp parallel num_threads(workers_for(slots))
   {
     float* slot = scratch + omp_get_thread_num() * slot_floats;
-    float* rows = slot + forward_slot_floats(HS);  // [i0 + nq, 3 HS]: q | k | v of the head
-    float* o = rows + int64_t{T} * H3;             // [nq, HS]
+    float* rows = slot + forward_slot_floats(T, HS);  // [T, 3 HS]: q | k | v of the head
+    float* o = rows + int64_t{T} * H3;                // [T, HS]
 #pragma omp for schedule(dynamic, 1)
-    for (int task = 0; task < tasks; ++task) {
-      const int ib = nb - 1 - task / BH;
-      const int bh = task % BH;
+    for (int bh = 0; bh < BH; ++bh) {
       const int b = bh / NH, h = bh % NH;
-      const int64_t i0 = int64_t{ib} * kB;
-      const int nq = std::min<int64_t>(kB, T - i0);
       const TS* base = qkv + int64_t{b} * T * C3 + int64_t{h} * HS;
       for (int part = 0; part < 3; ++part) {
-        widen(rows + part * HS, H3, base + part * C, C3, i0 + nq, HS);
+        widen(rows + part * HS, H3, base + part * C, C3, T, HS);
       }
-      forward_block(o, lse + int64_t{bh} * T + i0, rows + i0 * H3, rows + HS, rows + 2 * HS, H3, HS,
-                    HS, ib, nq, scale, slot);
-      narrow(out + (int64_t{b} * T + i0) * C + int64_t{h} * HS, C, o, HS, nq, HS);
+      forward_head(o, lse + int64_t{bh} * T, rows, rows + HS, rows + 2 * HS, H3, HS, T, HS, scale,
+                   slot);
+      narrow(out + int64_t{b} * T * C + int64_t{h} * HS, C, o, HS, T, HS);
     }
   }
 }
@@ -899,13 +1028,13 @@ void attention_tiled_backward_low(TS* dqkv, const TS* dout, const TS* qkv, const
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
   const int BH = B * NH;
   const int slots = std::min(BH, kAttentionMaxWorkers);
-  const size_t slot_floats = backward_slot_floats(HS) + backward_widen_floats(T, HS);
+  const size_t slot_floats = backward_slot_floats(T, HS) + backward_widen_floats(T, HS);
 #pragma omp parallel num_threads(workers_for(slots))
   {
     float* slot = scratch + omp_get_thread_num() * slot_floats;
-    float* rows = slot + backward_slot_floats(HS);  // [T, 3 HS]: q | k | v
-    float* ys = rows + int64_t{T} * H3;             // [T, 2 HS]: dout | out
-    float* drows = ys + int64_t{T} * H2;            // [T, 3 HS]: dq | dk | dv
+    float* rows = slot + backward_slot_floats(T, HS);  // [T, 3 HS]: q | k | v
+    float* ys = rows + int64_t{T} * H3;                // [T, 2 HS]: dout | out
+    float* drows = ys + int64_t{T} * H2;               // [T, 3 HS]: dq | dk | dv
 #pragma omp for schedule(dynamic, 1)
     for (int bh = 0; bh < BH; ++bh) {
       const int b = bh / NH, h = bh % NH;
@@ -1043,25 +1172,18 @@ void attention_tiled_forward(float* out, float* lse, const float* qkv, int B, in
   const int HS = C / NH;
   const int64_t C3 = int64_t{3} * C;
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
-  const int nb = num_blocks(T);
   const int BH = B * NH;
-  const int tasks = BH * nb;
-  const int slots = std::min(tasks, kAttentionMaxWorkers);
-  const size_t slot_floats = forward_slot_floats(HS);
+  const int slots = std::min(BH, kAttentionMaxWorkers);
+  const size_t slot_floats = forward_slot_floats(T, HS);
 #pragma omp parallel num_threads(workers_for(slots))
   {
     float* slot = scratch + omp_get_thread_num() * slot_floats;
-    // Largest query blocks (most key blocks) first, so the dynamic schedule ends balanced.
 #pragma omp for schedule(dynamic, 1)
-    for (int task = 0; task < tasks; ++task) {
-      const int ib = nb - 1 - task / BH;
-      const int bh = task % BH;
+    for (int bh = 0; bh < BH; ++bh) {
       const int b = bh / NH, h = bh % NH;
-      const int64_t i0 = int64_t{ib} * kB;
-      const int nq = std::min<int64_t>(kB, T - i0);
       const float* base = qkv + int64_t{b} * T * C3 + int64_t{h} * HS;
-      forward_block(out + (int64_t{b} * T + i0) * C + int64_t{h} * HS, lse + int64_t{bh} * T + i0,
-                    base + i0 * C3, base + C, base + 2 * C, C3, C, HS, ib, nq, scale, slot);
+      forward_head(out + int64_t{b} * T * C + int64_t{h} * HS, lse + int64_t{bh} * T, base,
+                   base + C, base + 2 * C, C3, C, T, HS, scale, slot);
     }
   }
 }
@@ -1074,7 +1196,7 @@ void attention_tiled_backward(float* dqkv, const float* dout, const float* qkv, 
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
   const int BH = B * NH;
   const int slots = std::min(BH, kAttentionMaxWorkers);
-  const size_t slot_floats = backward_slot_floats(HS);
+  const size_t slot_floats = backward_slot_floats(T, HS);
 #pragma omp parallel num_threads(workers_for(slots))
   {
     float* slot = scratch + omp_get_thread_num() * slot_floats;
@@ -1092,3 +1214,7 @@ void attention_tiled_backward(float* dqkv, const float* dout, const float* qkv, 
 }
 
 }  // namespace headroom::cpu
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
