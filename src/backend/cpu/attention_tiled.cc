@@ -107,29 +107,76 @@ inline void row_group(int N, int K, const float* A, int64_t ars, int64_t acs, co
   for (; c0 + kVecs * kW <= N; c0 += kVecs * kW) {
     tile<R, kVecs>(K, A, ars, acs, B + c0, ldb, C + c0, ldc, acc);
   }
-  for (; c0 + kW <= N; c0 += kW) tile<R, 1>(K, A, ars, acs, B + c0, ldb, C + c0, ldc, acc);
+  // The whole vectors left in one tile (one pass over K), then the scalar columns.
+  switch ((N - c0) / kW) {
+    case 3:
+      tile<R, 3>(K, A, ars, acs, B + c0, ldb, C + c0, ldc, acc);
+      break;
+    case 2:
+      tile<R, 2>(K, A, ars, acs, B + c0, ldb, C + c0, ldc, acc);
+      break;
+    case 1:
+      tile<R, 1>(K, A, ars, acs, B + c0, ldb, C + c0, ldc, acc);
+      break;
+    default:
+      break;
+  }
+  c0 += (N - c0) / kW * kW;
   if (c0 < N) tile_tail<R>(K, N - c0, A, ars, acs, B + c0, ldb, C + c0, ldc, acc);
+}
+
+// Products of a diagonal tile (query block == key block), where P and dS are 0 above the
+// diagonal (key c > query r): each group of rows [r0, r0 + R) skips work that only adds those
+// zeros, so the result is the same, bit for bit (a skipped fma(0, b, s) is s: b is finite).
+//   kNone: the whole product;
+//   kColsToRow: C = scores, columns c < r0 + R only (rounded up to whole vectors; the columns
+//     past them are left unwritten: the caller masks them);
+//   kKToRow: A = P or dS by query rows (k = key): k < r0 + R only;
+//   kKFromRow: A = P^T or dS^T (C rows = keys, k = query): k >= r0 only.
+enum class Causal { kNone, kColsToRow, kKToRow, kKFromRow };
+
+template <int R>
+inline void causal_row_group(Causal causal, int r0, int N, int K, const float* A, int64_t ars,
+                             int64_t acs, const float* B, int64_t ldb, float* C, int64_t ldc,
+                             bool acc) {
+  switch (causal) {
+    case Causal::kNone:
+      row_group<R>(N, K, A, ars, acs, B, ldb, C, ldc, acc);
+      break;
+    case Causal::kColsToRow:
+      row_group<R>(std::min(N, (r0 + R + kW - 1) / kW * kW), K, A, ars, acs, B, ldb, C, ldc, acc);
+      break;
+    case Causal::kKToRow:
+      row_group<R>(N, std::min(K, r0 + R), A, ars, acs, B, ldb, C, ldc, acc);
+      break;
+    case Causal::kKFromRow: {
+      const int k0 = std::min(K, r0);
+      row_group<R>(N, K - k0, A + k0 * acs, ars, acs, B + k0 * ldb, ldb, C, ldc, acc);
+      break;
+    }
+  }
 }
 
 // C[M,N] = A[M,K] x B[K,N], or C += ... when acc. Single-threaded (called inside tasks). The sum
 // over k runs in order for every element, so the result depends on the shapes only.
 void small_gemm(int M, int N, int K, const float* A, int64_t ars, int64_t acs, const float* B,
-                int64_t ldb, float* C, int64_t ldc, bool acc) {
+                int64_t ldb, float* C, int64_t ldc, bool acc, Causal causal = Causal::kNone) {
   int r0 = 0;
   for (; r0 + kRows <= M; r0 += kRows) {
-    row_group<kRows>(N, K, A + r0 * ars, ars, acs, B, ldb, C + r0 * ldc, ldc, acc);
+    causal_row_group<kRows>(causal, r0, N, K, A + r0 * ars, ars, acs, B, ldb, C + r0 * ldc, ldc,
+                            acc);
   }
   const float* a = A + r0 * ars;
   float* c = C + r0 * ldc;
   switch (M - r0) {
     case 3:
-      row_group<3>(N, K, a, ars, acs, B, ldb, c, ldc, acc);
+      causal_row_group<3>(causal, r0, N, K, a, ars, acs, B, ldb, c, ldc, acc);
       break;
     case 2:
-      row_group<2>(N, K, a, ars, acs, B, ldb, c, ldc, acc);
+      causal_row_group<2>(causal, r0, N, K, a, ars, acs, B, ldb, c, ldc, acc);
       break;
     case 1:
-      row_group<1>(N, K, a, ars, acs, B, ldb, c, ldc, acc);
+      causal_row_group<1>(causal, r0, N, K, a, ars, acs, B, ldb, c, ldc, acc);
       break;
     default:
       break;
@@ -199,7 +246,20 @@ void pack_transposed(float* dst, const float* src, int64_t ld, int n, int HS) {
 
 // dst[r*HS + d] = src[r*ld + d] for r < n, d < HS: rows gathered to a contiguous block.
 void pack_rows(float* dst, const float* src, int64_t ld, int n, int HS) {
-  for (int r = 0; r < n; ++r) std::memcpy(dst + int64_t{r} * HS, src + r * ld, sizeof(float) * HS);
+  for (int r = 0; r < n; ++r) {
+    float* d = dst + int64_t{r} * HS;
+    const float* x = src + r * ld;
+#if defined(__AVX512F__)  // (memcpy's call costs as much as a 64-float row)
+    int c = 0;
+    for (; c + 16 <= HS; c += 16) _mm512_storeu_ps(d + c, _mm512_loadu_ps(x + c));
+    if (c < HS) {
+      const auto m = static_cast<__mmask16>((1u << (HS - c)) - 1u);
+      _mm512_mask_storeu_ps(d + c, m, _mm512_maskz_loadu_ps(m, x + c));
+    }
+#else
+    std::memcpy(d, x, sizeof(float) * HS);
+#endif
+  }
 }
 
 inline int num_blocks(int T) { return (T + kB - 1) / kB; }
@@ -240,7 +300,8 @@ void forward_block(float* o, float* m, const float* q, const float* kt, const fl
     const bool diag = jb == ib;
     const int nk = diag ? nq : kB;
     const int64_t j0 = int64_t{jb} * kB;
-    small_gemm(nq, kB, HS, q, ldq, 1, kt + j0 * HS, kB, s, kB, false);
+    const Causal cols = diag ? Causal::kColsToRow : Causal::kNone;
+    small_gemm(nq, kB, HS, q, ldq, 1, kt + j0 * HS, kB, s, kB, false, cols);
     for (int r = 0; r < nq; ++r) {
       float* row = s + r * kB;
       const int ncols = diag ? r + 1 : kB;  // causal: key j0+c <= query i0+r
@@ -296,7 +357,8 @@ void forward_block(float* o, float* m, const float* q, const float* kt, const fl
       m[r] = m_new;
     }
     // o (+)= p x v; the first key block overwrites, so out needs no zeroing.
-    small_gemm(nq, HS, nk, s, kB, 1, vr + j0 * HS, HS, o, ldo, jb > 0);
+    small_gemm(nq, HS, nk, s, kB, 1, vr + j0 * HS, HS, o, ldo, jb > 0,
+               diag ? Causal::kKToRow : Causal::kNone);
   }
   for (int r = 0; r < nq; ++r) {
     const float inv = 1.0f / l[r];
@@ -373,8 +435,11 @@ void backward_head(float* dq, float* dk, float* dv, const float* q, const float*
       const bool diag = jb == ib;
       const int nk = diag ? nq : kB;
       const int64_t j0 = int64_t{jb} * kB;
-      small_gemm(nq, kB, HS, qb, HS, 1, kt + j0 * HS, kB, p, kB, false);    // scores
-      small_gemm(nq, kB, HS, dyb, HS, 1, vt + j0 * HS, kB, ds, kB, false);  // dP = dy v^T
+      const Causal cols = diag ? Causal::kColsToRow : Causal::kNone;
+      const Causal k_to = diag ? Causal::kKToRow : Causal::kNone;
+      const Causal k_from = diag ? Causal::kKFromRow : Causal::kNone;
+      small_gemm(nq, kB, HS, qb, HS, 1, kt + j0 * HS, kB, p, kB, false, cols);    // scores
+      small_gemm(nq, kB, HS, dyb, HS, 1, vt + j0 * HS, kB, ds, kB, false, cols);  // dP = dy v^T
       // P = exp(scale s - lse), dS = P (dP - D) scale (the score's scale folded in), 0 past the
       // causal edge and the padding past nk.
       for (int r = 0; r < nq; ++r) {
@@ -391,7 +456,8 @@ void backward_head(float* dq, float* dk, float* dv, const float* q, const float*
               mask, exp16(_mm512_fmsub_ps(_mm512_loadu_ps(prow + c), vscale, vlse)));
           const __m512 d = _mm512_sub_ps(_mm512_loadu_ps(drow + c), vD);
           _mm512_storeu_ps(prow + c, pr);
-          _mm512_storeu_ps(drow + c, _mm512_mul_ps(_mm512_mul_ps(pr, d), vscale));
+          // (masked: on a diagonal tile the columns past the row's vectors were not computed)
+          _mm512_storeu_ps(drow + c, _mm512_maskz_mul_ps(mask, _mm512_mul_ps(pr, d), vscale));
         }
 #else
 #pragma omp simd
@@ -403,9 +469,10 @@ void backward_head(float* dq, float* dk, float* dv, const float* q, const float*
         for (int c = ncols; c < nk; ++c) prow[c] = drow[c] = 0.0f;
 #endif
       }
-      small_gemm(nk, HS, nq, p, 1, kB, dyb, HS, dv + j0 * C3, C3, !diag);  // dV += P^T dy
-      small_gemm(nk, HS, nq, ds, 1, kB, qb, HS, dk + j0 * C3, C3, !diag);  // dK += dS^T q
-      small_gemm(nq, HS, nk, ds, kB, 1, kr + j0 * HS, HS, dq + i0 * C3, C3, jb > 0);  // dQ += dS k
+      small_gemm(nk, HS, nq, p, 1, kB, dyb, HS, dv + j0 * C3, C3, !diag, k_from);  // dV += P^T dy
+      small_gemm(nk, HS, nq, ds, 1, kB, qb, HS, dk + j0 * C3, C3, !diag, k_from);  // dK += dS^T q
+      small_gemm(nq, HS, nk, ds, kB, 1, kr + j0 * HS, HS, dq + i0 * C3, C3, jb > 0,
+                 k_to);  // dQ += dS k
     }
   }
 }
@@ -724,7 +791,6 @@ HR_BF16_TARGET void transpose32(uint32_t* dst, int64_t ld_dst, const uint32_t* s
 HR_BF16_TARGET void pack_pairs_transposed(uint32_t* kt, const bf16_t* k, int HSp) {
   transpose32(kt, kB, reinterpret_cast<const uint32_t*>(k), HSp / 2, kB, HSp / 2);
 }
-
 
 // Rows [2p, 2p+1] of a 64-row block (rows [HSp]) interleaved, as the B of x v: v2[p*HSp + d] =
 // pair (v[2p][d], v[2p+1][d]).
