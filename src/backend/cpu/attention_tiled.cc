@@ -183,6 +183,15 @@ void small_gemm(int M, int N, int K, const float* A, int64_t ars, int64_t acs, c
   }
 }
 
+// A head's rows in qkv, dout and out lie 3C or C elements apart: a new page every row or two,
+// where the hardware prefetchers do not follow, so every row would wait for memory. The loops
+// that read them ask for the row kPrefetchRows ahead.
+constexpr int kPrefetchRows = 8;
+inline void prefetch_row(const void* p, int64_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(c + b, 0, 3);
+}
+
 #if HR_AVX512_HELPERS
 // An in-register transpose of a 16 x 16 block of 32-bit elements: r[i] holds row i on entry and
 // column i on return (unpacks of 32-bit pairs, then 64-bit pairs within 128-bit lanes, then two
@@ -222,10 +231,11 @@ HR_AVX512_TARGET inline void transpose16x16(__m512 r[16]) {
 // 16 x 16 blocks transposed in registers (the loads masked at the head's and the block's edge).
 void pack_transposed(float* dst, const float* src, int64_t ld, int n, int HS) {
 #if defined(__AVX512F__)
-  for (int d0 = 0; d0 < HS; d0 += 16) {
-    const int nd = std::min(16, HS - d0);
-    const auto dmask = static_cast<__mmask16>(nd == 16 ? 0xFFFFu : (1u << nd) - 1u);
-    for (int c0 = 0; c0 < kB; c0 += 16) {
+  for (int c0 = 0; c0 < kB; c0 += 16) {
+    for (int i = c0 + 16; i < std::min(c0 + 32, n); ++i) prefetch_row(src + i * ld, 4 * HS);
+    for (int d0 = 0; d0 < HS; d0 += 16) {
+      const int nd = std::min(16, HS - d0);
+      const auto dmask = static_cast<__mmask16>(nd == 16 ? 0xFFFFu : (1u << nd) - 1u);
       __m512 r[16];
       for (int i = 0; i < 16; ++i) {
         r[i] = c0 + i < n ? _mm512_maskz_loadu_ps(dmask, src + (c0 + i) * ld + d0)
@@ -249,6 +259,7 @@ void pack_rows(float* dst, const float* src, int64_t ld, int n, int HS) {
   for (int r = 0; r < n; ++r) {
     float* d = dst + int64_t{r} * HS;
     const float* x = src + r * ld;
+    if (r + kPrefetchRows < n) prefetch_row(x + kPrefetchRows * ld, 4 * HS);
 #if defined(__AVX512F__)  // (memcpy's call costs as much as a 64-float row)
     int c = 0;
     for (; c + 16 <= HS; c += 16) _mm512_storeu_ps(d + c, _mm512_loadu_ps(x + c));
@@ -754,18 +765,71 @@ HR_BF16_TARGET inline __m512i interleave_bf16(__m512 x0, __m512 x1) {
   return _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16));
 }
 
-// dst[r * HSp + d] = src[r * ld + d] for r < n, d < HS; zeros elsewhere in rows [0, rows).
+// One row: dst[d] = src[d] for d < HS if valid, zeros elsewhere in [0, HSp).
+HR_BF16_TARGET inline void copy_row_padded(bf16_t* dst, const bf16_t* src, bool valid, int HSp,
+                                           int HS) {
+  for (int c = 0; c < HSp; c += 32) {
+    const int left = valid ? std::clamp(HS - c, 0, 32) : 0;
+    const __mmask32 mask = left == 32 ? ~__mmask32{0} : (__mmask32{1} << left) - 1;
+    _mm512_storeu_si512(dst + c, _mm512_maskz_loadu_epi16(mask, src + c));
+  }
+}
+
+// Two fp32 vectors to 32 bf16: lo's 16 in the lower half, hi's in the upper (vcvtne2ps2bf16: the
+// bits of cvt_ps_bf16 on each, whose integer form it takes when a lane is denormal).
+HR_BF16_TARGET inline __m512i cvt2_ps_bf16(__m512 lo, __m512 hi) {
+  if (__builtin_expect((_mm512_fpclass_ps_mask(lo, 0x20) | _mm512_fpclass_ps_mask(hi, 0x20)) == 0,
+                       1)) {
+    return reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo));
+  }
+  return _mm512_inserti64x4(_mm512_castsi256_si512(cvt_ps_bf16(lo)), cvt_ps_bf16(hi), 1);
+}
+
+// [a_0..a_15 | b_0..b_15] (16-bit) to the pairs (a_i, b_i) in 32-bit lane i.
+HR_BF16_TARGET inline __m512i pairs_of_halves(__m512i v) {
+  const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
+                                       23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  return _mm512_permutexvar_epi16(idx, v);
+}
+
+// dst[t * ld + d] = bf16(src[d * lds + t]) for t < T, d < HS: fp32 rows [HS rounded up to 16, lds]
+// stored transposed as bf16 rows, 16 x 16 at a time through registers. lds a multiple of 16.
+HR_BF16_TARGET void store_transposed(bf16_t* dst, int64_t ld, const float* src, int64_t lds, int T,
+                                     int HS) {
+  for (int t0 = 0; t0 < T; t0 += 16) {
+    for (int d0 = 0; d0 < HS; d0 += 16) {
+      __m512 x[16];
+      for (int i = 0; i < 16; ++i) x[i] = _mm512_loadu_ps(src + int64_t{d0 + i} * lds + t0);
+      transpose16x16(x);
+      const __mmask16 m = cols_mask(d0, HS);
+      for (int j = 0; j < 16 && t0 + j < T; ++j) {
+        _mm256_mask_storeu_epi16(dst + int64_t{t0 + j} * ld + d0, m, cvt_ps_bf16(x[j]));
+      }
+    }
+  }
+}
+
+// dst[r * HSp + d] = src[r * ld + d] for r < n, d < HS; zeros elsewhere in rows [0, rows), each
+// row prefetched kPrefetchRows ahead.
 HR_BF16_TARGET void copy_rows_padded(bf16_t* dst, int HSp, const bf16_t* src, int64_t ld, int n,
                                      int rows, int HS) {
   for (int r = 0; r < rows; ++r) {
-    bf16_t* d = dst + int64_t{r} * HSp;
-    const bf16_t* srow = src + r * ld;
-    for (int c = 0; c < HSp; c += 32) {
-      const int left = r < n ? std::clamp(HS - c, 0, 32) : 0;
-      const __mmask32 mask = left == 32 ? ~__mmask32{0} : (__mmask32{1} << left) - 1;
-      _mm512_storeu_si512(d + c, _mm512_maskz_loadu_epi16(mask, srow + c));
-    }
+    if (r + kPrefetchRows < n) prefetch_row(src + (r + kPrefetchRows) * ld, 2 * HS);
+    copy_row_padded(dst + int64_t{r} * HSp, src + r * ld, r < n, HSp, HS);
   }
+}
+
+// The bf16 row dot product sum_d x[d] * y[d] in fp32, x and y padded with zeros to HSp.
+HR_BF16_TARGET inline float dot_bf16_row(const bf16_t* x, const bf16_t* y, int HSp) {
+  __m512 acc = _mm512_setzero_ps();
+  for (int c = 0; c < HSp; c += 16) {
+    const __m512 a = _mm512_castsi512_ps(_mm512_slli_epi32(
+        _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + c))), 16));
+    const __m512 b = _mm512_castsi512_ps(_mm512_slli_epi32(
+        _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(y + c))), 16));
+    acc = _mm512_fmadd_ps(a, b, acc);
+  }
+  return _mm512_reduce_add_ps(acc);
 }
 
 // dst[c * ld_dst + r] = src[r * ld_src + c] for r < rows, c < cols (both multiples of 16): a
@@ -947,19 +1011,27 @@ HR_BF16_TARGET void backward_head_bf16(bf16_t* dq, bf16_t* dk, bf16_t* dv, const
   auto* kh = reinterpret_cast<bf16_t*>(dKT);
   bf16_t* vh = kh + TH;
 
-  copy_rows_padded(qh, HSp, q, C3, T, Tp, HS);
-  copy_rows_padded(kh, HSp, k, C3, T, Tp, HS);
-  copy_rows_padded(vh, HSp, v, C3, T, Tp, HS);
-  copy_rows_padded(dyh, HSp, dy, C, T, Tp, HS);
+  // The head's rows of q, k, v and dout in one pass (five streams of rows in flight, each
+  // prefetched ahead), with D = rowsum(dout * out) from the dout row just copied (out's row goes
+  // through the first row of the tile scratch s, padded like it).
+  auto* yrow = reinterpret_cast<bf16_t*>(s);
   for (int t = 0; t < Tp; ++t) {
-    float sum = 0.0f;
-    if (t < T) {
-      const bf16_t* a = dy + t * C;
-      const bf16_t* b = y + t * C;
-#pragma omp simd reduction(+ : sum)
-      for (int d = 0; d < HS; ++d) sum += to_f32(a[d]) * to_f32(b[d]);
+    const bool in = t < T;
+    if (t + kPrefetchRows < T) {
+      const int64_t a = (t + kPrefetchRows) * C3, b = (t + kPrefetchRows) * C;
+      prefetch_row(q + a, 2 * HS);
+      prefetch_row(k + a, 2 * HS);
+      prefetch_row(v + a, 2 * HS);
+      prefetch_row(dy + b, 2 * HS);
+      prefetch_row(y + b, 2 * HS);
     }
-    D[t] = sum;
+    const int64_t o = int64_t{t} * HSp;
+    copy_row_padded(qh + o, q + t * C3, in, HSp, HS);
+    copy_row_padded(kh + o, k + t * C3, in, HSp, HS);
+    copy_row_padded(vh + o, v + t * C3, in, HSp, HS);
+    copy_row_padded(dyh + o, dy + t * C, in, HSp, HS);
+    copy_row_padded(yrow, y + t * C, in, HSp, HS);
+    D[t] = dot_bf16_row(dyh + o, yrow, HSp);
   }
   for (int blk = 0; blk < nb; ++blk) {
     const int64_t off = int64_t{blk} * kB * HSp;
@@ -974,7 +1046,6 @@ HR_BF16_TARGET void backward_head_bf16(bf16_t* dq, bf16_t* dk, bf16_t* dv, const
     pack_pairs_transposed(vt + off / 2, vh + off, HSp);
     pack_pairs(k2 + off / 2, kh + off, HSp);
   }
-  std::fill(dQ, dQ + 3 * TH, 0.0f);
 
   for (int ib = 0; ib < nb; ++ib) {
     const int64_t i0 = int64_t{ib} * kB;
@@ -986,10 +1057,23 @@ HR_BF16_TARGET void backward_head_bf16(bf16_t* dq, bf16_t* dk, bf16_t* dv, const
       mm<kAmx>(nq, kB, HSp / 2, qh + ioff, HSp, kt + joff / 2, kB, s, kB, false);    // scores
       mm<kAmx>(nq, kB, HSp / 2, dyh + ioff, HSp, vt + joff / 2, kB, dp, kB, false);  // dP
       // P = exp(scale s - lse), dS = P (dP - D) scale, zero past the causal edge and the last
-      // query; to bf16 as pairs of query rows (P, dS) and as rows (dS).
+      // query; to bf16 as pairs of query rows (P, dS) and as rows (dS). On a diagonal tile the
+      // vectors past both rows' edge are zeros without the arithmetic.
       const __m512 vscale = _mm512_set1_ps(scale);
+      const __m512i vzero = _mm512_setzero_si512();
       for (int r = 0; r < kB; r += 2) {
         for (int c = 0; c < kB; c += 16) {
+          auto* p2v = p2 + (r / 2) * kB + c;
+          auto* ds2v = ds2 + (r / 2) * kB + c;
+          auto* dsr0 = reinterpret_cast<__m256i*>(dsr + r * kB + c);
+          auto* dsr1 = reinterpret_cast<__m256i*>(dsr + (r + 1) * kB + c);
+          if (r >= nq || (diag && c >= r + 2)) {
+            _mm512_storeu_si512(p2v, vzero);
+            _mm512_storeu_si512(ds2v, vzero);
+            _mm256_storeu_si256(dsr0, _mm512_castsi512_si256(vzero));
+            _mm256_storeu_si256(dsr1, _mm512_castsi512_si256(vzero));
+            continue;
+          }
           __m512 pv[2], dv2[2];
           for (int h = 0; h < 2; ++h) {
             const int rr = r + h;
@@ -1001,25 +1085,26 @@ HR_BF16_TARGET void backward_head_bf16(bf16_t* dq, bf16_t* dk, bf16_t* dv, const
             const __m512 d = _mm512_sub_ps(_mm512_loadu_ps(dp + rr * kB + c), _mm512_set1_ps(Dr));
             dv2[h] = _mm512_maskz_mul_ps(mask, _mm512_mul_ps(pv[h], d), vscale);
           }
-          _mm512_storeu_si512(p2 + (r / 2) * kB + c, interleave_bf16(pv[0], pv[1]));
-          _mm512_storeu_si512(ds2 + (r / 2) * kB + c, interleave_bf16(dv2[0], dv2[1]));
-          _mm256_storeu_si256(reinterpret_cast<__m256i*>(dsr + r * kB + c), cvt_ps_bf16(dv2[0]));
-          _mm256_storeu_si256(reinterpret_cast<__m256i*>(dsr + (r + 1) * kB + c),
-                              cvt_ps_bf16(dv2[1]));
+          const __m512i pc = cvt2_ps_bf16(pv[0], pv[1]);  // [row r | row r + 1]
+          const __m512i dc = cvt2_ps_bf16(dv2[0], dv2[1]);
+          _mm512_storeu_si512(p2v, pairs_of_halves(pc));
+          _mm512_storeu_si512(ds2v, pairs_of_halves(dc));
+          _mm256_storeu_si256(dsr0, _mm512_castsi512_si256(dc));
+          _mm256_storeu_si256(dsr1, _mm512_extracti64x4_epi64(dc, 1));
         }
       }
-      mm<kAmx>(HSp, kB, kB / 2, dyT + ioff, kB, p2, kB, dVT + j0, Tp, true);  // dV^T += dy^T P
-      mm<kAmx>(HSp, kB, kB / 2, qT + ioff, kB, ds2, kB, dKT + j0, Tp, true);  // dK^T += q^T dS
-      mm<kAmx>(nq, HSp, kB / 2, dsr, kB, k2 + joff / 2, HSp, dQ + ioff, HSp, true);  // dQ += dS k
+      // dV^T, dK^T columns [j0, j0 + 64) start at the diagonal tile (the first query block that
+      // sees them), dQ's rows at key block 0: overwritten there, so no zeroing.
+      mm<kAmx>(HSp, kB, kB / 2, dyT + ioff, kB, p2, kB, dVT + j0, Tp, !diag);  // dV^T += dy^T P
+      mm<kAmx>(HSp, kB, kB / 2, qT + ioff, kB, ds2, kB, dKT + j0, Tp, !diag);  // dK^T += q^T dS
+      mm<kAmx>(nq, HSp, kB / 2, dsr, kB, k2 + joff / 2, HSp, dQ + ioff, HSp,
+               jb > 0);  // dQ += dS k
     }
   }
   for (int t = 0; t < T; ++t) narrow_row(dq + t * C3, dQ + int64_t{t} * HSp, HS, 1.0f);
-  // dK and dV back to rows through dQ's place.
-  auto* rows = reinterpret_cast<uint32_t*>(dQ);
-  transpose32(rows, HSp, reinterpret_cast<const uint32_t*>(dKT), Tp, HSp, Tp);
-  for (int t = 0; t < T; ++t) narrow_row(dk + t * C3, dQ + int64_t{t} * HSp, HS, 1.0f);
-  transpose32(rows, HSp, reinterpret_cast<const uint32_t*>(dVT), Tp, HSp, Tp);
-  for (int t = 0; t < T; ++t) narrow_row(dv + t * C3, dQ + int64_t{t} * HSp, HS, 1.0f);
+  // dK and dV back to rows, transposed in registers and rounded on the way.
+  store_transposed(dk, C3, dKT, Tp, T, HS);
+  store_transposed(dv, C3, dVT, Tp, T, HS);
 }
 #endif  // x86-64
 
