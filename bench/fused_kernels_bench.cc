@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <ctime>
 #include <random>
 #include <string>
 #include <vector>
@@ -37,6 +38,26 @@ double seconds(F f) {
   const auto t0 = Clock::now();
   f();
   return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Process CPU seconds of f (all threads): with other jobs on the machine, the time the kernel's
+// threads actually ran, which preemption does not inflate (with OMP_NUM_THREADS=1 it is exactly
+// the kernel's; with more threads it includes the workers' spin-waiting at the barriers).
+template <typename F>
+double cpu_seconds(F f) {
+  timespec a{}, b{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &a);
+  f();
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &b);
+  return double(b.tv_sec - a.tv_sec) + 1e-9 * double(b.tv_nsec - a.tv_nsec);
+}
+
+// Wall and CPU seconds of f, added to wall and cpu.
+template <typename F>
+void timed(double& wall, double& cpu, F f) {
+  double w = 0;
+  cpu += cpu_seconds([&] { w = seconds(f); });
+  wall += w;
 }
 
 double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
@@ -117,20 +138,20 @@ void BM_AttentionFp32VsBefore(benchmark::State& state) {
   std::vector<float> bs_o(before::attention_tiled_backward_scratch_floats(B, T, C, NH));
   std::vector<float> fs_n(attention_tiled_scratch_floats(B, T, C, NH));
   std::vector<float> bs_n(attention_tiled_backward_scratch_floats(B, T, C, NH));
-  double of = 0, ob = 0, nf = 0, nb = 0;
+  double of = 0, ob = 0, nf = 0, nb = 0, cof = 0, cob = 0, cnf = 0, cnb = 0;
   for (auto _ : state) {
-    of += seconds([&] {
+    timed(of, cof, [&] {
       before::attention_tiled_forward(out_o.data(), lse_o.data(), qkv.data(), B, T, C, NH,
                                       fs_o.data());
     });
-    nf += seconds([&] {
+    timed(nf, cnf, [&] {
       attention_tiled_forward(out_n.data(), lse_n.data(), qkv.data(), B, T, C, NH, fs_n.data());
     });
-    ob += seconds([&] {
+    timed(ob, cob, [&] {
       before::attention_tiled_backward(dqkv_o.data(), dout.data(), qkv.data(), out_o.data(),
                                        lse_o.data(), B, T, C, NH, bs_o.data());
     });
-    nb += seconds([&] {
+    timed(nb, cnb, [&] {
       attention_tiled_backward(dqkv_n.data(), dout.data(), qkv.data(), out_n.data(), lse_n.data(),
                                B, T, C, NH, bs_n.data());
     });
@@ -154,6 +175,9 @@ void BM_AttentionFp32VsBefore(benchmark::State& state) {
   state.counters["fwd_new/before"] = nf / of;
   state.counters["bwd_new/before"] = nb / ob;
   state.counters["step_new/before"] = (nf + nb) / (of + ob);
+  state.counters["cpu_fwd_new/before"] = cnf / cof;
+  state.counters["cpu_bwd_new/before"] = cnb / cob;
+  state.counters["cpu_step_new/before"] = (cnf + cnb) / (cof + cob);
   state.counters["new_GFLOP/s"] = pairs * 12 * HS * n / (nf + nb) * 1e-9;
   state.counters["max_abs_diff"] = std::max({eo, ed});
   state.counters["before_scratch_MiB"] = std::max(fs_o.size(), bs_o.size()) * 4.0 / (1 << 20);
@@ -264,21 +288,21 @@ void BM_AttentionBf16VsBefore(benchmark::State& state) {
                           before::backward_bf16_slot_floats(T, HS));
   std::vector<float> fs_n(attention_tiled_scratch_floats(B, T, C, NH, DType::kBF16));
   std::vector<float> bs_n(attention_tiled_backward_scratch_floats(B, T, C, NH, DType::kBF16));
-  double of = 0, ob = 0, nf = 0, nb = 0;
+  double of = 0, ob = 0, nf = 0, nb = 0, cof = 0, cob = 0, cnf = 0, cnb = 0;
   for (auto _ : state) {
-    of += seconds([&] {
+    timed(of, cof, [&] {
       before::attention_tiled_forward_dp<true>(out_o.data(), lse_o.data(), qkv.data(), B, T, C, NH,
                                                fs_o.data());
     });
-    nf += seconds([&] {
+    timed(nf, cnf, [&] {
       attention_tiled_forward(out_n.data(), lse_n.data(), qkv.data(), B, T, C, NH, fs_n.data());
     });
-    ob += seconds([&] {
+    timed(ob, cob, [&] {
       before::attention_tiled_backward_dp<true>(dqkv_o.data(), dout.data(), qkv.data(),
                                                 out_o.data(), lse_o.data(), B, T, C, NH,
                                                 bs_o.data());
     });
-    nb += seconds([&] {
+    timed(nb, cnb, [&] {
       attention_tiled_backward(dqkv_n.data(), dout.data(), qkv.data(), out_n.data(), lse_n.data(),
                                B, T, C, NH, bs_n.data());
     });
@@ -309,6 +333,9 @@ void BM_AttentionBf16VsBefore(benchmark::State& state) {
   state.counters["fwd_new/before"] = nf / of;
   state.counters["bwd_new/before"] = nb / ob;
   state.counters["step_new/before"] = (nf + nb) / (of + ob);
+  state.counters["cpu_fwd_new/before"] = cnf / cof;
+  state.counters["cpu_bwd_new/before"] = cnb / cob;
+  state.counters["cpu_step_new/before"] = (cnf + cnb) / (cof + cob);
   state.counters["new_GFLOP/s"] = pairs * 12 * HS * n / (nf + nb) * 1e-9;
   state.counters["max_abs_diff"] = std::max(eo, ed);
 }

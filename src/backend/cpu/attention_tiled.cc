@@ -183,15 +183,6 @@ void small_gemm(int M, int N, int K, const float* A, int64_t ars, int64_t acs, c
   }
 }
 
-// A head's rows in qkv, dout and out lie 3C or C elements apart: a new page every row or two,
-// where the hardware prefetchers do not follow, so every row would wait for memory. The loops
-// that read them ask for the row kPrefetchRows ahead.
-constexpr int kPrefetchRows = 8;
-inline void prefetch_row(const void* p, int64_t bytes) {
-  const char* c = static_cast<const char*>(p);
-  for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(c + b, 0, 3);
-}
-
 #if HR_AVX512_HELPERS
 // An in-register transpose of a 16 x 16 block of 32-bit elements: r[i] holds row i on entry and
 // column i on return (unpacks of 32-bit pairs, then 64-bit pairs within 128-bit lanes, then two
@@ -232,7 +223,6 @@ HR_AVX512_TARGET inline void transpose16x16(__m512 r[16]) {
 void pack_transposed(float* dst, const float* src, int64_t ld, int n, int HS) {
 #if defined(__AVX512F__)
   for (int c0 = 0; c0 < kB; c0 += 16) {
-    for (int i = c0 + 16; i < std::min(c0 + 32, n); ++i) prefetch_row(src + i * ld, 4 * HS);
     for (int d0 = 0; d0 < HS; d0 += 16) {
       const int nd = std::min(16, HS - d0);
       const auto dmask = static_cast<__mmask16>(nd == 16 ? 0xFFFFu : (1u << nd) - 1u);
@@ -259,7 +249,6 @@ void pack_rows(float* dst, const float* src, int64_t ld, int n, int HS) {
   for (int r = 0; r < n; ++r) {
     float* d = dst + int64_t{r} * HS;
     const float* x = src + r * ld;
-    if (r + kPrefetchRows < n) prefetch_row(x + kPrefetchRows * ld, 4 * HS);
 #if defined(__AVX512F__)  // (memcpy's call costs as much as a 64-float row)
     int c = 0;
     for (; c + 16 <= HS; c += 16) _mm512_storeu_ps(d + c, _mm512_loadu_ps(x + c));
@@ -809,12 +798,10 @@ HR_BF16_TARGET void store_transposed(bf16_t* dst, int64_t ld, const float* src, 
   }
 }
 
-// dst[r * HSp + d] = src[r * ld + d] for r < n, d < HS; zeros elsewhere in rows [0, rows), each
-// row prefetched kPrefetchRows ahead.
+// dst[r * HSp + d] = src[r * ld + d] for r < n, d < HS; zeros elsewhere in rows [0, rows).
 HR_BF16_TARGET void copy_rows_padded(bf16_t* dst, int HSp, const bf16_t* src, int64_t ld, int n,
                                      int rows, int HS) {
   for (int r = 0; r < rows; ++r) {
-    if (r + kPrefetchRows < n) prefetch_row(src + (r + kPrefetchRows) * ld, 2 * HS);
     copy_row_padded(dst + int64_t{r} * HSp, src + r * ld, r < n, HSp, HS);
   }
 }
@@ -1011,20 +998,11 @@ HR_BF16_TARGET void backward_head_bf16(bf16_t* dq, bf16_t* dk, bf16_t* dv, const
   auto* kh = reinterpret_cast<bf16_t*>(dKT);
   bf16_t* vh = kh + TH;
 
-  // The head's rows of q, k, v and dout in one pass (five streams of rows in flight, each
-  // prefetched ahead), with D = rowsum(dout * out) from the dout row just copied (out's row goes
-  // through the first row of the tile scratch s, padded like it).
+  // The head's rows of q, k, v and dout in one pass, with D = rowsum(dout * out) from the dout
+  // row just copied (out's row goes through the first row of the tile scratch s, padded like it).
   auto* yrow = reinterpret_cast<bf16_t*>(s);
   for (int t = 0; t < Tp; ++t) {
     const bool in = t < T;
-    if (t + kPrefetchRows < T) {
-      const int64_t a = (t + kPrefetchRows) * C3, b = (t + kPrefetchRows) * C;
-      prefetch_row(q + a, 2 * HS);
-      prefetch_row(k + a, 2 * HS);
-      prefetch_row(v + a, 2 * HS);
-      prefetch_row(dy + b, 2 * HS);
-      prefetch_row(y + b, 2 * HS);
-    }
     const int64_t o = int64_t{t} * HSp;
     copy_row_padded(qh + o, q + t * C3, in, HSp, HS);
     copy_row_padded(kh + o, k + t * C3, in, HSp, HS);
