@@ -132,31 +132,44 @@ void BM_AttentionFp32VsBefore(benchmark::State& state) {
   const int HS = C / NH;
   const size_t nqkv = size_t{3} * B * T * C, nout = size_t{1} * B * T * C;
   const std::vector<float> qkv = rand_vec(nqkv, 1), dout = rand_vec(nout, 2, -0.01f, 0.01f);
-  std::vector<float> out_o(nout), out_n(nout), dqkv_o(nqkv), dqkv_n(nqkv);
-  std::vector<float> lse_o(size_t{1} * B * NH * T), lse_n(lse_o.size());
-  std::vector<float> fs_o(before::attention_tiled_scratch_floats(B, T, C, NH));
-  std::vector<float> bs_o(before::attention_tiled_backward_scratch_floats(B, T, C, NH));
-  std::vector<float> fs_n(attention_tiled_scratch_floats(B, T, C, NH));
-  std::vector<float> bs_n(attention_tiled_backward_scratch_floats(B, T, C, NH));
+  // Two sets of outputs and scratch, the kernels swapping them every iteration: where a buffer
+  // lands (its addresses against qkv's) moved one kernel's time by 10-15% here, whichever kernel.
+  const size_t nfs = std::max(before::attention_tiled_scratch_floats(B, T, C, NH),
+                              attention_tiled_scratch_floats(B, T, C, NH));
+  const size_t nbs = std::max(before::attention_tiled_backward_scratch_floats(B, T, C, NH),
+                              attention_tiled_backward_scratch_floats(B, T, C, NH));
+  std::vector<float> out[2], lse[2], dqkv[2], fs[2], bs[2];
+  for (int i = 0; i < 2; ++i) {
+    out[i].resize(nout);
+    lse[i].resize(size_t{1} * B * NH * T);
+    dqkv[i].resize(nqkv);
+    fs[i].resize(nfs);
+    bs[i].resize(nbs);
+  }
   double of = 0, ob = 0, nf = 0, nb = 0, cof = 0, cob = 0, cnf = 0, cnb = 0;
+  int o = 0;  // the set the previous kernels use this iteration; the new ones use 1 - o
   for (auto _ : state) {
+    o = 1 - o;
+    const int w = 1 - o;
     timed(of, cof, [&] {
-      before::attention_tiled_forward(out_o.data(), lse_o.data(), qkv.data(), B, T, C, NH,
-                                      fs_o.data());
+      before::attention_tiled_forward(out[o].data(), lse[o].data(), qkv.data(), B, T, C, NH,
+                                      fs[o].data());
     });
     timed(nf, cnf, [&] {
-      attention_tiled_forward(out_n.data(), lse_n.data(), qkv.data(), B, T, C, NH, fs_n.data());
+      attention_tiled_forward(out[w].data(), lse[w].data(), qkv.data(), B, T, C, NH, fs[w].data());
     });
     timed(ob, cob, [&] {
-      before::attention_tiled_backward(dqkv_o.data(), dout.data(), qkv.data(), out_o.data(),
-                                       lse_o.data(), B, T, C, NH, bs_o.data());
+      before::attention_tiled_backward(dqkv[o].data(), dout.data(), qkv.data(), out[o].data(),
+                                       lse[o].data(), B, T, C, NH, bs[o].data());
     });
     timed(nb, cnb, [&] {
-      attention_tiled_backward(dqkv_n.data(), dout.data(), qkv.data(), out_n.data(), lse_n.data(),
-                               B, T, C, NH, bs_n.data());
+      attention_tiled_backward(dqkv[w].data(), dout.data(), qkv.data(), out[w].data(),
+                               lse[w].data(), B, T, C, NH, bs[w].data());
     });
     benchmark::ClobberMemory();
   }
+  const std::vector<float>&out_o = out[o], &out_n = out[1 - o], &lse_o = lse[o],
+        &lse_n = lse[1 - o], &dqkv_o = dqkv[o], &dqkv_n = dqkv[1 - o];
   // The two compute the same sums (tests/backend states the tolerances against the plain path).
   const double eo = max_abs_diff(out_o, out_n), el = max_abs_diff(lse_o, lse_n),
                ed = max_abs_diff(dqkv_o, dqkv_n);
@@ -180,8 +193,14 @@ void BM_AttentionFp32VsBefore(benchmark::State& state) {
   state.counters["cpu_step_new/before"] = (cnf + cnb) / (cof + cob);
   state.counters["new_GFLOP/s"] = pairs * 12 * HS * n / (nf + nb) * 1e-9;
   state.counters["max_abs_diff"] = std::max({eo, ed});
-  state.counters["before_scratch_MiB"] = std::max(fs_o.size(), bs_o.size()) * 4.0 / (1 << 20);
-  state.counters["new_scratch_MiB"] = std::max(fs_n.size(), bs_n.size()) * 4.0 / (1 << 20);
+  state.counters["before_scratch_MiB"] =
+      std::max(before::attention_tiled_scratch_floats(B, T, C, NH),
+               before::attention_tiled_backward_scratch_floats(B, T, C, NH)) *
+      4.0 / (1 << 20);
+  state.counters["new_scratch_MiB"] =
+      std::max(attention_tiled_scratch_floats(B, T, C, NH),
+               attention_tiled_backward_scratch_floats(B, T, C, NH)) *
+      4.0 / (1 << 20);
 }
 
 // ---- attention with bf16 storage: bf16 tile products vs the fp32 fallback -------------------
@@ -278,36 +297,51 @@ void BM_AttentionBf16VsBefore(benchmark::State& state) {
   }
   const size_t nqkv = size_t{3} * B * T * C, nout = size_t{1} * B * T * C;
   const std::vector<float> qf = rand_vec(nqkv, 1), df = rand_vec(nout, 2, -0.01f, 0.01f);
-  std::vector<bf16_t> qkv(nqkv), dout(nout), out_o(nout), out_n(nout), dqkv_o(nqkv), dqkv_n(nqkv);
+  std::vector<bf16_t> qkv(nqkv), dout(nout);
   for (size_t i = 0; i < nqkv; ++i) qkv[i] = from_f32<bf16_t>(qf[i]);
   for (size_t i = 0; i < nout; ++i) dout[i] = from_f32<bf16_t>(df[i]);
-  std::vector<float> lse_o(size_t{1} * B * NH * T), lse_n(lse_o.size());
-  std::vector<float> fs_o(std::min(B * NH, kAttentionMaxWorkers) *
-                          before::forward_bf16_slot_floats(T, HS));
-  std::vector<float> bs_o(std::min(B * NH, kAttentionMaxWorkers) *
-                          before::backward_bf16_slot_floats(T, HS));
-  std::vector<float> fs_n(attention_tiled_scratch_floats(B, T, C, NH, DType::kBF16));
-  std::vector<float> bs_n(attention_tiled_backward_scratch_floats(B, T, C, NH, DType::kBF16));
+  // Two sets of outputs and scratch, swapped every iteration (as BM_AttentionFp32VsBefore).
+  const size_t nfs =
+      std::max(std::min(B * NH, kAttentionMaxWorkers) * before::forward_bf16_slot_floats(T, HS),
+               attention_tiled_scratch_floats(B, T, C, NH, DType::kBF16));
+  const size_t nbs =
+      std::max(std::min(B * NH, kAttentionMaxWorkers) * before::backward_bf16_slot_floats(T, HS),
+               attention_tiled_backward_scratch_floats(B, T, C, NH, DType::kBF16));
+  std::vector<bf16_t> out[2], dqkv[2];
+  std::vector<float> lse[2], fs[2], bs[2];
+  for (int i = 0; i < 2; ++i) {
+    out[i].resize(nout);
+    dqkv[i].resize(nqkv);
+    lse[i].resize(size_t{1} * B * NH * T);
+    fs[i].resize(nfs);
+    bs[i].resize(nbs);
+  }
   double of = 0, ob = 0, nf = 0, nb = 0, cof = 0, cob = 0, cnf = 0, cnb = 0;
+  int o = 0;  // the set the previous kernels use this iteration; the new ones use 1 - o
   for (auto _ : state) {
+    o = 1 - o;
+    const int w = 1 - o;
     timed(of, cof, [&] {
-      before::attention_tiled_forward_dp<true>(out_o.data(), lse_o.data(), qkv.data(), B, T, C, NH,
-                                               fs_o.data());
+      before::attention_tiled_forward_dp<true>(out[o].data(), lse[o].data(), qkv.data(), B, T, C,
+                                               NH, fs[o].data());
     });
     timed(nf, cnf, [&] {
-      attention_tiled_forward(out_n.data(), lse_n.data(), qkv.data(), B, T, C, NH, fs_n.data());
+      attention_tiled_forward(out[w].data(), lse[w].data(), qkv.data(), B, T, C, NH, fs[w].data());
     });
     timed(ob, cob, [&] {
-      before::attention_tiled_backward_dp<true>(dqkv_o.data(), dout.data(), qkv.data(),
-                                                out_o.data(), lse_o.data(), B, T, C, NH,
-                                                bs_o.data());
+      before::attention_tiled_backward_dp<true>(dqkv[o].data(), dout.data(), qkv.data(),
+                                                out[o].data(), lse[o].data(), B, T, C, NH,
+                                                bs[o].data());
     });
     timed(nb, cnb, [&] {
-      attention_tiled_backward(dqkv_n.data(), dout.data(), qkv.data(), out_n.data(), lse_n.data(),
-                               B, T, C, NH, bs_n.data());
+      attention_tiled_backward(dqkv[w].data(), dout.data(), qkv.data(), out[w].data(),
+                               lse[w].data(), B, T, C, NH, bs[w].data());
     });
     benchmark::ClobberMemory();
   }
+  const std::vector<bf16_t>&out_o = out[o], &out_n = out[1 - o], &dqkv_o = dqkv[o],
+        &dqkv_n = dqkv[1 - o];
+  const std::vector<float>&lse_o = lse[o], &lse_n = lse[1 - o];
   set_attention_bf16_kernel(AttentionBf16Kernel::kAuto);
   double eo = 0, ed = 0;
   for (size_t i = 0; i < nout; ++i) {
