@@ -43,11 +43,19 @@ TiledResult run_tiled(const AttnShape& s, const VecF& qkv, const VecF& dout) {
   r.out.assign(size_t{1} * s.B * s.T * s.C, NAN);
   r.lse.assign(size_t{1} * s.B * s.NH * s.T, NAN);
   r.dqkv.assign(size_t{3} * s.B * s.T * s.C, NAN);  // overwritten: NaN would survive otherwise
-  VecF fs(attention_tiled_scratch_floats(s.B, s.T, s.C, s.NH), NAN);
+  // The scratch as the planner sizes it, filled with NaN (a value read before it is written would
+  // show), and followed by a guard that must survive (the kernels stay inside their plan).
+  constexpr size_t kGuard = 64;
+  const size_t nf = attention_tiled_scratch_floats(s.B, s.T, s.C, s.NH);
+  const size_t nb = attention_tiled_backward_scratch_floats(s.B, s.T, s.C, s.NH);
+  VecF fs(nf + kGuard, NAN), bs(nb + kGuard, NAN);
+  std::fill(fs.begin() + nf, fs.end(), 12345.0f);
+  std::fill(bs.begin() + nb, bs.end(), 12345.0f);
   attention_tiled_forward(r.out.data(), r.lse.data(), qkv.data(), s.B, s.T, s.C, s.NH, fs.data());
-  VecF bs(attention_tiled_backward_scratch_floats(s.B, s.T, s.C, s.NH), NAN);
   attention_tiled_backward(r.dqkv.data(), dout.data(), qkv.data(), r.out.data(), r.lse.data(), s.B,
                            s.T, s.C, s.NH, bs.data());
+  for (size_t i = nf; i < fs.size(); ++i) EXPECT_EQ(fs[i], 12345.0f) << "forward scratch overrun";
+  for (size_t i = nb; i < bs.size(); ++i) EXPECT_EQ(bs[i], 12345.0f) << "backward scratch overrun";
   return r;
 }
 

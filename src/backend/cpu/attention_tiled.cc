@@ -1211,8 +1211,8 @@ void attention_tiled_backward_low(TS* dqkv, const TS* dout, const TS* qkv, const
 }
 
 #if defined(__x86_64__) && defined(__GNUC__)
-// The bf16 kernels with AVX512-BF16 tile products: the same tasks, order and schedule as the
-// fp32 kernels, so the results are bit-identical for any thread count.
+// The bf16 kernels with AMX or AVX512-BF16 tile products: heads as tasks, each in a fixed order,
+// so the results are bit-identical for any thread count.
 
 // One (b, h) of the work: its indices (bh = b * NH + h), the head size, the softmax scale, and
 // the running worker's slot of scratch.
