@@ -679,6 +679,10 @@ HR_BF16_TARGET void amx_begin() {
     cfg.colsb[t] = 64;
     cfg.rows[t] = 16;
   }
+  // GCC 12 does not see ldtilecfg read the whole 64 bytes: where amx_begin is not inlined (a
+  // build without -march=native) it dropped the colsb/rows stores as dead, and ldtilecfg faulted
+  // on the all-zero configuration. An empty asm that may read cfg keeps them.
+  asm volatile("" : : "r"(&cfg) : "memory");
   _tile_loadconfig(&cfg);
 }
 HR_BF16_TARGET void amx_end() { _tile_release(); }
