@@ -43,11 +43,19 @@ TiledResult run_tiled(const AttnShape& s, const VecF& qkv, const VecF& dout) {
   r.out.assign(size_t{1} * s.B * s.T * s.C, NAN);
   r.lse.assign(size_t{1} * s.B * s.NH * s.T, NAN);
   r.dqkv.assign(size_t{3} * s.B * s.T * s.C, NAN);  // overwritten: NaN would survive otherwise
-  VecF fs(attention_tiled_scratch_floats(s.B, s.T, s.C, s.NH), NAN);
+  // The scratch as the planner sizes it, filled with NaN (a value read before it is written would
+  // show), and followed by a guard that must survive (the kernels stay inside their plan).
+  constexpr size_t kGuard = 64;
+  const size_t nf = attention_tiled_scratch_floats(s.B, s.T, s.C, s.NH);
+  const size_t nb = attention_tiled_backward_scratch_floats(s.B, s.T, s.C, s.NH);
+  VecF fs(nf + kGuard, NAN), bs(nb + kGuard, NAN);
+  std::fill(fs.begin() + nf, fs.end(), 12345.0f);
+  std::fill(bs.begin() + nb, bs.end(), 12345.0f);
   attention_tiled_forward(r.out.data(), r.lse.data(), qkv.data(), s.B, s.T, s.C, s.NH, fs.data());
-  VecF bs(attention_tiled_backward_scratch_floats(s.B, s.T, s.C, s.NH), NAN);
   attention_tiled_backward(r.dqkv.data(), dout.data(), qkv.data(), r.out.data(), r.lse.data(), s.B,
                            s.T, s.C, s.NH, bs.data());
+  for (size_t i = nf; i < fs.size(); ++i) EXPECT_EQ(fs[i], 12345.0f) << "forward scratch overrun";
+  for (size_t i = nb; i < bs.size(); ++i) EXPECT_EQ(bs[i], 12345.0f) << "backward scratch overrun";
   return r;
 }
 
@@ -153,15 +161,20 @@ TEST(AttentionTiled, DeterministicAndThreadCountInvariant) {
   EXPECT_EQ(two.dqkv, again.dqkv);
 }
 
-// The scratch is planned from the shapes alone: a few slots of tiles, far below the B*NH*T*T
-// probabilities the plain kernel keeps.
+// The scratch is planned from the shapes alone: one slot per head (at most 64) holding the
+// head's packed keys and values (T rounded up to 64 rows) and a few tiles, far below the
+// B*NH*T*T probabilities the plain kernel keeps.
 TEST(AttentionTiled, ScratchDependsOnShapesOnly) {
-  EXPECT_EQ(attention_tiled_scratch_floats(8, 256, 768, 12), size_t{64} * (64 * 64 + 64 * 64 + 64));
+  // forward: k^T blocks and v rows (2 Tp HS), s [64, 64], l [64].
+  EXPECT_EQ(attention_tiled_scratch_floats(8, 256, 768, 12),
+            size_t{64} * (2 * 256 * 64 + 64 * 64 + 64));
+  // backward: k^T and v^T blocks and k rows (3 Tp HS), the query block's q and dout rows
+  // (2 x 64 HS), P and dS [64, 64], D [64].
   EXPECT_EQ(attention_tiled_backward_scratch_floats(8, 256, 768, 12),
-            size_t{64} * (2 * 64 * 64 + 2 * 64 * 64 + 64));
-  EXPECT_EQ(attention_tiled_scratch_floats(1, 7, 24, 3), size_t{3} * (8 * 64 + 64 * 64 + 64));
+            size_t{64} * (3 * 256 * 64 + 2 * 64 * 64 + 2 * 64 * 64 + 64));
+  EXPECT_EQ(attention_tiled_scratch_floats(1, 7, 24, 3), size_t{3} * (2 * 64 * 8 + 64 * 64 + 64));
   EXPECT_EQ(attention_tiled_backward_scratch_floats(1, 7, 24, 3),
-            size_t{3} * (2 * 8 * 64 + 2 * 64 * 64 + 64));
+            size_t{3} * (3 * 64 * 8 + 2 * 64 * 8 + 2 * 64 * 64 + 64));
 }
 
 // ---- tiled attention with bf16 storage: the bf16 tile products ------------------------------
@@ -310,10 +323,12 @@ TEST(AttentionTiledBf16Kernel, FallbackIsSelectableAndScratchFollowsTheKernel) {
   {
     Bf16KernelScope scope(AttentionBf16Kernel::kWidenFp32);
     EXPECT_EQ(attention_bf16_kernel(), AttentionBf16Kernel::kWidenFp32);
+    // The fp32 slot plus the head's rows: q | k | v and out (4 T HS) forward; q | k | v,
+    // dout | out and dq | dk | dv (8 T HS) backward.
     EXPECT_EQ(attention_tiled_scratch_floats(8, 256, 768, 12, DType::kBF16),
-              size_t{64} * (64 * 64 + 64 * 64 + 64 + 256 * 3 * 64 + 64 * 64));
+              size_t{64} * (2 * 256 * 64 + 64 * 64 + 64 + 256 * 4 * 64));
     EXPECT_EQ(attention_tiled_backward_scratch_floats(8, 256, 768, 12, DType::kBF16),
-              size_t{64} * (2 * 64 * 64 + 2 * 64 * 64 + 64 + 256 * 8 * 64));
+              size_t{64} * (3 * 256 * 64 + 2 * 64 * 64 + 2 * 64 * 64 + 64 + 256 * 8 * 64));
   }
   EXPECT_NE(attention_bf16_kernel(), AttentionBf16Kernel::kAuto);
   if (attention_bf16_kernel() == AttentionBf16Kernel::kWidenFp32) GTEST_SKIP() << "no bf16 kernel";
@@ -329,7 +344,7 @@ TEST(AttentionTiledBf16Kernel, FallbackIsSelectableAndScratchFollowsTheKernel) {
             size_t{2} * (13 * 128 * 64 / 2 + 128 + 2 * 64 * 64 + 64 * 64 / 2));
   // Heads narrower than 32 take the fallback, scratch included.
   EXPECT_EQ(attention_tiled_backward_scratch_floats(1, 100, 80, 4, DType::kBF16),
-            size_t{4} * (2 * 20 * 64 + 2 * 64 * 64 + 64 + 100 * 8 * 20));
+            size_t{4} * (3 * 128 * 20 + 2 * 64 * 20 + 2 * 64 * 64 + 64 + 100 * 8 * 20));
 }
 
 // ---- fused LM head + cross-entropy ----------------------------------------------------------

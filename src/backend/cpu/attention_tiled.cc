@@ -23,6 +23,14 @@
 #include "backend/cpu/fused_kernels.h"
 #include "core/check.h"
 
+// GCC 12 warns of its own intrinsics' undefined vectors (-Wmaybe-uninitialized) when they are
+// inlined (_mm512_reduce_*_ps, and any intrinsic inlined into a function with a target
+// attribute): a false positive.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
 namespace headroom::cpu {
 namespace {
 
@@ -99,70 +107,226 @@ inline void row_group(int N, int K, const float* A, int64_t ars, int64_t acs, co
   for (; c0 + kVecs * kW <= N; c0 += kVecs * kW) {
     tile<R, kVecs>(K, A, ars, acs, B + c0, ldb, C + c0, ldc, acc);
   }
-  for (; c0 + kW <= N; c0 += kW) tile<R, 1>(K, A, ars, acs, B + c0, ldb, C + c0, ldc, acc);
+  // The whole vectors left in one tile (one pass over K), then the scalar columns.
+  switch ((N - c0) / kW) {
+    case 3:
+      tile<R, 3>(K, A, ars, acs, B + c0, ldb, C + c0, ldc, acc);
+      break;
+    case 2:
+      tile<R, 2>(K, A, ars, acs, B + c0, ldb, C + c0, ldc, acc);
+      break;
+    case 1:
+      tile<R, 1>(K, A, ars, acs, B + c0, ldb, C + c0, ldc, acc);
+      break;
+    default:
+      break;
+  }
+  c0 += (N - c0) / kW * kW;
   if (c0 < N) tile_tail<R>(K, N - c0, A, ars, acs, B + c0, ldb, C + c0, ldc, acc);
+}
+
+// Products of a diagonal tile (query block == key block), where P and dS are 0 above the
+// diagonal (key c > query r): each group of rows [r0, r0 + R) skips work that only adds those
+// zeros, so the result is the same, bit for bit (a skipped fma(0, b, s) is s: b is finite).
+//   kNone: the whole product;
+//   kColsToRow: C = scores, columns c < r0 + R only (rounded up to whole vectors; the columns
+//     past them are left unwritten: the caller masks them);
+//   kKToRow: A = P or dS by query rows (k = key): k < r0 + R only;
+//   kKFromRow: A = P^T or dS^T (C rows = keys, k = query): k >= r0 only.
+enum class Causal { kNone, kColsToRow, kKToRow, kKFromRow };
+
+template <int R>
+inline void causal_row_group(Causal causal, int r0, int N, int K, const float* A, int64_t ars,
+                             int64_t acs, const float* B, int64_t ldb, float* C, int64_t ldc,
+                             bool acc) {
+  switch (causal) {
+    case Causal::kNone:
+      row_group<R>(N, K, A, ars, acs, B, ldb, C, ldc, acc);
+      break;
+    case Causal::kColsToRow:
+      row_group<R>(std::min(N, (r0 + R + kW - 1) / kW * kW), K, A, ars, acs, B, ldb, C, ldc, acc);
+      break;
+    case Causal::kKToRow:
+      row_group<R>(N, std::min(K, r0 + R), A, ars, acs, B, ldb, C, ldc, acc);
+      break;
+    case Causal::kKFromRow: {
+      const int k0 = std::min(K, r0);
+      row_group<R>(N, K - k0, A + k0 * acs, ars, acs, B + k0 * ldb, ldb, C, ldc, acc);
+      break;
+    }
+  }
 }
 
 // C[M,N] = A[M,K] x B[K,N], or C += ... when acc. Single-threaded (called inside tasks). The sum
 // over k runs in order for every element, so the result depends on the shapes only.
 void small_gemm(int M, int N, int K, const float* A, int64_t ars, int64_t acs, const float* B,
-                int64_t ldb, float* C, int64_t ldc, bool acc) {
+                int64_t ldb, float* C, int64_t ldc, bool acc, Causal causal = Causal::kNone) {
   int r0 = 0;
   for (; r0 + kRows <= M; r0 += kRows) {
-    row_group<kRows>(N, K, A + r0 * ars, ars, acs, B, ldb, C + r0 * ldc, ldc, acc);
+    causal_row_group<kRows>(causal, r0, N, K, A + r0 * ars, ars, acs, B, ldb, C + r0 * ldc, ldc,
+                            acc);
   }
   const float* a = A + r0 * ars;
   float* c = C + r0 * ldc;
   switch (M - r0) {
     case 3:
-      row_group<3>(N, K, a, ars, acs, B, ldb, c, ldc, acc);
+      causal_row_group<3>(causal, r0, N, K, a, ars, acs, B, ldb, c, ldc, acc);
       break;
     case 2:
-      row_group<2>(N, K, a, ars, acs, B, ldb, c, ldc, acc);
+      causal_row_group<2>(causal, r0, N, K, a, ars, acs, B, ldb, c, ldc, acc);
       break;
     case 1:
-      row_group<1>(N, K, a, ars, acs, B, ldb, c, ldc, acc);
+      causal_row_group<1>(causal, r0, N, K, a, ars, acs, B, ldb, c, ldc, acc);
       break;
     default:
       break;
   }
 }
 
+#if HR_AVX512_HELPERS
+// An in-register transpose of a 16 x 16 block of 32-bit elements: r[i] holds row i on entry and
+// column i on return (unpacks of 32-bit pairs, then 64-bit pairs within 128-bit lanes, then two
+// rounds of lane shuffles). The maskz forms with a full mask are the plain instructions; they
+// avoid GCC 12's false -Wmaybe-uninitialized in the unmasked intrinsics (as in bf16.h).
+HR_AVX512_TARGET inline void transpose16x16(__m512 r[16]) {
+  constexpr __mmask16 kAll = 0xFFFF;
+  __m512 t[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_maskz_unpacklo_ps(kAll, r[i], r[i + 1]);
+    t[i + 1] = _mm512_maskz_unpackhi_ps(kAll, r[i], r[i + 1]);
+  }
+  // u[4g + j], lane l: column 4l + j of rows 4g..4g+3.
+  __m512 u[16];
+  for (int g = 0; g < 16; g += 4) {
+    u[g] = _mm512_maskz_shuffle_ps(kAll, t[g], t[g + 2], 0x44);
+    u[g + 1] = _mm512_maskz_shuffle_ps(kAll, t[g], t[g + 2], 0xEE);
+    u[g + 2] = _mm512_maskz_shuffle_ps(kAll, t[g + 1], t[g + 3], 0x44);
+    u[g + 3] = _mm512_maskz_shuffle_ps(kAll, t[g + 1], t[g + 3], 0xEE);
+  }
+  for (int j = 0; j < 4; ++j) {
+    const __m512 a_even =
+        _mm512_maskz_shuffle_f32x4(kAll, u[j], u[4 + j], 0x88);  // lanes 0, 2 of each
+    const __m512 a_odd = _mm512_maskz_shuffle_f32x4(kAll, u[j], u[4 + j], 0xDD);  // lanes 1, 3
+    const __m512 b_even = _mm512_maskz_shuffle_f32x4(kAll, u[8 + j], u[12 + j], 0x88);
+    const __m512 b_odd = _mm512_maskz_shuffle_f32x4(kAll, u[8 + j], u[12 + j], 0xDD);
+    r[j] = _mm512_maskz_shuffle_f32x4(kAll, a_even, b_even, 0x88);
+    r[8 + j] = _mm512_maskz_shuffle_f32x4(kAll, a_even, b_even, 0xDD);
+    r[4 + j] = _mm512_maskz_shuffle_f32x4(kAll, a_odd, b_odd, 0x88);
+    r[12 + j] = _mm512_maskz_shuffle_f32x4(kAll, a_odd, b_odd, 0xDD);
+  }
+}
+#endif
+
 // dst[d*kB + c] = src[c*ld + d] for c < n, d < HS; columns [n, kB) are zeroed, so a tile's
 // padding keys give score 0 (always masked: only the last, diagonal, key block is partial).
+// 16 x 16 blocks transposed in registers (the loads masked at the head's and the block's edge).
 void pack_transposed(float* dst, const float* src, int64_t ld, int n, int HS) {
+#if defined(__AVX512F__)
+  for (int c0 = 0; c0 < kB; c0 += 16) {
+    for (int d0 = 0; d0 < HS; d0 += 16) {
+      const int nd = std::min(16, HS - d0);
+      const auto dmask = static_cast<__mmask16>(nd == 16 ? 0xFFFFu : (1u << nd) - 1u);
+      __m512 r[16];
+      for (int i = 0; i < 16; ++i) {
+        r[i] = c0 + i < n ? _mm512_maskz_loadu_ps(dmask, src + (c0 + i) * ld + d0)
+                          : _mm512_setzero_ps();
+      }
+      transpose16x16(r);
+      for (int i = 0; i < nd; ++i) _mm512_storeu_ps(dst + int64_t{d0 + i} * kB + c0, r[i]);
+    }
+  }
+#else
   for (int d = 0; d < HS; ++d) {
     float* row = dst + int64_t{d} * kB;
     for (int c = 0; c < n; ++c) row[c] = src[c * ld + d];
     for (int c = n; c < kB; ++c) row[c] = 0.0f;
   }
+#endif
+}
+
+// dst[r*HS + d] = src[r*ld + d] for r < n, d < HS: rows gathered to a contiguous block.
+void pack_rows(float* dst, const float* src, int64_t ld, int n, int HS) {
+  for (int r = 0; r < n; ++r) {
+    float* d = dst + int64_t{r} * HS;
+    const float* x = src + r * ld;
+#if defined(__AVX512F__)  // (memcpy's call costs as much as a 64-float row)
+    int c = 0;
+    for (; c + 16 <= HS; c += 16) _mm512_storeu_ps(d + c, _mm512_loadu_ps(x + c));
+    if (c < HS) {
+      const auto m = static_cast<__mmask16>((1u << (HS - c)) - 1u);
+      _mm512_mask_storeu_ps(d + c, m, _mm512_maskz_loadu_ps(m, x + c));
+    }
+#else
+    std::memcpy(d, x, sizeof(float) * HS);
+#endif
+  }
 }
 
 inline int num_blocks(int T) { return (T + kB - 1) / kB; }
 
-size_t forward_slot_floats(int HS) { return size_t{1} * HS * kB + kB * kB + kB; }
-size_t backward_slot_floats(int HS) { return size_t{2} * HS * kB + 2 * kB * kB + kB; }
+#if defined(__x86_64__)
+// Mask of the columns c0 + [0, 16) that are < ncols.
+inline __mmask16 cols_mask(int c0, int ncols) {
+  const int n = std::clamp(ncols - c0, 0, 16);
+  return static_cast<__mmask16>((1u << n) - 1u);
+}
+#endif
+
+// Slots (Note [Tiled attention]): per head, each key block packed once for all the query blocks
+// that use it, keys transposed ([HS, kB] per block, contiguous, so a tile product's B operand
+// is 16 KiB that stays in L1: the rows of qkv at their stride of 3C floats fall on few cache
+// sets and evicted each other) and values (and the backward's keys) as rows [T, HS].
+//   forward:  k^T blocks, v rows, s [kB, kB], l [kB];
+//   backward: k^T and v^T blocks, k rows, q and dout rows of the query block, P and dS [kB, kB],
+//             D [kB].
+size_t forward_slot_floats(int T, int HS) {
+  return size_t{2} * num_blocks(T) * kB * HS + kB * kB + kB;
+}
+size_t backward_slot_floats(int T, int HS) {
+  return size_t{3} * num_blocks(T) * kB * HS + size_t{2} * kB * HS + 2 * kB * kB + kB;
+}
 
 // Threads for `tasks` tasks with `slots` scratch slots: thread i uses slot i.
 inline int workers_for(int slots) { return std::max(1, std::min(omp_get_max_threads(), slots)); }
 
 // One query block of one (b, h): the online softmax over key blocks 0..ib.
-//   q, k, v: the (b, h) rows of qkv (row stride C3); o: the block's output rows (stride C);
-//   m: the block's lse entries, holding the running max until the end.
-void forward_block(float* o, float* m, const float* q, const float* k, const float* v, int64_t C3,
-                   int64_t C, int HS, int ib, int nq, float scale, float* slot) {
-  float* kt = slot;                  // [HS, kB] keys of the current block, transposed
-  float* s = kt + int64_t{HS} * kB;  // [kB, kB] scores, then probabilities
-  float* l = s + kB * kB;            // [kB] running sums
+//   q: the block's query rows (stride ldq); kt, vr: the head's packed keys and values;
+//   o: the block's output rows (stride ldo); m: the block's lse entries, holding the running
+//   max until the end; s, l: [kB, kB] and [kB] of the slot.
+void forward_block(float* o, float* m, const float* q, const float* kt, const float* vr,
+                   int64_t ldq, int64_t ldo, int HS, int ib, int nq, float scale, float* s,
+                   float* l) {
   for (int jb = 0; jb <= ib; ++jb) {
     const bool diag = jb == ib;
     const int nk = diag ? nq : kB;
     const int64_t j0 = int64_t{jb} * kB;
-    pack_transposed(kt, k + j0 * C3, C3, nk, HS);
-    small_gemm(nq, kB, HS, q, C3, 1, kt, kB, s, kB, false);
+    const Causal cols = diag ? Causal::kColsToRow : Causal::kNone;
+    small_gemm(nq, kB, HS, q, ldq, 1, kt + j0 * HS, kB, s, kB, false, cols);
     for (int r = 0; r < nq; ++r) {
       float* row = s + r * kB;
       const int ncols = diag ? r + 1 : kB;  // causal: key j0+c <= query i0+r
+#if HR_AVX512_KERNELS
+      // The row in four vectors: scale and max, then exp and sum, columns past the causal edge
+      // (and the padding past nk) stored as 0.
+      const __m512 vscale = _mm512_set1_ps(scale);
+      __m512 x[kB / 16];
+      __m512 vmax = _mm512_set1_ps(-INFINITY);
+      for (int c = 0; c < kB / 16; ++c) {
+        x[c] = _mm512_mul_ps(_mm512_loadu_ps(row + 16 * c), vscale);
+        vmax = _mm512_mask_max_ps(vmax, cols_mask(16 * c, ncols), vmax, x[c]);
+      }
+      const float mx = _mm512_reduce_max_ps(vmax);
+      const float m_new = jb == 0 ? mx : std::max(m[r], mx);
+      const __m512 vm = _mm512_set1_ps(m_new);
+      __m512 vsum = _mm512_setzero_ps();
+      for (int c = 0; c < kB / 16; ++c) {
+        const __m512 e =
+            _mm512_maskz_mov_ps(cols_mask(16 * c, ncols), exp16(_mm512_sub_ps(x[c], vm)));
+        vsum = _mm512_add_ps(vsum, e);
+        _mm512_storeu_ps(row + 16 * c, e);
+      }
+      const float sum = _mm512_reduce_add_ps(vsum);
+#else
       float mx = -INFINITY;
 #pragma omp simd reduction(max : mx)
       for (int c = 0; c < ncols; ++c) {
@@ -178,12 +342,13 @@ void forward_block(float* o, float* m, const float* q, const float* k, const flo
         sum += p;
       }
       for (int c = ncols; c < nk; ++c) row[c] = 0.0f;
+#endif
       if (jb == 0) {
         l[r] = sum;
       } else if (m_new != m[r]) {  // rescale what the earlier key blocks accumulated
         const float alpha = std::exp(m[r] - m_new);
         l[r] = l[r] * alpha + sum;
-        float* orow = o + r * C;
+        float* orow = o + r * ldo;
 #pragma omp simd
         for (int d = 0; d < HS; ++d) orow[d] *= alpha;
       } else {
@@ -192,42 +357,74 @@ void forward_block(float* o, float* m, const float* q, const float* k, const flo
       m[r] = m_new;
     }
     // o (+)= p x v; the first key block overwrites, so out needs no zeroing.
-    small_gemm(nq, HS, nk, s, kB, 1, v + j0 * C3, C3, o, C, jb > 0);
+    small_gemm(nq, HS, nk, s, kB, 1, vr + j0 * HS, HS, o, ldo, jb > 0,
+               diag ? Causal::kKToRow : Causal::kNone);
   }
   for (int r = 0; r < nq; ++r) {
     const float inv = 1.0f / l[r];
-    float* orow = o + r * C;
+    float* orow = o + r * ldo;
 #pragma omp simd
     for (int d = 0; d < HS; ++d) orow[d] *= inv;
     m[r] = m[r] + std::log(l[r]);
   }
 }
 
+// One (b, h) of the forward: its keys and values packed once, then each query block.
+//   q, k, v: the head's rows (stride ld); o: its output rows (stride ldo); L: lse[b, h, :].
+void forward_head(float* o, float* L, const float* q, const float* k, const float* v, int64_t ld,
+                  int64_t ldo, int T, int HS, float scale, float* slot) {
+  const int nb = num_blocks(T);
+  const int64_t TH = int64_t{nb} * kB * HS;
+  float* kt = slot;        // per key block [HS, kB]
+  float* vr = kt + TH;     // [T, HS]
+  float* s = vr + TH;      // [kB, kB] scores, then probabilities
+  float* l = s + kB * kB;  // [kB] running sums
+  for (int blk = 0; blk < nb; ++blk) {
+    const int64_t j0 = int64_t{blk} * kB;
+    const int n = std::min<int64_t>(kB, T - j0);
+    pack_transposed(kt + j0 * HS, k + j0 * ld, ld, n, HS);
+    pack_rows(vr + j0 * HS, v + j0 * ld, ld, n, HS);
+  }
+  for (int ib = 0; ib < nb; ++ib) {
+    const int64_t i0 = int64_t{ib} * kB;
+    const int nq = std::min<int64_t>(kB, T - i0);
+    forward_block(o + i0 * ldo, L + i0, q + i0 * ld, kt, vr, ld, ldo, HS, ib, nq, scale, s, l);
+  }
+}
+
 // One (b, h) of the backward, all tiles in a fixed order: query blocks outer, key blocks inner.
-//   q, k, v: the (b, h) rows of qkv; dq, dk, dv: the same rows of dqkv (stride C3);
+//   q, k, v: the (b, h) rows of qkv; dq, dk, dv: the same rows of dqkv (stride C3), each
+//   overwritten by its first product (dQ's block at key block 0, dK's and dV's at the diagonal,
+//   the first query block that sees them), so they need no zeroing;
 //   dy, y: dout and out rows (stride C); L: lse[b, h, :].
 void backward_head(float* dq, float* dk, float* dv, const float* q, const float* k, const float* v,
                    const float* dy, const float* y, const float* L, int64_t C3, int64_t C, int T,
                    int HS, float scale, float* slot) {
-  float* kt = slot;                   // [HS, kB]
-  float* vt = kt + int64_t{HS} * kB;  // [HS, kB]
-  float* p = vt + int64_t{HS} * kB;   // [kB, kB] probabilities
-  float* ds = p + kB * kB;            // [kB, kB] dP, then dS
-  float* D = ds + kB * kB;            // [kB] rowsum(dy * y)
-  for (int t = 0; t < T; ++t) {
-    std::fill(dq + t * C3, dq + t * C3 + HS, 0.0f);
-    std::fill(dk + t * C3, dk + t * C3 + HS, 0.0f);
-    std::fill(dv + t * C3, dv + t * C3 + HS, 0.0f);
-  }
   const int nb = num_blocks(T);
+  const int64_t TH = int64_t{nb} * kB * HS;
+  float* kt = slot;                    // per key block [HS, kB]
+  float* vt = kt + TH;                 // per key block [HS, kB]
+  float* kr = vt + TH;                 // [T, HS]
+  float* qb = kr + TH;                 // [kB, HS] the query block's q rows
+  float* dyb = qb + int64_t{kB} * HS;  // [kB, HS] and dout rows
+  float* p = dyb + int64_t{kB} * HS;   // [kB, kB] probabilities
+  float* ds = p + kB * kB;             // [kB, kB] dP, then dS
+  float* D = ds + kB * kB;             // [kB] rowsum(dy * y)
+  for (int blk = 0; blk < nb; ++blk) {
+    const int64_t j0 = int64_t{blk} * kB;
+    const int n = std::min<int64_t>(kB, T - j0);
+    pack_transposed(kt + j0 * HS, k + j0 * C3, C3, n, HS);
+    pack_transposed(vt + j0 * HS, v + j0 * C3, C3, n, HS);
+    pack_rows(kr + j0 * HS, k + j0 * C3, C3, n, HS);
+  }
   for (int ib = 0; ib < nb; ++ib) {
     const int64_t i0 = int64_t{ib} * kB;
     const int nq = std::min<int64_t>(kB, T - i0);
-    const float* qi = q + i0 * C3;
-    const float* dyi = dy + i0 * C;
     const float* Li = L + i0;
+    pack_rows(qb, q + i0 * C3, C3, nq, HS);
+    pack_rows(dyb, dy + i0 * C, C, nq, HS);
     for (int r = 0; r < nq; ++r) {
-      const float* a = dyi + r * C;
+      const float* a = dyb + r * HS;
       const float* b = y + (i0 + r) * C;
       float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
@@ -238,33 +435,51 @@ void backward_head(float* dq, float* dk, float* dv, const float* q, const float*
       const bool diag = jb == ib;
       const int nk = diag ? nq : kB;
       const int64_t j0 = int64_t{jb} * kB;
-      pack_transposed(kt, k + j0 * C3, C3, nk, HS);
-      pack_transposed(vt, v + j0 * C3, C3, nk, HS);
-      small_gemm(nq, kB, HS, qi, C3, 1, kt, kB, p, kB, false);   // scores
-      small_gemm(nq, kB, HS, dyi, C, 1, vt, kB, ds, kB, false);  // dP = dy v^T
+      const Causal cols = diag ? Causal::kColsToRow : Causal::kNone;
+      const Causal k_to = diag ? Causal::kKToRow : Causal::kNone;
+      const Causal k_from = diag ? Causal::kKFromRow : Causal::kNone;
+      small_gemm(nq, kB, HS, qb, HS, 1, kt + j0 * HS, kB, p, kB, false, cols);    // scores
+      small_gemm(nq, kB, HS, dyb, HS, 1, vt + j0 * HS, kB, ds, kB, false, cols);  // dP = dy v^T
+      // P = exp(scale s - lse), dS = P (dP - D) scale (the score's scale folded in), 0 past the
+      // causal edge and the padding past nk.
       for (int r = 0; r < nq; ++r) {
         float* prow = p + r * kB;
         float* drow = ds + r * kB;
         const int ncols = diag ? r + 1 : kB;
         const float lse = Li[r], Dr = D[r];
+#if HR_AVX512_KERNELS
+        const __m512 vscale = _mm512_set1_ps(scale), vlse = _mm512_set1_ps(lse),
+                     vD = _mm512_set1_ps(Dr);
+        for (int c = 0; c < kB; c += 16) {
+          const __mmask16 mask = cols_mask(c, ncols);
+          const __m512 pr = _mm512_maskz_mov_ps(
+              mask, exp16(_mm512_fmsub_ps(_mm512_loadu_ps(prow + c), vscale, vlse)));
+          const __m512 d = _mm512_sub_ps(_mm512_loadu_ps(drow + c), vD);
+          _mm512_storeu_ps(prow + c, pr);
+          // (masked: on a diagonal tile the columns past the row's vectors were not computed)
+          _mm512_storeu_ps(drow + c, _mm512_maskz_mul_ps(mask, _mm512_mul_ps(pr, d), vscale));
+        }
+#else
 #pragma omp simd
         for (int c = 0; c < ncols; ++c) {
           const float pr = fast_exp(prow[c] * scale - lse);
           prow[c] = pr;
-          drow[c] = pr * (drow[c] - Dr) * scale;  // dS, with the score's scale folded in
+          drow[c] = pr * (drow[c] - Dr) * scale;
         }
         for (int c = ncols; c < nk; ++c) prow[c] = drow[c] = 0.0f;
+#endif
       }
-      small_gemm(nk, HS, nq, p, 1, kB, dyi, C, dv + j0 * C3, C3, true);            // dV += P^T dy
-      small_gemm(nk, HS, nq, ds, 1, kB, qi, C3, dk + j0 * C3, C3, true);           // dK += dS^T q
-      small_gemm(nq, HS, nk, ds, kB, 1, k + j0 * C3, C3, dq + i0 * C3, C3, true);  // dQ += dS k
+      small_gemm(nk, HS, nq, p, 1, kB, dyb, HS, dv + j0 * C3, C3, !diag, k_from);  // dV += P^T dy
+      small_gemm(nk, HS, nq, ds, 1, kB, qb, HS, dk + j0 * C3, C3, !diag, k_from);  // dK += dS^T q
+      small_gemm(nq, HS, nk, ds, kB, 1, kr + j0 * HS, HS, dq + i0 * C3, C3, jb > 0,
+                 k_to);  // dQ += dS k
     }
   }
 }
 
 // bf16 storage: each task first widens the rows it reads into fp32 copies in its slot, runs the
 // fp32 code above on them, and rounds its output once. The copies hold `rows` rows of one head.
-size_t forward_widen_floats(int T, int HS) { return size_t{1} * T * 3 * HS + size_t{kB} * HS; }
+size_t forward_widen_floats(int T, int HS) { return size_t{1} * T * 4 * HS; }
 size_t backward_widen_floats(int T, int HS) { return size_t{1} * T * 8 * HS; }
 
 // dst[r*ld_dst + c] = src[r*ld_src + c] as float, for r < rows, c < cols.
@@ -385,12 +600,6 @@ size_t backward_bf16_slot_floats(int T, int HS) {
 }
 
 #if defined(__x86_64__) && defined(__GNUC__)
-// GCC 12 warns of its own intrinsics' undefined vectors (-Wmaybe-uninitialized) when they are
-// inlined into functions with a target attribute: a false positive.
-#if !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
 #define HR_BF16_TARGET \
   __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,amx-tile,amx-bf16")))
 
@@ -470,6 +679,10 @@ HR_BF16_TARGET void amx_begin() {
     cfg.colsb[t] = 64;
     cfg.rows[t] = 16;
   }
+  // GCC 12 does not see ldtilecfg read the whole 64 bytes: where amx_begin is not inlined (a
+  // build without -march=native) it dropped the colsb/rows stores as dead, and ldtilecfg faulted
+  // on the all-zero configuration. An empty asm that may read cfg keeps them.
+  asm volatile("" : : "r"(&cfg) : "memory");
   _tile_loadconfig(&cfg);
 }
 HR_BF16_TARGET void amx_end() { _tile_release(); }
@@ -545,32 +758,85 @@ HR_BF16_TARGET inline __m512i interleave_bf16(__m512 x0, __m512 x1) {
   return _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16));
 }
 
-// dst[r * HSp + d] = src[r * ld + d] for r < n, d < HS; zeros elsewhere in rows [0, rows).
-HR_BF16_TARGET void copy_rows_padded(bf16_t* dst, int HSp, const bf16_t* src, int64_t ld, int n,
-                                     int rows, int HS) {
-  for (int r = 0; r < rows; ++r) {
-    bf16_t* d = dst + int64_t{r} * HSp;
-    const bf16_t* srow = src + r * ld;
-    for (int c = 0; c < HSp; c += 32) {
-      const int left = r < n ? std::clamp(HS - c, 0, 32) : 0;
-      const __mmask32 mask = left == 32 ? ~__mmask32{0} : (__mmask32{1} << left) - 1;
-      _mm512_storeu_si512(d + c, _mm512_maskz_loadu_epi16(mask, srow + c));
+// One row: dst[d] = src[d] for d < HS if valid, zeros elsewhere in [0, HSp).
+HR_BF16_TARGET inline void copy_row_padded(bf16_t* dst, const bf16_t* src, bool valid, int HSp,
+                                           int HS) {
+  for (int c = 0; c < HSp; c += 32) {
+    const int left = valid ? std::clamp(HS - c, 0, 32) : 0;
+    const __mmask32 mask = left == 32 ? ~__mmask32{0} : (__mmask32{1} << left) - 1;
+    _mm512_storeu_si512(dst + c, _mm512_maskz_loadu_epi16(mask, src + c));
+  }
+}
+
+// Two fp32 vectors to 32 bf16: lo's 16 in the lower half, hi's in the upper (vcvtne2ps2bf16: the
+// bits of cvt_ps_bf16 on each, whose integer form it takes when a lane is denormal).
+HR_BF16_TARGET inline __m512i cvt2_ps_bf16(__m512 lo, __m512 hi) {
+  if (__builtin_expect((_mm512_fpclass_ps_mask(lo, 0x20) | _mm512_fpclass_ps_mask(hi, 0x20)) == 0,
+                       1)) {
+    return reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo));
+  }
+  return _mm512_inserti64x4(_mm512_castsi256_si512(cvt_ps_bf16(lo)), cvt_ps_bf16(hi), 1);
+}
+
+// [a_0..a_15 | b_0..b_15] (16-bit) to the pairs (a_i, b_i) in 32-bit lane i.
+HR_BF16_TARGET inline __m512i pairs_of_halves(__m512i v) {
+  const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
+                                       23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  return _mm512_permutexvar_epi16(idx, v);
+}
+
+// dst[t * ld + d] = bf16(src[d * lds + t]) for t < T, d < HS: fp32 rows [HS rounded up to 16, lds]
+// stored transposed as bf16 rows, 16 x 16 at a time through registers. lds a multiple of 16.
+HR_BF16_TARGET void store_transposed(bf16_t* dst, int64_t ld, const float* src, int64_t lds, int T,
+                                     int HS) {
+  for (int t0 = 0; t0 < T; t0 += 16) {
+    for (int d0 = 0; d0 < HS; d0 += 16) {
+      __m512 x[16];
+      for (int i = 0; i < 16; ++i) x[i] = _mm512_loadu_ps(src + int64_t{d0 + i} * lds + t0);
+      transpose16x16(x);
+      const __mmask16 m = cols_mask(d0, HS);
+      for (int j = 0; j < 16 && t0 + j < T; ++j) {
+        _mm256_mask_storeu_epi16(dst + int64_t{t0 + j} * ld + d0, m, cvt_ps_bf16(x[j]));
+      }
     }
   }
 }
 
-// dst[c * ld_dst + r] = src[r * ld_src + c] for r < rows (a multiple of 16), c < cols: a
-// transpose of 32-bit elements, 16 rows at a time by gathers.
+// dst[r * HSp + d] = src[r * ld + d] for r < n, d < HS; zeros elsewhere in rows [0, rows).
+HR_BF16_TARGET void copy_rows_padded(bf16_t* dst, int HSp, const bf16_t* src, int64_t ld, int n,
+                                     int rows, int HS) {
+  for (int r = 0; r < rows; ++r) {
+    copy_row_padded(dst + int64_t{r} * HSp, src + r * ld, r < n, HSp, HS);
+  }
+}
+
+// The bf16 row dot product sum_d x[d] * y[d] in fp32, x and y padded with zeros to HSp.
+HR_BF16_TARGET inline float dot_bf16_row(const bf16_t* x, const bf16_t* y, int HSp) {
+  __m512 acc = _mm512_setzero_ps();
+  for (int c = 0; c < HSp; c += 16) {
+    const __m512 a = _mm512_castsi512_ps(_mm512_slli_epi32(
+        _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + c))), 16));
+    const __m512 b = _mm512_castsi512_ps(_mm512_slli_epi32(
+        _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(y + c))), 16));
+    acc = _mm512_fmadd_ps(a, b, acc);
+  }
+  return _mm512_reduce_add_ps(acc);
+}
+
+// dst[c * ld_dst + r] = src[r * ld_src + c] for r < rows, c < cols (both multiples of 16): a
+// transpose of 32-bit elements, 16 x 16 blocks in registers.
 HR_BF16_TARGET void transpose32(uint32_t* dst, int64_t ld_dst, const uint32_t* src, int64_t ld_src,
                                 int rows, int cols) {
-  const __m512i idx =
-      _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                         _mm512_set1_epi32(static_cast<int>(ld_src)));
   for (int r = 0; r < rows; r += 16) {
-    const uint32_t* s0 = src + int64_t{r} * ld_src;
-    for (int c = 0; c < cols; ++c) {
-      const __m512i v = _mm512_i32gather_epi32(idx, s0 + c, 4);
-      _mm512_storeu_si512(dst + int64_t{c} * ld_dst + r, v);
+    for (int c = 0; c < cols; c += 16) {
+      __m512 x[16];
+      for (int i = 0; i < 16; ++i) {
+        x[i] = _mm512_castsi512_ps(_mm512_loadu_si512(src + int64_t{r + i} * ld_src + c));
+      }
+      transpose16x16(x);
+      for (int i = 0; i < 16; ++i) {
+        _mm512_storeu_si512(dst + int64_t{c + i} * ld_dst + r, _mm512_castps_si512(x[i]));
+      }
     }
   }
 }
@@ -579,12 +845,6 @@ HR_BF16_TARGET void transpose32(uint32_t* dst, int64_t ld_dst, const uint32_t* s
 // (k[n][2p], k[n][2p+1]), a transpose of 32-bit pairs.
 HR_BF16_TARGET void pack_pairs_transposed(uint32_t* kt, const bf16_t* k, int HSp) {
   transpose32(kt, kB, reinterpret_cast<const uint32_t*>(k), HSp / 2, kB, HSp / 2);
-}
-
-// Mask of the columns c0 + [0, 16) that are < ncols.
-inline __mmask16 cols_mask(int c0, int ncols) {
-  const int n = std::clamp(ncols - c0, 0, 16);
-  return static_cast<__mmask16>((1u << n) - 1u);
 }
 
 // Rows [2p, 2p+1] of a 64-row block (rows [HSp]) interleaved, as the B of x v: v2[p*HSp + d] =
@@ -671,6 +931,28 @@ HR_BF16_TARGET void forward_tiles_bf16(bf16_t* out, float* m, const bf16_t* qs,
   }
 }
 
+// The rows the next head of this thread will read (its q, k, v and, for the backward, dout and
+// out rows), asked into L2 a slice at a time while the current head computes: a head's rows lie
+// 2 * 3C bytes apart, a new page every row or two, and copying them was a fifth of the bf16
+// backward's own time waiting for memory (perf).
+struct NextRows {
+  const bf16_t* base[5] = {};
+  int64_t ld[5] = {};
+  int n = 0;      // streams in use
+  int T = 0;      // rows
+  int bytes = 0;  // bytes per row
+};
+HR_BF16_TARGET inline void prefetch_slice(const NextRows& next, int part, int parts) {
+  const int r0 = static_cast<int>(int64_t{part} * next.T / parts);
+  const int r1 = static_cast<int>(int64_t{part + 1} * next.T / parts);
+  for (int i = 0; i < next.n; ++i) {
+    for (int r = r0; r < r1; ++r) {
+      const char* row = reinterpret_cast<const char*>(next.base[i] + r * next.ld[i]);
+      for (int b = 0; b < next.bytes; b += 64) _mm_prefetch(row + b, _MM_HINT_T1);
+    }
+  }
+}
+
 // One (b, h) of the forward, bf16: forward_block's online softmax for each query block, the
 // tile products in bf16. The head's keys and values are packed once for all its query blocks.
 //   q, k, v: the (b, h) rows of qkv (row stride C3); out: its output rows (stride C);
@@ -678,7 +960,7 @@ HR_BF16_TARGET void forward_tiles_bf16(bf16_t* out, float* m, const bf16_t* qs,
 template <bool kAmx>
 HR_BF16_TARGET void forward_head_bf16(bf16_t* out, float* lse, const bf16_t* q, const bf16_t* k,
                                       const bf16_t* v, int64_t C3, int64_t C, int T, int HS,
-                                      float scale, float* slot) {
+                                      float scale, float* slot, const NextRows& next) {
   const int HSp = padded_head(HS), nb = num_blocks(T), Tp = nb * kB;
   const int64_t TH = int64_t{Tp} * HSp;
   auto* stage = reinterpret_cast<bf16_t*>(slot);               // [Tp, HSp]: k, then v
@@ -703,6 +985,7 @@ HR_BF16_TARGET void forward_head_bf16(bf16_t* out, float* lse, const bf16_t* q, 
     const int nq = std::min<int64_t>(kB, T - i0);
     float* m = lse + i0;
     copy_rows_padded(qs, HSp, q + i0 * C3, C3, nq, kB, HS);
+    prefetch_slice(next, ib, nb);
     forward_tiles_bf16<kAmx>(out + i0 * C, m, qs, kt_all, v2_all, C, HS, ib, nq, scale, s, pb, o,
                              l);
   }
@@ -717,7 +1000,8 @@ template <bool kAmx>
 HR_BF16_TARGET void backward_head_bf16(bf16_t* dq, bf16_t* dk, bf16_t* dv, const bf16_t* q,
                                        const bf16_t* k, const bf16_t* v, const bf16_t* dy,
                                        const bf16_t* y, const float* L, int64_t C3, int64_t C,
-                                       int T, int HS, float scale, float* slot) {
+                                       int T, int HS, float scale, float* slot,
+                                       const NextRows& next) {
   const int HSp = padded_head(HS), nb = num_blocks(T), Tp = nb * kB;
   const int64_t TH = int64_t{Tp} * HSp;
   auto* qh = reinterpret_cast<bf16_t*>(slot);  // [Tp, HSp] each
@@ -742,19 +1026,18 @@ HR_BF16_TARGET void backward_head_bf16(bf16_t* dq, bf16_t* dk, bf16_t* dv, const
   auto* kh = reinterpret_cast<bf16_t*>(dKT);
   bf16_t* vh = kh + TH;
 
-  copy_rows_padded(qh, HSp, q, C3, T, Tp, HS);
-  copy_rows_padded(kh, HSp, k, C3, T, Tp, HS);
-  copy_rows_padded(vh, HSp, v, C3, T, Tp, HS);
-  copy_rows_padded(dyh, HSp, dy, C, T, Tp, HS);
+  // The head's rows of q, k, v and dout in one pass, with D = rowsum(dout * out) from the dout
+  // row just copied (out's row goes through the first row of the tile scratch s, padded like it).
+  auto* yrow = reinterpret_cast<bf16_t*>(s);
   for (int t = 0; t < Tp; ++t) {
-    float sum = 0.0f;
-    if (t < T) {
-      const bf16_t* a = dy + t * C;
-      const bf16_t* b = y + t * C;
-#pragma omp simd reduction(+ : sum)
-      for (int d = 0; d < HS; ++d) sum += to_f32(a[d]) * to_f32(b[d]);
-    }
-    D[t] = sum;
+    const bool in = t < T;
+    const int64_t o = int64_t{t} * HSp;
+    copy_row_padded(qh + o, q + t * C3, in, HSp, HS);
+    copy_row_padded(kh + o, k + t * C3, in, HSp, HS);
+    copy_row_padded(vh + o, v + t * C3, in, HSp, HS);
+    copy_row_padded(dyh + o, dy + t * C, in, HSp, HS);
+    copy_row_padded(yrow, y + t * C, in, HSp, HS);
+    D[t] = dot_bf16_row(dyh + o, yrow, HSp);
   }
   for (int blk = 0; blk < nb; ++blk) {
     const int64_t off = int64_t{blk} * kB * HSp;
@@ -769,22 +1052,37 @@ HR_BF16_TARGET void backward_head_bf16(bf16_t* dq, bf16_t* dk, bf16_t* dv, const
     pack_pairs_transposed(vt + off / 2, vh + off, HSp);
     pack_pairs(k2 + off / 2, kh + off, HSp);
   }
-  std::fill(dQ, dQ + 3 * TH, 0.0f);
 
+  const int tiles = nb * (nb + 1) / 2;
+  int tile = 0;
   for (int ib = 0; ib < nb; ++ib) {
     const int64_t i0 = int64_t{ib} * kB;
     const int nq = std::min<int64_t>(kB, T - i0);
     const int64_t ioff = i0 * HSp;
     for (int jb = 0; jb <= ib; ++jb) {
+      prefetch_slice(next, tile++, tiles);
       const bool diag = jb == ib;
       const int64_t j0 = int64_t{jb} * kB, joff = j0 * HSp;
       mm<kAmx>(nq, kB, HSp / 2, qh + ioff, HSp, kt + joff / 2, kB, s, kB, false);    // scores
       mm<kAmx>(nq, kB, HSp / 2, dyh + ioff, HSp, vt + joff / 2, kB, dp, kB, false);  // dP
       // P = exp(scale s - lse), dS = P (dP - D) scale, zero past the causal edge and the last
-      // query; to bf16 as pairs of query rows (P, dS) and as rows (dS).
+      // query; to bf16 as pairs of query rows (P, dS) and as rows (dS). On a diagonal tile the
+      // vectors past both rows' edge are zeros without the arithmetic.
       const __m512 vscale = _mm512_set1_ps(scale);
+      const __m512i vzero = _mm512_setzero_si512();
       for (int r = 0; r < kB; r += 2) {
         for (int c = 0; c < kB; c += 16) {
+          auto* p2v = p2 + (r / 2) * kB + c;
+          auto* ds2v = ds2 + (r / 2) * kB + c;
+          auto* dsr0 = reinterpret_cast<__m256i*>(dsr + r * kB + c);
+          auto* dsr1 = reinterpret_cast<__m256i*>(dsr + (r + 1) * kB + c);
+          if (r >= nq || (diag && c >= r + 2)) {
+            _mm512_storeu_si512(p2v, vzero);
+            _mm512_storeu_si512(ds2v, vzero);
+            _mm256_storeu_si256(dsr0, _mm512_castsi512_si256(vzero));
+            _mm256_storeu_si256(dsr1, _mm512_castsi512_si256(vzero));
+            continue;
+          }
           __m512 pv[2], dv2[2];
           for (int h = 0; h < 2; ++h) {
             const int rr = r + h;
@@ -796,29 +1094,27 @@ HR_BF16_TARGET void backward_head_bf16(bf16_t* dq, bf16_t* dk, bf16_t* dv, const
             const __m512 d = _mm512_sub_ps(_mm512_loadu_ps(dp + rr * kB + c), _mm512_set1_ps(Dr));
             dv2[h] = _mm512_maskz_mul_ps(mask, _mm512_mul_ps(pv[h], d), vscale);
           }
-          _mm512_storeu_si512(p2 + (r / 2) * kB + c, interleave_bf16(pv[0], pv[1]));
-          _mm512_storeu_si512(ds2 + (r / 2) * kB + c, interleave_bf16(dv2[0], dv2[1]));
-          _mm256_storeu_si256(reinterpret_cast<__m256i*>(dsr + r * kB + c), cvt_ps_bf16(dv2[0]));
-          _mm256_storeu_si256(reinterpret_cast<__m256i*>(dsr + (r + 1) * kB + c),
-                              cvt_ps_bf16(dv2[1]));
+          const __m512i pc = cvt2_ps_bf16(pv[0], pv[1]);  // [row r | row r + 1]
+          const __m512i dc = cvt2_ps_bf16(dv2[0], dv2[1]);
+          _mm512_storeu_si512(p2v, pairs_of_halves(pc));
+          _mm512_storeu_si512(ds2v, pairs_of_halves(dc));
+          _mm256_storeu_si256(dsr0, _mm512_castsi512_si256(dc));
+          _mm256_storeu_si256(dsr1, _mm512_extracti64x4_epi64(dc, 1));
         }
       }
-      mm<kAmx>(HSp, kB, kB / 2, dyT + ioff, kB, p2, kB, dVT + j0, Tp, true);  // dV^T += dy^T P
-      mm<kAmx>(HSp, kB, kB / 2, qT + ioff, kB, ds2, kB, dKT + j0, Tp, true);  // dK^T += q^T dS
-      mm<kAmx>(nq, HSp, kB / 2, dsr, kB, k2 + joff / 2, HSp, dQ + ioff, HSp, true);  // dQ += dS k
+      // dV^T, dK^T columns [j0, j0 + 64) start at the diagonal tile (the first query block that
+      // sees them), dQ's rows at key block 0: overwritten there, so no zeroing.
+      mm<kAmx>(HSp, kB, kB / 2, dyT + ioff, kB, p2, kB, dVT + j0, Tp, !diag);  // dV^T += dy^T P
+      mm<kAmx>(HSp, kB, kB / 2, qT + ioff, kB, ds2, kB, dKT + j0, Tp, !diag);  // dK^T += q^T dS
+      mm<kAmx>(nq, HSp, kB / 2, dsr, kB, k2 + joff / 2, HSp, dQ + ioff, HSp,
+               jb > 0);  // dQ += dS k
     }
   }
   for (int t = 0; t < T; ++t) narrow_row(dq + t * C3, dQ + int64_t{t} * HSp, HS, 1.0f);
-  // dK and dV back to rows through dQ's place.
-  auto* rows = reinterpret_cast<uint32_t*>(dQ);
-  transpose32(rows, HSp, reinterpret_cast<const uint32_t*>(dKT), Tp, HSp, Tp);
-  for (int t = 0; t < T; ++t) narrow_row(dk + t * C3, dQ + int64_t{t} * HSp, HS, 1.0f);
-  transpose32(rows, HSp, reinterpret_cast<const uint32_t*>(dVT), Tp, HSp, Tp);
-  for (int t = 0; t < T; ++t) narrow_row(dv + t * C3, dQ + int64_t{t} * HSp, HS, 1.0f);
+  // dK and dV back to rows, transposed in registers and rounded on the way.
+  store_transposed(dk, C3, dKT, Tp, T, HS);
+  store_transposed(dv, C3, dVT, Tp, T, HS);
 }
-#if !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
 #endif  // x86-64
 
 // Heads narrower than 32 take the fallback: the bf16 layouts pad HS to 32 (AMX's 32-element
@@ -832,20 +1128,19 @@ bool use_bf16_products(int HS) {
 }  // namespace
 
 size_t attention_tiled_scratch_floats(int B, int T, int C, int NH, DType storage) {
-  if (storage == DType::kBF16 && use_bf16_products(C / NH)) {  // tasks are heads
-    const int64_t slots = std::min<int64_t>(int64_t{B} * NH, kAttentionMaxWorkers);
+  // Tasks are heads on every path.
+  const int64_t slots = std::min<int64_t>(int64_t{B} * NH, kAttentionMaxWorkers);
+  if (storage == DType::kBF16 && use_bf16_products(C / NH)) {
     return static_cast<size_t>(slots) * forward_bf16_slot_floats(T, C / NH);
   }
-  const int64_t tasks = int64_t{B} * NH * num_blocks(T);  // tasks are query blocks
-  const int64_t slots = std::min<int64_t>(tasks, kAttentionMaxWorkers);
-  size_t slot = forward_slot_floats(C / NH);
+  size_t slot = forward_slot_floats(T, C / NH);
   if (storage != DType::kF32) slot += forward_widen_floats(T, C / NH);
   return static_cast<size_t>(slots) * slot;
 }
 
 size_t attention_tiled_backward_scratch_floats(int B, int T, int C, int NH, DType storage) {
   const int64_t slots = std::min<int64_t>(int64_t{B} * NH, kAttentionMaxWorkers);
-  size_t slot = backward_slot_floats(C / NH);
+  size_t slot = backward_slot_floats(T, C / NH);
   if (storage == DType::kBF16 && use_bf16_products(C / NH)) {
     slot = backward_bf16_slot_floats(T, C / NH);
   } else if (storage != DType::kF32) {
@@ -862,30 +1157,24 @@ void attention_tiled_forward_low(TS* out, float* lse, const TS* qkv, int B, int 
   const int HS = C / NH;
   const int64_t C3 = int64_t{3} * C, H3 = int64_t{3} * HS;
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
-  const int nb = num_blocks(T);
   const int BH = B * NH;
-  const int tasks = BH * nb;
-  const int slots = std::min(tasks, kAttentionMaxWorkers);
-  const size_t slot_floats = forward_slot_floats(HS) + forward_widen_floats(T, HS);
+  const int slots = std::min(BH, kAttentionMaxWorkers);
+  const size_t slot_floats = forward_slot_floats(T, HS) + forward_widen_floats(T, HS);
 #pragma omp parallel num_threads(workers_for(slots))
   {
     float* slot = scratch + omp_get_thread_num() * slot_floats;
-    float* rows = slot + forward_slot_floats(HS);  // [i0 + nq, 3 HS]: q | k | v of the head
-    float* o = rows + int64_t{T} * H3;             // [nq, HS]
+    float* rows = slot + forward_slot_floats(T, HS);  // [T, 3 HS]: q | k | v of the head
+    float* o = rows + int64_t{T} * H3;                // [T, HS]
 #pragma omp for schedule(dynamic, 1)
-    for (int task = 0; task < tasks; ++task) {
-      const int ib = nb - 1 - task / BH;
-      const int bh = task % BH;
+    for (int bh = 0; bh < BH; ++bh) {
       const int b = bh / NH, h = bh % NH;
-      const int64_t i0 = int64_t{ib} * kB;
-      const int nq = std::min<int64_t>(kB, T - i0);
       const TS* base = qkv + int64_t{b} * T * C3 + int64_t{h} * HS;
       for (int part = 0; part < 3; ++part) {
-        widen(rows + part * HS, H3, base + part * C, C3, i0 + nq, HS);
+        widen(rows + part * HS, H3, base + part * C, C3, T, HS);
       }
-      forward_block(o, lse + int64_t{bh} * T + i0, rows + i0 * H3, rows + HS, rows + 2 * HS, H3, HS,
-                    HS, ib, nq, scale, slot);
-      narrow(out + (int64_t{b} * T + i0) * C + int64_t{h} * HS, C, o, HS, nq, HS);
+      forward_head(o, lse + int64_t{bh} * T, rows, rows + HS, rows + 2 * HS, H3, HS, T, HS, scale,
+                   slot);
+      narrow(out + int64_t{b} * T * C + int64_t{h} * HS, C, o, HS, T, HS);
     }
   }
 }
@@ -899,13 +1188,13 @@ void attention_tiled_backward_low(TS* dqkv, const TS* dout, const TS* qkv, const
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
   const int BH = B * NH;
   const int slots = std::min(BH, kAttentionMaxWorkers);
-  const size_t slot_floats = backward_slot_floats(HS) + backward_widen_floats(T, HS);
+  const size_t slot_floats = backward_slot_floats(T, HS) + backward_widen_floats(T, HS);
 #pragma omp parallel num_threads(workers_for(slots))
   {
     float* slot = scratch + omp_get_thread_num() * slot_floats;
-    float* rows = slot + backward_slot_floats(HS);  // [T, 3 HS]: q | k | v
-    float* ys = rows + int64_t{T} * H3;             // [T, 2 HS]: dout | out
-    float* drows = ys + int64_t{T} * H2;            // [T, 3 HS]: dq | dk | dv
+    float* rows = slot + backward_slot_floats(T, HS);  // [T, 3 HS]: q | k | v
+    float* ys = rows + int64_t{T} * H3;                // [T, 2 HS]: dout | out
+    float* drows = ys + int64_t{T} * H2;               // [T, 3 HS]: dq | dk | dv
 #pragma omp for schedule(dynamic, 1)
     for (int bh = 0; bh < BH; ++bh) {
       const int b = bh / NH, h = bh % NH;
@@ -926,21 +1215,23 @@ void attention_tiled_backward_low(TS* dqkv, const TS* dout, const TS* qkv, const
 }
 
 #if defined(__x86_64__) && defined(__GNUC__)
-// The bf16 kernels with AVX512-BF16 tile products: the same tasks, order and schedule as the
-// fp32 kernels, so the results are bit-identical for any thread count.
+// The bf16 kernels with AMX or AVX512-BF16 tile products: heads as tasks, each in a fixed order,
+// so the results are bit-identical for any thread count.
 
 // One (b, h) of the work: its indices (bh = b * NH + h), the head size, the softmax scale, and
 // the running worker's slot of scratch.
 struct HeadTask {
   int b, h, bh;
+  int next;  // the head this thread runs next (bh + 1 under the static schedule), or -1
   int HS;
   float scale;
   float* slot;
 };
 
 // What the bf16 forward and backward share: the shape check, one slot of slot_floats(T, HS)
-// floats per worker, the (b, h) pairs handed out one at a time (as the fp32 backward's), and on
-// AMX the tile configuration loaded on each worker (it is per thread). head(task) runs one pair.
+// floats per worker, the (b, h) pairs in contiguous equal chunks per thread (static: all heads
+// cost the same, and each task knows the next one, whose rows it prefetches), and on AMX the
+// tile configuration loaded on each worker (it is per thread). head(task) runs one pair.
 template <bool kAmx, typename Head>
 void for_each_head_bf16(int B, int T, int C, int NH, size_t (*slot_floats)(int T, int HS),
                         float* scratch, const Head& head) {
@@ -954,8 +1245,10 @@ void for_each_head_bf16(int B, int T, int C, int NH, size_t (*slot_floats)(int T
   {
     float* slot = scratch + omp_get_thread_num() * slot_size;
     if constexpr (kAmx) amx_begin();
-#pragma omp for schedule(dynamic, 1)
-    for (int bh = 0; bh < BH; ++bh) head(HeadTask{bh / NH, bh % NH, bh, HS, scale, slot});
+#pragma omp for schedule(static)
+    for (int bh = 0; bh < BH; ++bh) {
+      head(HeadTask{bh / NH, bh % NH, bh, bh + 1 < BH ? bh + 1 : -1, HS, scale, slot});
+    }
     if constexpr (kAmx) amx_end();
   }
 }
@@ -966,9 +1259,14 @@ void attention_tiled_forward_dp(bf16_t* out, float* lse, const bf16_t* qkv, int 
   const int64_t C3 = int64_t{3} * C;
   for_each_head_bf16<kAmx>(B, T, C, NH, forward_bf16_slot_floats, scratch, [&](const HeadTask& t) {
     const bf16_t* base = qkv + int64_t{t.b} * T * C3 + int64_t{t.h} * t.HS;
+    NextRows next;
+    if (t.next >= 0) {
+      const bf16_t* nbase = qkv + int64_t{t.next / NH} * T * C3 + int64_t{t.next % NH} * t.HS;
+      next = {{nbase, nbase + C, nbase + 2 * C}, {C3, C3, C3}, 3, T, 2 * t.HS};
+    }
     forward_head_bf16<kAmx>(out + int64_t{t.b} * T * C + int64_t{t.h} * t.HS,
                             lse + int64_t{t.bh} * T, base, base + C, base + 2 * C, C3, C, T, t.HS,
-                            t.scale, t.slot);
+                            t.scale, t.slot, next);
   });
 }
 
@@ -982,9 +1280,20 @@ void attention_tiled_backward_dp(bf16_t* dqkv, const bf16_t* dout, const bf16_t*
     const int64_t off1 = int64_t{t.b} * T * C + int64_t{t.h} * t.HS;
     const bf16_t* base = qkv + off3;
     bf16_t* dbase = dqkv + off3;
+    NextRows next;
+    if (t.next >= 0) {
+      const int64_t n3 = int64_t{t.next / NH} * T * C3 + int64_t{t.next % NH} * t.HS;
+      const int64_t n1 = int64_t{t.next / NH} * T * C + int64_t{t.next % NH} * t.HS;
+      const bf16_t* nbase = qkv + n3;
+      next = {{nbase, nbase + C, nbase + 2 * C, dout + n1, out + n1},
+              {C3, C3, C3, C, C},
+              5,
+              T,
+              2 * t.HS};
+    }
     backward_head_bf16<kAmx>(dbase, dbase + C, dbase + 2 * C, base, base + C, base + 2 * C,
                              dout + off1, out + off1, lse + int64_t{t.bh} * T, C3, C, T, t.HS,
-                             t.scale, t.slot);
+                             t.scale, t.slot, next);
   });
 }
 #endif
@@ -1043,25 +1352,18 @@ void attention_tiled_forward(float* out, float* lse, const float* qkv, int B, in
   const int HS = C / NH;
   const int64_t C3 = int64_t{3} * C;
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
-  const int nb = num_blocks(T);
   const int BH = B * NH;
-  const int tasks = BH * nb;
-  const int slots = std::min(tasks, kAttentionMaxWorkers);
-  const size_t slot_floats = forward_slot_floats(HS);
+  const int slots = std::min(BH, kAttentionMaxWorkers);
+  const size_t slot_floats = forward_slot_floats(T, HS);
 #pragma omp parallel num_threads(workers_for(slots))
   {
     float* slot = scratch + omp_get_thread_num() * slot_floats;
-    // Largest query blocks (most key blocks) first, so the dynamic schedule ends balanced.
 #pragma omp for schedule(dynamic, 1)
-    for (int task = 0; task < tasks; ++task) {
-      const int ib = nb - 1 - task / BH;
-      const int bh = task % BH;
+    for (int bh = 0; bh < BH; ++bh) {
       const int b = bh / NH, h = bh % NH;
-      const int64_t i0 = int64_t{ib} * kB;
-      const int nq = std::min<int64_t>(kB, T - i0);
       const float* base = qkv + int64_t{b} * T * C3 + int64_t{h} * HS;
-      forward_block(out + (int64_t{b} * T + i0) * C + int64_t{h} * HS, lse + int64_t{bh} * T + i0,
-                    base + i0 * C3, base + C, base + 2 * C, C3, C, HS, ib, nq, scale, slot);
+      forward_head(out + int64_t{b} * T * C + int64_t{h} * HS, lse + int64_t{bh} * T, base,
+                   base + C, base + 2 * C, C3, C, T, HS, scale, slot);
     }
   }
 }
@@ -1074,7 +1376,7 @@ void attention_tiled_backward(float* dqkv, const float* dout, const float* qkv, 
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
   const int BH = B * NH;
   const int slots = std::min(BH, kAttentionMaxWorkers);
-  const size_t slot_floats = backward_slot_floats(HS);
+  const size_t slot_floats = backward_slot_floats(T, HS);
 #pragma omp parallel num_threads(workers_for(slots))
   {
     float* slot = scratch + omp_get_thread_num() * slot_floats;
@@ -1092,3 +1394,7 @@ void attention_tiled_backward(float* dqkv, const float* dout, const float* qkv, 
 }
 
 }  // namespace headroom::cpu
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif

@@ -30,11 +30,11 @@ inline constexpr int kAttentionMaxWorkers = 64;
 // B*NH*T*T probabilities). scratch: attention_tiled_scratch_floats(B,T,C,NH) floats.
 void attention_tiled_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH,
                              float* scratch);
-// min(B*NH*ceil(T/64), 64) slots of HS*64 + 64*64 + 64 floats (HS = 64: 33 KB a slot); with bf16
-// storage, the slots of the kernel that will run (see AttentionBf16Kernel below): for the bf16
-// tile products min(B*NH, 64) slots (tasks are heads) of 1.5*Tp*HSp + 1.5*64*HSp + 6208 floats
-// (HSp = HS rounded up to 32, Tp = T to 64), for the fp32 fallback the fp32 slot plus fp32
-// copies of the head's rows (T*3*HS + 64*HS floats).
+// min(B*NH, 64) slots (tasks are heads) of 2*Tp*HS + 64*64 + 64 floats (Tp = T rounded up to
+// 64; HS = 64, T = 256: 144 KiB a slot); with bf16 storage, the slots of the kernel that will run
+// (see AttentionBf16Kernel below): for the bf16 tile products 1.5*Tp*HSp + 1.5*64*HSp + 6208
+// floats (HSp = HS rounded up to 32), for the fp32 fallback the fp32 slot plus fp32 copies of the
+// head's rows (T*4*HS floats).
 size_t attention_tiled_scratch_floats(int B, int T, int C, int NH, DType storage = DType::kF32);
 
 // dqkv[B,T,3C] overwritten with the gradient of sum(out * dout). Recomputes the probabilities
@@ -42,9 +42,9 @@ size_t attention_tiled_scratch_floats(int B, int T, int C, int NH, DType storage
 // scratch: attention_tiled_backward_scratch_floats(B,T,C,NH) floats.
 void attention_tiled_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
                               const float* lse, int B, int T, int C, int NH, float* scratch);
-// min(B*NH, 64) slots of 2*HS*64 + 2*64*64 + 64 floats (HS = 64: 66 KB a slot); with bf16
-// storage, for the bf16 tile products 6.5*Tp*HSp + Tp + 10240 floats (Tp = T rounded up to 64),
-// for the fp32 fallback the fp32 slot plus fp32 copies of the head's rows (T*8*HS floats).
+// min(B*NH, 64) slots of 3*Tp*HS + 2*64*HS + 2*64*64 + 64 floats (HS = 64, T = 256: 256 KiB a
+// slot); with bf16 storage, for the bf16 tile products 6.5*Tp*HSp + Tp + 10240 floats, for the
+// fp32 fallback the fp32 slot plus fp32 copies of the head's rows (T*8*HS floats).
 size_t attention_tiled_backward_scratch_floats(int B, int T, int C, int NH,
                                                DType storage = DType::kF32);
 
