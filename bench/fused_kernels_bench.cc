@@ -123,6 +123,29 @@ void BM_Attention(benchmark::State& state) {
       std::max(fscratch_t.size(), bscratch_t.size()) * 4.0 / (1 << 20);
 }
 
+// Seconds summed over the iterations, wall and process CPU: before and new, forward and backward.
+struct NewVsBefore {
+  double of, ob, nf, nb, cof, cob, cnf, cnb;
+};
+
+// The counters both new-vs-before benchmarks report (FLOPs as BM_Attention).
+void report_new_vs_before(benchmark::State& state, const NewVsBefore& t, int B, int NH, int T,
+                          int HS) {
+  const double n = static_cast<double>(state.iterations());
+  const double pairs = double{1} * B * NH * T * (T + 1) / 2;
+  state.counters["before_fwd_ms"] = 1e3 * t.of / n;
+  state.counters["before_bwd_ms"] = 1e3 * t.ob / n;
+  state.counters["new_fwd_ms"] = 1e3 * t.nf / n;
+  state.counters["new_bwd_ms"] = 1e3 * t.nb / n;
+  state.counters["fwd_new/before"] = t.nf / t.of;
+  state.counters["bwd_new/before"] = t.nb / t.ob;
+  state.counters["step_new/before"] = (t.nf + t.nb) / (t.of + t.ob);
+  state.counters["cpu_fwd_new/before"] = t.cnf / t.cof;
+  state.counters["cpu_bwd_new/before"] = t.cnb / t.cob;
+  state.counters["cpu_step_new/before"] = (t.cnf + t.cnb) / (t.cof + t.cob);
+  state.counters["new_GFLOP/s"] = pairs * 12 * HS * n / (t.nf + t.nb) * 1e-9;
+}
+
 // ---- fp32 tiled attention: current kernels vs the previous ones ------------------------------
 // Args: B, T, C, NH. Each iteration runs, forward and backward, the kernels before the per-head
 // packing (attention_tiled_before.h, kept for this comparison only) and the current ones, on the
@@ -179,19 +202,7 @@ void BM_AttentionFp32VsBefore(benchmark::State& state) {
                             .c_str());
     return;
   }
-  const double n = static_cast<double>(state.iterations());
-  const double pairs = double{1} * B * NH * T * (T + 1) / 2;
-  state.counters["before_fwd_ms"] = 1e3 * of / n;
-  state.counters["before_bwd_ms"] = 1e3 * ob / n;
-  state.counters["new_fwd_ms"] = 1e3 * nf / n;
-  state.counters["new_bwd_ms"] = 1e3 * nb / n;
-  state.counters["fwd_new/before"] = nf / of;
-  state.counters["bwd_new/before"] = nb / ob;
-  state.counters["step_new/before"] = (nf + nb) / (of + ob);
-  state.counters["cpu_fwd_new/before"] = cnf / cof;
-  state.counters["cpu_bwd_new/before"] = cnb / cob;
-  state.counters["cpu_step_new/before"] = (cnf + cnb) / (cof + cob);
-  state.counters["new_GFLOP/s"] = pairs * 12 * HS * n / (nf + nb) * 1e-9;
+  report_new_vs_before(state, {of, ob, nf, nb, cof, cob, cnf, cnb}, B, NH, T, HS);
   state.counters["max_abs_diff"] = std::max({eo, ed});
   state.counters["before_scratch_MiB"] =
       std::max(before::attention_tiled_scratch_floats(B, T, C, NH),
@@ -358,19 +369,7 @@ void BM_AttentionBf16VsBefore(benchmark::State& state) {
                             .c_str());
     return;
   }
-  const double n = static_cast<double>(state.iterations());
-  const double pairs = double{1} * B * NH * T * (T + 1) / 2;
-  state.counters["before_fwd_ms"] = 1e3 * of / n;
-  state.counters["before_bwd_ms"] = 1e3 * ob / n;
-  state.counters["new_fwd_ms"] = 1e3 * nf / n;
-  state.counters["new_bwd_ms"] = 1e3 * nb / n;
-  state.counters["fwd_new/before"] = nf / of;
-  state.counters["bwd_new/before"] = nb / ob;
-  state.counters["step_new/before"] = (nf + nb) / (of + ob);
-  state.counters["cpu_fwd_new/before"] = cnf / cof;
-  state.counters["cpu_bwd_new/before"] = cnb / cob;
-  state.counters["cpu_step_new/before"] = (cnf + cnb) / (cof + cob);
-  state.counters["new_GFLOP/s"] = pairs * 12 * HS * n / (nf + nb) * 1e-9;
+  report_new_vs_before(state, {of, ob, nf, nb, cof, cob, cnf, cnb}, B, NH, T, HS);
   state.counters["max_abs_diff"] = std::max(eo, ed);
 }
 

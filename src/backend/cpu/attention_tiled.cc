@@ -272,6 +272,20 @@ inline __mmask16 cols_mask(int c0, int ncols) {
 }
 #endif
 
+#if HR_AVX512_HELPERS
+// A score row of kB floats in kB / 16 vectors times scale (x), and the max of its first ncols
+// (the columns up to the causal edge): the first half of both forwards' online softmax.
+HR_AVX512_TARGET inline float scaled_row_max(const float* row, __m512 vscale, int ncols,
+                                             __m512 (&x)[kB / 16]) {
+  __m512 vmax = _mm512_set1_ps(-INFINITY);
+  for (int c = 0; c < kB / 16; ++c) {
+    x[c] = _mm512_mul_ps(_mm512_loadu_ps(row + 16 * c), vscale);
+    vmax = _mm512_mask_max_ps(vmax, cols_mask(16 * c, ncols), vmax, x[c]);
+  }
+  return _mm512_reduce_max_ps(vmax);
+}
+#endif
+
 // Slots (Note [Tiled attention]): per head, each key block packed once for all the query blocks
 // that use it, keys transposed ([HS, kB] per block, contiguous, so a tile product's B operand
 // is 16 KiB that stays in L1: the rows of qkv at their stride of 3C floats fall on few cache
@@ -310,12 +324,7 @@ void forward_block(float* o, float* m, const float* q, const float* kt, const fl
       // (and the padding past nk) stored as 0.
       const __m512 vscale = _mm512_set1_ps(scale);
       __m512 x[kB / 16];
-      __m512 vmax = _mm512_set1_ps(-INFINITY);
-      for (int c = 0; c < kB / 16; ++c) {
-        x[c] = _mm512_mul_ps(_mm512_loadu_ps(row + 16 * c), vscale);
-        vmax = _mm512_mask_max_ps(vmax, cols_mask(16 * c, ncols), vmax, x[c]);
-      }
-      const float mx = _mm512_reduce_max_ps(vmax);
+      const float mx = scaled_row_max(row, vscale, ncols, x);
       const float m_new = jb == 0 ? mx : std::max(m[r], mx);
       const __m512 vm = _mm512_set1_ps(m_new);
       __m512 vsum = _mm512_setzero_ps();
@@ -890,12 +899,7 @@ HR_BF16_TARGET void forward_tiles_bf16(bf16_t* out, float* m, const bf16_t* qs,
       float* row = s + r * kB;
       const int ncols = diag ? r + 1 : kB;
       __m512 x[kB / 16];
-      __m512 vmax = _mm512_set1_ps(-INFINITY);
-      for (int c = 0; c < kB / 16; ++c) {
-        x[c] = _mm512_mul_ps(_mm512_loadu_ps(row + 16 * c), vscale);
-        vmax = _mm512_mask_max_ps(vmax, cols_mask(16 * c, ncols), vmax, x[c]);
-      }
-      const float mx = _mm512_reduce_max_ps(vmax);
+      const float mx = scaled_row_max(row, vscale, ncols, x);
       const float m_new = jb == 0 ? mx : std::max(m[r], mx);
       // The row sum is of the fp32 probabilities; the product with v takes them rounded.
       const __m512 vm = _mm512_set1_ps(m_new);
