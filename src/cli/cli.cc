@@ -1634,6 +1634,9 @@ int run_bench(BenchFlags& bf) {
   return 0;
 }
 
+// A fresh calibration's figure below this fraction of the cached one is warned about.
+constexpr double kCalibrationDropWarning = 0.6;
+
 int run_calibrate(bool as_json) {
   set_threads(0);
   Result<plan::Calibration> c = plan::run_calibration([&](const std::string& line) {
@@ -1641,6 +1644,18 @@ int run_calibrate(bool as_json) {
   });
   if (!c.is_ok()) return fail(c.status());
   std::string path = plan::default_calibration_path();
+  // Figures far below the previous ones on this machine usually mean other work shared the
+  // cores: say so (they are saved all the same: they are what was measured).
+  std::vector<std::string> drops;
+  if (Result<plan::Calibration> prev = plan::load_calibration(path); prev.is_ok()) {
+    drops = plan::calibration_drops(*prev, *c, kCalibrationDropWarning);
+    for (const std::string& d : drops) {
+      log_warn(
+          "calibrate: {} (was the machine busy? MFU and plans use these figures: rerun "
+          "`headroom calibrate` on an idle machine)",
+          d);
+    }
+  }
   if (Status s = plan::save_calibration(*c, path); !s.is_ok()) return fail(s);
   if (as_json) {
     json j = {{"gemm_flops_fp32", c->gemm_flops_fp32},
@@ -1652,7 +1667,8 @@ int run_calibrate(bool as_json) {
               {"threads", c->threads},
               {"cpu_model", c->cpu_model},
               {"date", c->date},
-              {"path", path}};
+              {"path", path},
+              {"drops", drops}};
     std::printf("%s\n", j.dump(2).c_str());
   } else {
     std::printf("%s\nsaved to %s\n", plan::describe_calibration(*c).c_str(), path.c_str());

@@ -573,6 +573,33 @@ DeviceSpec cpu_device_spec(const Calibration& cal, uint64_t memory_bytes) {
   return spec;
 }
 
+std::vector<std::string> calibration_drops(const Calibration& previous, const Calibration& now,
+                                           double ratio) {
+  std::vector<std::string> lines;
+  if (previous.threads != now.threads || previous.cpu_model != now.cpu_model) return lines;
+  struct Figure {
+    const char* name;
+    double old_value, new_value, unit;
+    const char* unit_name;
+  };
+  const Figure figures[] = {
+      {"fp32 GEMM rate", previous.gemm_flops_fp32, now.gemm_flops_fp32, 1e9, "GFLOP/s"},
+      {"fp32 GEMM peak", previous.gemm_peak_fp32, now.gemm_peak_fp32, 1e9, "GFLOP/s"},
+      {"bf16 GEMM rate", previous.gemm_flops_bf16, now.gemm_flops_bf16, 1e9, "GFLOP/s"},
+      {"bf16 GEMM peak", previous.gemm_peak_bf16, now.gemm_peak_bf16, 1e9, "GFLOP/s"},
+      {"memory bandwidth", previous.mem_bandwidth, now.mem_bandwidth, 1e9, "GB/s"},
+      {"copy bandwidth", previous.copy_bandwidth, now.copy_bandwidth, 1e9, "GB/s"},
+  };
+  for (const Figure& f : figures) {
+    if (f.old_value > 0 && f.new_value < ratio * f.old_value) {
+      lines.push_back(fmt::format("{} {:.1f} {}, {:.2f}x the previous {:.1f}", f.name,
+                                  f.new_value / f.unit, f.unit_name, f.new_value / f.old_value,
+                                  f.old_value / f.unit));
+    }
+  }
+  return lines;
+}
+
 std::string describe_calibration(const Calibration& cal) {
   std::string bf16 = cal.gemm_flops_bf16 > 0
                          ? fmt::format("{:.1f} GFLOP/s (peak {:.1f})", cal.gemm_flops_bf16 / 1e9,

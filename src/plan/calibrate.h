@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "core/status.h"
 #include "plan/device_spec.h"
@@ -54,6 +55,14 @@ Status save_calibration(const Calibration& calibration, const std::string& path)
 // the field, if it is not valid JSON or a field is missing, of the wrong type or out of range
 // (rates must be finite and > 0, bf16 >= 0, threads >= 1).
 Result<Calibration> load_calibration(const std::string& path);
+
+// What a fresh calibration lost against the one it replaces on the same machine (same thread
+// count and CPU model; nothing otherwise): one line per figure below `ratio` (e.g. 0.6) times the
+// old one, naming it with both values, e.g. "bf16 GEMM peak 344.1 GFLOP/s, 0.22x the previous
+// 1588.6". A machine busy with other work measures low, and MFU and plans priced on those figures
+// would be wrong; the caller warns (the figures are still what was measured, and are saved).
+std::vector<std::string> calibration_drops(const Calibration& previous, const Calibration& now,
+                                           double ratio);
 
 // $HEADROOM_CACHE_DIR/calibration.json, else $XDG_CACHE_HOME/headroom/calibration.json, else
 // $HOME/.cache/headroom/calibration.json (empty variables count as unset).

@@ -360,5 +360,36 @@ TEST(Calibrate, CpuDeviceSpecCarriesTheMeasurement) {
   EXPECT_EQ(s.source, "measured 2025-01-31");
 }
 
+// A calibration far below the previous one on the same machine is reported figure by figure
+// (the CLI warns with these lines); another machine or thread count is not compared.
+TEST(CalibrationFile, DropsAgainstThePreviousAreNamed) {
+  Calibration old = sample_calibration();
+  old.gemm_flops_bf16 = 800e9;
+  old.gemm_peak_bf16 = 1600e9;
+  Calibration now = old;
+  EXPECT_TRUE(calibration_drops(old, now, 0.6).empty());
+  now.gemm_peak_bf16 = 344e9;  // 0.215x: reported
+  now.mem_bandwidth *= 0.7;    // 0.7x: above the ratio, not reported
+  now.gemm_flops_fp32 *= 0.5;  // reported
+  std::vector<std::string> d = calibration_drops(old, now, 0.6);
+  ASSERT_EQ(d.size(), 2u);
+  EXPECT_EQ(d[0], "fp32 GEMM rate 61.7 GFLOP/s, 0.50x the previous 123.5");
+  EXPECT_EQ(d[1], "bf16 GEMM peak 344.0 GFLOP/s, 0.21x the previous 1600.0");
+  // Faster is never a drop; a figure the old file lacked (bf16 unsupported: 0) is not compared.
+  EXPECT_TRUE(calibration_drops(now, old, 0.6).empty());
+  Calibration no_bf16 = old;
+  no_bf16.gemm_flops_bf16 = no_bf16.gemm_peak_bf16 = 0;
+  Calibration with_bf16 = no_bf16;
+  with_bf16.gemm_peak_bf16 = 1e9;
+  EXPECT_TRUE(calibration_drops(no_bf16, with_bf16, 0.6).empty());
+  // Another machine or thread count: nothing to compare against.
+  Calibration other = now;
+  other.threads = 4;
+  EXPECT_TRUE(calibration_drops(old, other, 0.6).empty());
+  other = now;
+  other.cpu_model = "Another CPU";
+  EXPECT_TRUE(calibration_drops(old, other, 0.6).empty());
+}
+
 }  // namespace
 }  // namespace headroom::plan
