@@ -737,15 +737,10 @@ double Gpt2::forward_t(const int32_t* inputs, const int32_t* targets, int64_t* v
   });
   float* losses = a.f32(id.losses);
   if (id.logits == SIZE_MAX) {
-    timed(OpKind::kLoss, [&] {
-      if constexpr (std::is_same_v<T, bf16_t>) {  // Note [The head's padded columns]
-        cpu::lm_head_ce_forward(losses, a.f32(id.head_lse), lnf, gemm_weight<T>(wte), targets, N, C,
-                                V, acts_->options.head_chunk, a.f32(id.head_scratch),
-                                head_forward_columns<T>(wte));
-      } else {
-        cpu::lm_head_ce_forward(losses, a.f32(id.head_lse), lnf, gemm_weight<T>(wte), targets, N, C,
-                                V, acts_->options.head_chunk, a.f32(id.head_scratch));
-      }
+    timed(OpKind::kLoss, [&] {  // Note [The head's padded columns]
+      cpu::lm_head_ce_forward(losses, a.f32(id.head_lse), lnf, gemm_weight<T>(wte), targets, N, C,
+                              V, acts_->options.head_chunk, a.f32(id.head_scratch),
+                              head_forward_columns<T>(wte));
     });
   } else {
     const int head_cols = head_forward_columns<T>(wte);
@@ -862,14 +857,9 @@ void Gpt2::backward_t(const int32_t* inputs, const int32_t* targets, float dloss
   float* dwte = grad_ptr(0);
   if (id.logits == SIZE_MAX) {
     timed(OpKind::kLoss, [&] {
-      if constexpr (std::is_same_v<T, bf16_t>) {
-        cpu::lm_head_ce_backward(dc, dwte, lnf, gemm_weight<T>(wte), targets, a.f32(id.head_lse), N,
-                                 C, V, acts_->options.head_chunk, dloss, a.f32(id.head_scratch),
-                                 head_forward_columns<T>(wte));
-      } else {
-        cpu::lm_head_ce_backward(dc, dwte, lnf, gemm_weight<T>(wte), targets, a.f32(id.head_lse), N,
-                                 C, V, acts_->options.head_chunk, dloss, a.f32(id.head_scratch));
-      }
+      cpu::lm_head_ce_backward(dc, dwte, lnf, gemm_weight<T>(wte), targets, a.f32(id.head_lse), N,
+                               C, V, acts_->options.head_chunk, dloss, a.f32(id.head_scratch),
+                               head_forward_columns<T>(wte));
     });
   } else {
     // The logits buffer becomes dlogits in place, in one pass from the saved log-sum-exp,

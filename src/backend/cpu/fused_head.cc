@@ -148,8 +148,9 @@ size_t lm_head_ce_scratch_floats(int chunk, int V, DType storage) {
 }
 
 void lm_head_ce_forward(float* losses, float* lse, const float* x, const float* wte,
-                        const int32_t* targets, int N, int C, int V, int chunk, float* scratch) {
-  lm_head_ce_forward_t(losses, lse, x, wte, targets, N, C, V, chunk, scratch);
+                        const int32_t* targets, int N, int C, int V, int chunk, float* scratch,
+                        int wte_rows) {
+  lm_head_ce_forward_t(losses, lse, x, wte, targets, N, C, V, chunk, scratch, wte_rows);
 }
 void lm_head_ce_forward(float* losses, float* lse, const bf16_t* x, const bf16_t* wte,
                         const int32_t* targets, int N, int C, int V, int chunk, float* scratch,
@@ -159,8 +160,8 @@ void lm_head_ce_forward(float* losses, float* lse, const bf16_t* x, const bf16_t
 
 void lm_head_ce_backward(float* dx, float* dwte, const float* x, const float* wte,
                          const int32_t* targets, const float* lse, int N, int C, int V, int chunk,
-                         float dloss, float* scratch) {
-  lm_head_ce_backward_t(dx, dwte, x, wte, targets, lse, N, C, V, chunk, dloss, scratch);
+                         float dloss, float* scratch, int wte_rows) {
+  lm_head_ce_backward_t(dx, dwte, x, wte, targets, lse, N, C, V, chunk, dloss, scratch, wte_rows);
 }
 void lm_head_ce_backward(bf16_t* dx, float* dwte, const bf16_t* x, const bf16_t* wte,
                          const int32_t* targets, const float* lse, int N, int C, int V, int chunk,
@@ -169,13 +170,14 @@ void lm_head_ce_backward(bf16_t* dx, float* dwte, const bf16_t* x, const bf16_t*
 }
 
 void lm_head_ce_forward(float* losses, float* lse, const f16_t* x, const float* wte,
-                        const int32_t* targets, int N, int C, int V, int chunk, float* scratch) {
-  lm_head_ce_forward_t(losses, lse, x, wte, targets, N, C, V, chunk, scratch);
+                        const int32_t* targets, int N, int C, int V, int chunk, float* scratch,
+                        int wte_rows) {
+  lm_head_ce_forward_t(losses, lse, x, wte, targets, N, C, V, chunk, scratch, wte_rows);
 }
 void lm_head_ce_backward(f16_t* dx, float* dwte, const f16_t* x, const float* wte,
                          const int32_t* targets, const float* lse, int N, int C, int V, int chunk,
-                         float dloss, float* scratch) {
-  lm_head_ce_backward_t(dx, dwte, x, wte, targets, lse, N, C, V, chunk, dloss, scratch);
+                         float dloss, float* scratch, int wte_rows) {
+  lm_head_ce_backward_t(dx, dwte, x, wte, targets, lse, N, C, V, chunk, dloss, scratch, wte_rows);
 }
 
 void lm_head_ce_forward_backward(float* losses, float* dx, float* dwte, const float* x,

@@ -88,14 +88,19 @@ void attention_tiled_backward(f16_t* dqkv, const f16_t* dout, const f16_t* qkv, 
 // `chunk` rows at a time into scratch and reduced at once, so the N x V logits never exist.
 // Targets are in [0, V) or -1 (ignored: loss 0, zero gradient). REQUIRES: chunk >= 1.
 // scratch: lm_head_ce_scratch_floats(chunk, V) = chunk * ld floats for every function below, ld
-// = V rounded up to 64 (rows on cache lines: docs/notes/lm-head-rows.md). With bf16 storage (the
+// = V rounded up to 64 (rows on cache lines: docs/notes/lm-head-rows.md). wte_rows (every
+// function below): the rows of wte that may be read (>= V; 0 = V). With at least ld (wte's rows
+// past V being any finite values, e.g. the next tensor of a flat buffer), each chunk's GEMM
+// computes all ld columns, which oneDNN's bf16 AMX kernel runs 1.3-1.7x faster (dense output
+// rows); columns past V are never read, so results are unchanged. With bf16 storage (the
 // overloads below) also chunk * ld bf16 values of dlogits: 1.5x that.
 size_t lm_head_ce_scratch_floats(int chunk, int V, DType storage = DType::kF32);
 
 // losses[N] = logsumexp(logits[n,:]) - logits[n, targets[n]] (0 where the target is -1);
 // lse[N] = logsumexp(logits[n,:]) for every row (ignored rows included), saved for the backward.
 void lm_head_ce_forward(float* losses, float* lse, const float* x, const float* wte,
-                        const int32_t* targets, int N, int C, int V, int chunk, float* scratch);
+                        const int32_t* targets, int N, int C, int V, int chunk, float* scratch,
+                        int wte_rows = 0);
 
 // Gradient of dloss * sum_n losses[n]: recomputes each chunk's logits, turns them in place into
 // dlogits = (softmax - onehot(target)) * dloss using lse, then dx[rows,C] = dlogits x wte
@@ -103,14 +108,11 @@ void lm_head_ce_forward(float* losses, float* lse, const float* x, const float* 
 // if dwte is null). Costs one extra LM-head GEMM (the recompute) over the unfused path.
 void lm_head_ce_backward(float* dx, float* dwte, const float* x, const float* wte,
                          const int32_t* targets, const float* lse, int N, int C, int V, int chunk,
-                         float dloss, float* scratch);
+                         float dloss, float* scratch, int wte_rows = 0);
 
 // bf16 storage (x, wte: the bf16 copy of the tied embedding; dx): bf16 GEMMs into fp32 logits,
 // the loss and softmax in fp32, dlogits rounded to bf16 for the backward GEMMs (as autocast);
-// dwte (fp32) accumulates. wte_rows: the rows of wte that may be read (>= V; 0 = V). With at least
-// ld (wte's rows past V being any finite values, e.g. the next tensor of a flat buffer), each
-// chunk's GEMM computes all ld columns, which oneDNN runs 1.3-1.6x faster (dense output rows:
-// docs/notes/lm-head-rows.md); columns past V are never read, so results are unchanged.
+// dwte (fp32) accumulates.
 void lm_head_ce_forward(float* losses, float* lse, const bf16_t* x, const bf16_t* wte,
                         const int32_t* targets, int N, int C, int V, int chunk, float* scratch,
                         int wte_rows = 0);
@@ -123,10 +125,11 @@ void lm_head_ce_backward(bf16_t* dx, float* dwte, const bf16_t* x, const bf16_t*
 // fp32, dlogits rounded to f16 values in place (as autocast's f16 GEMMs would read them); dwte
 // (fp32) accumulates. Scratch: chunk * ld floats, as fp32.
 void lm_head_ce_forward(float* losses, float* lse, const f16_t* x, const float* wte,
-                        const int32_t* targets, int N, int C, int V, int chunk, float* scratch);
+                        const int32_t* targets, int N, int C, int V, int chunk, float* scratch,
+                        int wte_rows = 0);
 void lm_head_ce_backward(f16_t* dx, float* dwte, const f16_t* x, const float* wte,
                          const int32_t* targets, const float* lse, int N, int C, int V, int chunk,
-                         float dloss, float* scratch);
+                         float dloss, float* scratch, int wte_rows = 0);
 
 // Forward and backward in one pass, for when dloss is known before the forward (the loss is the
 // last op and dloss = 1 / tokens of the optimizer step): losses as lm_head_ce_forward, dx and
