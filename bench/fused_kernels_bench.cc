@@ -9,12 +9,10 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
-#include <ctime>
 #include <random>
 #include <string>
 #include <vector>
 
-#include "attention_tiled_before.h"
 #include "backend/cpu/bf16.h"
 #include "backend/cpu/fused_kernels.h"
 #include "backend/cpu/kernels.h"
@@ -38,26 +36,6 @@ double seconds(F f) {
   const auto t0 = Clock::now();
   f();
   return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-// Process CPU seconds of f (all threads): with other jobs on the machine, the time the kernel's
-// threads actually ran, which preemption does not inflate (with OMP_NUM_THREADS=1 it is exactly
-// the kernel's; with more threads it includes the workers' spin-waiting at the barriers).
-template <typename F>
-double cpu_seconds(F f) {
-  timespec a{}, b{};
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &a);
-  f();
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &b);
-  return double(b.tv_sec - a.tv_sec) + 1e-9 * double(b.tv_nsec - a.tv_nsec);
-}
-
-// Wall and CPU seconds of f, added to wall and cpu.
-template <typename F>
-void timed(double& wall, double& cpu, F f) {
-  double w = 0;
-  cpu += cpu_seconds([&] { w = seconds(f); });
-  wall += w;
 }
 
 double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
@@ -121,97 +99,6 @@ void BM_Attention(benchmark::State& state) {
   state.counters["tiled_saved_MiB"] = lse.size() * 4.0 / (1 << 20);
   state.counters["tiled_scratch_MiB"] =
       std::max(fscratch_t.size(), bscratch_t.size()) * 4.0 / (1 << 20);
-}
-
-// Seconds summed over the iterations, wall and process CPU: before and new, forward and backward.
-struct NewVsBefore {
-  double of, ob, nf, nb, cof, cob, cnf, cnb;
-};
-
-// The counters both new-vs-before benchmarks report (FLOPs as BM_Attention).
-void report_new_vs_before(benchmark::State& state, const NewVsBefore& t, int B, int NH, int T,
-                          int HS) {
-  const double n = static_cast<double>(state.iterations());
-  const double pairs = double{1} * B * NH * T * (T + 1) / 2;
-  state.counters["before_fwd_ms"] = 1e3 * t.of / n;
-  state.counters["before_bwd_ms"] = 1e3 * t.ob / n;
-  state.counters["new_fwd_ms"] = 1e3 * t.nf / n;
-  state.counters["new_bwd_ms"] = 1e3 * t.nb / n;
-  state.counters["fwd_new/before"] = t.nf / t.of;
-  state.counters["bwd_new/before"] = t.nb / t.ob;
-  state.counters["step_new/before"] = (t.nf + t.nb) / (t.of + t.ob);
-  state.counters["cpu_fwd_new/before"] = t.cnf / t.cof;
-  state.counters["cpu_bwd_new/before"] = t.cnb / t.cob;
-  state.counters["cpu_step_new/before"] = (t.cnf + t.cnb) / (t.cof + t.cob);
-  state.counters["new_GFLOP/s"] = pairs * 12 * HS * n / (t.nf + t.nb) * 1e-9;
-}
-
-// ---- fp32 tiled attention: current kernels vs the previous ones ------------------------------
-// Args: B, T, C, NH. Each iteration runs, forward and backward, the kernels before the per-head
-// packing (attention_tiled_before.h, kept for this comparison only) and the current ones, on the
-// same inputs, alternated. FLOPs as BM_Attention.
-void BM_AttentionFp32VsBefore(benchmark::State& state) {
-  const int B = state.range(0), T = state.range(1), C = state.range(2), NH = state.range(3);
-  const int HS = C / NH;
-  const size_t nqkv = size_t{3} * B * T * C, nout = size_t{1} * B * T * C;
-  const std::vector<float> qkv = rand_vec(nqkv, 1), dout = rand_vec(nout, 2, -0.01f, 0.01f);
-  // Two sets of outputs and scratch, the kernels swapping them every iteration: where a buffer
-  // lands (its addresses against qkv's) moved one kernel's time by 10-15% here, whichever kernel.
-  const size_t nfs = std::max(before::attention_tiled_scratch_floats(B, T, C, NH),
-                              attention_tiled_scratch_floats(B, T, C, NH));
-  const size_t nbs = std::max(before::attention_tiled_backward_scratch_floats(B, T, C, NH),
-                              attention_tiled_backward_scratch_floats(B, T, C, NH));
-  std::vector<float> out[2], lse[2], dqkv[2], fs[2], bs[2];
-  for (int i = 0; i < 2; ++i) {
-    out[i].resize(nout);
-    lse[i].resize(size_t{1} * B * NH * T);
-    dqkv[i].resize(nqkv);
-    fs[i].resize(nfs);
-    bs[i].resize(nbs);
-  }
-  double of = 0, ob = 0, nf = 0, nb = 0, cof = 0, cob = 0, cnf = 0, cnb = 0;
-  int o = 0;  // the set the previous kernels use this iteration; the new ones use 1 - o
-  for (auto _ : state) {
-    o = 1 - o;
-    const int w = 1 - o;
-    timed(of, cof, [&] {
-      before::attention_tiled_forward(out[o].data(), lse[o].data(), qkv.data(), B, T, C, NH,
-                                      fs[o].data());
-    });
-    timed(nf, cnf, [&] {
-      attention_tiled_forward(out[w].data(), lse[w].data(), qkv.data(), B, T, C, NH, fs[w].data());
-    });
-    timed(ob, cob, [&] {
-      before::attention_tiled_backward(dqkv[o].data(), dout.data(), qkv.data(), out[o].data(),
-                                       lse[o].data(), B, T, C, NH, bs[o].data());
-    });
-    timed(nb, cnb, [&] {
-      attention_tiled_backward(dqkv[w].data(), dout.data(), qkv.data(), out[w].data(),
-                               lse[w].data(), B, T, C, NH, bs[w].data());
-    });
-    benchmark::ClobberMemory();
-  }
-  const std::vector<float>&out_o = out[o], &out_n = out[1 - o], &lse_o = lse[o],
-        &lse_n = lse[1 - o], &dqkv_o = dqkv[o], &dqkv_n = dqkv[1 - o];
-  // The two compute the same sums (tests/backend states the tolerances against the plain path).
-  const double eo = max_abs_diff(out_o, out_n), el = max_abs_diff(lse_o, lse_n),
-               ed = max_abs_diff(dqkv_o, dqkv_n);
-  if (!(eo < 1e-6 && el < 1e-5 && ed < 1e-6)) {
-    state.SkipWithError(("new != before: out " + std::to_string(eo) + ", lse " +
-                         std::to_string(el) + ", dqkv " + std::to_string(ed))
-                            .c_str());
-    return;
-  }
-  report_new_vs_before(state, {of, ob, nf, nb, cof, cob, cnf, cnb}, B, NH, T, HS);
-  state.counters["max_abs_diff"] = std::max({eo, ed});
-  state.counters["before_scratch_MiB"] =
-      std::max(before::attention_tiled_scratch_floats(B, T, C, NH),
-               before::attention_tiled_backward_scratch_floats(B, T, C, NH)) *
-      4.0 / (1 << 20);
-  state.counters["new_scratch_MiB"] =
-      std::max(attention_tiled_scratch_floats(B, T, C, NH),
-               attention_tiled_backward_scratch_floats(B, T, C, NH)) *
-      4.0 / (1 << 20);
 }
 
 // ---- attention with bf16 storage: bf16 tile products vs the fp32 fallback -------------------
@@ -293,86 +180,6 @@ void BM_AttentionBf16(benchmark::State& state) {
   state.counters["new_GFLOP/s"] = pairs * 12 * HS * n / (nf + nb) * 1e-9;
 }
 
-// ---- bf16 tiled attention (AMX): current kernels vs the previous ones -----------------------
-// Args: B, T, C, NH. Each iteration runs, forward and backward, the AMX kernels as they were
-// before issue 6 (attention_tiled_before.h) and the current ones (the library with kAmx), on the
-// same bf16 inputs, alternated. Skipped on a CPU without AMX. FLOPs as BM_Attention.
-void BM_AttentionBf16VsBefore(benchmark::State& state) {
-  const int B = state.range(0), T = state.range(1), C = state.range(2), NH = state.range(3);
-  const int HS = C / NH;
-  set_attention_bf16_kernel(AttentionBf16Kernel::kAmx);  // asks for AMX once
-  if (attention_bf16_kernel() != AttentionBf16Kernel::kAmx) {
-    set_attention_bf16_kernel(AttentionBf16Kernel::kAuto);
-    state.SkipWithError("no AMX on this CPU");
-    return;
-  }
-  const size_t nqkv = size_t{3} * B * T * C, nout = size_t{1} * B * T * C;
-  const std::vector<float> qf = rand_vec(nqkv, 1), df = rand_vec(nout, 2, -0.01f, 0.01f);
-  std::vector<bf16_t> qkv(nqkv), dout(nout);
-  for (size_t i = 0; i < nqkv; ++i) qkv[i] = from_f32<bf16_t>(qf[i]);
-  for (size_t i = 0; i < nout; ++i) dout[i] = from_f32<bf16_t>(df[i]);
-  // Two sets of outputs and scratch, swapped every iteration (as BM_AttentionFp32VsBefore).
-  const size_t nfs =
-      std::max(std::min(B * NH, kAttentionMaxWorkers) * before::forward_bf16_slot_floats(T, HS),
-               attention_tiled_scratch_floats(B, T, C, NH, DType::kBF16));
-  const size_t nbs =
-      std::max(std::min(B * NH, kAttentionMaxWorkers) * before::backward_bf16_slot_floats(T, HS),
-               attention_tiled_backward_scratch_floats(B, T, C, NH, DType::kBF16));
-  std::vector<bf16_t> out[2], dqkv[2];
-  std::vector<float> lse[2], fs[2], bs[2];
-  for (int i = 0; i < 2; ++i) {
-    out[i].resize(nout);
-    dqkv[i].resize(nqkv);
-    lse[i].resize(size_t{1} * B * NH * T);
-    fs[i].resize(nfs);
-    bs[i].resize(nbs);
-  }
-  double of = 0, ob = 0, nf = 0, nb = 0, cof = 0, cob = 0, cnf = 0, cnb = 0;
-  int o = 0;  // the set the previous kernels use this iteration; the new ones use 1 - o
-  for (auto _ : state) {
-    o = 1 - o;
-    const int w = 1 - o;
-    timed(of, cof, [&] {
-      before::attention_tiled_forward_dp<true>(out[o].data(), lse[o].data(), qkv.data(), B, T, C,
-                                               NH, fs[o].data());
-    });
-    timed(nf, cnf, [&] {
-      attention_tiled_forward(out[w].data(), lse[w].data(), qkv.data(), B, T, C, NH, fs[w].data());
-    });
-    timed(ob, cob, [&] {
-      before::attention_tiled_backward_dp<true>(dqkv[o].data(), dout.data(), qkv.data(),
-                                                out[o].data(), lse[o].data(), B, T, C, NH,
-                                                bs[o].data());
-    });
-    timed(nb, cnb, [&] {
-      attention_tiled_backward(dqkv[w].data(), dout.data(), qkv.data(), out[w].data(),
-                               lse[w].data(), B, T, C, NH, bs[w].data());
-    });
-    benchmark::ClobberMemory();
-  }
-  const std::vector<bf16_t>&out_o = out[o], &out_n = out[1 - o], &dqkv_o = dqkv[o],
-        &dqkv_n = dqkv[1 - o];
-  const std::vector<float>&lse_o = lse[o], &lse_n = lse[1 - o];
-  set_attention_bf16_kernel(AttentionBf16Kernel::kAuto);
-  double eo = 0, ed = 0;
-  for (size_t i = 0; i < nout; ++i) {
-    eo = std::max(eo, std::abs(double{to_f32(out_o[i])} - to_f32(out_n[i])));
-  }
-  for (size_t i = 0; i < nqkv; ++i) {
-    ed = std::max(ed, std::abs(double{to_f32(dqkv_o[i])} - to_f32(dqkv_n[i])));
-  }
-  const double el = max_abs_diff(lse_o, lse_n);
-  // Within the bf16 kernels' own tolerances against fp32 (tests/backend): 2^-7 out, 2^-5 dqkv.
-  if (!(eo < 1.0 / 128 && ed < 1.0 / 32 && el < 1e-5)) {
-    state.SkipWithError(("new != before: out " + std::to_string(eo) + ", lse " +
-                         std::to_string(el) + ", dqkv " + std::to_string(ed))
-                            .c_str());
-    return;
-  }
-  report_new_vs_before(state, {of, ob, nf, nb, cof, cob, cnf, cnb}, B, NH, T, HS);
-  state.counters["max_abs_diff"] = std::max(eo, ed);
-}
-
 // ---- LM head + cross-entropy: chunked vs unfused ---------------------------------------------
 // Args: N, C, V, chunk. Each iteration runs forward + backward three ways: unfused (full N x V
 // logits, matmul + cross_entropy), fused (forward, then backward with the recompute) and fused
@@ -445,24 +252,8 @@ BENCHMARK(BM_Attention)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 
-BENCHMARK(BM_AttentionFp32VsBefore)
-    ->Name("attention/fp32_new_vs_before")
-    ->ArgNames({"B", "T", "C", "NH"})
-    ->Args({8, 256, 768, 12})
-    ->Args({2, 1024, 768, 12})
-    ->Unit(benchmark::kMillisecond)
-    ->UseRealTime();
-
 BENCHMARK(BM_AttentionBf16)
     ->Name("attention/bf16_tiles_vs_widened")
-    ->ArgNames({"B", "T", "C", "NH"})
-    ->Args({8, 256, 768, 12})
-    ->Args({2, 1024, 768, 12})
-    ->Unit(benchmark::kMillisecond)
-    ->UseRealTime();
-
-BENCHMARK(BM_AttentionBf16VsBefore)
-    ->Name("attention/bf16_amx_new_vs_before")
     ->ArgNames({"B", "T", "C", "NH"})
     ->Args({8, 256, 768, 12})
     ->Args({2, 1024, 768, 12})

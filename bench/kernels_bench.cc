@@ -6,8 +6,7 @@
 // (2048 x 50257 fp32, 412 MB). Kernels named "Before" are the previous versions (two-pass
 // statistics, scalar-tail casts, the LayerNorm on `omp simd` loops with a second pass for its
 // parameter gradients, GELU computed for every element where 16-bit storage now looks it up;
-// "Main" is main's AVX-512 LayerNorm forward before it prefetched the rows ahead), kept here only
-// to measure against in the same run.
+// kept here only to measure against in the same run.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -273,71 +272,6 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const TD* dou
   }
 }
 
-#if HR_AVX512_KERNELS
-// main's AVX-512 LayerNorm forward (the kern helper's row kernels), before the rows ahead were
-// prefetched: the same statistics and output arithmetic, so the same bits.
-inline float hsum16(__m512 v) {
-  v = _mm512_add_ps(v, _mm512_maskz_shuffle_f32x4(0xFFFF, v, v, 0x4E));
-  v = _mm512_add_ps(v, _mm512_maskz_shuffle_f32x4(0xFFFF, v, v, 0xB1));
-  v = _mm512_add_ps(v, _mm512_maskz_permute_ps(0xFFFF, v, 0x4E));
-  v = _mm512_add_ps(v, _mm512_maskz_permute_ps(0xFFFF, v, 0xB1));
-  return _mm512_cvtss_f32(v);
-}
-inline void layernorm_row_stats16(const float* x, int C, float* mean, float* rstd) {
-  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-  int c = 0;
-  for (; c + 64 <= C; c += 64) {
-    a0 = _mm512_add_ps(a0, _mm512_loadu_ps(x + c));
-    a1 = _mm512_add_ps(a1, _mm512_loadu_ps(x + c + 16));
-    a2 = _mm512_add_ps(a2, _mm512_loadu_ps(x + c + 32));
-    a3 = _mm512_add_ps(a3, _mm512_loadu_ps(x + c + 48));
-  }
-  for (; c < C; c += 16) a0 = _mm512_add_ps(a0, _mm512_maskz_loadu_ps(first_lanes(C - c), x + c));
-  const float m = hsum16(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3))) / C;
-  const __m512 vm = _mm512_set1_ps(m);
-  a0 = a1 = a2 = a3 = _mm512_setzero_ps();
-  for (c = 0; c + 64 <= C; c += 64) {
-    const __m512 d0 = _mm512_sub_ps(_mm512_loadu_ps(x + c), vm);
-    const __m512 d1 = _mm512_sub_ps(_mm512_loadu_ps(x + c + 16), vm);
-    const __m512 d2 = _mm512_sub_ps(_mm512_loadu_ps(x + c + 32), vm);
-    const __m512 d3 = _mm512_sub_ps(_mm512_loadu_ps(x + c + 48), vm);
-    a0 = _mm512_fmadd_ps(d0, d0, a0);
-    a1 = _mm512_fmadd_ps(d1, d1, a1);
-    a2 = _mm512_fmadd_ps(d2, d2, a2);
-    a3 = _mm512_fmadd_ps(d3, d3, a3);
-  }
-  for (; c < C; c += 16) {
-    const __mmask16 k = first_lanes(C - c);
-    const __m512 d = _mm512_maskz_sub_ps(k, _mm512_maskz_loadu_ps(k, x + c), vm);
-    a0 = _mm512_fmadd_ps(d, d, a0);
-  }
-  const float v = hsum16(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3))) / C;
-  *mean = m;
-  *rstd = 1.0f / std::sqrt(v + 1e-5f);
-}
-template <typename TOut>
-void layernorm_forward_main(TOut* out, float* mean, float* rstd, const float* inp,
-                            const float* weight, const float* bias, int N, int C) {
-#pragma omp parallel for schedule(static)
-  for (int64_t n = 0; n < N; ++n) {
-    const float* x = inp + n * C;
-    TOut* o = out + n * C;
-    float m, r;
-    layernorm_row_stats16(x, C, &m, &r);
-    const __m512 vm = _mm512_set1_ps(m), vr = _mm512_set1_ps(r);
-    for (int c = 0; c < C; c += 16) {
-      const __mmask16 k = first_lanes(C - c);
-      const __m512 norm = _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + c), vm), vr);
-      const __m512 w = _mm512_maskz_loadu_ps(k, weight + c);
-      store16(o + c, k,
-              bias != nullptr ? _mm512_fmadd_ps(norm, w, _mm512_maskz_loadu_ps(k, bias + c))
-                              : _mm512_mul_ps(norm, w));
-    }
-    mean[n] = m;
-    rstd[n] = r;
-  }
-}
-#endif
 }  // namespace before
 
 // ---- LayerNorm: 65536 rows of 768 (192 MiB fp32) -------------------------------------------
@@ -345,9 +279,8 @@ constexpr int kRows = 65536, C = 768;
 
 // Over state.range(0) rows: 65536 (from memory) or 256 (768 KiB of input: from L2, what the
 // arithmetic alone allows).
-// kBefore: 1 = main's kernel before the AVX-512 row kernels, 2 = main's AVX-512 kernel without
-// the prefetch, 0 = the current kernel.
-template <typename T, int kBefore>
+// kBefore: main's kernel before the AVX-512 row kernels.
+template <typename T, bool kBefore>
 void BM_LayerNormForward(benchmark::State& state) {
   const int rows = int(state.range(0));
   std::vector<float> inp(size_t(rows) * C), w = buffer(C, 1), b = buffer(C, 0),
@@ -356,14 +289,9 @@ void BM_LayerNormForward(benchmark::State& state) {
   for (size_t i = 0; i < inp.size(); ++i) inp[i] = float(int(i * 2654435761u % 2000u)) * 0.001f;
   std::vector<T> out = buffer<T>(size_t(rows) * C, 0);
   for (auto _ : state) {
-    if constexpr (kBefore == 1) {
+    if constexpr (kBefore) {
       before::layernorm_forward(out.data(), mean.data(), rstd.data(), inp.data(), w.data(),
                                 b.data(), rows, C);
-#if HR_AVX512_KERNELS
-    } else if constexpr (kBefore == 2) {
-      before::layernorm_forward_main(out.data(), mean.data(), rstd.data(), inp.data(), w.data(),
-                                     b.data(), rows, C);
-#endif
     } else {
       layernorm_forward(out.data(), mean.data(), rstd.data(), inp.data(), w.data(), b.data(), rows,
                         C);
@@ -570,39 +498,30 @@ void BM_CrossEntropyBackwardF16(benchmark::State& s) { ce_backward_bench(s, DTyp
 
 #define HR_BENCH(...) BENCHMARK(__VA_ARGS__)->Unit(benchmark::kMillisecond)->UseRealTime()
 HR_BENCH(BM_Triad);
-HR_BENCH(BM_LayerNormForward<float, 1>)
+HR_BENCH(BM_LayerNormForward<float, true>)
     ->Name("BM_LayerNormForwardBefore<float>")
     ->Arg(kRows)
     ->Arg(256);
-#if HR_AVX512_KERNELS
-HR_BENCH(BM_LayerNormForward<float, 2>)
-    ->Name("BM_LayerNormForwardMain<float>")
+HR_BENCH(BM_LayerNormForward<float, false>)
+    ->Name("BM_LayerNormForward<float>")
     ->Arg(kRows)
     ->Arg(256);
-#endif
-HR_BENCH(BM_LayerNormForward<float, 0>)->Name("BM_LayerNormForward<float>")->Arg(kRows)->Arg(256);
-HR_BENCH(BM_LayerNormForward<bf16_t, 1>)
+HR_BENCH(BM_LayerNormForward<bf16_t, true>)
     ->Name("BM_LayerNormForwardBefore<bf16_t>")
     ->Arg(kRows)
     ->Arg(256);
-#if HR_AVX512_KERNELS
-HR_BENCH(BM_LayerNormForward<bf16_t, 2>)
-    ->Name("BM_LayerNormForwardMain<bf16_t>")
+HR_BENCH(BM_LayerNormForward<bf16_t, false>)
+    ->Name("BM_LayerNormForward<bf16_t>")
     ->Arg(kRows)
     ->Arg(256);
-#endif
-HR_BENCH(BM_LayerNormForward<bf16_t, 0>)->Name("BM_LayerNormForward<bf16_t>")->Arg(kRows)->Arg(256);
-HR_BENCH(BM_LayerNormForward<f16_t, 1>)
+HR_BENCH(BM_LayerNormForward<f16_t, true>)
     ->Name("BM_LayerNormForwardBefore<f16_t>")
     ->Arg(kRows)
     ->Arg(256);
-#if HR_AVX512_KERNELS
-HR_BENCH(BM_LayerNormForward<f16_t, 2>)
-    ->Name("BM_LayerNormForwardMain<f16_t>")
+HR_BENCH(BM_LayerNormForward<f16_t, false>)
+    ->Name("BM_LayerNormForward<f16_t>")
     ->Arg(kRows)
     ->Arg(256);
-#endif
-HR_BENCH(BM_LayerNormForward<f16_t, 0>)->Name("BM_LayerNormForward<f16_t>")->Arg(kRows)->Arg(256);
 HR_BENCH(BM_LayerNormBackward<float, true>)->Name("BM_LayerNormBackwardBefore<float>");
 HR_BENCH(BM_LayerNormBackward<float, false>)->Name("BM_LayerNormBackward<float>");
 HR_BENCH(BM_LayerNormBackward<bf16_t, true>)->Name("BM_LayerNormBackwardBefore<bf16_t>");
