@@ -568,10 +568,10 @@ void Gpt2::wait_in(int l) {
 template <typename T>
 int Gpt2::head_forward_columns(const float* wte) const {
   const int V = config_.vocab_size;
-  const int64_t ldv = acts_->options.logits_row_stride(V);
   if constexpr (!std::is_same_v<T, bf16_t>) {
     return V;
   } else {
+    const int64_t ldv = acts_->options.logits_row_stride(V);
     const ParamDesc& p = table_->params[0];
     const bool flat = acts_->options.bf16_weight_copy && params_ != nullptr &&
                       params_bf16_ != nullptr && wte == params_ + p.offset;

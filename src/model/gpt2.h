@@ -255,9 +255,10 @@ class Gpt2 {
   // The logits [B*T, V] of the last forward, row r at logits() + r * logits_row_stride().
   const float* logits() const;
   int64_t logits_row_stride() const;
-  // Columns the bf16 (T = bf16_t) or fp32 head's forward GEMM computes for the weight wte: V,
-  // or logits_row_stride() where the weight's memory holds that many rows (Note [The head's
-  // padded columns] in gpt2.cc). Columns past V are never read.
+  // Columns the head's forward GEMM (full or fused) computes for the weight wte, with T the
+  // activations' storage: V, or (bf16 with the weight copy) logits_row_stride() where the
+  // weight's memory holds that many rows (Note [The head's padded columns] in gpt2.cc). Columns
+  // past V are never read.
   template <typename T>
   int head_forward_columns(const float* wte) const;
   // The offload tier (an arena of table->offload_buffers, laid out as the plan's offload
