@@ -1432,6 +1432,7 @@ struct BenchFlags {
   std::string attention = "tiled";
   bool pad_rows = true;
   bool record = false;
+  bool peak_between_steps = true;
 };
 
 int run_bench(BenchFlags& bf) {
@@ -1517,6 +1518,22 @@ int run_bench(BenchFlags& bf) {
     if (!s.is_ok()) return fail(s);
   }
   o.data = tmp;
+  // The square GEMM the calibrated peak comes from, timed again after every timed step: MFU
+  // against the machine's speed at that moment as well as against the cached peak (a shared host
+  // moves both by 1.4-2x within minutes; docs/calibration.md). fp16 runs fp32 GEMMs here.
+  std::unique_ptr<plan::GemmPeakProbe> probe;
+  if (bf.peak_between_steps) {
+    Result<std::unique_ptr<plan::GemmPeakProbe>> p = plan::GemmPeakProbe::create(bf16);
+    if (!p.is_ok()) return fail(p.status());
+    probe = std::move(*p);
+  }
+  constexpr int kProbeReps = 3;               // per timed step: ~40-80 ms of bf16, ~0.2 s of fp32
+  std::vector<double> probe_flops, step_mfu;  // per timed step
+  const model::ParamTable table = model::gpt2_param_table(*cfg);
+  const double C = cfg->n_embd;
+  const double n_no_pos = double(table.num_parameters) - double(cfg->n_positions) * C;
+  const double flops_per_token = 6.0 * n_no_pos + 12.0 * cfg->n_layer * o.seq * C;
+  const double tokens = double(o.micro_batch) * o.seq;
   std::vector<double> step_ms;
   uint64_t peak = 0;
   model::OpTimes op_total;
@@ -1533,6 +1550,11 @@ int run_bench(BenchFlags& bf) {
       off_copy_ms += s.offload_copy_ms;
       off_wait_ms += s.offload_wait_ms;
       off_bytes += double(s.offload_bytes);
+      if (probe) {
+        const double rate = probe->measure(probe_flops.empty() ? 1 : 0, kProbeReps);
+        probe_flops.push_back(rate);
+        step_mfu.push_back(rate > 0 ? flops_per_token * tokens / (s.step_ms / 1e3) / rate : 0.0);
+      }
     }
     peak = std::max(peak, s.device_bytes_peak);
     if (!f.json)
@@ -1546,14 +1568,17 @@ int run_bench(BenchFlags& bf) {
   if (!r.is_ok()) return fail(r.status());
   std::sort(step_ms.begin(), step_ms.end());
   const double med = step_ms[step_ms.size() / 2];
-  const double tokens = double(o.micro_batch) * o.seq;
   const double tps = tokens / (med / 1e3);
-  const model::ParamTable table = model::gpt2_param_table(*cfg);
-  const double C = cfg->n_embd;
-  const double n_no_pos = double(table.num_parameters) - double(cfg->n_positions) * C;
-  const double flops_per_token = 6.0 * n_no_pos + 12.0 * cfg->n_layer * o.seq * C;
   const double mflops = flops_per_token * tps;
   const double mfu = mflops / gemm_peak;
+  // In-run: the medians over timed steps of the probe's rate and of each step's own ratio (a
+  // step and the probe right after it see the same machine).
+  auto median_of = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0.0 : v[v.size() / 2];
+  };
+  const double run_peak = median_of(probe_flops);
+  const double run_mfu = median_of(step_mfu);
   if (f.json) {
     json j = {{"model", f.model},
               {"micro_batch", o.micro_batch},
@@ -1571,6 +1596,12 @@ int run_bench(BenchFlags& bf) {
               {"gemm_peak_flops_per_s", gemm_peak},
               {"mfu", mfu},
               {"peak_device_bytes", peak}};
+    if (probe) {
+      j["gemm_peak_in_run"] = probe->describe();
+      j["gemm_peak_in_run_flops_per_s"] = run_peak;
+      j["gemm_peak_in_run_samples"] = probe_flops;
+      j["mfu_in_run"] = run_mfu;
+    }
     if (!o.exec.offload.empty()) {
       const double n = double(step_ms.size());
       j["offload_tier_bytes"] = r->offload_bytes_peak;
@@ -1602,6 +1633,12 @@ int run_bench(BenchFlags& bf) {
         f.model.c_str(), o.micro_batch, o.seq, prec.c_str(), plan::describe_exec(o.exec).c_str(),
         omp_get_max_threads(), med, step_ms.size(), tps, mflops / 1e9, flops_per_token / 1e6,
         100 * mfu, bf16 ? "bf16" : "fp32", gemm_peak / 1e9, format_bytes(peak).c_str());
+    if (probe) {
+      std::printf(
+          "  MFU %.1f%% of the %s timed after each step (median %.0f GFLOP/s, %d calls a step; "
+          "the median of the steps' own ratios)\n",
+          100 * run_mfu, probe->describe().c_str(), run_peak / 1e9, kProbeReps);
+    }
     if (!o.exec.offload.empty()) {
       const double n = double(step_ms.size());
       std::printf(
@@ -1826,6 +1863,11 @@ int run(int argc, char** argv) {
   bench_cmd->add_flag("--record", bnf.record,
                       "record every kernel, op and step span as --profile does (to measure "
                       "the recording's cost)");
+  bench_cmd
+      ->add_option("--peak-between-steps", bnf.peak_between_steps,
+                   "time calibrate's square GEMM after every timed step and quote MFU against "
+                   "it too (true/false)")
+      ->capture_default_str();
   bench_cmd->add_flag("--breakdown", bnf.breakdown,
                       "time every kernel call by kind (gemm, attention, norm, ...)");
   bench_cmd->add_flag("--json", bnf.t.json,

@@ -214,27 +214,55 @@ Result<double> measure_gemm_shapes(const Sizes& sz, const char* name,
 // its activations (activation_row_stride: gemm:jit), about twice the rate oneDNN's brgemm reached
 // on dense 2112 rows here (docs/gemm.md).
 template <typename T>
+class SquarePeak final : public GemmPeakProbe {
+ public:
+  explicit SquarePeak(int peak_n)
+      : n_(fp32 ? peak_n - 64 : peak_n),
+        ld_(fp32 ? int(cpu::activation_row_stride(n_, sizeof(float))) : n_),
+        a_(filled<T>(size_t(n_) * ld_, 1)),
+        b_(filled<T>(size_t(n_) * n_, 2)),
+        c_(size_t(n_) * ld_) {}
+
+  double measure(int warmup, int reps) override {
+    const DType ab = fp32 ? DType::kF32 : DType::kBF16;
+    const double t = time_median(warmup, std::max(1, reps), [&] {
+      cpu::gemm_ex(false, false, n_, n_, n_, ab, a_.data(), ld_, b_.data(), n_, DType::kF32,
+                   c_.data(), ld_, nullptr, false);
+    });
+    return t > 0 ? 2.0 * n_ * n_ * double(n_) / t : 0.0;
+  }
+
+  std::string describe() const override {
+    return fmt::format("{} GEMM {}^3", fp32 ? "fp32" : "bf16", n_);
+  }
+
+  const char* impl() const {
+    return cpu::gemm_impl_name(false, false, n_, n_, n_, ld_, n_, ld_, false, false,
+                               fp32 ? DType::kF32 : DType::kBF16, DType::kF32);
+  }
+  int n() const { return n_; }
+
+ private:
+  static constexpr bool fp32 = std::is_same_v<T, float>;
+  int n_, ld_;
+  HostVec<T> a_, b_;
+  HostVec<float> c_;
+};
+
+// The peak: one square GEMM through the backend. bf16: n = 2112, dense (oneDNN 2.6 runs its AMX
+// kernel only on dense bf16 rows, and rows of 2048 bf16 values, 4 KiB, alias in the cache and
+// ran at half the rate of 2112's here). fp32: n = 2048 with A and C rows padded as the model pads
+// its activations (activation_row_stride: gemm:jit), about twice the rate oneDNN's brgemm reached
+// on dense 2112 rows here (docs/gemm.md).
+template <typename T>
 Result<double> measure_gemm_peak(const Sizes& sz, const char* name,
                                  const CalibrationProgress& progress) {
-  constexpr bool fp32 = std::is_same_v<T, float>;
-  const int n = fp32 ? sz.peak_n - 64 : sz.peak_n;
-  const int lda = fp32 ? int(cpu::activation_row_stride(n, sizeof(float))) : n;
-  const int ldc = lda;
-  HostVec<T> a = filled<T>(size_t(n) * lda, 1), b = filled<T>(size_t(n) * n, 2);
-  HostVec<float> c(size_t(n) * ldc);
-  const DType ab = fp32 ? DType::kF32 : DType::kBF16;
-  const double t = time_median(sz.warmup, sz.reps, [&] {
-    cpu::gemm_ex(false, false, n, n, n, ab, a.data(), lda, b.data(), n, DType::kF32, c.data(), ldc,
-                 nullptr, false);
-  });
-  if (!(t > 0)) return Status::internal(fmt::format("{} GEMM peak timed at 0 s", name));
-  const double flops = 2.0 * n * n * double(n);
+  SquarePeak<T> probe(sz.peak_n);
+  const double rate = probe.measure(sz.warmup, sz.reps);
+  if (!(rate > 0)) return Status::internal(fmt::format("{} GEMM peak timed at 0 s", name));
   report(progress, fmt::format("{} GEMM peak {}^3: {:.1f} GFLOP/s (oneDNN {}, median of {})", name,
-                               n, flops / t / 1e9,
-                               cpu::gemm_impl_name(false, false, n, n, n, lda, n, ldc, false, false,
-                                                   ab, DType::kF32),
-                               sz.reps));
-  return flops / t;
+                               probe.n(), rate / 1e9, probe.impl(), sz.reps));
+  return rate;
 }
 
 // bf16 needs a native oneDNN kernel: 0 (unsupported) when oneDNN only has its reference
@@ -387,6 +415,20 @@ std::string current_cpu_model() {
     if (begin != std::string::npos && end >= begin) return line.substr(begin, end - begin + 1);
   }
   return "unknown";
+}
+
+Result<std::unique_ptr<GemmPeakProbe>> GemmPeakProbe::create(bool bf16) {
+  const int n = sizes_for({}).peak_n;
+  try {
+    if (!bf16) return std::unique_ptr<GemmPeakProbe>(new SquarePeak<float>(n));
+    if (!native_bf16({})) {
+      return Status::unsupported("bf16 GEMM peak: oneDNN has no native bf16 kernel on this CPU");
+    }
+    return std::unique_ptr<GemmPeakProbe>(new SquarePeak<bf16_t>(n));
+  } catch (const std::bad_alloc&) {
+    return Status::out_of_memory(
+        fmt::format("{} GEMM peak: cannot allocate its {}^3 operands", bf16 ? "bf16" : "fp32", n));
+  }
 }
 
 Result<Calibration> run_calibration(const CalibrationProgress& progress,

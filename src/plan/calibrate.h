@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -46,6 +47,24 @@ using CalibrationProgress = std::function<void(const std::string&)>;
 // Thread safety: call from one thread; it uses every OpenMP thread and the shared GEMM cache.
 Result<Calibration> run_calibration(const CalibrationProgress& progress = {},
                                     const CalibrationOptions& options = {});
+
+// The square GEMM the peak is measured on (calibrate's: bf16 2112^3 dense, fp32 2048^3 with the
+// model's padded rows), kept in this process for timing again later: `headroom bench` times it
+// between its steps so that MFU can be quoted against the machine's speed at that moment (on a
+// shared host it moves by 1.4-2x within minutes, the cached calibration's with it;
+// docs/calibration.md). Operands are allocated (and touched) once, ~36 MiB bf16 / ~50 MiB fp32,
+// outside any device plan. Thread safety: one thread, as run_calibration.
+class GemmPeakProbe {
+ public:
+  // bf16: the bf16 GEMM (needs a native oneDNN kernel: Unsupported otherwise), else fp32.
+  // OutOfMemory if the operands cannot be allocated.
+  static Result<std::unique_ptr<GemmPeakProbe>> create(bool bf16);
+  virtual ~GemmPeakProbe() = default;
+  // FLOP/s of the median of `reps` timed calls after `warmup` untimed ones (reps >= 1).
+  virtual double measure(int warmup, int reps) = 0;
+  // "bf16 GEMM 2112^3" / "fp32 GEMM 2048^3"
+  virtual std::string describe() const = 0;
+};
 
 // JSON file (one object, keys as the fields above plus "version": 1), written atomically
 // (temporary file + rename), creating the parent directories. IoError if it cannot be written.

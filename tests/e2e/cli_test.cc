@@ -2,6 +2,8 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -130,6 +132,39 @@ TEST_F(Cli, BadAttentionKernelVariableIsAClearError) {
   EXPECT_EQ(r.code, 1) << r.out;
   EXPECT_NE(r.out.find("HEADROOM_BF16_ATTENTION=bogus"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("expected auto, amx, avx512bf16 or widen"), std::string::npos) << r.out;
+}
+
+// bench times calibrate's square GEMM after every timed step and quotes MFU against it as well
+// as against the cached peak; --peak-between-steps false leaves the probe (and its keys) out.
+TEST_F(Cli, BenchQuotesMfuAgainstThePeakTimedBetweenSteps) {
+  Outcome r = run("bench --model gpt2-tiny --batch 2 --seq 32 --steps 3 --warmup 1 --json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  nlohmann::json j = nlohmann::json::parse(r.out.substr(r.out.find("{\n")));
+  ASSERT_TRUE(j.contains("gemm_peak_in_run_samples")) << r.out;
+  EXPECT_EQ(j["gemm_peak_in_run_samples"].size(), 3u);  // one per timed step
+  for (const auto& x : j["gemm_peak_in_run_samples"]) EXPECT_GT(x.get<double>(), 0.0);
+  EXPECT_EQ(j["gemm_peak_in_run"], "fp32 GEMM 2048^3");
+  const double peak = j["gemm_peak_in_run_flops_per_s"].get<double>();
+  const double mfu = j["mfu_in_run"].get<double>();
+  EXPECT_GT(peak, 0.0);
+  EXPECT_TRUE(std::isfinite(mfu) && mfu > 0) << mfu;
+  // The median of the steps' own ratios sits within the range of rate / probe over the steps.
+  const double rate = j["model_flops_per_s"].get<double>();
+  double lo = 1e300, hi = 0;
+  for (const auto& x : j["gemm_peak_in_run_samples"]) {
+    lo = std::min(lo, x.get<double>());
+    hi = std::max(hi, x.get<double>());
+  }
+  EXPECT_GT(mfu, 0.2 * rate / hi);
+  EXPECT_LT(mfu, 5.0 * rate / lo);
+
+  Outcome off =
+      run("bench --model gpt2-tiny --batch 2 --seq 32 --steps 1 --warmup 0 --peak-between-steps "
+          "false --json");
+  ASSERT_EQ(off.code, 0) << off.out;
+  nlohmann::json jo = nlohmann::json::parse(off.out.substr(off.out.find("{\n")));
+  EXPECT_FALSE(jo.contains("mfu_in_run"));
+  EXPECT_TRUE(jo.contains("mfu"));
 }
 
 TEST_F(Cli, PlanAnswersWithJsonAndSweep) {
