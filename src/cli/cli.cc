@@ -1518,7 +1518,7 @@ int run_bench(BenchFlags& bf) {
     if (!s.is_ok()) return fail(s);
   }
   o.data = tmp;
-  // The square GEMM the calibrated peak comes from, timed again after every timed step: MFU
+  // What the calibrated peak is the best of, timed again after every timed step: MFU
   // against the machine's speed at that moment as well as against the cached peak (a shared host
   // moves both by 1.4-2x within minutes; docs/calibration.md). fp16 runs fp32 GEMMs here.
   std::unique_ptr<plan::GemmPeakProbe> probe;
@@ -1635,9 +1635,9 @@ int run_bench(BenchFlags& bf) {
         100 * mfu, bf16 ? "bf16" : "fp32", gemm_peak / 1e9, format_bytes(peak).c_str());
     if (probe) {
       std::printf(
-          "  MFU %.1f%% of the %s timed after each step (median %.0f GFLOP/s, %d calls a step; "
-          "the median of the steps' own ratios)\n",
-          100 * run_mfu, probe->describe().c_str(), run_peak / 1e9, kProbeReps);
+          "  MFU %.1f%% of the GEMM peak timed after each step (median %.0f GFLOP/s, the better "
+          "of %s, %d calls each a step; the median of the steps' own ratios)\n",
+          100 * run_mfu, run_peak / 1e9, probe->describe().c_str(), kProbeReps);
     }
     if (!o.exec.offload.empty()) {
       const double n = double(step_ms.size());
@@ -1865,8 +1865,8 @@ int run(int argc, char** argv) {
                       "the recording's cost)");
   bench_cmd
       ->add_option("--peak-between-steps", bnf.peak_between_steps,
-                   "time calibrate's square GEMM after every timed step and quote MFU against "
-                   "it too (true/false)")
+                   "time calibrate's peak GEMMs after every timed step and quote MFU against "
+                   "them too (true/false)")
       ->capture_default_str();
   bench_cmd->add_flag("--breakdown", bnf.breakdown,
                       "time every kernel call by kind (gemm, attention, norm, ...)");

@@ -26,6 +26,7 @@
 
 #include "backend/cpu/gemm.h"
 #include "backend/cpu/kernels.h"
+#include "core/check.h"
 #include "core/dtype.h"
 #include "core/units.h"
 #include "memory/host_resource.h"
@@ -157,33 +158,56 @@ HostVec<T> filled(size_t count, uint32_t seed) {
   }
 }
 
-// Median seconds of one forward (and backward) of `s` with storage type T (float or bf16_t).
+// One forward (and backward) of `s` with storage type T (float or bf16_t), its operands
+// allocated once: time() can be called again (GemmPeakProbe does, between bench's steps).
+template <typename T>
+class ShapeTimer {
+ public:
+  explicit ShapeTimer(const GemmShape& s)
+      : s_(s),
+        ldi_(s.pad_inp ? cpu::activation_row_stride(s.IC, sizeof(T)) : s.IC),
+        ldo_(s.logits_rows ? cpu::logits_row_stride(s.OC)
+             : s.pad_out   ? cpu::activation_row_stride(s.OC, sizeof(T))
+                           : s.OC),
+        inp_(filled<T>(size_t(s.N) * ldi_, 1)),
+        weight_(filled<T>(size_t(s.IC) * s.OC, 2)),
+        dout_(filled<T>(size_t(s.N) * ldo_, 4)),
+        dinp_(size_t(s.N) * ldi_),
+        bias_(filled<float>(s.OC, 3)),
+        dweight_(size_t(s.IC) * s.OC),
+        out32_(std::is_same_v<T, float> || !s.bf16_out ? size_t(s.N) * ldo_ : 0),
+        out16_(std::is_same_v<T, float> || !s.bf16_out ? 0 : size_t(s.N) * ldo_) {}
+
+  // Median seconds of `reps` calls after `warmup` untimed ones.
+  double time(int warmup, int reps) {
+    const cpu::MatmulStrides st{.inp = ldi_, .out = ldo_};
+    return time_median(warmup, reps, [&] {
+      if (out16_.empty()) {
+        cpu::matmul_forward(out32_.data(), inp_.data(), weight_.data(), bias_.data(), s_.N, s_.IC,
+                            s_.OC, s_.layout, st);
+      } else if constexpr (!std::is_same_v<T, float>) {
+        cpu::matmul_forward(out16_.data(), inp_.data(), weight_.data(), bias_.data(), s_.N, s_.IC,
+                            s_.OC, s_.layout, st);
+      }
+      if (s_.backward) {
+        cpu::matmul_backward(dinp_.data(), dweight_.data(), nullptr, dout_.data(), inp_.data(),
+                             weight_.data(), s_.N, s_.IC, s_.OC, s_.layout, st);
+      }
+    });
+  }
+
+ private:
+  GemmShape s_;
+  int64_t ldi_, ldo_;
+  HostVec<T> inp_, weight_, dout_, dinp_;
+  HostVec<float> bias_, dweight_, out32_;
+  HostVec<T> out16_;
+};
+
+// Median seconds of one forward (and backward) of `s`.
 template <typename T>
 double time_shape(const GemmShape& s, const Sizes& sz) {
-  const int64_t esz = sizeof(T);
-  const int64_t ldi = s.pad_inp ? cpu::activation_row_stride(s.IC, esz) : s.IC;
-  const int64_t ldo = s.logits_rows ? cpu::logits_row_stride(s.OC)
-                      : s.pad_out   ? cpu::activation_row_stride(s.OC, esz)
-                                    : s.OC;
-  const cpu::MatmulStrides st{.inp = ldi, .out = ldo};
-  HostVec<T> inp = filled<T>(size_t(s.N) * ldi, 1), weight = filled<T>(size_t(s.IC) * s.OC, 2),
-             dout = filled<T>(size_t(s.N) * ldo, 4), dinp(size_t(s.N) * ldi);
-  HostVec<float> bias = filled<float>(s.OC, 3), dweight(size_t(s.IC) * s.OC),
-                 out32(std::is_same_v<T, float> || !s.bf16_out ? size_t(s.N) * ldo : 0);
-  HostVec<T> out16(std::is_same_v<T, float> || !s.bf16_out ? 0 : size_t(s.N) * ldo);
-  return time_median(sz.warmup, sz.reps, [&] {
-    if (out16.empty()) {
-      cpu::matmul_forward(out32.data(), inp.data(), weight.data(), bias.data(), s.N, s.IC, s.OC,
-                          s.layout, st);
-    } else if constexpr (!std::is_same_v<T, float>) {
-      cpu::matmul_forward(out16.data(), inp.data(), weight.data(), bias.data(), s.N, s.IC, s.OC,
-                          s.layout, st);
-    }
-    if (s.backward) {
-      cpu::matmul_backward(dinp.data(), dweight.data(), nullptr, dout.data(), inp.data(),
-                           weight.data(), s.N, s.IC, s.OC, s.layout, st);
-    }
-  });
+  return ShapeTimer<T>(s).time(sz.warmup, sz.reps);
 }
 
 // The step's matmuls in the backend's kernels (oneDNN through cpu::gemm / gemm_ex), their
@@ -417,14 +441,47 @@ std::string current_cpu_model() {
   return "unknown";
 }
 
+// The square GEMM and the step's MLP c_proj shape (the largest of the step's four per-layer
+// shapes, and the best of them in calibrations here), each timed forward and backward as
+// calibrate times it; the rate is the better of the two medians, as calibrate's peak is the best
+// of its measurements.
+template <typename T>
+class Probe final : public GemmPeakProbe {
+ public:
+  Probe(int peak_n, const GemmShape& shape)
+      : square_(peak_n), shape_(shape), flops_(shape.flops()) {}
+
+  double measure(int warmup, int reps) override {
+    reps = std::max(1, reps);
+    const double square = square_.measure(warmup, reps);
+    const double t = shape_.time(warmup, reps);
+    return std::max(square, t > 0 ? flops_ / t : 0.0);
+  }
+
+  std::string describe() const override {
+    return fmt::format("{} and the {}x3072->768 GEMM forward and backward", square_.describe(),
+                       kTokens);
+  }
+
+  static constexpr int kTokens = 2048;
+
+ private:
+  SquarePeak<T> square_;
+  ShapeTimer<T> shape_;
+  double flops_;
+};
+
 Result<std::unique_ptr<GemmPeakProbe>> GemmPeakProbe::create(bool bf16) {
-  const int n = sizes_for({}).peak_n;
+  const Sizes sz = sizes_for({});
+  const int n = sz.peak_n;
+  const GemmShape& shape = sz.gemms[3];  // MLP c_proj: 2048 x 3072 -> 768
+  HR_CHECK(shape.N == 2048 && shape.IC == 3072 && shape.OC == 768);
   try {
-    if (!bf16) return std::unique_ptr<GemmPeakProbe>(new SquarePeak<float>(n));
+    if (!bf16) return std::unique_ptr<GemmPeakProbe>(new Probe<float>(n, shape));
     if (!native_bf16({})) {
       return Status::unsupported("bf16 GEMM peak: oneDNN has no native bf16 kernel on this CPU");
     }
-    return std::unique_ptr<GemmPeakProbe>(new SquarePeak<bf16_t>(n));
+    return std::unique_ptr<GemmPeakProbe>(new Probe<bf16_t>(n, shape));
   } catch (const std::bad_alloc&) {
     return Status::out_of_memory(
         fmt::format("{} GEMM peak: cannot allocate its {}^3 operands", bf16 ? "bf16" : "fp32", n));

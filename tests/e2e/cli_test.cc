@@ -137,13 +137,13 @@ TEST_F(Cli, BadAttentionKernelVariableIsAClearError) {
 // bench times calibrate's square GEMM after every timed step and quotes MFU against it as well
 // as against the cached peak; --peak-between-steps false leaves the probe (and its keys) out.
 TEST_F(Cli, BenchQuotesMfuAgainstThePeakTimedBetweenSteps) {
-  Outcome r = run("bench --model gpt2-tiny --batch 2 --seq 32 --steps 3 --warmup 1 --json");
+  Outcome r = run("bench --model gpt2-tiny --batch 2 --seq 32 --steps 2 --warmup 1 --json");
   ASSERT_EQ(r.code, 0) << r.out;
   nlohmann::json j = nlohmann::json::parse(r.out.substr(r.out.find("{\n")));
   ASSERT_TRUE(j.contains("gemm_peak_in_run_samples")) << r.out;
-  EXPECT_EQ(j["gemm_peak_in_run_samples"].size(), 3u);  // one per timed step
+  EXPECT_EQ(j["gemm_peak_in_run_samples"].size(), 2u);  // one per timed step
   for (const auto& x : j["gemm_peak_in_run_samples"]) EXPECT_GT(x.get<double>(), 0.0);
-  EXPECT_EQ(j["gemm_peak_in_run"], "fp32 GEMM 2048^3");
+  EXPECT_EQ(j["gemm_peak_in_run"].get<std::string>().rfind("fp32 GEMM 2048^3", 0), 0u);
   const double peak = j["gemm_peak_in_run_flops_per_s"].get<double>();
   const double mfu = j["mfu_in_run"].get<double>();
   EXPECT_GT(peak, 0.0);

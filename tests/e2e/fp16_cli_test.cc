@@ -93,6 +93,8 @@ TEST_F(Fp16Cli, PlanAndBenchTakeFp16) {
   ASSERT_EQ(b.code, 0) << b.out;
   nlohmann::json jb = nlohmann::json::parse(b.out);
   EXPECT_EQ(jb["precision"], "fp16");
+  // fp16's GEMMs are fp32 GEMMs here: MFU in the run is against the fp32 peak.
+  EXPECT_EQ(jb["gemm_peak_in_run"].get<std::string>().rfind("fp32 GEMM", 0), 0u);
   EXPECT_GT(jb["tokens_per_s"].get<double>(), 0.0);
 }
 
