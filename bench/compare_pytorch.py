@@ -367,14 +367,58 @@ def cores_used(rec):
     return None
 
 
-def ratio(a, b, key):
-    if a is None or b is None or not a.get("ok") or not b.get("ok"):
+def combine(recs):
+    """One system's runs of a configuration (one per round) as one record: the median tokens/s
+    and peak RSS of the runs that succeeded; the first failure's status when none did."""
+    if not recs:
+        return None
+    ok = [r for r in recs if r.get("ok")]
+    if not ok:
+        return recs[0]
+    out = dict(ok[0])
+    out["result"] = dict(ok[0]["result"])
+    out["result"]["tokens_per_s"] = statistics.median(r["result"]["tokens_per_s"] for r in ok)
+    rss = [r["peak_rss_bytes"] for r in ok if r.get("peak_rss_bytes")]
+    out["peak_rss_bytes"] = statistics.median(rss) if rss else None
+    if len(recs) > 1:
+        out["rounds_ok"] = len(ok)
+    return out
+
+
+def ratio(a_runs, b_runs, key):
+    """headroom / peer: the median over rounds of the ratio within each round (a round runs every
+    system once, back to back, so a ratio pairs runs seconds apart on this drifting machine)."""
+    if not a_runs or not b_runs:
         return "-"
-    if key == "tps":
-        x, y = a["result"]["tokens_per_s"], b["result"]["tokens_per_s"]
-    else:
-        x, y = a.get("peak_rss_bytes"), b.get("peak_rss_bytes")
-    return f"{x / y:.2f}x" if x and y else "-"
+    rs = []
+    for a, b in zip(a_runs, b_runs):
+        if not a.get("ok") or not b.get("ok"):
+            continue
+        if key == "tps":
+            x, y = a["result"]["tokens_per_s"], b["result"]["tokens_per_s"]
+        else:
+            x, y = a.get("peak_rss_bytes"), b.get("peak_rss_bytes")
+        if x and y:
+            rs.append(x / y)
+    if not rs:
+        return "-"
+    text = f"{statistics.median(rs):.2f}x"
+    if len(rs) > 1:
+        text += f" ({min(rs):.2f}-{max(rs):.2f})"
+    return text
+
+
+def fmt_mfu(rec):
+    """headroom's MFU against the cached calibration / against the peak timed in the run."""
+    if rec is None or not rec.get("ok"):
+        return "-"
+    r = rec["result"]
+    if "mfu" not in r:
+        return "-"
+    text = f"{100 * r['mfu']:.1f}%"
+    if "mfu_in_run" in r:
+        text += f" / {100 * r['mfu_in_run']:.1f}%"
+    return text
 
 
 def markdown(args, meta, rows):
@@ -401,19 +445,33 @@ def markdown(args, meta, rows):
     out.append("- noisy: a shared machine; compare ratios within one run, not absolute figures "
                "across runs")
     out.append("")
+    if args.rounds > 1:
+        out.append(f"- {args.rounds} rounds: each round runs every system once, back to back, "
+                   f"starting with a different one each round; tok/s and RSS are medians over "
+                   f"rounds, a ratio is the median of the ratios within each round (range in "
+                   f"brackets)")
+    out.append("- headroom MFU: against the cached `headroom calibrate` peak / against the GEMM "
+               "peak timed after each of its steps in the same run (`mfu_in_run`; "
+               "docs/calibration.md)")
+    out.append("")
     out.append("| config | headroom tok/s | torch tok/s | torch-tuned tok/s | ratio vs torch | "
-               "ratio vs tuned | headroom peak RSS | torch peak RSS | torch-tuned peak RSS | "
-               "ratio (RSS vs torch) |")
-    out.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for (model, precision, batch), recs in rows:
-        h, t, tt = recs.get("headroom"), recs.get("torch"), recs.get("torch-tuned")
+               "ratio vs tuned | headroom MFU | headroom peak RSS | torch peak RSS | "
+               "torch-tuned peak RSS | ratio (RSS vs torch) |")
+    out.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for (model, precision, batch), runs in rows:
+        hr, tr, ttr = runs.get("headroom"), runs.get("torch"), runs.get("torch-tuned")
+        h, t, tt = combine(hr), combine(tr), combine(ttr)
         out.append(f"| {model} {precision} b={batch} | {fmt_tps(h)} | {fmt_tps(t)} | {fmt_tps(tt)} "
-                   f"| {ratio(h, t, 'tps')} | {ratio(h, tt, 'tps')} | {fmt_rss(h)} | {fmt_rss(t)} "
-                   f"| {fmt_rss(tt)} | {ratio(h, t, 'rss')} |")
+                   f"| {ratio(hr, tr, 'tps')} | {ratio(hr, ttr, 'tps')} | {fmt_mfu(h)} "
+                   f"| {fmt_rss(h)} | {fmt_rss(t)} | {fmt_rss(tt)} | {ratio(hr, tr, 'rss')} |")
     used = []
-    for (model, precision, batch), recs in rows:
-        parts = [f"{system} {cores_used(rec):.2f}" for system, rec in recs.items()
-                 if cores_used(rec) is not None]
+    for (model, precision, batch), runs in rows:
+        parts = []
+        for system, recs in runs.items():
+            cus = [cores_used(rec) for rec in recs]
+            cus = [c for c in cus if c is not None]
+            if cus:
+                parts.append(f"{system} " + "/".join(f"{c:.2f}" for c in cus))
         if parts:
             used.append(f"- {model} {precision} b={batch}: " + ", ".join(parts))
     if used:
@@ -425,10 +483,11 @@ def markdown(args, meta, rows):
         out.append("")
         out.extend(used)
     errors = []
-    for (model, precision, batch), recs in rows:
-        for system, rec in recs.items():
-            if rec is not None and not rec.get("ok") and rec.get("error"):
-                errors.append(f"- {system} {model} {precision} b={batch}: {rec['error']}")
+    for (model, precision, batch), runs in rows:
+        for system, recs in runs.items():
+            for rec in recs:
+                if not rec.get("ok") and rec.get("error"):
+                    errors.append(f"- {system} {model} {precision} b={batch}: {rec['error']}")
     if errors:
         out.append("")
         out.append("Not measured:")
@@ -482,10 +541,15 @@ def main(argv=None):
                     help="threads of every process (OMP_NUM_THREADS, OPENBLAS_NUM_THREADS, "
                     "torch.set_num_threads, headroom --threads)")
     ap.add_argument("--timeout", type=int, default=3600, help="seconds per run")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="run every configuration this many times, the systems alternated "
+                    "(a different one first each round); medians over rounds")
     ap.add_argument("--json", metavar="FILE", help="write all raw results here")
     args = ap.parse_args(argv)
     if args.steps < 1 or args.warmup < 0:
         ap.error("--steps must be >= 1 and --warmup >= 0")
+    if args.rounds < 1:
+        ap.error("--rounds must be >= 1")
     if not os.path.isabs(args.headroom):
         args.headroom = os.path.join(REPO_ROOT, args.headroom)
 
@@ -502,7 +566,7 @@ def main(argv=None):
         "cpus": os.cpu_count(),
         "loadavg_start": loadavg(),
         "threads": args.threads,
-        "seq": args.seq, "steps": args.steps, "warmup": args.warmup,
+        "seq": args.seq, "steps": args.steps, "warmup": args.warmup, "rounds": args.rounds,
         "tuned_env": TUNED_ENV,
         "headroom": args.headroom,
         "torch_python": args.torch_python,
@@ -510,28 +574,32 @@ def main(argv=None):
 
     runs, rows = [], []
     configs = [(m, p, b) for m in args.models for p in args.precisions for b in args.batches]
-    total = len(configs) * len(args.systems)
+    total = len(configs) * len(args.systems) * args.rounds
     n = 0
     for model, precision, batch in configs:
-        recs = {}
-        for system in args.systems:
-            n += 1
-            print(f"[{n}/{total}] {system} {model} {precision} b={batch} T={args.seq} ...",
-                  end="", file=sys.stderr, flush=True)
-            if system == "headroom":
-                rec = run_headroom(args, model, precision, batch)
-            else:
-                rec = run_torch(args, system, model, precision, batch)
-            rec.update(system=system, model=model, precision=precision, batch=batch, seq=args.seq)
-            if rec.get("ok") and "torch_version" in rec["result"]:
-                meta["torch_version"] = rec["result"]["torch_version"]
-            recs[system] = rec
-            runs.append(rec)
-            cu = cores_used(rec)
-            print(f" {fmt_tps(rec)} tok/s, peak RSS {fmt_rss(rec)}"
-                  + (f", {cu:.2f} cores used" if cu is not None else "")
-                  + (f" [{rec['error']}]" if rec.get("error") else ""), file=sys.stderr,
-                  flush=True)
+        recs = {system: [] for system in args.systems}
+        for rnd in range(args.rounds):
+            k = rnd % len(args.systems)
+            for system in args.systems[k:] + args.systems[:k]:
+                n += 1
+                print(f"[{n}/{total}] {system} {model} {precision} b={batch} T={args.seq}"
+                      + (f" round {rnd + 1}" if args.rounds > 1 else "") + " ...",
+                      end="", file=sys.stderr, flush=True)
+                if system == "headroom":
+                    rec = run_headroom(args, model, precision, batch)
+                else:
+                    rec = run_torch(args, system, model, precision, batch)
+                rec.update(system=system, model=model, precision=precision, batch=batch, seq=args.seq,
+                           round=rnd + 1)
+                if rec.get("ok") and "torch_version" in rec["result"]:
+                    meta["torch_version"] = rec["result"]["torch_version"]
+                recs[system].append(rec)
+                runs.append(rec)
+                cu = cores_used(rec)
+                print(f" {fmt_tps(rec)} tok/s, peak RSS {fmt_rss(rec)}"
+                      + (f", {cu:.2f} cores used" if cu is not None else "")
+                      + (f" [{rec['error']}]" if rec.get("error") else ""), file=sys.stderr,
+                      flush=True)
         rows.append(((model, precision, batch), recs))
     meta["loadavg_end"] = loadavg()
 
