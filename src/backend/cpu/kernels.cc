@@ -1342,7 +1342,7 @@ void adamw_range(float* params, const float* grads, float* grads_out, float* m, 
                vbc = _mm512_set1_ps(bc2_sqrt), vdecay = _mm512_set1_ps(decay),
                v1b1 = _mm512_set1_ps(1.0f - b1), v1b2 = _mm512_set1_ps(1.0f - b2);
   for (; i + 16 <= i1; i += 16) {
-    if constexpr (kStream) {  // a hint: it never faults, past the end of a buffer either
+    if (kStream && i + kAdamWPrefetch < i1) {  // a hint, inside the thread's range
       _mm_prefetch(reinterpret_cast<const char*>(grads + i + kAdamWPrefetch), _MM_HINT_T0);
       _mm_prefetch(reinterpret_cast<const char*>(m + i + kAdamWPrefetch), _MM_HINT_T0);
       _mm_prefetch(reinterpret_cast<const char*>(v + i + kAdamWPrefetch), _MM_HINT_T0);
@@ -1424,7 +1424,7 @@ void adamw_update_and_zero(float* params, float* grads, float* m, float* v, int6
 // ---- reductions and simple ops ------------------------------------------------------------
 
 namespace {
-// Prefetch distance of sum_squares, in floats (a hint: it never faults past the end).
+// Prefetch distance of sum_squares, in floats.
 constexpr int64_t kSumSquaresPrefetch = 2048;
 }  // namespace
 
@@ -1449,10 +1449,12 @@ double sum_squares(const float* x, int64_t n) {
     int64_t i = i0;
     // maskz conversions: the plain ones trip a false -Wmaybe-uninitialized in GCC 12's header.
     for (; i + 32 <= i1; i += 32) {
-      // Two lines 8 KiB ahead: from memory, 1.45x the hardware prefetcher's bandwidth alone
-      // (docs/notes/memory-bound-kernels.md); the sums are unchanged.
-      _mm_prefetch(reinterpret_cast<const char*>(x + i + kSumSquaresPrefetch), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(x + i + kSumSquaresPrefetch + 16), _MM_HINT_T0);
+      // Two lines 8 KiB ahead, inside the thread's range: from memory, 1.4x the hardware
+      // prefetcher's bandwidth alone (docs/notes/memory-bound-kernels.md); the same sums.
+      if (i + kSumSquaresPrefetch + 32 <= i1) {
+        _mm_prefetch(reinterpret_cast<const char*>(x + i + kSumSquaresPrefetch), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(x + i + kSumSquaresPrefetch + 16), _MM_HINT_T0);
+      }
       for (int k = 0; k < 4; ++k) {
         const __m512d d = _mm512_maskz_cvtps_pd(0xFF, _mm256_loadu_ps(x + i + 8 * k));
         acc[k] = _mm512_fmadd_pd(d, d, acc[k]);
