@@ -434,6 +434,29 @@ void BM_AdamWWithBf16Copy(benchmark::State& state) {
   report(state, double(n) * 30);
 }
 
+// The gradient norm's pass (sum_squares prefetches 8 KiB ahead).
+void BM_SumSquares(benchmark::State& state) {
+  const int64_t n = 124'000'000;
+  std::vector<float> g = buffer(size_t(n), 0.001f);
+  for (auto _ : state) benchmark::DoNotOptimize(sum_squares(g.data(), n));
+  report(state, double(n) * 4);
+}
+
+// The trainer's ZeRO-0 AdamW pass: the bf16 copy streamed, the gradients zeroed behind the reads
+// (zero after the first iteration: the same bytes move).
+void BM_AdamWAndZeroWithBf16Copy(benchmark::State& state) {
+  const int64_t n = 124'000'000;
+  std::vector<float> p = buffer(size_t(n), 0.01f), g = buffer(size_t(n), 0.001f),
+                     m = buffer(size_t(n), 0), v = buffer(size_t(n), 0);
+  std::vector<bf16_t> copy = buffer<bf16_t>(size_t(n), 0);
+  AdamWParams hp{1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1, 1.0f};
+  for (auto _ : state) {
+    adamw_update_and_zero(p.data(), g.data(), m.data(), v.data(), n, hp, copy.data());
+  }
+  // reads p, g, m, v; writes p, m, v, g (no read for ownership: just read) and the copy
+  report(state, double(n) * 34);
+}
+
 // ---- the loss over GPT-2's logits: 2048 tokens x 50257 (412 MB fp32) ------------------------
 constexpr int kTokens = 2048, kVocab = 50257;
 
@@ -579,6 +602,8 @@ HR_BENCH(BM_RoundToF16Values<true>)->Name("BM_RoundToF16ValuesBefore");
 HR_BENCH(BM_RoundToF16Values<false>)->Name("BM_RoundToF16Values");
 HR_BENCH(BM_AdamW);
 HR_BENCH(BM_AdamWWithBf16Copy);
+HR_BENCH(BM_AdamWAndZeroWithBf16Copy);
+HR_BENCH(BM_SumSquares);
 HR_BENCH(BM_CrossEntropyForward<true>)->Name("BM_CrossEntropyForwardBefore");
 HR_BENCH(BM_CrossEntropyForward<false>)->Name("BM_CrossEntropyForward");
 HR_BENCH(BM_CrossEntropyBackwardBefore);

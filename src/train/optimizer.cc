@@ -21,11 +21,17 @@ double grad_norm(const model::ParamTable& table, const float* grads) {
   return std::sqrt(cpu::sum_squares(grads, table.total_floats));
 }
 
-double adamw_step(const model::ParamTable& table, float* params, const float* grads, float* m,
-                  float* v, const AdamWConfig& config, float lr, int step, bf16_t* params_bf16,
-                  float loss_scale) {
+namespace {
+
+// adamw_step (grads_out null) and adamw_step_and_zero (grads_out == grads).
+double adamw_step_impl(const model::ParamTable& table, float* params, const float* grads,
+                       float* grads_out, float* m, float* v, const AdamWConfig& config, float lr,
+                       int step, bf16_t* params_bf16, float loss_scale) {
   const double norm = grad_norm(table, grads) / (loss_scale > 0 ? double(loss_scale) : 1.0);
-  if (loss_scale > 0 && !std::isfinite(norm)) return norm;  // overflow: the caller skips the step
+  if (loss_scale > 0 && !std::isfinite(norm)) {  // overflow: the caller skips the step
+    if (grads_out != nullptr) cpu::zero(grads_out, table.total_floats);
+    return norm;
+  }
   float scale = 1.0f;
   // torch.nn.utils.clip_grad_norm_: multiply by max_norm / (norm + 1e-6) when that is below 1.
   if (config.grad_clip > 0) {
@@ -37,11 +43,35 @@ double adamw_step(const model::ParamTable& table, float* params, const float* gr
   // has zero gradient and zero parameter, so AdamW leaves it zero.
   const int64_t split = table.decay_floats;
   cpu::AdamWParams ap{lr, config.beta1, config.beta2, config.eps, config.weight_decay, step, scale};
-  cpu::adamw_update(params, grads, m, v, split, ap, params_bf16);
+  const auto update = [&](int64_t begin, int64_t count) {
+    bf16_t* copy = params_bf16 == nullptr ? nullptr : params_bf16 + begin;
+    if (grads_out != nullptr) {
+      cpu::adamw_update_and_zero(params + begin, grads_out + begin, m + begin, v + begin, count, ap,
+                                 copy);
+    } else {
+      cpu::adamw_update(params + begin, grads + begin, m + begin, v + begin, count, ap, copy);
+    }
+  };
+  update(0, split);
   ap.weight_decay = 0.0f;
-  cpu::adamw_update(params + split, grads + split, m + split, v + split, table.total_floats - split,
-                    ap, params_bf16 == nullptr ? nullptr : params_bf16 + split);
+  update(split, table.total_floats - split);
   return norm;
+}
+
+}  // namespace
+
+double adamw_step(const model::ParamTable& table, float* params, const float* grads, float* m,
+                  float* v, const AdamWConfig& config, float lr, int step, bf16_t* params_bf16,
+                  float loss_scale) {
+  return adamw_step_impl(table, params, grads, nullptr, m, v, config, lr, step, params_bf16,
+                         loss_scale);
+}
+
+double adamw_step_and_zero(const model::ParamTable& table, float* params, float* grads, float* m,
+                           float* v, const AdamWConfig& config, float lr, int step,
+                           bf16_t* params_bf16, float loss_scale) {
+  return adamw_step_impl(table, params, grads, grads, m, v, config, lr, step, params_bf16,
+                         loss_scale);
 }
 
 }  // namespace headroom::train

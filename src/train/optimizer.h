@@ -36,4 +36,12 @@ double adamw_step(const model::ParamTable& table, float* params, const float* gr
                   float* v, const AdamWConfig& config, float lr, int step,
                   bf16_t* params_bf16 = nullptr, float loss_scale = 0.0f);
 
+// adamw_step that leaves the gradients zero for the next step, as a cpu::zero after adamw_step
+// would: in AdamW's pass (cpu::adamw_update_and_zero, one pass over them fewer) when the step is
+// applied, with cpu::zero when loss scaling skips it. Params, m, v, params_bf16 and the returned
+// norm are adamw_step's, bit for bit.
+double adamw_step_and_zero(const model::ParamTable& table, float* params, float* grads, float* m,
+                           float* v, const AdamWConfig& config, float lr, int step,
+                           bf16_t* params_bf16 = nullptr, float loss_scale = 0.0f);
+
 }  // namespace headroom::train

@@ -952,13 +952,16 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     // The optimizer step as an op around its parts (collectives, zeroing the gradients).
     const uint32_t opt_op = rec ? rec->events.log().intern("optimizer step") : 0;
     if (rec) rec->events.begin_op(us_since_start(topt), opt_op, EventPhase::kOptimizer, step);
-    // ZeRO-2/3: the windows were reduce-scattered into grad_shard during backward.
+    // ZeRO-2/3: the windows were reduce-scattered into grad_shard during backward. Stage 0
+    // without offload zeroes the gradients inside AdamW's pass (also on a skipped step); the
+    // others read them no more after the step, and zero them below.
     const ZeroBuffers zb{stage == 3 ? param_shard : params,
                          grads,
                          grad_shard,
                          m,
                          v,
-                         /*grads_reduced=*/zw.has_value() || reducer.has_value()};
+                         /*grads_reduced=*/zw.has_value() || reducer.has_value(),
+                         /*zero_grads=*/stage == 0 && !offload};
     // With loss scaling an overflow (a non-finite norm, the same on every rank: it is computed
     // from the reduced gradients) leaves params, m and v untouched; AdamW's bias correction
     // counts the updates applied. The learning-rate schedule follows the step (as PyTorch's
@@ -974,7 +977,7 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     HR_ASSIGN_OR_RETURN(const double norm, std::move(stepped));
     const bool skipped = scaler && !scaler->update(norm);
     const Clock::time_point tz = Clock::now();
-    if (grads) cpu::zero(grads, P);
+    if (grads && !zb.zero_grads) cpu::zero(grads, P);
     record_op("zero gradients", EventPhase::kOptimizer, tz, Clock::now(), step);
     if (rec) rec->events.end_op(us_since_start(Clock::now()), opt_op, EventPhase::kOptimizer, step);
     const double optimizer_ms = ms_since(topt);

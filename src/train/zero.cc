@@ -136,11 +136,15 @@ Result<double> ZeroOptimizer::step(const ZeroBuffers& b, const AdamWConfig& conf
                                    int step, bf16_t* params_bf16, float loss_scale) {
   HR_CHECK(b.params && b.m && b.v);
   HR_CHECK_MSG(params_bf16 == nullptr || stage_ < 3, "ZeRO-3 keeps no full bf16 copy");
+  HR_CHECK_MSG(!b.zero_grads || stage_ == 0,
+               "ZeroOptimizer: zero_grads is for stage 0 (AdamW reads grad_shard in stages 1-3)");
   if (stage_ == 0) {
     HR_CHECK(b.grads);
     if (!b.grads_reduced) HR_RETURN_IF_ERROR(comm_->all_reduce(b.grads, table_->total_floats));
-    return adamw_step(*table_, b.params, b.grads, b.m, b.v, config, lr, step, params_bf16,
-                      loss_scale);
+    return b.zero_grads ? adamw_step_and_zero(*table_, b.params, b.grads, b.m, b.v, config, lr,
+                                              step, params_bf16, loss_scale)
+                        : adamw_step(*table_, b.params, b.grads, b.m, b.v, config, lr, step,
+                                     params_bf16, loss_scale);
   }
   // Stages 1-3: reduce-scatter, then each rank updates only what it owns.
   HR_CHECK(b.grad_shard || layout_.local_floats() == 0);

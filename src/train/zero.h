@@ -40,6 +40,9 @@ struct ZeroBuffers {
   // The reduction already ran (a dist::BucketReducer during backward): grads holds the sum
   // (stage 0) or grad_shard does (stages 1-3).
   bool grads_reduced = false;
+  // Stage 0 only: step() also zeroes grads for the next step, in AdamW's pass
+  // (adamw_step_and_zero; with cpu::zero when loss scaling skips the step).
+  bool zero_grads = false;
 };
 
 // The optimizer step of a ZeRO stage on one rank:

@@ -356,5 +356,59 @@ TEST(Bf16, AdamWWritesTheRoundedCopy) {
   for (int64_t i = 0; i < n; ++i) ASSERT_EQ(copy[i].bits, f32_to_bf16_bits(p[i])) << i;
 }
 
+// adamw_update_and_zero: adamw_update's params, m, v and copy bit for bit over three steps (the
+// second with weight decay off, the third with a gradient scale), and grads zero afterwards,
+// exactly their n floats. Runs `chunk`-float pieces of the reference separately (chunk a
+// multiple of 16: the same vector/scalar split), so a large n compares the streaming path
+// (prefetch, non-temporal copy) with the cached one.
+void expect_update_and_zero_matches(int64_t n, int64_t chunk, size_t copy_offset) {
+  VecF p = rand_vec(size_t(n), 50), m(size_t(n), 0.0f), v(size_t(n), 0.0f);
+  VecF rp = p, rm = m, rv = v;
+  // A 64-byte aligned copy, then copy_offset elements in (1: off the 32-byte boundary).
+  VecB copy_store(static_cast<size_t>(n) + 64), rcopy(static_cast<size_t>(n));
+  bf16_t* copy = copy_store.data();
+  while (reinterpret_cast<uintptr_t>(copy) % 64 != 0) ++copy;
+  copy += copy_offset;
+  AdamWParams ap{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1, 1.0f};
+  for (int step = 1; step <= 3; ++step) {
+    ap.step = step;
+    ap.weight_decay = step == 2 ? 0.0f : 0.1f;
+    ap.grad_scale = step == 3 ? 0.37f : 1.0f;
+    const VecF g = rand_vec(size_t(n), 60 + uint32_t(step), -2, 2);
+    VecF zg(size_t(n) + 2, 7.0f);  // one guard each side
+    std::copy(g.begin(), g.end(), zg.begin() + 1);
+    adamw_update_and_zero(p.data(), zg.data() + 1, m.data(), v.data(), n, ap, copy);
+    for (int64_t i0 = 0; i0 < n; i0 += chunk) {
+      const int64_t c = std::min(chunk, n - i0);
+      adamw_update(rp.data() + i0, g.data() + i0, rm.data() + i0, rv.data() + i0, c, ap,
+                   rcopy.data() + i0);
+    }
+    ASSERT_EQ(zg.front(), 7.0f);
+    ASSERT_EQ(zg.back(), 7.0f);
+    for (int64_t i = 1; i <= n; ++i) ASSERT_EQ(zg[size_t(i)], 0.0f) << "grad " << i - 1;
+    ASSERT_EQ(0, std::memcmp(p.data(), rp.data(), size_t(n) * 4)) << "params, step " << step;
+    ASSERT_EQ(0, std::memcmp(m.data(), rm.data(), size_t(n) * 4)) << "m, step " << step;
+    ASSERT_EQ(0, std::memcmp(v.data(), rv.data(), size_t(n) * 4)) << "v, step " << step;
+    ASSERT_EQ(0, std::memcmp(copy, rcopy.data(), size_t(n) * 2)) << "copy, step " << step;
+  }
+  ASSERT_NE(p, rand_vec(size_t(n), 50));  // the weights moved
+}
+
+TEST(Bf16, AdamWUpdateAndZeroMatchesAdamWUpdate) {
+  for (int64_t n : {1, 15, 16, 1003}) {
+    SCOPED_TRACE(n);
+    expect_update_and_zero_matches(n, n, 0);
+    expect_update_and_zero_matches(n, n, 1);
+  }
+}
+
+// Past 8M floats adamw_update prefetches and streams the copy: the same bits as 1M-float pieces,
+// from a 32-byte aligned copy (non-temporal stores) and from an unaligned one (plain stores).
+TEST(Bf16, AdamWLargeBufferStreamsTheSameBits) {
+  const int64_t n = (int64_t{8} << 20) + 1003;
+  expect_update_and_zero_matches(n, int64_t{1} << 20, 0);
+  expect_update_and_zero_matches(n, int64_t{1} << 20, 1);
+}
+
 }  // namespace
 }  // namespace headroom::cpu

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cpu/fast_math.h"
 #include "backend/cpu/gemm.h"
 
 namespace headroom::cpu {
@@ -809,6 +810,55 @@ TEST(Reductions, SumSquaresShortAndUnaligned) {
       ASSERT_NEAR(sum_squares(x.data() + off, n), ref, 1e-12 * ref) << off << " " << n;
     }
   }
+}
+
+// sum_squares' exact order, written out: the gradient norm, hence the clipping scale, must not
+// move by a bit when the loop changes (its prefetch changes no sum). Per thread (ranges of whole
+// 16-float units), four accumulators of 8 lanes take 32-float blocks with FMAs, the masked tail
+// goes into the first, then (a0 + a1) + (a2 + a3) and the lanes in order; threads in order.
+double sum_squares_in_order(const float* x, int64_t n, int nth) {
+  double total = 0.0;
+  const int64_t units = (n + 15) / 16, per = units / nth, rem = units % nth;
+  for (int64_t t = 0; t < nth; ++t) {
+    const int64_t u0 = t * per + std::min(t, rem), u1 = u0 + per + (t < rem ? 1 : 0);
+    const int64_t i0 = std::min(n, u0 * 16), i1 = std::min(n, u1 * 16);
+    double acc[4][8] = {};
+    int64_t i = i0;
+    for (; i + 32 <= i1; i += 32) {
+      for (int k = 0; k < 4; ++k) {
+        for (int l = 0; l < 8; ++l) {
+          const double d = x[i + 8 * k + l];
+          acc[k][l] = std::fma(d, d, acc[k][l]);
+        }
+      }
+    }
+    for (; i < i1; i += 8) {
+      for (int64_t l = 0; l < std::min<int64_t>(8, i1 - i); ++l) {
+        const double d = x[i + l];
+        acc[0][l] = std::fma(d, d, acc[0][l]);
+      }
+    }
+    double s = 0.0;
+    for (int l = 0; l < 8; ++l) s += (acc[0][l] + acc[1][l]) + (acc[2][l] + acc[3][l]);
+    total += s;
+  }
+  return total;
+}
+
+TEST(Reductions, SumSquaresBitsAreTheWrittenOutOrder) {
+  if (!HR_AVX512_KERNELS) GTEST_SKIP() << "the order written out is the AVX-512 loop's";
+  const int saved = omp_get_max_threads();
+  VecF x = rand_vec(300011, 142, -3, 3);
+  for (int threads : {1, 2}) {
+    omp_set_num_threads(threads);
+    for (int64_t n : {int64_t{37}, int64_t{4099}, int64_t{300000}}) {
+      for (int off : {0, 3}) {
+        EXPECT_EQ(sum_squares(x.data() + off, n), sum_squares_in_order(x.data() + off, n, threads))
+            << threads << " threads, n " << n << ", offset " << off;
+      }
+    }
+  }
+  omp_set_num_threads(saved);
 }
 
 // Buffers of 64 MiB and more take the non-temporal path: every float of the range zeroed, from an

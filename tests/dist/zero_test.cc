@@ -167,8 +167,16 @@ TEST_P(ZeroStages, EqualSingleProcessAdamW) {
 
     ZeroBuffers b{params.data(), grads.data(), grad_shard.empty() ? nullptr : grad_shard.data(),
                   m.data(),      v.data(),     false};
+    // Stage 0 zeroes the gradients in AdamW's pass on step 2 (the trainer's way): the same
+    // update as the other steps' separate pass would give.
+    b.zero_grads = stage == 0 && step == 2;
     Result<double> norm = opt.step(b, cfg, cfg.lr, step);
     ASSERT_TRUE(norm.is_ok()) << norm.status().to_string();
+    if (b.zero_grads) {
+      EXPECT_EQ(grads, std::vector<float>(grads.size(), 0.0f));
+    } else if (stage == 0) {
+      EXPECT_NE(grads, std::vector<float>(grads.size(), 0.0f));
+    }
     EXPECT_NEAR(*norm, ref_norm, norm_tolerance(R) * ref_norm) << "step " << step;
     if (step == 1) {
       EXPECT_LT(ref_norm, cfg.grad_clip);

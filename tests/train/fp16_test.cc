@@ -226,6 +226,50 @@ TEST(LossScale, AdamWStepLeavesEverythingOnAnOverflow) {
   EXPECT_EQ(v, v0);
 }
 
+// adamw_step_and_zero (the trainer's stage-0 step) against adamw_step then cpu::zero, over four
+// steps with loss scaling and the bf16 copy: applied, skipped on an overflow (the gradients
+// zeroed all the same, nothing else touched), applied again, and unscaled with clipping off.
+TEST(LossScale, AdamWStepAndZeroMatchesAdamWStepThenZero) {
+  const model::ParamTable t = model::gpt2_param_table(small_config());
+  const size_t n = size_t(t.total_floats);
+  std::vector<float> p(n), m(n, 0.0f), v(n, 0.0f);
+  std::mt19937 rng(5);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  for (float& x : p) x = 0.02f * dist(rng);
+  std::vector<float> rp = p, rm = m, rv = v;
+  std::vector<bf16_t> copy(n), rcopy(n);
+  train::AdamWConfig cfg;
+  for (int step = 1; step <= 4; ++step) {
+    std::vector<float> g(n);
+    for (size_t i = 0; i < n; i++) g[i] = 1024.0f * dist(rng);
+    // ParamTable's padding has zero gradients (the norm's flat pass relies on it).
+    for (const model::ParamDesc& d : t.params) {
+      const int64_t end = d.offset + d.shape.numel();
+      std::fill(g.begin() + end, g.begin() + (end + 15) / 16 * 16, 0.0f);
+    }
+    if (step == 2) g[777 % n] = std::numeric_limits<float>::quiet_NaN();
+    cfg.grad_clip = step == 4 ? 0.0f : 1.0f;
+    const float scale = step == 4 ? 0.0f : 1024.0f;
+    std::vector<float> rg = g;
+    const std::vector<float> p_before = p;
+    const double ref = train::adamw_step(t, rp.data(), rg.data(), rm.data(), rv.data(), cfg, 1e-3f,
+                                         step, rcopy.data(), scale);
+    cpu::zero(rg.data(), int64_t(n));
+    const double got = train::adamw_step_and_zero(t, p.data(), g.data(), m.data(), v.data(), cfg,
+                                                  1e-3f, step, copy.data(), scale);
+    EXPECT_EQ(std::isfinite(got), step != 2);
+    if (step != 2) {
+      EXPECT_EQ(got, ref) << "step " << step;
+    }
+    EXPECT_EQ(g, rg) << "step " << step << ": gradients not zero";
+    EXPECT_EQ(0, std::memcmp(p.data(), rp.data(), n * 4)) << "params, step " << step;
+    EXPECT_EQ(0, std::memcmp(m.data(), rm.data(), n * 4)) << "m, step " << step;
+    EXPECT_EQ(0, std::memcmp(v.data(), rv.data(), n * 4)) << "v, step " << step;
+    EXPECT_EQ(0, std::memcmp(copy.data(), rcopy.data(), n * 2)) << "copy, step " << step;
+    EXPECT_EQ(p == p_before, step == 2) << "step " << step;
+  }
+}
+
 // ---- training ----------------------------------------------------------------------------
 
 std::string file_bytes(const fs::path& p) {

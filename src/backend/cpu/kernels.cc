@@ -1314,15 +1314,27 @@ inline void adamw_one(float& param, float grad, float& m, float& v, float b1, fl
   param = param * decay - step_size * (m / denom);
 }
 
+// Buffers from this many floats on are beyond the caches: the optimizer's streams are prefetched
+// and the stores nobody reads soon (the bf16 copy) are non-temporal.
+constexpr int64_t kOptimizerStreamFloats = int64_t{8} << 20;  // 32 MiB of fp32
+// Prefetch distance of AdamW's four input streams, in floats (2 KiB ahead each; 256-512 measured
+// alike, docs/notes/memory-bound-kernels.md).
+constexpr int64_t kAdamWPrefetch = 512;
+
 // One thread's share of the update. std::sqrt may set errno (never here: v >= 0), which keeps
 // GCC from vectorising the loop without -fno-math-errno (and the optimize attribute does not
 // help in GCC 12), so the AVX-512 body is written out (maskz_sqrt: plain sqrt_ps trips a false
 // -Wmaybe-uninitialized in GCC 12's header). Same operations in the same order as adamw_one;
 // the compiler may contract the scalar tail into FMAs, but thread ranges are multiples of 16,
-// so the vector/scalar split depends on n only, never on the thread count.
-void adamw_range(float* params, const float* grads, float* m, float* v, bf16_t* copy, int64_t i0,
-                 int64_t i1, float b1, float b2, float eps, float gs, float step_size,
-                 float bc2_sqrt, float decay) {
+// so the vector/scalar split depends on n only, never on the thread count. kZeroGrads writes
+// zeros over each gradient vector once it is read (plain stores: the line is in cache, so no
+// read for ownership; non-temporal ones measured slower there). kStream prefetches the inputs
+// and stores the bf16 copy non-temporally (copy + i0 must be 32-byte aligned; i advances by 32
+// bytes of bf16). Neither changes a value.
+template <bool kZeroGrads, bool kStream>
+void adamw_range(float* params, const float* grads, float* grads_out, float* m, float* v,
+                 bf16_t* copy, int64_t i0, int64_t i1, float b1, float b2, float eps, float gs,
+                 float step_size, float bc2_sqrt, float decay) {
   int64_t i = i0;
 #if defined(__AVX512F__)
   const __m512 vb1 = _mm512_set1_ps(b1), vb2 = _mm512_set1_ps(b2), veps = _mm512_set1_ps(eps),
@@ -1330,7 +1342,14 @@ void adamw_range(float* params, const float* grads, float* m, float* v, bf16_t* 
                vbc = _mm512_set1_ps(bc2_sqrt), vdecay = _mm512_set1_ps(decay),
                v1b1 = _mm512_set1_ps(1.0f - b1), v1b2 = _mm512_set1_ps(1.0f - b2);
   for (; i + 16 <= i1; i += 16) {
+    if (kStream && i + kAdamWPrefetch < i1) {  // a hint, inside the thread's range
+      _mm_prefetch(reinterpret_cast<const char*>(grads + i + kAdamWPrefetch), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(m + i + kAdamWPrefetch), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(v + i + kAdamWPrefetch), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(params + i + kAdamWPrefetch), _MM_HINT_T0);
+    }
     const __m512 g = _mm512_mul_ps(_mm512_loadu_ps(grads + i), vgs);
+    if constexpr (kZeroGrads) _mm512_storeu_ps(grads_out + i, _mm512_setzero_ps());
     const __m512 mi =
         _mm512_add_ps(_mm512_mul_ps(vb1, _mm512_loadu_ps(m + i)), _mm512_mul_ps(v1b1, g));
     const __m512 vi = _mm512_add_ps(_mm512_mul_ps(vb2, _mm512_loadu_ps(v + i)),
@@ -1342,19 +1361,25 @@ void adamw_range(float* params, const float* grads, float* m, float* v, bf16_t* 
     const __m512 np = _mm512_sub_ps(_mm512_mul_ps(_mm512_loadu_ps(params + i), vdecay), upd);
     _mm512_storeu_ps(params + i, np);
     if (copy != nullptr) {
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(copy + i), cvt_ps_bf16(np));
+      if constexpr (kStream) {
+        _mm256_stream_si256(reinterpret_cast<__m256i*>(copy + i), cvt_ps_bf16(np));
+      } else {
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(copy + i), cvt_ps_bf16(np));
+      }
     }
   }
+  if constexpr (kStream) _mm_sfence();
 #endif
   for (; i < i1; ++i) {
     adamw_one(params[i], grads[i], m[i], v[i], b1, b2, eps, gs, step_size, bc2_sqrt, decay);
+    if constexpr (kZeroGrads) grads_out[i] = 0.0f;
     if (copy != nullptr) copy[i] = from_f32<bf16_t>(params[i]);
   }
 }
-}  // namespace
 
-void adamw_update(float* params, const float* grads, float* m, float* v, int64_t n,
-                  const AdamWParams& p, bf16_t* params_bf16) {
+// adamw_update and adamw_update_and_zero: grads_out is null, or grads itself (zeroed).
+void adamw_update_impl(float* params, const float* grads, float* grads_out, float* m, float* v,
+                       int64_t n, const AdamWParams& p, bf16_t* params_bf16) {
   HR_CHECK(p.step >= 1);
   // Same order and scalar precision as torch.optim.AdamW (single-tensor path): decay first,
   // then addcdiv with step_size = lr / bc1 and denom = sqrt(v) / sqrt(bc2) + eps, the scalars
@@ -1364,16 +1389,44 @@ void adamw_update(float* params, const float* grads, float* m, float* v, int64_t
   const float step_size = static_cast<float>(p.lr / bc1);
   const float bc2_sqrt = static_cast<float>(std::sqrt(bc2));
   const float decay = static_cast<float>(1.0 - static_cast<double>(p.lr) * p.weight_decay);
+  const bool stream = n >= kOptimizerStreamFloats;
 #pragma omp parallel
   {
     int64_t i0, i1;
     thread_range(n, 16, &i0, &i1);
-    adamw_range(params, grads, m, v, params_bf16, i0, i1, p.beta1, p.beta2, p.eps, p.grad_scale,
-                step_size, bc2_sqrt, decay);
+    // The copy's stores stream only from a 32-byte boundary (an arena's buffers start on one).
+    const bool nt = stream && (params_bf16 == nullptr ||
+                               (reinterpret_cast<uintptr_t>(params_bf16 + i0) & 31) == 0);
+    const auto run = [&](auto zero_grads, auto streamed) {
+      adamw_range<decltype(zero_grads)::value, decltype(streamed)::value>(
+          params, grads, grads_out, m, v, params_bf16, i0, i1, p.beta1, p.beta2, p.eps,
+          p.grad_scale, step_size, bc2_sqrt, decay);
+    };
+    if (grads_out != nullptr) {
+      nt ? run(std::true_type{}, std::true_type{}) : run(std::true_type{}, std::false_type{});
+    } else {
+      nt ? run(std::false_type{}, std::true_type{}) : run(std::false_type{}, std::false_type{});
+    }
   }
+}
+}  // namespace
+
+void adamw_update(float* params, const float* grads, float* m, float* v, int64_t n,
+                  const AdamWParams& p, bf16_t* params_bf16) {
+  adamw_update_impl(params, grads, nullptr, m, v, n, p, params_bf16);
+}
+
+void adamw_update_and_zero(float* params, float* grads, float* m, float* v, int64_t n,
+                           const AdamWParams& p, bf16_t* params_bf16) {
+  adamw_update_impl(params, grads, grads, m, v, n, p, params_bf16);
 }
 
 // ---- reductions and simple ops ------------------------------------------------------------
+
+namespace {
+// Prefetch distance of sum_squares, in floats.
+constexpr int64_t kSumSquaresPrefetch = 2048;
+}  // namespace
 
 double sum_squares(const float* x, int64_t n) {
   constexpr int kMaxThreads = 1024;
@@ -1396,6 +1449,12 @@ double sum_squares(const float* x, int64_t n) {
     int64_t i = i0;
     // maskz conversions: the plain ones trip a false -Wmaybe-uninitialized in GCC 12's header.
     for (; i + 32 <= i1; i += 32) {
+      // Two lines 8 KiB ahead, inside the thread's range: from memory, 1.4x the hardware
+      // prefetcher's bandwidth alone (docs/notes/memory-bound-kernels.md); the same sums.
+      if (i + kSumSquaresPrefetch + 32 <= i1) {
+        _mm_prefetch(reinterpret_cast<const char*>(x + i + kSumSquaresPrefetch), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(x + i + kSumSquaresPrefetch + 16), _MM_HINT_T0);
+      }
       for (int k = 0; k < 4; ++k) {
         const __m512d d = _mm512_maskz_cvtps_pd(0xFF, _mm256_loadu_ps(x + i + 8 * k));
         acc[k] = _mm512_fmadd_pd(d, d, acc[k]);

@@ -233,6 +233,10 @@ struct AdamWParams {
 // same pass.
 void adamw_update(float* params, const float* grads, float* m, float* v, int64_t n,
                   const AdamWParams& p, bf16_t* params_bf16 = nullptr);
+// adamw_update that also zeroes grads[0, n) in the same pass, each vector after it is read: the
+// gradients' reset for the next step without a pass of its own. The same params, m, v and copy.
+void adamw_update_and_zero(float* params, float* grads, float* m, float* v, int64_t n,
+                           const AdamWParams& p, bf16_t* params_bf16 = nullptr);
 
 // ---- reductions and simple ops ------------------------------------------------------------
 // Sum of squares in double precision (for the global gradient norm). Deterministic.
