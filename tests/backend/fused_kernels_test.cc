@@ -285,6 +285,8 @@ TEST_P(AttentionTiledBf16, MatchesFp32) {
                             AttnShape{2, 65, 48, 3},     // HS = 16, partial second block
                             AttnShape{1, 100, 80, 4},    // HS = 20: the fallback (HS < 32)
                             AttnShape{1, 100, 96, 2},    // HS = 48: padded to 64
+                            AttnShape{2, 17, 128, 2},    // HS = 64, last query vector 1 lane
+                            AttnShape{1, 64, 64, 1},     // HS = 64, one whole block
                             AttnShape{1, 130, 128, 2},   // HS = 64 (GPT-2), T = 2 * 64 + 2
                             AttnShape{1, 300, 256, 4},   // HS = 64, five blocks
                             AttnShape{1, 130, 144, 1},   // HS = 144: padded to 160

@@ -599,10 +599,10 @@ size_t forward_bf16_slot_floats(int T, int HS) {
 
 size_t backward_bf16_slot_floats(int T, int HS) {
   const size_t HSp = padded_head(HS), Tp = size_t{1} * num_blocks(T) * kB;
-  // per head: q, dout rows [Tp, HSp] bf16; q^T, dout^T per block [HSp, 64] bf16; k^T and v^T
-  // pairs [HSp/2, 64] and k pairs [32, HSp] per block (u32); dq [Tp, HSp], dk^T and dv^T
-  // [HSp, Tp] fp32 (k and v rows staged there first); D [Tp]. Per tile: s, dp [64, 64] fp32
-  // (then P and dS as pairs, in place); dS rows [64, 64] bf16.
+  // per head: k, v rows [Tp, HSp] bf16; q^T and dout^T pairs [HSp/2, 64] and q, dout, k pairs
+  // [32, HSp] per block (u32); dq, dk, dv [Tp, HSp] fp32 (q and dout rows staged in dk first);
+  // D [Tp]. Per tile: s, dp [64, 64] fp32 (then P^T rows and dS^T pairs in place); dS^T rows,
+  // then dS rows, [64, 64] bf16.
   const size_t head = 2 * Tp * HSp / 2 + 2 * Tp * HSp / 2 + 3 * Tp * HSp / 2 + 3 * Tp * HSp + Tp;
   const size_t tile = 2 * kB * kB + kB * kB / 2;
   return head + tile;
@@ -794,23 +794,6 @@ HR_BF16_TARGET inline __m512i pairs_of_halves(__m512i v) {
   return _mm512_permutexvar_epi16(idx, v);
 }
 
-// dst[t * ld + d] = bf16(src[d * lds + t]) for t < T, d < HS: fp32 rows [HS rounded up to 16, lds]
-// stored transposed as bf16 rows, 16 x 16 at a time through registers. lds a multiple of 16.
-HR_BF16_TARGET void store_transposed(bf16_t* dst, int64_t ld, const float* src, int64_t lds, int T,
-                                     int HS) {
-  for (int t0 = 0; t0 < T; t0 += 16) {
-    for (int d0 = 0; d0 < HS; d0 += 16) {
-      __m512 x[16];
-      for (int i = 0; i < 16; ++i) x[i] = _mm512_loadu_ps(src + int64_t{d0 + i} * lds + t0);
-      transpose16x16(x);
-      const __mmask16 m = cols_mask(d0, HS);
-      for (int j = 0; j < 16 && t0 + j < T; ++j) {
-        _mm256_mask_storeu_epi16(dst + int64_t{t0 + j} * ld + d0, m, cvt_ps_bf16(x[j]));
-      }
-    }
-  }
-}
-
 // dst[r * HSp + d] = src[r * ld + d] for r < n, d < HS; zeros elsewhere in rows [0, rows).
 HR_BF16_TARGET void copy_rows_padded(bf16_t* dst, int HSp, const bf16_t* src, int64_t ld, int n,
                                      int rows, int HS) {
@@ -906,10 +889,15 @@ HR_BF16_TARGET void forward_tiles_bf16(bf16_t* out, float* m, const bf16_t* qs,
       __m512 vsum = _mm512_setzero_ps();
       bf16_t* prow = pb + r * kB;
       for (int c = 0; c < kB / 16; ++c) {
+        auto* dst = reinterpret_cast<__m256i*>(prow + 16 * c);
+        if (16 * c >= ncols) {  // wholly past the causal edge (diagonal tile): zeros, no exp
+          _mm256_storeu_si256(dst, _mm256_setzero_si256());
+          continue;
+        }
         const __m512 e =
             _mm512_maskz_mov_ps(cols_mask(16 * c, ncols), exp16(_mm512_sub_ps(x[c], vm)));
         vsum = _mm512_add_ps(vsum, e);
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(prow + 16 * c), cvt_ps_bf16(e));
+        _mm256_storeu_si256(dst, cvt_ps_bf16(e));
       }
       const float sum = _mm512_reduce_add_ps(vsum);
       if (jb == 0) {
@@ -995,11 +983,15 @@ HR_BF16_TARGET void forward_head_bf16(bf16_t* out, float* lse, const bf16_t* q, 
   }
 }
 
-// One (b, h) of the backward, bf16: the fp32 backward_head's tiles in the same order, with
-//   S = q k^T, dP = dout v^T (bf16 rows x pairs of k^T, v^T),
-//   dV^T += dout^T P, dK^T += q^T dS (bf16 transposed rows x P, dS as pairs over queries),
-//   dQ += dS k (dS rows x pairs of k),
-// dK and dV accumulated transposed ([HSp, Tp]) so that no tile is transposed.
+// One (b, h) of the backward, bf16: the fp32 backward_head's tiles in the same order, each tile
+// computed transposed (rows = keys, columns = queries), so that dK and dV come out as rows:
+//   S^T = k q^T, dP^T = v dout^T (k, v rows x pairs of q^T, dout^T),
+//   P^T and dS^T rows from them (lse and D vary along a row),
+//   dV += P^T dout, dK += dS^T q (P^T, dS^T rows x pairs of query rows of dout, q),
+//   dQ += dS k (dS rows, a 32-bit transpose of dS^T's pairs of key rows, x pairs of k).
+// Every element sums the same products in the same order as the untransposed tiles (AMX and
+// vdpbf16ps take a pair's two products in order, and a*b = b*a), so the bits are those of the
+// untransposed kernel; no accumulator needs transposing at the end (see Note [Tiled attention]).
 template <bool kAmx>
 HR_BF16_TARGET void backward_head_bf16(bf16_t* dq, bf16_t* dk, bf16_t* dv, const bf16_t* q,
                                        const bf16_t* k, const bf16_t* v, const bf16_t* dy,
@@ -1008,27 +1000,27 @@ HR_BF16_TARGET void backward_head_bf16(bf16_t* dq, bf16_t* dk, bf16_t* dv, const
                                        const NextRows& next) {
   const int HSp = padded_head(HS), nb = num_blocks(T), Tp = nb * kB;
   const int64_t TH = int64_t{Tp} * HSp;
-  auto* qh = reinterpret_cast<bf16_t*>(slot);  // [Tp, HSp] each
-  bf16_t* dyh = qh + TH;
-  bf16_t* qT = dyh + TH;  // per block [HSp, 64]
-  bf16_t* dyT = qT + TH;
-  auto* kt = reinterpret_cast<uint32_t*>(dyT + TH);  // per block [HSp/2, 64]
-  uint32_t* vt = kt + TH / 2;
-  uint32_t* k2 = vt + TH / 2;                        // per block [32, HSp]
-  auto* dQ = reinterpret_cast<float*>(k2 + TH / 2);  // [Tp, HSp]
-  float* dKT = dQ + TH;                              // [HSp, Tp]
-  float* dVT = dKT + TH;
-  float* D = dVT + TH;  // [Tp]
-  float* s = D + Tp;    // [64, 64]
-  float* dp = s + kB * kB;
-  auto* dsr = reinterpret_cast<bf16_t*>(dp + kB * kB);  // [64, 64]
-  // P and dS as pairs of query rows ([32, 64] u32) overwrite s and dP in place: pair row r/2
-  // lands on floats [32 r, 32 r + 64) of s, rows already read (row 0: the lanes just loaded).
-  auto* p2 = reinterpret_cast<uint32_t*>(s);
-  auto* ds2 = reinterpret_cast<uint32_t*>(dp);
-  // k and v rows [Tp, HSp] bf16 staged in dK^T's place until the accumulators are zeroed.
-  auto* kh = reinterpret_cast<bf16_t*>(dKT);
+  auto* kh = reinterpret_cast<bf16_t*>(slot);  // [Tp, HSp] each: A of S^T, dP^T
   bf16_t* vh = kh + TH;
+  auto* qt2 = reinterpret_cast<uint32_t*>(vh + TH);  // per block [HSp/2, 64]: B of S^T, dP^T
+  uint32_t* dyt2 = qt2 + TH / 2;
+  uint32_t* q2 = dyt2 + TH / 2;  // per block [32, HSp]: B of dK, dV, dQ
+  uint32_t* dy2 = q2 + TH / 2;
+  uint32_t* k2 = dy2 + TH / 2;
+  auto* dQ = reinterpret_cast<float*>(k2 + TH / 2);  // [Tp, HSp] each
+  float* dK = dQ + TH;
+  float* dV = dK + TH;
+  float* D = dV + TH;  // [Tp]
+  float* s = D + Tp;   // [64, 64]
+  float* dp = s + kB * kB;
+  auto* dsr = reinterpret_cast<bf16_t*>(dp + kB * kB);  // [64, 64]: dS^T rows, then dS rows
+  // P^T rows (bf16) and dS^T as pairs of key rows ([32, 64] u32) overwrite s and dP^T in place:
+  // rows r, r + 1 land on floats [32 r, 32 r + 64), stored once both rows are read.
+  auto* pT = reinterpret_cast<bf16_t*>(s);
+  auto* ds2 = reinterpret_cast<uint32_t*>(dp);
+  // q and dout rows [Tp, HSp] bf16 staged in dK's place until the tiles start.
+  auto* qh = reinterpret_cast<bf16_t*>(dK);
+  bf16_t* dyh = qh + TH;
 
   // The head's rows of q, k, v and dout in one pass, with D = rowsum(dout * out) from the dout
   // row just copied (out's row goes through the first row of the tile scratch s, padded like it).
@@ -1045,79 +1037,90 @@ HR_BF16_TARGET void backward_head_bf16(bf16_t* dq, bf16_t* dk, bf16_t* dv, const
   }
   for (int blk = 0; blk < nb; ++blk) {
     const int64_t off = int64_t{blk} * kB * HSp;
-    // q^T and dout^T as A operands summing over queries: pairs of query rows interleaved
-    // (staged in dQ, not yet in use), transposed.
-    auto* stage = reinterpret_cast<uint32_t*>(dQ);
-    pack_pairs(stage, qh + off, HSp);
-    transpose32(reinterpret_cast<uint32_t*>(qT + off), kB / 2, stage, HSp, kB / 2, HSp);
-    pack_pairs(stage, dyh + off, HSp);
-    transpose32(reinterpret_cast<uint32_t*>(dyT + off), kB / 2, stage, HSp, kB / 2, HSp);
-    pack_pairs_transposed(kt + off / 2, kh + off, HSp);
-    pack_pairs_transposed(vt + off / 2, vh + off, HSp);
+    pack_pairs_transposed(qt2 + off / 2, qh + off, HSp);
+    pack_pairs_transposed(dyt2 + off / 2, dyh + off, HSp);
+    pack_pairs(q2 + off / 2, qh + off, HSp);
+    pack_pairs(dy2 + off / 2, dyh + off, HSp);
     pack_pairs(k2 + off / 2, kh + off, HSp);
   }
 
   const int tiles = nb * (nb + 1) / 2;
   int tile = 0;
+  const __m512 vscale = _mm512_set1_ps(scale);
+  const __m512i vzero = _mm512_setzero_si512();
   for (int ib = 0; ib < nb; ++ib) {
     const int64_t i0 = int64_t{ib} * kB;
     const int nq = std::min<int64_t>(kB, T - i0);
     const int64_t ioff = i0 * HSp;
+    // lse and D of the block's queries, one vector per 16 columns (zeros past the last query).
+    __m512 vl[kB / 16], vd[kB / 16];
+    __mmask16 qm[kB / 16];
+    for (int c = 0; c < kB / 16; ++c) {
+      qm[c] = cols_mask(16 * c, nq);
+      vl[c] = _mm512_maskz_loadu_ps(qm[c], L + i0 + 16 * c);
+      vd[c] = _mm512_loadu_ps(D + i0 + 16 * c);
+    }
     for (int jb = 0; jb <= ib; ++jb) {
       prefetch_slice(next, tile++, tiles);
       const bool diag = jb == ib;
       const int64_t j0 = int64_t{jb} * kB, joff = j0 * HSp;
-      mm<kAmx>(nq, kB, HSp / 2, qh + ioff, HSp, kt + joff / 2, kB, s, kB, false);    // scores
-      mm<kAmx>(nq, kB, HSp / 2, dyh + ioff, HSp, vt + joff / 2, kB, dp, kB, false);  // dP
-      // P = exp(scale s - lse), dS = P (dP - D) scale, zero past the causal edge and the last
-      // query; to bf16 as pairs of query rows (P, dS) and as rows (dS). On a diagonal tile the
-      // vectors past both rows' edge are zeros without the arithmetic.
-      const __m512 vscale = _mm512_set1_ps(scale);
-      const __m512i vzero = _mm512_setzero_si512();
+      mm<kAmx>(kB, kB, HSp / 2, kh + joff, HSp, qt2 + ioff / 2, kB, s, kB, false);    // S^T
+      mm<kAmx>(kB, kB, HSp / 2, vh + joff, HSp, dyt2 + ioff / 2, kB, dp, kB, false);  // dP^T
+      // P^T = exp(scale s - lse), dS^T = P^T (dP^T - D) scale, zero where the key is past the
+      // query (diagonal tile) and past the last query; to bf16 as rows (P^T, dS^T) and as pairs
+      // of key rows (dS^T). Vectors wholly past the causal edge are zeros without arithmetic.
       for (int r = 0; r < kB; r += 2) {
-        for (int c = 0; c < kB; c += 16) {
-          auto* p2v = p2 + (r / 2) * kB + c;
-          auto* ds2v = ds2 + (r / 2) * kB + c;
-          auto* dsr0 = reinterpret_cast<__m256i*>(dsr + r * kB + c);
-          auto* dsr1 = reinterpret_cast<__m256i*>(dsr + (r + 1) * kB + c);
-          if (r >= nq || (diag && c >= r + 2)) {
-            _mm512_storeu_si512(p2v, vzero);
-            _mm512_storeu_si512(ds2v, vzero);
-            _mm256_storeu_si256(dsr0, _mm512_castsi512_si256(vzero));
-            _mm256_storeu_si256(dsr1, _mm512_castsi512_si256(vzero));
+        __m512i pc[kB / 16], dc[kB / 16];
+        for (int c = 0; c < kB / 16; ++c) {
+          if (16 * c >= nq || (diag && 16 * c + 15 < r)) {
+            pc[c] = vzero;
+            dc[c] = vzero;
             continue;
           }
           __m512 pv[2], dv2[2];
           for (int h = 0; h < 2; ++h) {
             const int rr = r + h;
-            const __mmask16 mask = rr >= nq ? 0 : diag ? cols_mask(c, rr + 1) : 0xFFFF;
-            const float lse = rr < nq ? L[i0 + rr] : 0.0f, Dr = D[i0 + rr];
-            const __m512 e = exp16(
-                _mm512_fmsub_ps(_mm512_loadu_ps(s + rr * kB + c), vscale, _mm512_set1_ps(lse)));
+            // Queries 16c + lane >= key rr on the diagonal tile.
+            const __mmask16 mask =
+                diag && rr > 16 * c ? __mmask16(qm[c] & ~((1u << std::min(rr - 16 * c, 16)) - 1u))
+                                    : qm[c];
+            const __m512 e =
+                exp16(_mm512_fmsub_ps(_mm512_loadu_ps(s + rr * kB + 16 * c), vscale, vl[c]));
             pv[h] = _mm512_maskz_mov_ps(mask, e);
-            const __m512 d = _mm512_sub_ps(_mm512_loadu_ps(dp + rr * kB + c), _mm512_set1_ps(Dr));
+            const __m512 d = _mm512_sub_ps(_mm512_loadu_ps(dp + rr * kB + 16 * c), vd[c]);
             dv2[h] = _mm512_maskz_mul_ps(mask, _mm512_mul_ps(pv[h], d), vscale);
           }
-          const __m512i pc = cvt2_ps_bf16(pv[0], pv[1]);  // [row r | row r + 1]
-          const __m512i dc = cvt2_ps_bf16(dv2[0], dv2[1]);
-          _mm512_storeu_si512(p2v, pairs_of_halves(pc));
-          _mm512_storeu_si512(ds2v, pairs_of_halves(dc));
-          _mm256_storeu_si256(dsr0, _mm512_castsi512_si256(dc));
-          _mm256_storeu_si256(dsr1, _mm512_extracti64x4_epi64(dc, 1));
+          pc[c] = cvt2_ps_bf16(pv[0], pv[1]);  // [row r | row r + 1]
+          dc[c] = cvt2_ps_bf16(dv2[0], dv2[1]);
+        }
+        for (int c = 0; c < kB / 16; ++c) {
+          auto* p0 = reinterpret_cast<__m256i*>(pT + r * kB + 16 * c);
+          auto* p1 = reinterpret_cast<__m256i*>(pT + (r + 1) * kB + 16 * c);
+          auto* d0 = reinterpret_cast<__m256i*>(dsr + r * kB + 16 * c);
+          auto* d1 = reinterpret_cast<__m256i*>(dsr + (r + 1) * kB + 16 * c);
+          _mm256_storeu_si256(p0, _mm512_castsi512_si256(pc[c]));
+          _mm256_storeu_si256(p1, _mm512_extracti64x4_epi64(pc[c], 1));
+          _mm256_storeu_si256(d0, _mm512_castsi512_si256(dc[c]));
+          _mm256_storeu_si256(d1, _mm512_extracti64x4_epi64(dc[c], 1));
+          _mm512_storeu_si512(ds2 + (r / 2) * kB + 16 * c, pairs_of_halves(dc[c]));
         }
       }
-      // dV^T, dK^T columns [j0, j0 + 64) start at the diagonal tile (the first query block that
-      // sees them), dQ's rows at key block 0: overwritten there, so no zeroing.
-      mm<kAmx>(HSp, kB, kB / 2, dyT + ioff, kB, p2, kB, dVT + j0, Tp, !diag);  // dV^T += dy^T P
-      mm<kAmx>(HSp, kB, kB / 2, qT + ioff, kB, ds2, kB, dKT + j0, Tp, !diag);  // dK^T += q^T dS
+      // dV, dK rows [j0, j0 + 64) start at the diagonal tile (the first query block that sees
+      // them), dQ's rows at key block 0: overwritten there, so no zeroing.
+      mm<kAmx>(kB, HSp, kB / 2, pT, kB, dy2 + ioff / 2, HSp, dV + joff, HSp, !diag);  // P^T dy
+      mm<kAmx>(kB, HSp, kB / 2, dsr, kB, q2 + ioff / 2, HSp, dK + joff, HSp, !diag);  // dS^T q
+      // dS rows: dsr32[i][p] = ds2[p][i] = (dS[i][2p], dS[i][2p + 1]).
+      transpose32(reinterpret_cast<uint32_t*>(dsr), kB / 2, ds2, kB, kB / 2, kB);
       mm<kAmx>(nq, HSp, kB / 2, dsr, kB, k2 + joff / 2, HSp, dQ + ioff, HSp,
                jb > 0);  // dQ += dS k
     }
   }
-  for (int t = 0; t < T; ++t) narrow_row(dq + t * C3, dQ + int64_t{t} * HSp, HS, 1.0f);
-  // dK and dV back to rows, transposed in registers and rounded on the way.
-  store_transposed(dk, C3, dKT, Tp, T, HS);
-  store_transposed(dv, C3, dVT, Tp, T, HS);
+  for (int t = 0; t < T; ++t) {
+    const int64_t o = int64_t{t} * HSp;
+    narrow_row(dq + t * C3, dQ + o, HS, 1.0f);
+    narrow_row(dk + t * C3, dK + o, HS, 1.0f);
+    narrow_row(dv + t * C3, dV + o, HS, 1.0f);
+  }
 }
 #endif  // x86-64
 
