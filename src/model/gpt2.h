@@ -246,7 +246,8 @@ class Gpt2 {
   // Runs the forward pass on inputs[B*T] (token ids < vocab_size). With targets (-1 = ignore),
   // also computes the per-token losses; returns their sum and sets *valid to the count of
   // non-ignored targets. Without targets returns 0. Logits stay in logits() until backward
-  // (plain head only: the fused head never holds them, and needs targets).
+  // (plain head only: the fused head never holds them, and needs targets), or, after
+  // set_next_dloss and with targets, are replaced by their gradient in this forward.
   double forward(const int32_t* inputs, const int32_t* targets, int64_t* valid = nullptr,
                  int T_used = 0);
   // Backward of dloss * sum(losses) after forward() with the same inputs and targets; adds the
