@@ -519,6 +519,34 @@ void BM_CrossEntropyBackwardBf16Before(benchmark::State& s) {
 }
 void BM_CrossEntropyBackwardF16(benchmark::State& s) { ce_backward_bench(s, DType::kF16, false); }
 
+// A training step's loss (Note [One-pass loss and gradient], docs/notes/loss.md): the forward and
+// then the in-place backward (two reads of the logits), or both in one pass per row (one read).
+void ce_step_bench(benchmark::State& state, DType storage, bool one_pass) {
+  Logits l;
+  std::vector<float> x = l.x, losses(kTokens), lse(kTokens);
+  const float dloss = 1.0f / kTokens;
+  for (auto _ : state) {
+    state.PauseTiming();
+    std::memcpy(x.data(), l.x.data(), x.size() * sizeof(float));
+    state.ResumeTiming();
+    if (one_pass) {
+      cross_entropy_forward_backward_inplace(losses.data(), lse.data(), x.data(), l.targets.data(),
+                                             kTokens, kVocab, dloss, storage);
+    } else {
+      cross_entropy_forward(losses.data(), lse.data(), x.data(), l.targets.data(), kTokens, kVocab);
+      cross_entropy_backward_inplace(x.data(), lse.data(), l.targets.data(), kTokens, kVocab, dloss,
+                                     storage);
+    }
+    benchmark::DoNotOptimize(x.data());
+  }
+  // One read of the logits and one write of dlogits: what the one pass moves.
+  report(state, kLogitBytes * (storage == DType::kBF16 ? 1.5 : 2.0));
+}
+void BM_CrossEntropyStepTwoPass(benchmark::State& s) { ce_step_bench(s, DType::kF32, false); }
+void BM_CrossEntropyStep(benchmark::State& s) { ce_step_bench(s, DType::kF32, true); }
+void BM_CrossEntropyStepBf16TwoPass(benchmark::State& s) { ce_step_bench(s, DType::kBF16, false); }
+void BM_CrossEntropyStepBf16(benchmark::State& s) { ce_step_bench(s, DType::kBF16, true); }
+
 #define HR_BENCH(...) BENCHMARK(__VA_ARGS__)->Unit(benchmark::kMillisecond)->UseRealTime()
 HR_BENCH(BM_Triad);
 HR_BENCH(BM_LayerNormForward<float, true>)
@@ -611,6 +639,10 @@ HR_BENCH(BM_CrossEntropyBackward);
 HR_BENCH(BM_CrossEntropyBackwardBf16Before);
 HR_BENCH(BM_CrossEntropyBackwardBf16);
 HR_BENCH(BM_CrossEntropyBackwardF16);
+HR_BENCH(BM_CrossEntropyStepTwoPass);
+HR_BENCH(BM_CrossEntropyStep);
+HR_BENCH(BM_CrossEntropyStepBf16TwoPass);
+HR_BENCH(BM_CrossEntropyStepBf16);
 
 }  // namespace
 }  // namespace headroom::cpu

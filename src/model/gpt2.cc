@@ -2,6 +2,7 @@
 #include "model/gpt2.h"
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -9,6 +10,7 @@
 #include <optional>
 #include <random>
 #include <type_traits>
+#include <utility>
 
 #include "backend/cpu/fused_kernels.h"
 #include "backend/cpu/kernels.h"
@@ -464,6 +466,7 @@ void Gpt2::bind_activations(const memory::Arena* arena, const ActivationTable* t
   acts_ = table;
   B_ = B;
   T_ = T;
+  dlogits_dloss_.reset();  // a gradient in the old arena
 }
 
 float* Gpt2::param_ptr(size_t tensor) const {
@@ -677,6 +680,7 @@ double Gpt2::forward(const int32_t* inputs, const int32_t* targets, int64_t* val
   HR_CHECK(T <= T_ && T <= config_.n_positions);
   HR_CHECK_MSG(targets || acts_->ids.logits != SIZE_MAX, "the fused LM head needs targets");
   T_used_ = T;
+  dlogits_dloss_.reset();  // forward_t sets it again where it uses next_dloss_
   switch (acts_->options.precision) {
     case Precision::kBf16:
       return forward_t<bf16_t>(inputs, targets, valid);
@@ -698,6 +702,7 @@ double Gpt2::forward_t(const int32_t* inputs, const int32_t* targets, int64_t* v
   const int64_t ldv = acts_->options.logits_row_stride(V);  // the logits' row stride
   const int N = B * Tu;
   const memory::Arena& a = *arena_;
+  const std::optional<float> dloss = std::exchange(next_dloss_, std::nullopt);  // this one only
   using Phase = OpDesc::Phase;
 
   // Op indices follow gpt2_step_ops: embedding, blocks, head; then backward.
@@ -754,9 +759,19 @@ double Gpt2::forward_t(const int32_t* inputs, const int32_t* targets, int64_t* v
       op_boundary(-1);
       return 0.0;
     }
-    timed(OpKind::kLoss, [&] {
-      cpu::cross_entropy_forward(losses, a.f32(id.head_lse), a.f32(id.logits), targets, N, V, ldv);
-    });
+    if (dloss) {  // Note [One-pass loss and gradient]: dlogits now, as backward_t would
+      timed(OpKind::kLoss, [&] {
+        cpu::cross_entropy_forward_backward_inplace(losses, a.f32(id.head_lse), a.f32(id.logits),
+                                                    targets, N, V, *dloss, dtype_of_storage<T>(),
+                                                    ldv);
+      });
+      dlogits_dloss_ = dloss;
+    } else {
+      timed(OpKind::kLoss, [&] {
+        cpu::cross_entropy_forward(losses, a.f32(id.head_lse), a.f32(id.logits), targets, N, V,
+                                   ldv);
+      });
+    }
   }
   double sum = 0.0;
   int64_t count = 0;
@@ -866,11 +881,19 @@ void Gpt2::backward_t(const int32_t* inputs, const int32_t* targets, float dloss
     // stored as the head's GEMM reads them: fp32; fp32 holding f16 values (as the f16 GEMMs of
     // autocast read them); or, in bf16, their dense bf16 rounding in the first half of the same
     // memory (oneDNN's AMX kernels take dense rows).
+    // (Already done where the forward was given this dloss: Note [One-pass loss and gradient].)
     float* dlogits = a.f32(id.logits);
-    timed(OpKind::kLoss, [&] {
-      cpu::cross_entropy_backward_inplace(dlogits, a.f32(id.head_lse), targets, N, V, dloss,
-                                          dtype_of_storage<T>(), ldv);
-    });
+    if (dlogits_dloss_) {
+      HR_CHECK_MSG(std::bit_cast<uint32_t>(*dlogits_dloss_) == std::bit_cast<uint32_t>(dloss),
+                   "Gpt2::backward: dloss differs from the one given to set_next_dloss before the "
+                   "forward, which computed the logits' gradient with it");
+    } else {
+      timed(OpKind::kLoss, [&] {
+        cpu::cross_entropy_backward_inplace(dlogits, a.f32(id.head_lse), targets, N, V, dloss,
+                                            dtype_of_storage<T>(), ldv);
+      });
+    }
+    dlogits_dloss_.reset();
     timed(OpKind::kGemm, [&] {
       if constexpr (std::is_same_v<T, float>) {
         cpu::matmul_backward(dc, dwte, nullptr, dlogits, lnf, wte, N, C, V,

@@ -8,6 +8,7 @@
 #include <array>
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -245,12 +246,22 @@ class Gpt2 {
   // Runs the forward pass on inputs[B*T] (token ids < vocab_size). With targets (-1 = ignore),
   // also computes the per-token losses; returns their sum and sets *valid to the count of
   // non-ignored targets. Without targets returns 0. Logits stay in logits() until backward
-  // (plain head only: the fused head never holds them, and needs targets).
+  // (plain head only: the fused head never holds them, and needs targets), or, after
+  // set_next_dloss and with targets, are replaced by their gradient in this forward.
   double forward(const int32_t* inputs, const int32_t* targets, int64_t* valid = nullptr,
                  int T_used = 0);
   // Backward of dloss * sum(losses) after forward() with the same inputs and targets; adds the
   // parameter gradients into the bound grads. Overwrites the logits with their gradient.
   void backward(const int32_t* inputs, const int32_t* targets, float dloss);
+  // A training step's loss gradient, given before its forward (Note [One-pass loss and gradient]
+  // in docs/notes/loss.md). For the next forward() only: with targets and a head that keeps the
+  // full logits, that forward turns them into their gradient in the same pass as the loss (the
+  // logits are read from memory once, not twice), logits() hold the gradient from then on, and
+  // the backward() after it must be given the same dloss (checked: it aborts otherwise) and
+  // finds that gradient ready. Every loss and gradient is the same bits as without it. Without it
+  // (evaluation, generation, a caller that learns dloss later) the forward keeps the logits and
+  // the backward computes their gradient in a second pass. No effect with the fused head.
+  void set_next_dloss(float dloss) { next_dloss_ = dloss; }
 
   // The logits [B*T, V] of the last forward, row r at logits() + r * logits_row_stride().
   const float* logits() const;
@@ -334,6 +345,9 @@ class Gpt2 {
   const ActivationTable* acts_ = nullptr;
   int B_ = 0, T_ = 0;
   int T_used_ = 0;  // the T of the last forward (<= T_), for inference on shorter prompts
+  // set_next_dloss's value until a forward takes it; then, where that forward turned the logits
+  // into their gradient, the dloss it used, until the backward that takes it.
+  std::optional<float> next_dloss_, dlogits_dloss_;
   const memory::Arena* offload_tier_ = nullptr;
   OffloadCopier* copier_ = nullptr;
   std::vector<uint64_t> out_tickets_, in_tickets_;  // per block; 0: nothing pending

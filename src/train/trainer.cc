@@ -915,6 +915,9 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
       if (rec) begin_micro_batch(&rec->events, mbp, step, k, us_since_start(tm));
       if (zw) zw->begin_micro_batch(true);
       if (bucket_hooks) bucket_hooks->set_active(done + b >= my_rows);
+      // dloss is known before the forward: the loss and the logits' gradient in one pass
+      // (Note [One-pass loss and gradient] in docs/notes/loss.md).
+      net.set_next_dloss(dloss);
       loss_sum += net.forward(in, tg);
       net.backward(in, tg, dloss);
       record("micro-batch", "micro_batch", tm, step, k);

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <random>
 #include <string>
@@ -654,6 +655,57 @@ TEST(CrossEntropy, BackwardFromTheSavedLse) {
     VecF aliased = c.logits;
     cross_entropy_backward(aliased.data(), aliased.data(), lse.data(), c.tg.data(), c.N, V, dloss);
     EXPECT_EQ(aliased, dl) << "dlogits aliasing logits";
+  }
+}
+
+// Note [One-pass loss and gradient]: the forward and the in-place backward in one pass per row
+// give the bytes of the two calls (losses, lse and the whole logits buffer: the gradient in each
+// storage, the bf16 rounds' untouched tail, the padding columns), with ignored rows, rows of
+// +-1000, padded rows whose padding is NaN, row counts that exercise each bf16 round, dloss = inf
+// (an injected fp16 overflow), and 1 and 2 threads (3 for the bf16 rounds of 8 rows).
+TEST(CrossEntropy, ForwardAndBackwardInOnePassAreTheTwoPassesBits) {
+  const int saved = omp_get_max_threads();
+  for (int V : {37, 6150}) {
+    const CeCase c = ce_case(V);
+    for (int N : {1, 3, 8}) {
+      for (int64_t ld : {int64_t(V), int64_t(V + 11)}) {
+        VecF x(size_t(N) * ld, std::nanf(""));
+        for (int n = 0; n < N; ++n) {
+          std::copy_n(c.logits.begin() + int64_t(n) * V, V, x.begin() + int64_t(n) * ld);
+        }
+        for (DType st : {DType::kF32, DType::kF16, DType::kBF16}) {
+          for (float dloss : {1.0f / 3.0f, INFINITY}) {
+            VecF loss(c.N, -1.0f), lse(c.N, -1.0f), two = x;
+            cross_entropy_forward(loss.data(), lse.data(), two.data(), c.tg.data(), N, V, ld);
+            cross_entropy_backward_inplace(two.data(), lse.data(), c.tg.data(), N, V, dloss, st,
+                                           ld);
+            for (int threads : {1, 2, 3}) {
+              if (threads == 3 && (st != DType::kBF16 || N != 8)) continue;  // keep it quick
+              omp_set_num_threads(threads);
+              VecF loss1(c.N, -1.0f), lse1(c.N, -1.0f), one = x;
+              cross_entropy_forward_backward_inplace(loss1.data(), lse1.data(), one.data(),
+                                                     c.tg.data(), N, V, dloss, st, ld);
+              const std::string what = "V=" + std::to_string(V) + " N=" + std::to_string(N) +
+                                       " ld=" + std::to_string(ld) + " storage " +
+                                       std::to_string(int(st)) + " dloss " + std::to_string(dloss) +
+                                       " threads " + std::to_string(threads);
+              ASSERT_EQ(0, std::memcmp(loss1.data(), loss.data(), loss.size() * 4)) << what;
+              ASSERT_EQ(0, std::memcmp(lse1.data(), lse.data(), lse.size() * 4)) << what;
+              ASSERT_EQ(0, std::memcmp(one.data(), two.data(), one.size() * 4)) << what;
+            }
+            omp_set_num_threads(saved);
+          }
+        }
+      }
+    }
+    // Without lse: the same losses and gradient.
+    VecF loss(c.N), lse(c.N), loss1(c.N, -1.0f), two = c.logits, one = c.logits;
+    cross_entropy_forward(loss.data(), lse.data(), two.data(), c.tg.data(), c.N, V);
+    cross_entropy_backward_inplace(two.data(), lse.data(), c.tg.data(), c.N, V, 0.5f, DType::kBF16);
+    cross_entropy_forward_backward_inplace(loss1.data(), nullptr, one.data(), c.tg.data(), c.N, V,
+                                           0.5f, DType::kBF16);
+    EXPECT_EQ(0, std::memcmp(loss1.data(), loss.data(), loss.size() * 4));
+    EXPECT_EQ(0, std::memcmp(one.data(), two.data(), one.size() * 4));
   }
 }
 

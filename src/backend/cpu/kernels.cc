@@ -1173,8 +1173,10 @@ namespace {
 // target, stored as D (float, bf16, or with kF16Values fp32 holding f16 values). d may overlap x
 // as far as d's element j starts at or before x's element j (in place, or the dense bf16 rows'
 // first one): every block of 16 is read whole before it is written, and x[target] first.
+// prefetch: a row to fetch into L2 meanwhile (null: none), one cache line per vector of x.
 template <typename D, bool kF16Values = false>
-void ce_grad_row(D* d, const float* x, int32_t target, float l, float dloss, int V) {
+void ce_grad_row(D* d, const float* x, int32_t target, float l, float dloss, int V,
+                 const float* prefetch = nullptr) {
   auto store = [&](int64_t j, float v) {
     D o;
     if constexpr (kF16Values) {
@@ -1203,9 +1205,17 @@ void ce_grad_row(D* d, const float* x, int32_t target, float l, float dloss, int
   }
   const __m512 vl = _mm512_set1_ps(l), vd = _mm512_set1_ps(dloss);
   const float pt = _mm512_cvtss_f32(exp16(_mm512_set1_ps(x[target] - l)));  // read first
-  for (int j = 0; j < V; j += 16) {
-    const __mmask16 k = first_lanes(V - j);
-    store_v(j, k, _mm512_mul_ps(exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + j), vl)), vd));
+  if (prefetch != nullptr) {
+    for (int j = 0; j < V; j += 16) {
+      _mm_prefetch(reinterpret_cast<const char*>(prefetch + j), _MM_HINT_T1);
+      const __mmask16 k = first_lanes(V - j);
+      store_v(j, k, _mm512_mul_ps(exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + j), vl)), vd));
+    }
+  } else {
+    for (int j = 0; j < V; j += 16) {
+      const __mmask16 k = first_lanes(V - j);
+      store_v(j, k, _mm512_mul_ps(exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + j), vl)), vd));
+    }
   }
   store(target, pt * dloss - dloss);
 #else
@@ -1235,49 +1245,61 @@ void ce_grad_row(D* d, const float* x, int32_t target, float l, float dloss, int
 #endif
 }
 
-// Rows from their saved lse, or (lse null) with statistics recomputed.
+// Where ce_grad_rows takes each row's log-sum-exp from, and what else it writes: `lse` holds the
+// forward's (read); or, with lse null, it is recomputed from the row, and with `losses` not null
+// the row's loss (and, with `lse_out` not null, its lse) is stored as cross_entropy_forward
+// stores them, from the same double (the one-pass forward and backward).
+struct CeRowStats {
+  const float* lse = nullptr;
+  float* losses = nullptr;
+  float* lse_out = nullptr;
+};
+
+// Rows from their saved lse, or with statistics recomputed (see CeRowStats). Either way a row's
+// lse is the float rounding of the same softmax_row_lse, so its gradient is the same bits.
 // ld: the row stride of both logits (floats) and dlogits (D elements).
 template <typename D, bool kF16Values = false>
-void ce_grad_rows(D* dlogits, const float* logits, const float* lse, const int32_t* targets,
+void ce_grad_rows(D* dlogits, const float* logits, CeRowStats st, const int32_t* targets,
                   int64_t n0, int64_t n1, int V, float dloss, int64_t ld) {
 #pragma omp for schedule(static)
   for (int64_t n = n0; n < n1; ++n) {
     const int32_t target = targets[n];
     HR_CHECK(target >= -1 && target < V);
     const float* x = logits + n * ld;
-    const float l =
-        target < 0 ? 0.0f : (lse != nullptr ? lse[n] : static_cast<float>(softmax_row_lse(x, V)));
-    ce_grad_row<D, kF16Values>(dlogits + n * ld, x, target, l, dloss, V);
+    float l = 0.0f;
+    if (target >= 0 && st.lse != nullptr) {
+      l = st.lse[n];
+    } else if (target >= 0) {
+      // The row's first read (from memory); ce_grad_row's second finds it in L2 (V floats).
+      const double dl = softmax_row_lse(x, V);
+      l = static_cast<float>(dl);
+      if (st.losses != nullptr) st.losses[n] = static_cast<float>(dl - x[target]);
+    } else if (st.losses != nullptr) {
+      st.losses[n] = 0.0f;
+    }
+    if (st.lse_out != nullptr) st.lse_out[n] = l;
+    // One pass (statistics taken here): fetch the next row into L2 while this one's gradient is
+    // computed from L2, so that the next statistics pass finds it there.
+    const bool one_pass = st.lse == nullptr && st.losses != nullptr && n + 1 < n1;
+    ce_grad_row<D, kF16Values>(dlogits + n * ld, x, target, l, dloss, V,
+                               one_pass ? x + ld : nullptr);
   }
 }
-}  // namespace
 
-void cross_entropy_backward(float* dlogits, const float* logits, const float* lse,
-                            const int32_t* targets, int N, int V, float dloss) {
-  HR_CHECK(lse != nullptr);
-#pragma omp parallel
-  ce_grad_rows(dlogits, logits, lse, targets, 0, N, V, dloss, V);
-}
-
-void cross_entropy_backward(float* dlogits, const float* logits, const int32_t* targets, int N,
-                            int V, float dloss) {
-#pragma omp parallel
-  ce_grad_rows(dlogits, logits, static_cast<const float*>(nullptr), targets, 0, N, V, dloss, V);
-}
-
-void cross_entropy_backward_inplace(float* logits, const float* lse, const int32_t* targets, int N,
-                                    int V, float dloss, DType storage, int64_t ld) {
-  HR_CHECK(lse != nullptr);
+// The in-place gradient in `storage` (cross_entropy_backward_inplace's contract), rows' lse as
+// `st` says.
+void ce_grad_inplace(float* logits, CeRowStats st, const int32_t* targets, int N, int V,
+                     float dloss, DType storage, int64_t ld) {
   if (ld == 0) ld = V;
   HR_CHECK(ld >= V);
   switch (storage) {
     case DType::kF32:
 #pragma omp parallel
-      ce_grad_rows(logits, logits, lse, targets, 0, N, V, dloss, ld);
+      ce_grad_rows(logits, logits, st, targets, 0, N, V, dloss, ld);
       return;
     case DType::kF16:
 #pragma omp parallel
-      ce_grad_rows<float, true>(logits, logits, lse, targets, 0, N, V, dloss, ld);
+      ce_grad_rows<float, true>(logits, logits, st, targets, 0, N, V, dloss, ld);
       return;
     case DType::kBF16: {
       // Row n's bf16 gradient lands on floats [n ld/2, n ld/2 + V/2): row 0 overlaps itself
@@ -1288,9 +1310,9 @@ void cross_entropy_backward_inplace(float* logits, const float* lse, const int32
       bf16_t* out = reinterpret_cast<bf16_t*>(logits);
 #pragma omp parallel
       {
-        ce_grad_rows(out, logits, lse, targets, 0, std::min(N, 1), V, dloss, ld);
+        ce_grad_rows(out, logits, st, targets, 0, std::min(N, 1), V, dloss, ld);
         for (int64_t lo = 1; lo < N; lo *= 2) {
-          ce_grad_rows(out, logits, lse, targets, lo, std::min<int64_t>(N, 2 * lo), V, dloss, ld);
+          ce_grad_rows(out, logits, st, targets, lo, std::min<int64_t>(N, 2 * lo), V, dloss, ld);
         }
       }
       return;
@@ -1298,7 +1320,35 @@ void cross_entropy_backward_inplace(float* logits, const float* lse, const int32
     default:
       break;
   }
-  HR_CHECK_MSG(false, "cross_entropy_backward_inplace: dlogits storage must be f32, f16 or bf16");
+  HR_CHECK_MSG(false, "cross_entropy_*_inplace: dlogits storage must be f32, f16 or bf16");
+}
+}  // namespace
+
+void cross_entropy_backward(float* dlogits, const float* logits, const float* lse,
+                            const int32_t* targets, int N, int V, float dloss) {
+  HR_CHECK(lse != nullptr);
+#pragma omp parallel
+  ce_grad_rows(dlogits, logits, CeRowStats{.lse = lse}, targets, 0, N, V, dloss, V);
+}
+
+void cross_entropy_backward(float* dlogits, const float* logits, const int32_t* targets, int N,
+                            int V, float dloss) {
+#pragma omp parallel
+  ce_grad_rows(dlogits, logits, CeRowStats{}, targets, 0, N, V, dloss, V);
+}
+
+void cross_entropy_backward_inplace(float* logits, const float* lse, const int32_t* targets, int N,
+                                    int V, float dloss, DType storage, int64_t ld) {
+  HR_CHECK(lse != nullptr);
+  ce_grad_inplace(logits, CeRowStats{.lse = lse}, targets, N, V, dloss, storage, ld);
+}
+
+void cross_entropy_forward_backward_inplace(float* losses, float* lse, float* logits,
+                                            const int32_t* targets, int N, int V, float dloss,
+                                            DType storage, int64_t ld) {
+  HR_CHECK(losses != nullptr);
+  ce_grad_inplace(logits, CeRowStats{.losses = losses, .lse_out = lse}, targets, N, V, dloss,
+                  storage, ld);
 }
 
 // ---- optimizer -----------------------------------------------------------------------------

@@ -114,6 +114,14 @@ void cross_entropy_backward(float* dlogits, const float* logits, const float* ls
 // REQUIRES: lse from cross_entropy_forward over these logits.
 void cross_entropy_backward_inplace(float* logits, const float* lse, const int32_t* targets, int N,
                                     int V, float dloss, DType storage, int64_t ld = 0);
+// cross_entropy_forward and then cross_entropy_backward_inplace, in one pass per row (for a
+// training step, whose dloss is known before its forward): each row's statistics are taken on its
+// first read and its gradient is written while the row is still in L2, so the logits are read
+// from memory once instead of twice. losses, lse (when not null) and the gradient are the same
+// bits as the two calls give. See Note [One-pass loss and gradient] in docs/notes/loss.md.
+void cross_entropy_forward_backward_inplace(float* losses, float* lse, float* logits,
+                                            const int32_t* targets, int N, int V, float dloss,
+                                            DType storage, int64_t ld = 0);
 // Without a saved lse: the forward's losses only, and a backward that recomputes each row's
 // statistics (two reads of the logits and one write).
 void cross_entropy_forward(float* losses, const float* logits, const int32_t* targets, int N,
