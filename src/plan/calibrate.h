@@ -48,14 +48,14 @@ using CalibrationProgress = std::function<void(const std::string&)>;
 Result<Calibration> run_calibration(const CalibrationProgress& progress = {},
                                     const CalibrationOptions& options = {});
 
-// What calibrate's peak is measured on, kept in this process to be timed again later: the square
-// GEMM (bf16 2112^3 dense, fp32 2048^3 with the model's padded rows) and the step's MLP c_proj
-// shape forward and backward (2048 x 3072 -> 768, the best step shape here), the better of the
-// two. `headroom bench` times it between its steps so that MFU can be quoted against the
-// machine's speed at that moment (on a shared host it moves by 1.4-2x within minutes, the
-// cached calibration's with it; docs/calibration.md). Operands are allocated (and touched) once,
-// ~70 MiB bf16 / ~100 MiB fp32, outside any device plan. Thread safety: one thread, as
-// run_calibration.
+// What calibrate's peak is the best of, kept in this process to be timed again later: the square
+// GEMM (bf16 2112^3 dense, fp32 2048^3 with the model's padded rows) and the step's four per-layer
+// shapes forward and backward (2048 tokens: c_attn, attention c_proj, c_fc, MLP c_proj), the best
+// of them (calibrate's LM-head shape, never the best here, is left out). `headroom bench` times it
+// between its steps so that MFU can be quoted against the machine's speed at that moment (on a
+// shared host it moves by 1.4-2x within minutes, the cached calibration's with it;
+// docs/calibration.md). Operands are allocated (and touched) once, ~120 MiB bf16 / ~200 MiB fp32,
+// outside any device plan. Thread safety: one thread, as run_calibration.
 class GemmPeakProbe {
  public:
   // bf16: the bf16 GEMM (needs a native oneDNN kernel: Unsupported otherwise), else fp32.
@@ -64,7 +64,7 @@ class GemmPeakProbe {
   virtual ~GemmPeakProbe() = default;
   // FLOP/s of the median of `reps` timed calls after `warmup` untimed ones (reps >= 1).
   virtual double measure(int warmup, int reps) = 0;
-  // "bf16 GEMM 2112^3 and the 2048x3072->768 GEMM forward and backward" (fp32: 2048^3)
+  // "bf16 GEMM 2112^3 and the step's four per-layer GEMMs forward and backward" (fp32: 2048^3)
   virtual std::string describe() const = 0;
 };
 

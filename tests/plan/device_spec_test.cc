@@ -308,19 +308,19 @@ TEST(Calibrate, QuickRunGivesPositiveFiniteFigures) {
 }
 
 // The probe bench times between steps is what calibrate's peak is the best of (the square GEMM
-// and the MLP c_proj shape): named so, a
+// and the step's per-layer shapes): named so, a
 // positive rate on every call, and bf16 either measured or refused as unsupported (never 0).
 TEST(Calibrate, PeakProbeTimesTheSquareGemmAgain) {
   Result<std::unique_ptr<GemmPeakProbe>> fp32 = GemmPeakProbe::create(false);
   ASSERT_TRUE(fp32.is_ok()) << fp32.status().to_string();
   EXPECT_EQ((*fp32)->describe(),
-            "fp32 GEMM 2048^3 and the 2048x3072->768 GEMM forward and backward");
+            "fp32 GEMM 2048^3 and the step's four per-layer GEMMs forward and backward");
   EXPECT_TRUE(positive_finite((*fp32)->measure(1, 1)));
   EXPECT_TRUE(positive_finite((*fp32)->measure(0, 1)));
   Result<std::unique_ptr<GemmPeakProbe>> bf16 = GemmPeakProbe::create(true);
   if (bf16.is_ok()) {
     EXPECT_EQ((*bf16)->describe(),
-              "bf16 GEMM 2112^3 and the 2048x3072->768 GEMM forward and backward");
+              "bf16 GEMM 2112^3 and the step's four per-layer GEMMs forward and backward");
     EXPECT_TRUE(positive_finite((*bf16)->measure(1, 1)));
   } else {
     EXPECT_EQ(bf16.status().code(), StatusCode::kUnsupported) << bf16.status().to_string();
