@@ -368,8 +368,8 @@ def cores_used(rec):
 
 
 def combine(recs):
-    """One system's runs of a configuration (one per round) as one record: the median tokens/s
-    and peak RSS of the runs that succeeded; the first failure's status when none did."""
+    """One system's runs of a configuration (one per round) as one record: the median tokens/s,
+    MFU and peak RSS of the runs that succeeded; the first failure's status when none did."""
     if not recs:
         return None
     ok = [r for r in recs if r.get("ok")]
@@ -377,7 +377,10 @@ def combine(recs):
         return recs[0]
     out = dict(ok[0])
     out["result"] = dict(ok[0]["result"])
-    out["result"]["tokens_per_s"] = statistics.median(r["result"]["tokens_per_s"] for r in ok)
+    for key in ("tokens_per_s", "mfu", "mfu_in_run"):
+        vals = [r["result"][key] for r in ok if key in r["result"]]
+        if vals:
+            out["result"][key] = statistics.median(vals)
     rss = [r["peak_rss_bytes"] for r in ok if r.get("peak_rss_bytes")]
     out["peak_rss_bytes"] = statistics.median(rss) if rss else None
     if len(recs) > 1:
