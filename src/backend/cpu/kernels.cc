@@ -1205,17 +1205,10 @@ void ce_grad_row(D* d, const float* x, int32_t target, float l, float dloss, int
   }
   const __m512 vl = _mm512_set1_ps(l), vd = _mm512_set1_ps(dloss);
   const float pt = _mm512_cvtss_f32(exp16(_mm512_set1_ps(x[target] - l)));  // read first
-  if (prefetch != nullptr) {
-    for (int j = 0; j < V; j += 16) {
-      _mm_prefetch(reinterpret_cast<const char*>(prefetch + j), _MM_HINT_T1);
-      const __mmask16 k = first_lanes(V - j);
-      store_v(j, k, _mm512_mul_ps(exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + j), vl)), vd));
-    }
-  } else {
-    for (int j = 0; j < V; j += 16) {
-      const __mmask16 k = first_lanes(V - j);
-      store_v(j, k, _mm512_mul_ps(exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + j), vl)), vd));
-    }
+  for (int j = 0; j < V; j += 16) {
+    if (prefetch != nullptr) _mm_prefetch(reinterpret_cast<const char*>(prefetch + j), _MM_HINT_T1);
+    const __mmask16 k = first_lanes(V - j);
+    store_v(j, k, _mm512_mul_ps(exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + j), vl)), vd));
   }
   store(target, pt * dloss - dloss);
 #else
