@@ -35,27 +35,11 @@ struct StepRun {
 // one_pass: the model is told dloss before each forward.
 StepRun run_step(const model::Gpt2Config& c, model::ExecOptions exec, int B, int T, int K,
                  float scale, bool one_pass) {
-  const std::string precision(model::precision_name(exec.precision));
-  Result<plan::MemoryPlan> mp =
-      plan::plan_training_memory(c, plan::Policy{B, K, T, precision, exec});
-  EXPECT_TRUE(mp.is_ok()) << mp.status().to_string();
-  const model::ParamTable& t = mp->params;
-  std::vector<float> params(size_t(t.total_floats));
   StepRun r;
-  r.grads.assign(size_t(t.total_floats), 0.0f);
-  model::gpt2_init_params(c, t, params.data(), 21);
-  std::vector<bf16_t> copy;
-  if (exec.precision == model::Precision::kBf16) {
-    copy.resize(size_t(t.total_floats));
-    cpu::cast_to_bf16(copy.data(), params.data(), t.total_floats);
-  }
-  memory::HostResource host;
-  auto arena = memory::Arena::create(&host, mp->step.buffers, mp->step.layout,
-                                     memory::Category::kActivations);
-  EXPECT_TRUE(arena.is_ok());
-  std::memset(arena->base(), 0xff, arena->size());
-  model::Gpt2 net(c, &t);
-  net.bind_params(params.data(), r.grads.data(), copy.empty() ? nullptr : copy.data());
+  std::unique_ptr<train::test::PlannedModel> m =
+      train::test::make_planned_model(c, exec, B, K, T, 21);
+  if (!m) return r;
+  model::Gpt2& net = *m->net;
   std::mt19937 rng(7);
   const int S = B * K;
   std::vector<int32_t> in(size_t(S * T)), tg(size_t(S * T));
@@ -67,13 +51,14 @@ StepRun run_step(const model::Gpt2Config& c, model::ExecOptions exec, int B, int
   }
   const float dloss = scale / float(step_valid);
   for (int k = 0; k < K; k++) {
-    net.bind_activations(&*arena, &mp->activations, B, T);
+    m->bind(B, T);
     const int32_t* i = in.data() + int64_t(k) * B * T;
     const int32_t* g = tg.data() + int64_t(k) * B * T;
     if (one_pass) net.set_next_dloss(dloss);
     r.losses.push_back(net.forward(i, g));
     net.backward(i, g, dloss);
   }
+  r.grads = m->grads;
   return r;
 }
 
@@ -132,24 +117,11 @@ TEST(OnePassLoss, OnlyTheNextForwardIsOnePass) {
     SCOPED_TRACE(std::string(model::precision_name(p)));
     model::ExecOptions e;
     e.precision = p;
-    Result<plan::MemoryPlan> mp = plan::plan_training_memory(
-        c, plan::Policy{B, 1, T, std::string(model::precision_name(p)), e});
-    ASSERT_TRUE(mp.is_ok()) << mp.status().to_string();
-    const model::ParamTable& t = mp->params;
-    std::vector<float> params(size_t(t.total_floats)), grads(size_t(t.total_floats), 0.0f);
-    model::gpt2_init_params(c, t, params.data(), 4);
-    std::vector<bf16_t> copy;
-    if (p == model::Precision::kBf16) {
-      copy.resize(size_t(t.total_floats));
-      cpu::cast_to_bf16(copy.data(), params.data(), t.total_floats);
-    }
-    memory::HostResource host;
-    auto arena = memory::Arena::create(&host, mp->step.buffers, mp->step.layout,
-                                       memory::Category::kActivations);
-    ASSERT_TRUE(arena.is_ok());
-    model::Gpt2 net(c, &t);
-    net.bind_params(params.data(), grads.data(), copy.empty() ? nullptr : copy.data());
-    net.bind_activations(&*arena, &mp->activations, B, T);
+    std::unique_ptr<train::test::PlannedModel> m =
+        train::test::make_planned_model(c, e, B, 1, T, 4);
+    ASSERT_NE(m, nullptr);
+    m->bind(B, T);
+    model::Gpt2& net = *m->net;
     std::vector<int32_t> in(size_t(B * T)), tg(size_t(B * T));
     for (int i = 0; i < B * T; i++) {
       in[size_t(i)] = (i * 7 + 3) % c.vocab_size;
@@ -186,19 +158,11 @@ TEST(OnePassLoss, OnlyTheNextForwardIsOnePass) {
 // A one-pass forward with dloss 0.25, then a backward given 0.5.
 void backward_with_another_dloss() {
   const model::Gpt2Config c = small_config();
-  Result<plan::MemoryPlan> mp =
-      plan::plan_training_memory(c, plan::Policy{1, 1, 8, "fp32", model::ExecOptions{}});
-  HR_CHECK(mp.is_ok());
-  const model::ParamTable& t = mp->params;
-  std::vector<float> params(size_t(t.total_floats)), grads(size_t(t.total_floats), 0.0f);
-  model::gpt2_init_params(c, t, params.data(), 4);
-  memory::HostResource host;
-  auto arena = memory::Arena::create(&host, mp->step.buffers, mp->step.layout,
-                                     memory::Category::kActivations);
-  HR_CHECK(arena.is_ok());
-  model::Gpt2 net(c, &t);
-  net.bind_params(params.data(), grads.data());
-  net.bind_activations(&*arena, &mp->activations, 1, 8);
+  std::unique_ptr<train::test::PlannedModel> m =
+      train::test::make_planned_model(c, model::ExecOptions{}, 1, 1, 8, 4);
+  HR_CHECK(m != nullptr);
+  m->bind(1, 8);
+  model::Gpt2& net = *m->net;
   std::vector<int32_t> in(8, 1), tg(8, 2);
   net.set_next_dloss(0.25f);
   net.forward(in.data(), tg.data());

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <random>
 #include <string>
@@ -150,34 +151,65 @@ struct StepResult {
   int head_columns = 0;  // columns the head's forward GEMM computed (Gpt2::head_forward_columns)
 };
 
+// GPT-2 `c` planned for micro-batch B, accumulation K and length T under `exec`, set up as the
+// trainer sets it up: parameters initialised with `seed`, gradients zero, the bf16 copy bound for
+// bf16, and the planned step arena filled with NaN bytes (a read of memory the plan gave to another
+// buffer shows). Activations are bound by bind() (the trainer binds them per micro-batch). The
+// model points into this object, so it stays where make_planned_model built it.
+struct PlannedModel {
+  plan::MemoryPlan mp;
+  std::vector<float> params, grads;
+  std::vector<bf16_t> copy;
+  memory::HostResource host;
+  std::optional<memory::Arena> arena;
+  std::optional<model::Gpt2> net;
+  void bind(int B, int T) { net->bind_activations(&*arena, &mp.activations, B, T); }
+};
+
+// Null (with a test failure) if the plan or the arena cannot be made.
+inline std::unique_ptr<PlannedModel> make_planned_model(const model::Gpt2Config& c,
+                                                        model::ExecOptions exec, int B, int K,
+                                                        int T, uint64_t seed) {
+  const std::string precision(model::precision_name(exec.precision));
+  Result<plan::MemoryPlan> mp =
+      plan::plan_training_memory(c, plan::Policy{B, K, T, precision, exec});
+  EXPECT_TRUE(mp.is_ok()) << mp.status().to_string();
+  if (!mp.is_ok()) return nullptr;
+  auto m = std::make_unique<PlannedModel>();
+  m->mp = std::move(*mp);
+  const model::ParamTable& t = m->mp.params;
+  m->params.resize(size_t(t.total_floats));
+  m->grads.assign(size_t(t.total_floats), 0.0f);
+  model::gpt2_init_params(c, t, m->params.data(), seed);
+  if (exec.precision == model::Precision::kBf16) {
+    m->copy.resize(size_t(t.total_floats));
+    cpu::cast_to_bf16(m->copy.data(), m->params.data(), t.total_floats);
+  }
+  Result<memory::Arena> arena = memory::Arena::create(
+      &m->host, m->mp.step.buffers, m->mp.step.layout, memory::Category::kActivations);
+  EXPECT_TRUE(arena.is_ok()) << arena.status().to_string();
+  if (!arena.is_ok()) return nullptr;
+  m->arena.emplace(std::move(*arena));
+  std::memset(m->arena->base(), 0xff, m->arena->size());
+  m->net.emplace(c, &t);
+  m->net->bind_params(m->params.data(), m->grads.data(),
+                      m->copy.empty() ? nullptr : m->copy.data());
+  return m;
+}
+
 // Forward and backward of one micro-batch under `exec` (a bf16 weight copy bound for bf16) with
 // the loss gradient scaled by `scale` (then the gradients unscaled, as the optimizer does), from
 // the planned arena poisoned with NaN bytes (a read of memory the plan gave to another buffer
 // shows).
 inline StepResult one_step(const model::Gpt2Config& c, model::ExecOptions exec, int B, int T,
                            float scale = 1.0f) {
-  const std::string precision(model::precision_name(exec.precision));
-  Result<plan::MemoryPlan> mp =
-      plan::plan_training_memory(c, plan::Policy{B, 1, T, precision, exec});
-  EXPECT_TRUE(mp.is_ok()) << mp.status().to_string();
-  const model::ParamTable& t = mp->params;
-  std::vector<float> params(size_t(t.total_floats));
   StepResult r;
-  r.grads.assign(size_t(t.total_floats), 0.0f);
-  model::gpt2_init_params(c, t, params.data(), 21);
-  std::vector<bf16_t> copy;
-  if (exec.precision == model::Precision::kBf16) {
-    copy.resize(size_t(t.total_floats));
-    cpu::cast_to_bf16(copy.data(), params.data(), t.total_floats);
-  }
-  memory::HostResource host;
-  auto arena = memory::Arena::create(&host, mp->step.buffers, mp->step.layout,
-                                     memory::Category::kActivations);
-  EXPECT_TRUE(arena.is_ok());
-  std::memset(arena->base(), 0xff, arena->size());
-  model::Gpt2 net(c, &t);
-  net.bind_params(params.data(), r.grads.data(), copy.empty() ? nullptr : copy.data());
-  net.bind_activations(&*arena, &mp->activations, B, T);
+  std::unique_ptr<PlannedModel> m = make_planned_model(c, exec, B, 1, T, 21);
+  if (!m) return r;
+  m->bind(B, T);
+  model::Gpt2& net = *m->net;
+  const std::vector<float>& params = m->params;
+  const model::ParamTable& t = m->mp.params;
   std::mt19937 rng(5);
   std::vector<int32_t> in(size_t(B * T)), tg(size_t(B * T));
   for (int i = 0; i < B * T; i++) {
@@ -190,6 +222,7 @@ inline StepResult one_step(const model::Gpt2Config& c, model::ExecOptions exec, 
   r.head_columns = exec.precision == model::Precision::kBf16 ? net.head_forward_columns<bf16_t>(wte)
                                                              : net.head_forward_columns<float>(wte);
   net.backward(in.data(), tg.data(), scale / float(valid));
+  r.grads = m->grads;
   for (float& g : r.grads) g /= scale;
   return r;
 }
