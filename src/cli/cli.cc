@@ -1871,7 +1871,7 @@ int run(int argc, char** argv) {
   bench_cmd->add_flag("--breakdown", bnf.breakdown,
                       "time every kernel call by kind (gemm, attention, norm, ...)");
   bench_cmd->add_flag("--json", bnf.t.json,
-                      "print tokens_per_s, step_ms_median, model_flops_per_s, mfu, "
+                      "print tokens_per_s, step_ms_median, model_flops_per_s, mfu, mfu_in_run, "
                       "peak_device_bytes as JSON");
 
   bool calib_json = false;
