@@ -158,50 +158,99 @@ HostVec<T> filled(size_t count, uint32_t seed) {
   }
 }
 
-// One forward (and backward) of `s` with storage type T (float or bf16_t), its operands
-// allocated once: time() can be called again (GemmPeakProbe does, between bench's steps).
+// The operands of ShapeTimer's and SquarePeak's GEMMs: each a buffer at least as large as the
+// largest of the shapes it serves, filled once. GemmPeakProbe times five GEMMs one after another
+// and shares one set (bench's RSS carries it: ~75 MB in bf16 instead of ~155 with a set per shape).
+template <typename T>
+struct GemmOperands {
+  HostVec<T> inp, weight, dout, dinp, out16;
+  HostVec<float> bias, dweight, out32;
+};
+
+// Element counts each operand of `s` needs with storage type T.
+template <typename T>
+struct ShapeSizes {
+  explicit ShapeSizes(const GemmShape& s)
+      : ldi(s.pad_inp ? cpu::activation_row_stride(s.IC, sizeof(T)) : s.IC),
+        ldo(s.logits_rows ? cpu::logits_row_stride(s.OC)
+            : s.pad_out   ? cpu::activation_row_stride(s.OC, sizeof(T))
+                          : s.OC),
+        fp32_out(std::is_same_v<T, float> || !s.bf16_out),
+        inp(size_t(s.N) * ldi),
+        weight(size_t(s.IC) * s.OC),
+        out(size_t(s.N) * ldo),
+        bias(size_t(s.OC)) {}
+  int64_t ldi, ldo;
+  bool fp32_out;
+  size_t inp, weight, out, bias;
+};
+
+// Operands for all of `shapes` and (if square_n > 0) a square GEMM of n x n inputs with `square_ld`
+// row strides and an fp32 result.
+template <typename T>
+std::shared_ptr<GemmOperands<T>> make_operands(const std::vector<GemmShape>& shapes, int square_n,
+                                               int square_ld) {
+  size_t inp = size_t(square_n) * square_ld, weight = size_t(square_n) * square_n, dout = 0,
+         out16 = 0, bias = 0, dweight = 0, out32 = size_t(square_n) * square_ld;
+  for (const GemmShape& s : shapes) {
+    const ShapeSizes<T> z(s);
+    inp = std::max(inp, z.inp);
+    weight = std::max(weight, z.weight);
+    dout = std::max(dout, z.out);
+    (z.fp32_out ? out32 : out16) = std::max(z.fp32_out ? out32 : out16, z.out);
+    bias = std::max(bias, z.bias);
+    dweight = std::max(dweight, z.weight);
+  }
+  auto o = std::make_shared<GemmOperands<T>>();
+  o->inp = filled<T>(inp, 1);
+  o->weight = filled<T>(weight, 2);
+  o->dout = filled<T>(dout, 4);
+  o->dinp = HostVec<T>(inp);
+  o->out16 = HostVec<T>(out16);
+  o->bias = filled<float>(bias, 3);
+  o->dweight = HostVec<float>(dweight);
+  o->out32 = HostVec<float>(out32);
+  return o;
+}
+
+// One forward (and backward) of `s` with storage type T (float or bf16_t), on operands allocated
+// once (its own, or a set shared with other timers): time() can be called again (GemmPeakProbe
+// does, between bench's steps).
 template <typename T>
 class ShapeTimer {
  public:
-  explicit ShapeTimer(const GemmShape& s)
-      : s_(s),
-        ldi_(s.pad_inp ? cpu::activation_row_stride(s.IC, sizeof(T)) : s.IC),
-        ldo_(s.logits_rows ? cpu::logits_row_stride(s.OC)
-             : s.pad_out   ? cpu::activation_row_stride(s.OC, sizeof(T))
-                           : s.OC),
-        inp_(filled<T>(size_t(s.N) * ldi_, 1)),
-        weight_(filled<T>(size_t(s.IC) * s.OC, 2)),
-        dout_(filled<T>(size_t(s.N) * ldo_, 4)),
-        dinp_(size_t(s.N) * ldi_),
-        bias_(filled<float>(s.OC, 3)),
-        dweight_(size_t(s.IC) * s.OC),
-        out32_(std::is_same_v<T, float> || !s.bf16_out ? size_t(s.N) * ldo_ : 0),
-        out16_(std::is_same_v<T, float> || !s.bf16_out ? 0 : size_t(s.N) * ldo_) {}
+  explicit ShapeTimer(const GemmShape& s) : ShapeTimer(s, make_operands<T>({s}, 0, 0)) {}
+  ShapeTimer(const GemmShape& s, std::shared_ptr<GemmOperands<T>> operands)
+      : s_(s), z_(s), o_(std::move(operands)) {
+    HR_CHECK(o_->inp.size() >= z_.inp && o_->weight.size() >= z_.weight &&
+             o_->dout.size() >= z_.out && o_->dinp.size() >= z_.inp && o_->bias.size() >= z_.bias &&
+             o_->dweight.size() >= z_.weight &&
+             (z_.fp32_out ? o_->out32.size() : o_->out16.size()) >= z_.out);
+  }
 
   // Median seconds of `reps` calls after `warmup` untimed ones.
   double time(int warmup, int reps) {
-    const cpu::MatmulStrides st{.inp = ldi_, .out = ldo_};
+    const cpu::MatmulStrides st{.inp = z_.ldi, .out = z_.ldo};
+    GemmOperands<T>& o = *o_;
     return time_median(warmup, reps, [&] {
-      if (out16_.empty()) {
-        cpu::matmul_forward(out32_.data(), inp_.data(), weight_.data(), bias_.data(), s_.N, s_.IC,
-                            s_.OC, s_.layout, st);
+      if (z_.fp32_out) {
+        cpu::matmul_forward(o.out32.data(), o.inp.data(), o.weight.data(), o.bias.data(), s_.N,
+                            s_.IC, s_.OC, s_.layout, st);
       } else if constexpr (!std::is_same_v<T, float>) {
-        cpu::matmul_forward(out16_.data(), inp_.data(), weight_.data(), bias_.data(), s_.N, s_.IC,
-                            s_.OC, s_.layout, st);
+        cpu::matmul_forward(o.out16.data(), o.inp.data(), o.weight.data(), o.bias.data(), s_.N,
+                            s_.IC, s_.OC, s_.layout, st);
       }
       if (s_.backward) {
-        cpu::matmul_backward(dinp_.data(), dweight_.data(), nullptr, dout_.data(), inp_.data(),
-                             weight_.data(), s_.N, s_.IC, s_.OC, s_.layout, st);
+        cpu::matmul_backward(o.dinp.data(), o.dweight.data(), nullptr, o.dout.data(), o.inp.data(),
+                             o.weight.data(), s_.N, s_.IC, s_.OC, s_.layout, st);
       }
     });
   }
 
  private:
   GemmShape s_;
-  int64_t ldi_, ldo_;
-  HostVec<T> inp_, weight_, dout_, dinp_;
-  HostVec<float> bias_, dweight_, out32_;
-  HostVec<T> out16_;
+  ShapeSizes<T> z_;
+  std::shared_ptr<GemmOperands<T>> o_;
 };
 
 // Median seconds of one forward (and backward) of `s`.
@@ -240,18 +289,23 @@ Result<double> measure_gemm_shapes(const Sizes& sz, const char* name,
 template <typename T>
 class SquarePeak final : public GemmPeakProbe {
  public:
+  static constexpr bool fp32 = std::is_same_v<T, float>;
+  static int n_for(int peak_n) { return fp32 ? peak_n - 64 : peak_n; }
+  static int ld_for(int n) { return fp32 ? int(cpu::activation_row_stride(n, sizeof(float))) : n; }
   explicit SquarePeak(int peak_n)
-      : n_(fp32 ? peak_n - 64 : peak_n),
-        ld_(fp32 ? int(cpu::activation_row_stride(n_, sizeof(float))) : n_),
-        a_(filled<T>(size_t(n_) * ld_, 1)),
-        b_(filled<T>(size_t(n_) * n_, 2)),
-        c_(size_t(n_) * ld_) {}
+      : SquarePeak(peak_n, make_operands<T>({}, n_for(peak_n), ld_for(n_for(peak_n)))) {}
+  // A: operands.inp, B: operands.weight, C: operands.out32 (make_operands sized for this n).
+  SquarePeak(int peak_n, std::shared_ptr<GemmOperands<T>> operands)
+      : n_(n_for(peak_n)), ld_(ld_for(n_)), o_(std::move(operands)) {
+    HR_CHECK(o_->inp.size() >= size_t(n_) * ld_ && o_->weight.size() >= size_t(n_) * n_ &&
+             o_->out32.size() >= size_t(n_) * ld_);
+  }
 
   double measure(int warmup, int reps) override {
     const DType ab = fp32 ? DType::kF32 : DType::kBF16;
     const double t = time_median(warmup, std::max(1, reps), [&] {
-      cpu::gemm_ex(false, false, n_, n_, n_, ab, a_.data(), ld_, b_.data(), n_, DType::kF32,
-                   c_.data(), ld_, nullptr, false);
+      cpu::gemm_ex(false, false, n_, n_, n_, ab, o_->inp.data(), ld_, o_->weight.data(), n_,
+                   DType::kF32, o_->out32.data(), ld_, nullptr, false);
     });
     return t > 0 ? 2.0 * n_ * n_ * double(n_) / t : 0.0;
   }
@@ -267,10 +321,8 @@ class SquarePeak final : public GemmPeakProbe {
   int n() const { return n_; }
 
  private:
-  static constexpr bool fp32 = std::is_same_v<T, float>;
   int n_, ld_;
-  HostVec<T> a_, b_;
-  HostVec<float> c_;
+  std::shared_ptr<GemmOperands<T>> o_;
 };
 
 // The peak: one square GEMM through the backend. bf16: n = 2112, dense (oneDNN 2.6 runs its AMX
@@ -448,9 +500,16 @@ std::string current_cpu_model() {
 template <typename T>
 class Probe final : public GemmPeakProbe {
  public:
-  Probe(int peak_n, const std::vector<GemmShape>& shapes) : square_(peak_n) {
+  // One set of operands, sized for the largest of the five GEMMs, serves them all.
+  Probe(int peak_n, const std::vector<GemmShape>& shapes)
+      : Probe(peak_n, shapes,
+              make_operands<T>(shapes, SquarePeak<T>::n_for(peak_n),
+                               SquarePeak<T>::ld_for(SquarePeak<T>::n_for(peak_n)))) {}
+  Probe(int peak_n, const std::vector<GemmShape>& shapes,
+        const std::shared_ptr<GemmOperands<T>>& operands)
+      : square_(peak_n, operands) {
     for (const GemmShape& s : shapes) {
-      shapes_.push_back(std::make_unique<ShapeTimer<T>>(s));
+      shapes_.push_back(std::make_unique<ShapeTimer<T>>(s, operands));
       flops_.push_back(s.flops());
     }
   }
