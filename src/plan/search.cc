@@ -380,11 +380,6 @@ Result<SearchResult> search_plan(const SearchRequest& request) {
           if (r.offload_optimizer && *r.offload_optimizer != offload) continue;
           // No host link figure: offload cannot be priced (an explicit request is refused below).
           if (offload && !r.offload_optimizer && !(offload_link_bandwidth(r.device) > 0)) continue;
-          // The CPU trainer runs optimizer offload with ZeRO 0-2 (ZeRO-3's parameter shards are
-          // not copied back from the offload tier yet).
-          if (offload && !r.offload_optimizer && r.executor_layout && r.devices > 1 && z == 3) {
-            continue;
-          }
           SearchRequest leaf = r;
           leaf.precision = r.precision == "auto" ? precision : r.precision;
           leaf.zero_stage = r.devices > 1 ? z : 0;

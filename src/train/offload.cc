@@ -40,9 +40,9 @@ Result<std::unique_ptr<OptimizerOffload>> OptimizerOffload::create(
     const plan::MemoryPlan& plan, const OffloadTier& tier, dist::Communicator* comm, int stage,
     const dist::ShardLayout* layout) {
   HR_CHECK_MSG(plan.policy.offload_optimizer, "OptimizerOffload: a plan without optimizer offload");
-  if (stage < 0 || stage > 2) {
-    return Status::unsupported(fmt::format(
-        "optimizer offload with ZeRO-{}: the trainer runs it with ZeRO 0, 1 or 2", stage));
+  if (stage < 0 || stage > 3) {
+    return Status::invalid_argument(
+        fmt::format("optimizer offload with ZeRO-{}: expected a stage of 0-3", stage));
   }
   // By name: the tier may hold the offloaded activations' region too.
   const memory::Arena* master = tier.arena(plan::kOffloadMasterRegion);
@@ -67,17 +67,26 @@ Result<std::unique_ptr<OptimizerOffload>> OptimizerOffload::create(
 }
 
 int64_t OptimizerOffload::piece_floats() const {
-  return stage_ == 0 ? table_->total_floats : layout_->piece(0).size();
+  // Stage 3: the whole local shard (each unit's piece at its local offset, padding included).
+  return stage_ == 0  ? table_->total_floats
+         : stage_ < 3 ? layout_->piece(0).size()
+                      : layout_->local_floats();
+}
+
+// Where this rank's piece starts in the device parameters the trainer passes: the full buffer
+// (stages 0-2) or, at stage 3, the device's own shard (local coordinates).
+int64_t OptimizerOffload::device_begin() const {
+  return stage_ == 0 || stage_ == 3 ? 0 : layout_->piece(0).begin;
 }
 
 void OptimizerOffload::load_master(const float* device_params) {
-  const int64_t begin = stage_ == 0 ? 0 : layout_->piece(0).begin;
-  copy_between_tiers(master(), device_params + begin, piece_floats());
+  copy_between_tiers(master(), device_params + device_begin(), piece_floats());
 }
 
 Result<double> OptimizerOffload::step(float* params, float* grads, float* grad_shard,
                                       bf16_t* params_bf16, const AdamWConfig& config, float lr,
                                       int step, bool grads_reduced, float loss_scale) {
+  HR_CHECK_MSG(params_bf16 == nullptr || stage_ < 3, "ZeRO-3 keeps no full bf16 copy");
   const int64_t P = table_->total_floats, n = piece_floats();
   double copy_ms = 0;
   auto timed_copy = [&copy_ms](float* dst, const float* src, int64_t count) {
@@ -95,14 +104,24 @@ Result<double> OptimizerOffload::step(float* params, float* grads, float* grad_s
                       loss_scale);
     if (loss_scale > 0 && !std::isfinite(norm)) return norm;  // overflow: skipped, nothing moves
   } else {
-    HR_CHECK(grad_shard != nullptr && layout_->units().size() == 1);
+    // Stages 1-3 as ZeroOptimizer::step: one unit (the flat layout) at stages 1-2, the model's
+    // groups at stage 3; every unit's piece lies at its local offset in the shard buffers.
+    const dist::ShardLayout& lay = *layout_;
+    HR_CHECK(grad_shard != nullptr && (stage_ == 3 || lay.units().size() == 1));
     if (!grads_reduced) {
-      HR_RETURN_IF_ERROR(comm_->reduce_scatter(grads, grad_shard, layout_->counts(0)));
+      HR_CHECK(grads != nullptr);
+      for (size_t u = 0; u < lay.units().size(); ++u) {
+        HR_RETURN_IF_ERROR(comm_->reduce_scatter(grads + lay.units()[u].begin,
+                                                 grad_shard + lay.local_offset(u), lay.counts(u)));
+      }
     }
     timed_copy(this->grads(), grad_shard, n);
-    // The global norm as ZeroOptimizer::step computes it: this piece's sum of squares, summed
-    // over the ranks in double.
-    double sq = cpu::sum_squares(this->grads(), n);
+    // The global norm as ZeroOptimizer::step computes it: each piece's sum of squares, in unit
+    // order, summed over the ranks in double.
+    double sq = 0.0;
+    for (size_t u = 0; u < lay.units().size(); ++u) {
+      sq += cpu::sum_squares(this->grads() + lay.local_offset(u), lay.piece(u).size());
+    }
     HR_RETURN_IF_ERROR(comm_->all_reduce(&sq, 1));
     // fp16 (loss_scale > 0): the gradients are scaled; the norm and the update are not
     // (ZeroOptimizer::step's unscaling, folded into the clipping factor).
@@ -117,23 +136,29 @@ Result<double> OptimizerOffload::step(float* params, float* grads, float* grad_s
                         clip_scale(config, norm) / (loss_scale > 0 ? loss_scale : 1.0f)};
     // The decay split (a multiple of 16 floats, like the piece boundaries): the same kernel
     // calls on the same elements as ZeroOptimizer's adamw_pieces.
-    const dist::Range p = layout_->piece(0);
     const int64_t decay = table_->decay_floats;
-    const dist::Range parts[2] = {{p.begin, std::min(p.end, decay)},
-                                  {std::max(p.begin, decay), p.end}};
     const float weight_decay = ap.weight_decay;
-    for (int i = 0; i < 2; ++i) {
-      if (parts[i].empty()) continue;
-      const int64_t l = parts[i].begin - p.begin;
-      ap.weight_decay = i == 0 ? weight_decay : 0.0f;
-      cpu::adamw_update(master() + l, this->grads() + l, m() + l, v() + l, parts[i].size(), ap);
+    for (size_t u = 0; u < lay.units().size(); ++u) {
+      const dist::Range p = lay.piece(u);
+      if (p.empty()) continue;
+      const dist::Range parts[2] = {{p.begin, std::min(p.end, decay)},
+                                    {std::max(p.begin, decay), p.end}};
+      for (int i = 0; i < 2; ++i) {
+        if (parts[i].empty()) continue;
+        const int64_t l = lay.local_offset(u) + (parts[i].begin - p.begin);
+        ap.weight_decay = i == 0 ? weight_decay : 0.0f;
+        cpu::adamw_update(master() + l, this->grads() + l, m() + l, v() + l, parts[i].size(), ap);
+      }
     }
   }
   // 4: the updated weights back to the device, gathered across ranks, and the bf16 copy cast
-  // from them with adamw_update's rounding (nearest even), as ZeroOptimizer does.
-  const int64_t begin = stage_ == 0 ? 0 : layout_->piece(0).begin;
+  // from them with adamw_update's rounding (nearest even), as ZeroOptimizer does. Stage 3: into
+  // the device's shard, which the forward gathers unit by unit (no full buffer, no bf16 copy).
+  const int64_t begin = device_begin();
   timed_copy(params + begin, master(), n);
-  if (stage_ > 0) HR_RETURN_IF_ERROR(comm_->all_gather(params + begin, params, layout_->counts(0)));
+  if (stage_ == 1 || stage_ == 2) {
+    HR_RETURN_IF_ERROR(comm_->all_gather(params + begin, params, layout_->counts(0)));
+  }
   if (params_bf16) cpu::cast_to_bf16(params_bf16, params, P);
   last_copy_ms_ = copy_ms;
   return norm;

@@ -22,13 +22,15 @@ namespace headroom::train {
 // On a GPU the tier would be pinned host memory; here it is host memory like the device, and
 // every copy between the two is a real memcpy, so the path is exercised and measured.
 //
-// The step (ZeRO stages 0-2):
+// The step (ZeRO stages 0-3):
 //   1. reduce on the device: all-reduce the gradients (stage 0), or reduce-scatter them into
 //      the device's gradient shard (stages 1-2);
 //   2. copy this rank's reduced gradients device -> offload tier;
 //   3. AdamW on the offload tier (master, m, v), with the global norm's clipping;
 //   4. copy the updated master device <- offload tier into the device parameters (this rank's
 //      piece), all-gather the pieces (stages 1-2), and cast the bf16 copy on the device.
+//      Stage 3 keeps only its shard on the device: the master goes back into that shard, which
+//      the forward gathers unit by unit as without offload.
 // The arithmetic is adamw_step's / ZeroOptimizer::step's on the same values in the same order,
 // so weights, m and v are bit-identical to the run without offload (tested).
 //
@@ -36,8 +38,8 @@ namespace headroom::train {
 class OptimizerOffload {
  public:
   // Runs on `tier`'s optimizer regions (the tier made from `plan`, which holds them).
-  // `layout`: the optimizer's shard layout (ZeroOptimizer::layout(); the flat one-unit layout
-  // of stages 0-2). Errors: Unsupported for ZeRO-3.
+  // `layout`: the optimizer's shard layout (ZeroOptimizer::layout(): the flat one-unit layout
+  // of stages 0-2, the model's units at stage 3). Errors: InvalidArgument for a stage not 0-3.
   // REQUIRES: plan.policy.offload_optimizer; tier, comm, table and layout outlive this object.
   static Result<std::unique_ptr<OptimizerOffload>> create(const plan::MemoryPlan& plan,
                                                           const OffloadTier& tier,
@@ -50,17 +52,19 @@ class OptimizerOffload {
   float* grads() const { return grads_; }
   int64_t shard_floats() const { return shard_floats_; }  // floats of each offload buffer
 
-  // Sets the master weights from the device parameters (full buffer): this rank's piece. Call
-  // after initialisation and after loading a checkpoint.
+  // Sets the master weights from the device parameters (the full buffer at stages 0-2, the
+  // device's shard at stage 3): this rank's piece. Call after initialisation and after loading
+  // a checkpoint.
   void load_master(const float* device_params);
 
-  // One optimizer step (see the class comment). `grad_shard` is the device's reduced-gradient
-  // shard (stages 1-2), null at stage 0; `params_bf16` the device's bf16 copy or null. Returns
+  // One optimizer step (see the class comment). `params`: as for load_master. `grad_shard` is
+  // the device's reduced-gradient shard (stages 1-3), null at stage 0; `params_bf16` the
+  // device's bf16 copy or null (null at stage 3). Returns
   // the global gradient norm before clipping. A collective with several ranks.
   // loss_scale > 0 (fp16): the gradients are scaled by it; on an overflow (a non-finite
   // unscaled norm) nothing is updated or copied and the norm is returned, as adamw_step does.
   // grads_reduced: the reduction already ran during backward (dist::BucketReducer at stages
-  // 0-1, ZeRO-2's gradient windows): grads holds the sum (stage 0) or grad_shard does (1-2).
+  // 0-1, ZeRO-2/3's gradient windows): grads holds the sum (stage 0) or grad_shard does (1-3).
   Result<double> step(float* params, float* grads, float* grad_shard, bf16_t* params_bf16,
                       const AdamWConfig& config, float lr, int step, bool grads_reduced = false,
                       float loss_scale = 0.0f);
@@ -75,6 +79,7 @@ class OptimizerOffload {
                    const dist::ShardLayout* layout)
       : comm_(comm), table_(table), stage_(stage), layout_(layout) {}
   int64_t piece_floats() const;
+  int64_t device_begin() const;
 
   float *master_ = nullptr, *m_ = nullptr, *v_ = nullptr, *grads_ = nullptr;  // the tier's
   dist::Communicator* comm_;

@@ -322,11 +322,6 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
   // The offload tier: its own host resource under one budget, holding every offload region of
   // the plan (optimizer state, offloaded activations, or both), and the copy thread (made
   // before the model, so that it outlives every forward and backward).
-  if (mp.policy.offload_optimizer && stage == 3) {
-    return Status::unsupported(
-        "optimizer offload runs with ZeRO 0-2 in the trainer (ZeRO-3's parameter shards are not "
-        "copied back from the offload tier yet): use --zero 2 or --offload-optimizer off");
-  }
   const uint64_t offload_budget =
       o.offload_memory > 0 ? o.offload_memory : cpu::query_cpu_device().available_bytes;
   HR_ASSIGN_OR_RETURN(std::unique_ptr<OffloadTier> offload_tier,
@@ -536,7 +531,8 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     return written;
   };
 
-  if (offload) offload->load_master(params);  // after initialisation or the checkpoint
+  // After initialisation or the checkpoint; stage 3 from the device's shard.
+  if (offload) offload->load_master(stage == 3 ? param_shard : params);
   bf16_t* params_bf16 = bf16_arena.size() > 0 ? static_cast<bf16_t*>(bf16_arena.data(0)) : nullptr;
 
   if (params_bf16) cpu::cast_to_bf16(params_bf16, params, table.total_floats);
@@ -973,7 +969,7 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     const int adam_step = step + 1 - int(skipped_before);
     if (rec) zcomm.trace(&rec->events, run_start, EventPhase::kOptimizer, step);
     Result<double> stepped =
-        offload ? offload->step(params, grads, grad_shard, params_bf16, o.adamw, lr, adam_step,
+        offload ? offload->step(zb.params, grads, grad_shard, params_bf16, o.adamw, lr, adam_step,
                                 zb.grads_reduced, scaler ? loss_scale : 0.0f)
                 : zopt.step(zb, o.adamw, lr, adam_step, params_bf16, scaler ? loss_scale : 0.0f);
     zcomm.trace(nullptr, run_start, EventPhase::kNone, -1);

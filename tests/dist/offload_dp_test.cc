@@ -1,4 +1,4 @@
-// Optimizer offload with data parallelism (ZeRO 0-2 over this job's ranks): the offload tier holds
+// Optimizer offload with data parallelism (ZeRO 0-3 over this job's ranks): the offload tier holds
 // the rank's shard, and weights, m and v are bit-identical to the same ranks without offload.
 // Runs the same on 1 rank or under mpirun -np 2 (dist_mpi_2ranks).
 #include <gtest/gtest.h>
@@ -72,6 +72,7 @@ class OffloadDataParallel : public ::testing::Test {
     o.adamw.lr = 2e-3f;
     o.adamw.grad_clip = 0.5f;
     o.exec.precision = precision;
+    o.exec.bf16_weight_copy = zero_stage < 3;  // ZeRO-3 casts each gathered block instead
     o.device_memory = uint64_t(1) << 30;
     o.eval_batches = 1;
     o.offload_optimizer = offload;
@@ -122,10 +123,9 @@ TEST_F(OffloadDataParallel, BitIdenticalToTheSameRanksWithoutOffload) {
     int stage;
     model::Precision precision;
   };
-  const Case cases[] = {{0, model::Precision::kFp32},
-                        {1, model::Precision::kFp32},
-                        {2, model::Precision::kFp32},
-                        {1, model::Precision::kBf16}};
+  const Case cases[] = {{0, model::Precision::kFp32}, {1, model::Precision::kFp32},
+                        {2, model::Precision::kFp32}, {3, model::Precision::kFp32},
+                        {1, model::Precision::kBf16}, {3, model::Precision::kBf16}};
   for (const Case& c : cases) {
     if (c.stage > 0 && R == 1) continue;  // sharding needs ranks (the trainer refuses it alone)
     const std::string tag =
@@ -152,11 +152,15 @@ TEST_F(OffloadDataParallel, BitIdenticalToTheSameRanksWithoutOffload) {
     p.ranks = R;
     p.zero_stage = c.stage;
     p.offload_optimizer = true;
+    p.exec.bf16_weight_copy = c.stage < 3;
     Result<plan::MemoryPlan> mp = plan::plan_training_memory(tiny(), p);
     ASSERT_TRUE(mp.is_ok());
-    const int64_t P = mp->params.total_floats;
-    const int64_t S = c.stage == 0 ? P : ((P + R - 1) / R + 15) / 16 * 16;
-    EXPECT_EQ(on.offload_planned, 4 * ((uint64_t(S) * 4 + 63) / 64 * 64));
+    EXPECT_EQ(on.offload_planned, mp->offload_bytes);
+    if (c.stage < 3) {  // (stage 3's shard is the sum of its units' pieces: dist::ShardLayout)
+      const int64_t P = mp->params.total_floats;
+      const int64_t S = c.stage == 0 ? P : ((P + R - 1) / R + 15) / 16 * 16;
+      EXPECT_EQ(on.offload_planned, 4 * ((uint64_t(S) * 4 + 63) / 64 * 64));
+    }
     EXPECT_EQ(on.device_planned, mp->peak_bytes);
   }
 }
@@ -166,7 +170,7 @@ TEST_F(OffloadDataParallel, BitIdenticalToTheSameRanksWithoutOffload) {
 // same ranks with neither, and the tier's measured peak is the plan's sum of the two.
 TEST_F(OffloadDataParallel, BothKindsBitIdenticalToTheSameRanksWithNeither) {
   const int R = world().size();
-  for (int stage : {0, 2}) {
+  for (int stage : {0, 2, 3}) {
     if (stage > 0 && R == 1) continue;
     const std::string tag = "both_" + std::to_string(stage);
     SCOPED_TRACE(tag);

@@ -238,7 +238,7 @@ TEST(OffloadPlan, AutoIsTheFasterOfOffAndOn) {
 TEST(OffloadPlan, ExecutorLayoutMatchesTheTrainersPlan) {
   // With several ranks, the search's per-rank bytes with offload equal the trainer's plan.
   for (const char* precision : {"fp32", "bf16"}) {
-    for (int z = 0; z <= 2; z++) {
+    for (int z = 0; z <= 3; z++) {
       SearchRequest r;
       r.config = *model::preset_config("gpt2");
       r.device = cpu_like(64 * kGiB);
