@@ -15,6 +15,7 @@
 #include "backend/cpu/fused_kernels.h"
 #include "backend/cpu/kernels.h"
 #include "core/check.h"
+#include "core/cpu_time.h"
 
 namespace headroom::model {
 
@@ -490,9 +491,11 @@ void Gpt2::timed(OpKind kind, F&& f) {
     f();
     return;
   }
+  const double c0 = process_cpu_ms();
   auto t0 = std::chrono::steady_clock::now();
   f();
   auto t1 = std::chrono::steady_clock::now();
+  times_->cpu_ms[size_t(kind)] += process_cpu_ms() - c0;
   times_->ms[size_t(kind)] += std::chrono::duration<double, std::milli>(t1 - t0).count();
   if (times_->record) {
     using us = std::chrono::duration<double, std::micro>;

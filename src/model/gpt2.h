@@ -191,6 +191,9 @@ struct OpSpan {
 };
 struct OpTimes {
   std::array<double, size_t(OpKind::kCount)> ms{};
+  // The same calls' process CPU time (every thread's: two busy threads count twice their wall
+  // time), which a shared host's scheduling does not inflate.
+  std::array<double, size_t(OpKind::kCount)> cpu_ms{};
   bool record = false;
   std::chrono::steady_clock::time_point origin;
   std::vector<KernelSpan> kernels;

@@ -18,6 +18,7 @@
 
 #include "backend/cpu/device.h"
 #include "backend/cpu/kernels.h"
+#include "core/cpu_time.h"
 #include "core/log.h"
 #include "core/units.h"
 #include "data/batcher.h"
@@ -846,6 +847,7 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
   HR_RETURN_IF_ERROR(dist::agree(comm, Status::ok()));
   for (int step = start_step; step < o.steps; step++) {
     auto t0 = Clock::now();
+    const double cpu0 = process_cpu_ms();
     cur = StepStats();
     const model::OffloadCopier::Stats copies0 = offload_tier->copy_stats();
     HR_RETURN_IF_ERROR(follow_budget(step));
@@ -948,6 +950,7 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     HR_RETURN_IF_ERROR(comm.all_reduce(&loss_sum, 1));
     const float lr = cosine_lr(step, o.steps, o.warmup_steps, o.adamw.lr, o.min_lr_ratio);
     auto topt = Clock::now();
+    const double cpu_opt = process_cpu_ms();
     // The optimizer step as an op around its parts (collectives, zeroing the gradients).
     const uint32_t opt_op = rec ? rec->events.log().intern("optimizer step") : 0;
     if (rec) rec->events.begin_op(us_since_start(topt), opt_op, EventPhase::kOptimizer, step);
@@ -980,6 +983,7 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     record_op("zero gradients", EventPhase::kOptimizer, tz, Clock::now(), step);
     if (rec) rec->events.end_op(us_since_start(Clock::now()), opt_op, EventPhase::kOptimizer, step);
     const double optimizer_ms = ms_since(topt);
+    const double optimizer_cpu_ms = process_cpu_ms() - cpu_opt;
 
     StepStats s = std::move(cur);
     cur = StepStats();
@@ -1004,10 +1008,13 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     real_tokens += step_valid;
     s.data_wait_ms = data_ms;
     s.optimizer_ms = optimizer_ms;
+    s.optimizer_cpu_ms = optimizer_cpu_ms;
     s.op_ms = op_times;
     op_times.ms = {};
+    op_times.cpu_ms = {};
     // The step's time excludes validation, which is reported on its own line.
     s.step_ms = ms_since(t0);
+    s.step_cpu_ms = process_cpu_ms() - cpu0;
     s.tokens_per_s = double(s.tokens) / (s.step_ms / 1000.0);
     const bool last = step + 1 == o.steps;
     if ((o.eval_every > 0 && (step + 1) % o.eval_every == 0) || last) {

@@ -145,9 +145,12 @@ struct StepStats {
   std::vector<std::string> events;  // one line per re-plan, recovery or budget-file warning
   std::vector<std::string> oom_reports;  // the memory report of each allocation failure
   std::optional<double> val_loss;        // on steps where validation ran
-  // With TrainOptions::breakdown: milliseconds of this step per kind of op, and the optimizer.
+  // With TrainOptions::breakdown: milliseconds of this step per kind of op, and the optimizer
+  // (wall time; op_ms.cpu_ms and the *_cpu_ms fields: process CPU time, every thread's).
   model::OpTimes op_ms;
   double optimizer_ms = 0;
+  double optimizer_cpu_ms = 0;
+  double step_cpu_ms = 0;  // the whole step's process CPU time (always measured)
 };
 
 // What the trainer sets up before step one: the memory table for the startup report.

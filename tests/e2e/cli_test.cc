@@ -173,6 +173,44 @@ TEST_F(Cli, BenchQuotesMfuAgainstThePeakTimedBetweenSteps) {
   EXPECT_TRUE(jo.contains("mfu"));
 }
 
+// --breakdown: wall and CPU time per kind of op, each no more than the step's own.
+TEST_F(Cli, BenchBreakdownSplitsTheStepByKindInWallAndCpuTime) {
+  Outcome r =
+      run("bench --model gpt2-tiny --batch 2 --seq 32 --steps 2 --warmup 1 --breakdown "
+          "--peak-between-steps false --json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  nlohmann::json j = nlohmann::json::parse(r.out.substr(r.out.find("{\n")));
+  ASSERT_TRUE(j.contains("breakdown_ms_per_step") && j.contains("breakdown_cpu_ms_per_step"))
+      << r.out;
+  const nlohmann::json& wall = j["breakdown_ms_per_step"];
+  const nlohmann::json& cpu = j["breakdown_cpu_ms_per_step"];
+  double mean_step = 0;
+  for (const auto& x : j["step_ms"]) mean_step += x.get<double>() / double(j["step_ms"].size());
+  double wall_sum = 0, cpu_sum = 0;
+  for (const char* kind :
+       {"gemm", "attention", "norm", "elementwise", "loss", "embedding", "optimizer"}) {
+    SCOPED_TRACE(kind);
+    ASSERT_TRUE(wall.contains(kind) && cpu.contains(kind));
+    EXPECT_GE(wall[kind].get<double>(), 0.0);
+    EXPECT_GE(cpu[kind].get<double>(), 0.0);
+    wall_sum += wall[kind].get<double>();
+    cpu_sum += cpu[kind].get<double>();
+  }
+  EXPECT_GT(wall["gemm"].get<double>(), 0.0);
+  EXPECT_GT(cpu["gemm"].get<double>(), 0.0);
+  EXPECT_LE(wall_sum, mean_step * 1.001 + 0.01);
+  const double cpu_step = cpu["step"].get<double>();
+  EXPECT_GT(cpu_step, 0.0);
+  EXPECT_LE(cpu_sum, cpu_step * 1.001 + 0.01);
+
+  Outcome text =
+      run("bench --model gpt2-tiny --batch 2 --seq 32 --steps 1 --warmup 0 --breakdown "
+          "--peak-between-steps false");
+  ASSERT_EQ(text.code, 0) << text.out;
+  EXPECT_NE(text.out.find("CPU (all threads)"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("gemm"), std::string::npos) << text.out;
+}
+
 TEST_F(Cli, PlanAnswersWithJsonAndSweep) {
   Outcome r =
       run("plan --model gpt2 --device cpu --device-memory 4GiB --seq 256 --global-batch 64 "
