@@ -4,7 +4,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdint>
 
+#include "core/check.h"
 #include "core/units.h"
 
 namespace headroom::memory {
@@ -137,6 +139,26 @@ Result<void*> FailingResource::do_allocate(size_t bytes, size_t alignment, Categ
 
 void FailingResource::do_deallocate(void* p, size_t bytes, size_t alignment, Category category) {
   upstream_->deallocate(p, bytes, alignment, category);
+}
+
+Result<void*> BlockResource::do_allocate(size_t bytes, size_t alignment, Category category) {
+  if (lent_) {
+    return Status::out_of_memory(fmt::format("the {} block is already lent ({} for {})",
+                                             format_bytes(size_), format_bytes(bytes),
+                                             category_name(category)));
+  }
+  if (bytes > size_ || reinterpret_cast<uintptr_t>(base_) % alignment != 0) {
+    return Status::out_of_memory(fmt::format("{} (alignment {}) for {} does not fit the {} block",
+                                             format_bytes(bytes), alignment,
+                                             category_name(category), format_bytes(size_)));
+  }
+  lent_ = true;
+  return base_;
+}
+
+void BlockResource::do_deallocate(void* p, size_t, size_t, Category) {
+  HR_CHECK_MSG(lent_ && p == base_, "BlockResource: returned memory it did not lend");
+  lent_ = false;
 }
 
 }  // namespace headroom::memory

@@ -93,4 +93,22 @@ class FailingResource final : public MemoryResource {
   std::vector<uint64_t> fail_set_;  // sorted
 };
 
+// One fixed block (memory someone else owns) served to one allocation at a time: an arena laid
+// out over memory already allocated and counted, e.g. a micro-batch shape's buffers inside the
+// block planned for the largest shape. OutOfMemory for a request larger than the block, while
+// the block is lent, or at an alignment its base does not have.
+class BlockResource final : public MemoryResource {
+ public:
+  BlockResource(void* base, size_t size) : base_(base), size_(size) {}
+  size_t size() const { return size_; }
+
+ private:
+  Result<void*> do_allocate(size_t bytes, size_t alignment, Category category) override;
+  void do_deallocate(void* p, size_t bytes, size_t alignment, Category category) override;
+
+  void* base_;
+  size_t size_;
+  bool lent_ = false;
+};
+
 }  // namespace headroom::memory

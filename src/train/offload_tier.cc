@@ -49,7 +49,11 @@ Result<std::unique_ptr<OffloadTier>> OffloadTier::create(const plan::MemoryPlan&
       t->activations_ = int(t->arenas_.size()) - 1;
     }
   }
-  if (t->activations_ >= 0) t->copier_.emplace(copier);
+  if (t->activations_ >= 0) {
+    const memory::Arena& a = t->arenas_[size_t(t->activations_)];
+    t->block_.emplace(a.base(), a.size());
+    t->copier_.emplace(copier);
+  }
   return t;
 }
 
@@ -70,9 +74,23 @@ void OffloadTier::bind(model::Gpt2& net, const plan::MemoryPlan& plan) {
   HR_CHECK_MSG(activations_ >= 0, "a plan offloads activations the offload tier has no room for");
   const memory::Arena& a = arenas_[size_t(activations_)];
   const plan::Region* region = plan::offload_region(plan, plan::kOffloadedActivationsRegion);
-  HR_CHECK_MSG(region != nullptr && region->layout.size == a.size(),
-               "the offloaded activations' region changed after the tier was made");
-  net.bind_offload(&a, &*copier_);
+  HR_CHECK_MSG(region != nullptr && region->layout.size <= a.size(),
+               "a plan's offloaded activations need more than the offload tier was made with");
+  if (region->layout.size == a.size() && region->layout.offsets == a.layout().offsets) {
+    net.bind_offload(&a, &*copier_);
+    return;
+  }
+  // Another shape: its buffers at its own offsets in the same memory (the copy thread is idle
+  // between micro-batches, so nothing still reads the previous view).
+  if (view_.size() == 0 || view_.layout().offsets != region->layout.offsets ||
+      view_.size() != region->layout.size) {
+    view_ = memory::Arena();
+    Result<memory::Arena> v =
+        memory::Arena::create(&*block_, region->buffers, region->layout, region->category);
+    HR_CHECK_MSG(v.is_ok(), v.status().to_string().c_str());
+    view_ = std::move(*v);
+  }
+  net.bind_offload(&view_, &*copier_);
 }
 
 model::OffloadCopier::Stats OffloadTier::copy_stats() const {

@@ -31,8 +31,11 @@ class OffloadTier {
   ~OffloadTier();
 
   // Binds the offloaded-activations arena and the copy thread to `net` for `plan` (the current
-  // plan: no offloaded block unbinds). REQUIRES: plan's offload region is the one this tier was
-  // created with (re-plans never add offload).
+  // plan: no offloaded block unbinds). A plan whose offloaded-activations region is laid out
+  // differently (another micro-batch shape of bucketed batching) gets its buffers at its own
+  // offsets inside the same memory. REQUIRES: that region is no larger than the one this tier
+  // was created with (the trainer creates it with the largest shape's; re-plans never add
+  // offload).
   void bind(model::Gpt2& net, const plan::MemoryPlan& plan);
 
   // The arena of the offload region `name` (plan::kOffload*Region), or null when the plan has
@@ -53,8 +56,11 @@ class OffloadTier {
   memory::LimitResource limit_;
   memory::TrackingResource tracking_;
   std::vector<memory::Arena> arenas_;
-  std::vector<std::string> names_;              // region name of each arena
-  int activations_ = -1;                        // index of the offloaded-activations arena
+  std::vector<std::string> names_;  // region name of each arena
+  int activations_ = -1;            // index of the offloaded-activations arena
+  // Another shape's offloaded activations, laid out over the activations arena's memory.
+  std::optional<memory::BlockResource> block_;
+  memory::Arena view_;
   std::optional<model::OffloadCopier> copier_;  // last: stops before the arenas go
 };
 

@@ -184,11 +184,6 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
   // loss compares across batching modes. See docs/notes/batching.md.
   const bool bucketed = o.batching == data::Batching::kBucketed;
   std::optional<data::DocumentBatcher> docs;
-  if (bucketed && std::ranges::any_of(o.exec.offload, [](bool b) { return b; })) {
-    return Status::invalid_argument(
-        "--batching bucketed with activation offload is not built yet (each micro-batch shape "
-        "would need its own offload region): use --offload-activations off or --batching packed");
-  }
   if (bucketed && o.zero_stage >= 2) {
     // The windows are reduced every micro-batch, a collective, and bucketed ranks run different
     // numbers of micro-batches.
@@ -325,8 +320,28 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
   // before the model, so that it outlives every forward and backward).
   const uint64_t offload_budget =
       o.offload_memory > 0 ? o.offload_memory : cpu::query_cpu_device().available_bytes;
+  // The offload tier's plan: mp's, except that bucketed batching's offloaded activations take the
+  // region of the shape that needs the most (every shape's buffers are laid out inside it in
+  // turn: OffloadTier::bind), as the step region is the largest shape's.
+  plan::MemoryPlan tier_plan_storage;
+  const plan::MemoryPlan* tier_plan = &mp;
+  if (bucketed && !mp.activations.offloaded.empty()) {
+    const plan::Region* largest = plan::offload_region(mp, plan::kOffloadedActivationsRegion);
+    for (const auto& [rows, len] : mb_shapes) {
+      HR_ASSIGN_OR_RETURN(const plan::MemoryPlan* sp, shapes->get(rows, len));
+      const plan::Region* r = plan::offload_region(*sp, plan::kOffloadedActivationsRegion);
+      if (r && (!largest || r->layout.size > largest->layout.size)) largest = r;
+    }
+    tier_plan_storage = mp;
+    for (plan::Region& r : tier_plan_storage.offload) {
+      if (r.name != plan::kOffloadedActivationsRegion) continue;
+      tier_plan_storage.offload_bytes += largest->layout.size - r.layout.size;
+      r = *largest;
+    }
+    tier_plan = &tier_plan_storage;
+  }
   HR_ASSIGN_OR_RETURN(std::unique_ptr<OffloadTier> offload_tier,
-                      OffloadTier::create(mp, offload_budget, o.offload_copier));
+                      OffloadTier::create(*tier_plan, offload_budget, o.offload_copier));
   // Optimizer offload: m and v (and the master weights) live in the offload tier.
   std::unique_ptr<OptimizerOffload> offload;
   if (mp.policy.offload_optimizer) {
@@ -596,8 +611,8 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     info.planned_bytes = mp.peak_bytes;
     info.memory_table = plan::category_table(mp, o.device_memory);
     if (mp.offload_bytes > 0) {
-      info.offload_table = plan::offload_table(mp, offload_tier->budget());
-      info.offload_bytes = mp.offload_bytes;
+      info.offload_table = plan::offload_table(*tier_plan, offload_tier->budget());
+      info.offload_bytes = tier_plan->offload_bytes;
       info.offload_budget = offload_tier->budget();
       info.offload_optimizer = mp.policy.offload_optimizer;
       info.offloaded_blocks = int(mp.activations.offloaded.size());
@@ -660,6 +675,18 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     if (!bucketed) return Status::ok();
     mb_shapes = micro_batch_shapes(docs->batch_shapes(), elastic.micro_batch(), T);
     HR_ASSIGN_OR_RETURN(largest_shape, shapes->largest(mb_shapes));
+    // The offload tier was made for the first plan's shapes: a new shape must fit its region.
+    const uint64_t tier_acts = plan::offloaded_activation_bytes(*tier_plan);
+    for (const auto& [rows, len] : mb_shapes) {
+      HR_ASSIGN_OR_RETURN(const plan::MemoryPlan* sp, shapes->get(rows, len));
+      if (plan::offloaded_activation_bytes(*sp) > tier_acts) {
+        return Status::out_of_memory(fmt::format(
+            "after the re-plan, micro-batches of {} x {} offload {} of activations, more than "
+            "the {} the offload tier was made with; restart the run with the new budget",
+            rows, len, format_bytes(plan::offloaded_activation_bytes(*sp)),
+            format_bytes(tier_acts)));
+      }
+    }
     elastic.release_unused();
     return warm_up();
   };
@@ -1048,7 +1075,7 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
       const memory::MemoryStats os = offload_tier->stats();
       s.offload_bytes_in_use = os.current;
       s.offload_bytes_peak = os.peak;
-      s.planned_offload_bytes = mp.offload_bytes;
+      s.planned_offload_bytes = tier_plan->offload_bytes;
     }
     // Both kinds' copies over the one host link: the optimizer's (gradients out, weights back)
     // and the activations' (out and back per micro-batch, on the copy thread).
@@ -1103,7 +1130,7 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
   if (zw) result.zero_events = zw->events();
   result.offload_memory = offload_tier->stats();
   result.offload_bytes_peak = result.offload_memory.peak;
-  result.planned_offload_bytes = mp.offload_bytes;
+  result.planned_offload_bytes = tier_plan->offload_bytes;
   const model::OffloadCopier::Stats copies = offload_tier->copy_stats();
   result.offload_copied_bytes = copies.bytes;
   result.offload_copy_ms = copies.copy_seconds * 1e3;

@@ -5,7 +5,9 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <bit>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <random>
 
@@ -244,6 +246,55 @@ TEST_F(Bucketing, PlansPerShapeAreCachedAndTheMeasuredPeakIsPlanned) {
   }
   EXPECT_EQ(r.result.device_bytes_peak, r.result.planned_peak_bytes);
   EXPECT_GT(r.result.padding, 0.0);
+}
+
+// Activation offload with bucketed batching: every micro-batch shape's offloaded activations
+// are laid out in turn inside one offload region, the largest shape's; the run is bit-identical
+// to the same run without offload, and the offload tier's measured peak is that region.
+TEST_F(Bucketing, ActivationOffloadTakesTheLargestShapesRegionAndChangesNoBit) {
+  const int b = 2, k = 4;
+  train::TrainOptions plain = options(b, k);
+  plain.bucket = 12;  // rows of 12, 24 and 32 tokens: shapes of several sizes
+  train::TrainOptions off = plain;
+  off.exec.offload = {true, false};  // block 0 offloaded, block 1 kept
+  off.offload_memory = uint64_t(1) << 30;
+  Run r0 = run(plain), r1 = run(off);
+  ASSERT_EQ(r0.steps.size(), 4u);
+  ASSERT_EQ(r1.steps.size(), 4u);
+  for (size_t i = 0; i < 4; i++) {
+    EXPECT_EQ(std::bit_cast<uint64_t>(r1.steps[i].loss), std::bit_cast<uint64_t>(r0.steps[i].loss))
+        << i;
+    EXPECT_EQ(r1.steps[i].micro_batches, r0.steps[i].micro_batches) << i;
+  }
+  ASSERT_EQ(r0.params.size(), r1.params.size());
+  EXPECT_EQ(std::memcmp(r0.params.data(), r1.params.data(), r0.params.size() * 4), 0);
+  // The planned tier: the largest offloaded-activations region among the shapes that occur.
+  Result<data::TokenFile> f = data::TokenFile::open(data_);
+  ASSERT_TRUE(f.is_ok());
+  const auto split = data::split_train_val(*f, off.val_fraction, kT + 1);
+  Result<data::DocumentBatcher> db =
+      data::DocumentBatcher::create(*f, split.first, kT, off.bucket, int64_t(b) * k * kT, off.seed);
+  ASSERT_TRUE(db.is_ok());
+  plan::Policy policy{b, k, kT, "fp32", {}};
+  policy.exec.offload = off.exec.offload;
+  Result<plan::MemoryPlan> full = plan::plan_training_memory(tiny(), policy);
+  ASSERT_TRUE(full.is_ok());
+  uint64_t largest = plan::offloaded_activation_bytes(*full), smallest = largest;
+  for (const auto& [rows, len] : train::micro_batch_shapes(db->batch_shapes(), b, kT)) {
+    plan::Policy p = policy;
+    p.micro_batch = rows;
+    p.accumulation = 1;
+    p.seq = len;
+    Result<plan::MemoryPlan> mp = plan::plan_training_memory(tiny(), p);
+    ASSERT_TRUE(mp.is_ok());
+    largest = std::max(largest, plan::offloaded_activation_bytes(*mp));
+    smallest = std::min(smallest, plan::offloaded_activation_bytes(*mp));
+  }
+  EXPECT_LT(smallest, largest);  // the shapes' regions differ: the views are exercised
+  EXPECT_EQ(r1.result.planned_offload_bytes, largest);
+  EXPECT_EQ(r1.result.offload_bytes_peak, largest);
+  EXPECT_EQ(r0.result.planned_offload_bytes, 0u);
+  EXPECT_EQ(r1.result.device_bytes_peak, r1.result.planned_peak_bytes);
 }
 
 TEST_F(Bucketing, ShapePlansAreComputedOnceEach) {
