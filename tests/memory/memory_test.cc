@@ -167,6 +167,34 @@ TEST(FailingResource, FailsASetOfCalls) {
   EXPECT_EQ(failing.failures(), 2u);
 }
 
+// BlockResource lends its one block to one arena at a time, never more than the block.
+TEST(BlockResource, LendsItsBlockOnceAndOnlyWhatFits) {
+  HostResource host;
+  Result<Arena> owner =
+      Arena::create(&host, {{"block", DType::kF32, Shape({4096})}},
+                    sequential_layout({{"block", DType::kF32, Shape({4096})}}), Category::kOffload);
+  ASSERT_TRUE(owner.is_ok());
+  BlockResource block(owner->base(), owner->size());
+  const std::vector<BufferDesc> two = {{"a", DType::kF32, Shape({1000})},
+                                       {"b", DType::kF32, Shape({2000})}};
+  {
+    Result<Arena> view = Arena::create(&block, two, sequential_layout(two), Category::kOffload);
+    ASSERT_TRUE(view.is_ok()) << view.status().to_string();
+    EXPECT_EQ(view->base(), owner->base());
+    EXPECT_EQ(view->data(1), static_cast<char*>(owner->base()) + view->layout().offsets[1]);
+    // Lent: a second arena is refused until the first returns the block.
+    Result<Arena> again = Arena::create(&block, two, sequential_layout(two), Category::kOffload);
+    ASSERT_FALSE(again.is_ok());
+    EXPECT_EQ(again.status().code(), StatusCode::kOutOfMemory);
+    EXPECT_NE(again.status().message().find("already lent"), std::string::npos);
+  }
+  const std::vector<BufferDesc> big = {{"c", DType::kF32, Shape({5000})}};
+  Result<Arena> too_big = Arena::create(&block, big, sequential_layout(big), Category::kOffload);
+  ASSERT_FALSE(too_big.is_ok());
+  EXPECT_NE(too_big.status().message().find("does not fit"), std::string::npos);
+  EXPECT_TRUE(Arena::create(&block, two, sequential_layout(two), Category::kOffload).is_ok());
+}
+
 TEST(PoolResource, ReusesFreedBlocksWithoutUpstreamCalls) {
   HostResource host;
   TrackingResource tracking(&host);
