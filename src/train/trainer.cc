@@ -184,15 +184,6 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
   // loss compares across batching modes. See docs/notes/batching.md.
   const bool bucketed = o.batching == data::Batching::kBucketed;
   std::optional<data::DocumentBatcher> docs;
-  if (bucketed && o.zero_stage >= 2) {
-    // The windows are reduced every micro-batch, a collective, and bucketed ranks run different
-    // numbers of micro-batches.
-    return Status::invalid_argument(fmt::format(
-        "--batching bucketed runs with --zero 0 or 1 (ZeRO-{} reduces gradient windows in every "
-        "micro-batch and bucketed ranks run different numbers of them): use --zero 1 or "
-        "--batching packed",
-        o.zero_stage));
-  }
   if (bucketed) {
     HR_ASSIGN_OR_RETURN(data::DocumentBatcher d,
                         data::DocumentBatcher::create(file, train_range, T, o.bucket,
@@ -917,6 +908,9 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     for (int k = 0; done < my_rows; k++) {
       if (bucketed && k % R != rank) {  // another rank's micro-batch
         done += rows_per_micro_batch(elastic.micro_batch(), T, len);
+        // ZeRO-2/3 reduce gradient windows (and ZeRO-3 gathers parameters) in every micro-batch,
+        // collectives of all ranks: this rank makes the hook calls with empty windows.
+        if (zw) zw->skip_micro_batch(true);
         continue;
       }
       const plan::MemoryPlan* shape = nullptr;
@@ -961,7 +955,9 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
       // remaining micro-batches (several ranks never re-plan, so the micro-batch is unchanged);
       // then the queue drains before agree(), a collective of the training thread.
       if (!local.is_ok()) {
-        for (; done < my_rows; done += elastic.micro_batch()) zw->skip_micro_batch(true);
+        const int step_rows_each =
+            bucketed ? rows_per_micro_batch(elastic.micro_batch(), T, len) : elastic.micro_batch();
+        for (; done < my_rows; done += step_rows_each) zw->skip_micro_batch(true);
       }
       Status reduced = zw->finish_step();
       if (local.is_ok()) local = std::move(reduced);
