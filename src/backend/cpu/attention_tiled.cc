@@ -726,34 +726,55 @@ HR_BF16_TARGET inline void amx_block(int P, const bf16_t* A, int64_t lda, const 
   if constexpr (MT == 2 && NT == 2) _tile_stored(3, C + 16 * ldc + 16, sc);
 }
 
+// A diagonal tile's 32 x 32 blocks (tile rows and columns both start at the block's first
+// query = first key) that AMX skips, where the causal mask makes them never read or all zeros:
+//   kSkipUpper: C blocks above the diagonal (S, rows = queries: keys past every query), left
+//     unwritten (the softmax never reads them);
+//   kSkipLower: C blocks below it (S^T, dP^T, rows = keys), left unwritten likewise;
+//   kKToRow: A = P or dS by query rows, K = keys: block row m sums keys < m + 32 only;
+//   kKFromRow: A = P^T or dS^T by key rows, K = queries: block row m sums queries >= m only.
+// The last two skip products of exact zeros (P and dS are stored 0 past the causal edge): c + 0
+// is c, so the sums are those of the whole product (Note [Tiled attention]).
+enum class DiagSkip { kNone, kSkipUpper, kSkipLower, kKToRow, kKFromRow };
+
 HR_BF16_TARGET void amx_gemm(int M, int N, int P, const bf16_t* A, int64_t lda, const uint32_t* B,
-                             int64_t ldb, float* C, int64_t ldc, bool acc) {
+                             int64_t ldb, float* C, int64_t ldc, bool acc, DiagSkip skip) {
   for (int m = 0; m < M; m += 32) {
     const bool m2 = m + 32 <= M;
-    const bf16_t* a = A + int64_t{m} * lda;
+    // The pairs [p0, p1) this block row sums (AMX steps of 16 pairs = 32 rows of K).
+    int p0 = 0, p1 = P;
+    if (skip == DiagSkip::kKToRow) p1 = std::min(P, m / 2 + 16);
+    if (skip == DiagSkip::kKFromRow) p0 = std::min(P, m / 2);
+    const bf16_t* a = A + int64_t{m} * lda + 2 * p0;
+    const uint32_t* b = B + int64_t{p0} * ldb;
     float* c = C + int64_t{m} * ldc;
     for (int n = 0; n < N; n += 32) {
+      if ((skip == DiagSkip::kSkipUpper && n > m) || (skip == DiagSkip::kSkipLower && m > n)) {
+        continue;
+      }
       const bool n2 = n + 32 <= N;
       if (m2 && n2) {
-        amx_block<2, 2>(P, a, lda, B + n, ldb, c + n, ldc, acc);
+        amx_block<2, 2>(p1 - p0, a, lda, b + n, ldb, c + n, ldc, acc);
       } else if (m2) {
-        amx_block<2, 1>(P, a, lda, B + n, ldb, c + n, ldc, acc);
+        amx_block<2, 1>(p1 - p0, a, lda, b + n, ldb, c + n, ldc, acc);
       } else if (n2) {
-        amx_block<1, 2>(P, a, lda, B + n, ldb, c + n, ldc, acc);
+        amx_block<1, 2>(p1 - p0, a, lda, b + n, ldb, c + n, ldc, acc);
       } else {
-        amx_block<1, 1>(P, a, lda, B + n, ldb, c + n, ldc, acc);
+        amx_block<1, 1>(p1 - p0, a, lda, b + n, ldb, c + n, ldc, acc);
       }
     }
   }
 }
 
 // The product for kernel K: M is rounded up to 16 for AMX (the callers' A and C have those rows;
-// the extra rows of C are never read).
+// the extra rows of C are never read). skip: what a diagonal tile may leave out (AMX only; the
+// AVX512-BF16 products are whole).
 template <bool kAmx>
 HR_BF16_TARGET inline void mm(int M, int N, int P, const bf16_t* A, int64_t lda, const uint32_t* B,
-                              int64_t ldb, float* C, int64_t ldc, bool acc) {
+                              int64_t ldb, float* C, int64_t ldc, bool acc,
+                              DiagSkip skip = DiagSkip::kNone) {
   if constexpr (kAmx) {
-    amx_gemm((M + 15) / 16 * 16, N, P, A, lda, B, ldb, C, ldc, acc);
+    amx_gemm((M + 15) / 16 * 16, N, P, A, lda, B, ldb, C, ldc, acc, skip);
   } else {
     dp_gemm(M, N, P, A, lda, B, ldb, C, ldc, acc);
   }
@@ -914,7 +935,8 @@ HR_BF16_TARGET void forward_tiles_bf16(bf16_t* out, float* m, const bf16_t* qs,
     const bool diag = jb == ib;
     const uint32_t* kt = kt_all + int64_t{jb} * kB * HSp / 2;
     const uint32_t* v2 = v2_all + int64_t{jb} * kB * HSp / 2;
-    mm<kAmx>(nq, kB, HSp / 2, qs, HSp, kt, kB, s, kB, false);
+    mm<kAmx>(nq, kB, HSp / 2, qs, HSp, kt, kB, s, kB, false,
+             diag ? DiagSkip::kSkipUpper : DiagSkip::kNone);
     const __m512 vscale = _mm512_set1_ps(scale);
     for (int r = 0; r < nq; ++r) {
       float* row = s + r * kB;
@@ -953,7 +975,8 @@ HR_BF16_TARGET void forward_tiles_bf16(bf16_t* out, float* m, const bf16_t* qs,
       }
       m[r] = m_new;
     }
-    mm<kAmx>(nq, HSp, kB / 2, pb, kB, v2, HSp, o, HSp, jb > 0);
+    mm<kAmx>(nq, HSp, kB / 2, pb, kB, v2, HSp, o, HSp, jb > 0,
+             diag ? DiagSkip::kKToRow : DiagSkip::kNone);
   }
   for (int r = 0; r < nq; ++r) {
     narrow_row(out + r * C, o + r * HSp, HS, 1.0f / l[r]);
@@ -1121,8 +1144,9 @@ HR_BF16_TARGET void backward_head_bf16(bf16_t* dq, bf16_t* dk, bf16_t* dv, const
       prefetch_slice(next, tile++, tiles);
       const bool diag = jb == ib;
       const int64_t j0 = int64_t{jb} * kB, joff = j0 * HSp;
-      mm<kAmx>(kB, kB, HSp / 2, kh + joff, HSp, qt2 + ioff / 2, kB, s, kB, false);    // S^T
-      mm<kAmx>(kB, kB, HSp / 2, vh + joff, HSp, dyt2 + ioff / 2, kB, dp, kB, false);  // dP^T
+      const DiagSkip lower = diag ? DiagSkip::kSkipLower : DiagSkip::kNone;
+      mm<kAmx>(kB, kB, HSp / 2, kh + joff, HSp, qt2 + ioff / 2, kB, s, kB, false, lower);    // S^T
+      mm<kAmx>(kB, kB, HSp / 2, vh + joff, HSp, dyt2 + ioff / 2, kB, dp, kB, false, lower);  // dP^T
       // P^T = exp(scale s - lse), dS^T = P^T (dP^T - D) scale, zero where the key is past the
       // query (diagonal tile) and past the last query; to bf16 as rows (P^T, dS^T) and as pairs
       // of key rows (dS^T). Vectors wholly past the causal edge are zeros without arithmetic.
@@ -1164,12 +1188,15 @@ HR_BF16_TARGET void backward_head_bf16(bf16_t* dq, bf16_t* dk, bf16_t* dv, const
       }
       // dV, dK rows [j0, j0 + 64) start at the diagonal tile (the first query block that sees
       // them), dQ's rows at key block 0: overwritten there, so no zeroing.
-      mm<kAmx>(kB, HSp, kB / 2, pT, kB, dy2 + ioff / 2, HSp, dV + joff, HSp, !diag);  // P^T dy
-      mm<kAmx>(kB, HSp, kB / 2, dsr, kB, q2 + ioff / 2, HSp, dK + joff, HSp, !diag);  // dS^T q
+      const DiagSkip from = diag ? DiagSkip::kKFromRow : DiagSkip::kNone;
+      mm<kAmx>(kB, HSp, kB / 2, pT, kB, dy2 + ioff / 2, HSp, dV + joff, HSp, !diag,
+               from);  // P^T dy
+      mm<kAmx>(kB, HSp, kB / 2, dsr, kB, q2 + ioff / 2, HSp, dK + joff, HSp, !diag,
+               from);  // dS^T q
       // dS rows: dsr32[i][p] = ds2[p][i] = (dS[i][2p], dS[i][2p + 1]).
       transpose32(reinterpret_cast<uint32_t*>(dsr), kB / 2, ds2, kB, kB / 2, kB);
-      mm<kAmx>(nq, HSp, kB / 2, dsr, kB, k2 + joff / 2, HSp, dQ + ioff, HSp,
-               jb > 0);  // dQ += dS k
+      mm<kAmx>(nq, HSp, kB / 2, dsr, kB, k2 + joff / 2, HSp, dQ + ioff, HSp, jb > 0,
+               diag ? DiagSkip::kKToRow : DiagSkip::kNone);  // dQ += dS k
     }
   }
   for (int t = 0; t < T; ++t) {
