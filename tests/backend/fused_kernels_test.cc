@@ -334,11 +334,12 @@ TEST(AttentionTiledBf16Kernel, FallbackIsSelectableAndScratchFollowsTheKernel) {
   }
   EXPECT_NE(attention_bf16_kernel(), AttentionBf16Kernel::kAuto);
   if (attention_bf16_kernel() == AttentionBf16Kernel::kWidenFp32) GTEST_SKIP() << "no bf16 kernel";
-  // HS = 64, one slot per head (at most 64): forward 1.5 Tp x HSp for the head's keys and
-  // values, q [64, 64] bf16, s, p (bf16), o and l; backward 6.5 Tp x HSp for the head's operands
-  // and accumulators, Tp for D, and the tile's s and dP (P and dS in place) and dS rows (bf16).
+  // HS = 64, one slot per head (at most 64): forward 1.5 Tp x HSp for the head's q rows, k^T and
+  // v pairs (read straight from qkv, no staging), s, p (bf16), o and l; backward 6.5 Tp x HSp for
+  // the head's operands and accumulators, Tp for D, and the tile's s and dP (P and dS in place)
+  // and dS rows (bf16).
   EXPECT_EQ(attention_tiled_scratch_floats(8, 256, 768, 12, DType::kBF16),
-            size_t{64} * (3 * 256 * 64 / 2 + 64 * 64 / 2 + 64 * 64 + 64 * 64 / 2 + 64 * 64 + 64));
+            size_t{64} * (3 * 256 * 64 / 2 + 64 * 64 + 64 * 64 / 2 + 64 * 64 + 64));
   EXPECT_EQ(attention_tiled_backward_scratch_floats(8, 256, 768, 12, DType::kBF16),
             size_t{64} * (13 * 256 * 64 / 2 + 256 + 2 * 64 * 64 + 64 * 64 / 2));
   // HS = 48 is padded to 64, T = 100 to 128; B * NH = 2 slots.

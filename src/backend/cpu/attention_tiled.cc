@@ -591,10 +591,9 @@ inline int padded_head(int HS) { return (HS + 31) / 32 * 32; }
 
 size_t forward_bf16_slot_floats(int T, int HS) {
   const size_t HSp = padded_head(HS), Tp = size_t{1} * num_blocks(T) * kB;
-  // per head: k, then v, rows [Tp, HSp] bf16; k^T pairs [HSp/2, 64] and v pairs [32, HSp] per
-  // block (u32); per query block: q [64, HSp] bf16, s [64, 64], p [64, 64] bf16, o [64, HSp],
-  // l [64].
-  return 3 * Tp * HSp / 2 + HSp * kB / 2 + kB * kB + kB * kB / 2 + HSp * kB + kB;
+  // per head: q rows [Tp, HSp] bf16; k^T pairs [HSp/2, 64] and v pairs [32, HSp] per block
+  // (u32); per query block: s [64, 64], p [64, 64] bf16, o [64, HSp], l [64].
+  return 3 * Tp * HSp / 2 + kB * kB + kB * kB / 2 + HSp * kB + kB;
 }
 
 size_t backward_bf16_slot_floats(int T, int HS) {
@@ -727,34 +726,55 @@ HR_BF16_TARGET inline void amx_block(int P, const bf16_t* A, int64_t lda, const 
   if constexpr (MT == 2 && NT == 2) _tile_stored(3, C + 16 * ldc + 16, sc);
 }
 
+// A diagonal tile's 32 x 32 blocks (tile rows and columns both start at the block's first
+// query = first key) that AMX skips, where the causal mask makes them never read or all zeros:
+//   kSkipUpper: C blocks above the diagonal (S, rows = queries: keys past every query), left
+//     unwritten (the softmax never reads them);
+//   kSkipLower: C blocks below it (S^T, dP^T, rows = keys), left unwritten likewise;
+//   kKToRow: A = P or dS by query rows, K = keys: block row m sums keys < m + 32 only;
+//   kKFromRow: A = P^T or dS^T by key rows, K = queries: block row m sums queries >= m only.
+// The last two skip products of exact zeros (P and dS are stored 0 past the causal edge): c + 0
+// is c, so the sums are those of the whole product (Note [Tiled attention]).
+enum class DiagSkip { kNone, kSkipUpper, kSkipLower, kKToRow, kKFromRow };
+
 HR_BF16_TARGET void amx_gemm(int M, int N, int P, const bf16_t* A, int64_t lda, const uint32_t* B,
-                             int64_t ldb, float* C, int64_t ldc, bool acc) {
+                             int64_t ldb, float* C, int64_t ldc, bool acc, DiagSkip skip) {
   for (int m = 0; m < M; m += 32) {
     const bool m2 = m + 32 <= M;
-    const bf16_t* a = A + int64_t{m} * lda;
+    // The pairs [p0, p1) this block row sums (AMX steps of 16 pairs = 32 rows of K).
+    int p0 = 0, p1 = P;
+    if (skip == DiagSkip::kKToRow) p1 = std::min(P, m / 2 + 16);
+    if (skip == DiagSkip::kKFromRow) p0 = std::min(P, m / 2);
+    const bf16_t* a = A + int64_t{m} * lda + 2 * p0;
+    const uint32_t* b = B + int64_t{p0} * ldb;
     float* c = C + int64_t{m} * ldc;
     for (int n = 0; n < N; n += 32) {
+      if ((skip == DiagSkip::kSkipUpper && n > m) || (skip == DiagSkip::kSkipLower && m > n)) {
+        continue;
+      }
       const bool n2 = n + 32 <= N;
       if (m2 && n2) {
-        amx_block<2, 2>(P, a, lda, B + n, ldb, c + n, ldc, acc);
+        amx_block<2, 2>(p1 - p0, a, lda, b + n, ldb, c + n, ldc, acc);
       } else if (m2) {
-        amx_block<2, 1>(P, a, lda, B + n, ldb, c + n, ldc, acc);
+        amx_block<2, 1>(p1 - p0, a, lda, b + n, ldb, c + n, ldc, acc);
       } else if (n2) {
-        amx_block<1, 2>(P, a, lda, B + n, ldb, c + n, ldc, acc);
+        amx_block<1, 2>(p1 - p0, a, lda, b + n, ldb, c + n, ldc, acc);
       } else {
-        amx_block<1, 1>(P, a, lda, B + n, ldb, c + n, ldc, acc);
+        amx_block<1, 1>(p1 - p0, a, lda, b + n, ldb, c + n, ldc, acc);
       }
     }
   }
 }
 
 // The product for kernel K: M is rounded up to 16 for AMX (the callers' A and C have those rows;
-// the extra rows of C are never read).
+// the extra rows of C are never read). skip: what a diagonal tile may leave out (AMX only; the
+// AVX512-BF16 products are whole).
 template <bool kAmx>
 HR_BF16_TARGET inline void mm(int M, int N, int P, const bf16_t* A, int64_t lda, const uint32_t* B,
-                              int64_t ldb, float* C, int64_t ldc, bool acc) {
+                              int64_t ldb, float* C, int64_t ldc, bool acc,
+                              DiagSkip skip = DiagSkip::kNone) {
   if constexpr (kAmx) {
-    amx_gemm((M + 15) / 16 * 16, N, P, A, lda, B, ldb, C, ldc, acc);
+    amx_gemm((M + 15) / 16 * 16, N, P, A, lda, B, ldb, C, ldc, acc, skip);
   } else {
     dp_gemm(M, N, P, A, lda, B, ldb, C, ldc, acc);
   }
@@ -765,16 +785,6 @@ HR_BF16_TARGET inline __m512i interleave_bf16(__m512 x0, __m512 x1) {
   const __m512i lo = _mm512_maskz_cvtepu16_epi32(0xFFFF, cvt_ps_bf16(x0));
   const __m512i hi = _mm512_maskz_cvtepu16_epi32(0xFFFF, cvt_ps_bf16(x1));
   return _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16));
-}
-
-// One row: dst[d] = src[d] for d < HS if valid, zeros elsewhere in [0, HSp).
-HR_BF16_TARGET inline void copy_row_padded(bf16_t* dst, const bf16_t* src, bool valid, int HSp,
-                                           int HS) {
-  for (int c = 0; c < HSp; c += 32) {
-    const int left = valid ? std::clamp(HS - c, 0, 32) : 0;
-    const __mmask32 mask = left == 32 ? ~__mmask32{0} : (__mmask32{1} << left) - 1;
-    _mm512_storeu_si512(dst + c, _mm512_maskz_loadu_epi16(mask, src + c));
-  }
 }
 
 // Two fp32 vectors to 32 bf16: lo's 16 in the lower half, hi's in the upper (vcvtne2ps2bf16: the
@@ -794,22 +804,94 @@ HR_BF16_TARGET inline __m512i pairs_of_halves(__m512i v) {
   return _mm512_permutexvar_epi16(idx, v);
 }
 
-// dst[r * HSp + d] = src[r * ld + d] for r < n, d < HS; zeros elsewhere in rows [0, rows).
-HR_BF16_TARGET void copy_rows_padded(bf16_t* dst, int HSp, const bf16_t* src, int64_t ld, int n,
-                                     int rows, int HS) {
-  for (int r = 0; r < rows; ++r) {
-    copy_row_padded(dst + int64_t{r} * HSp, src + r * ld, r < n, HSp, HS);
+// ---- ingest: a head's rows read straight from the strided qkv / dout / out rows --------------
+// Each head's row is 2*HS bytes of a 2*3C-byte qkv row (a new page every row or so). The kernels
+// read a head's streams 16 rows at a time, all of them together (q, k, v; and dout, out in the
+// backward), and pack them for the tile products from registers: no row copies staged in the
+// slot first. Touching each row's streams in one pass (and asking for the rows 32 ahead) costs
+// about a third of reading them in separate passes over the head (Note [Tiled attention], the
+// issue 6 section of 2026-12-01 morning).
+
+// 32 bf16 of the row at src from column c: zeros past HS, and everywhere if !valid (a row past
+// T: nothing is read).
+HR_BF16_TARGET inline __m512i load_row32(const bf16_t* src, int c, bool valid, int HS) {
+  const int left = valid ? std::clamp(HS - c, 0, 32) : 0;
+  const __mmask32 mask = left == 32 ? ~__mmask32{0} : (__mmask32{1} << left) - 1;
+  return _mm512_maskz_loadu_epi16(mask, src + c);
+}
+
+// x[i] = load_row32 of row t0 + i (row stride ld) for i < 16.
+HR_BF16_TARGET inline void load_rows16(__m512i (&x)[16], const bf16_t* src, int64_t ld, int t0,
+                                       int T, int c, int HS) {
+  for (int i = 0; i < 16; ++i) x[i] = load_row32(src + (t0 + i) * ld, c, t0 + i < T, HS);
+}
+
+// Asks for the 2*HS bytes of rows [t0, t0 + 16) (those < T) of a stream into L1.
+HR_BF16_TARGET inline void prefetch_rows16(const bf16_t* src, int64_t ld, int t0, int T, int HS) {
+  const int t1 = std::min(t0 + 16, T);
+  for (int t = t0; t < t1; ++t) {
+    const char* row = reinterpret_cast<const char*>(src + t * ld);
+    for (int b = 0; b < 2 * HS; b += 64) _mm_prefetch(row + b, _MM_HINT_T0);
   }
 }
 
-// The bf16 row dot product sum_d x[d] * y[d] in fp32, x and y padded with zeros to HSp.
-HR_BF16_TARGET inline float dot_bf16_row(const bf16_t* x, const bf16_t* y, int HSp) {
+// Rows ahead of the ingest asked for (about a page a row: the hardware prefetchers do not cross).
+constexpr int kIngestAhead = 32;
+
+// Asks for the 2*HS bytes of rows [0, n) (stride ld) for writing (their lines owned before the
+// stores that fill them reach them: each is a cache miss otherwise, paid when the stores drain).
+HR_BF16_TARGET inline void prefetch_rows_for_write(const bf16_t* dst, int64_t ld, int n, int HS) {
+  for (int t = 0; t < n; ++t) {
+    const char* row = reinterpret_cast<const char*>(dst + t * ld);
+    for (int b = 0; b < 2 * HS; b += 64) __builtin_prefetch(row + b, 1, 3);
+  }
+}
+
+// Rows x (16 rows, pairs [c/2, c/2 + 16)) as columns n0 + [0, 16) of a block's pairs transposed,
+// the B of x k^T: dst[p * kB + n] = (row n's bf16 2p, 2p + 1). Transposes x in place.
+HR_BF16_TARGET inline void store_pairs_transposed(uint32_t* dst, int n0, int c, __m512i (&x)[16]) {
+  __m512 f[16];
+  for (int i = 0; i < 16; ++i) f[i] = _mm512_castsi512_ps(x[i]);
+  transpose16x16(f);
+  for (int j = 0; j < 16; ++j) {
+    _mm512_storeu_si512(dst + int64_t{c / 2 + j} * kB + n0, _mm512_castps_si512(f[j]));
+  }
+}
+
+// Rows x (16 rows t0.., bf16 [c, c + 32)) as 8 pairs of rows, the B of x v: dst[p * HSp + d] =
+// (row 2p's bf16 d, row 2p + 1's), p = p0 + [0, 8).
+HR_BF16_TARGET inline void store_row_pairs(uint32_t* dst, int p0, int HSp, int c,
+                                           const __m512i (&x)[16]) {
+  for (int i = 0; i < 8; ++i) {
+    uint32_t* out = dst + int64_t{p0 + i} * HSp + c;
+    for (int h = 0; h < 2; ++h) {
+      const __m256i r0 =
+          h == 0 ? _mm512_castsi512_si256(x[2 * i]) : _mm512_extracti64x4_epi64(x[2 * i], 1);
+      const __m256i r1 = h == 0 ? _mm512_castsi512_si256(x[2 * i + 1])
+                                : _mm512_extracti64x4_epi64(x[2 * i + 1], 1);
+      const __m512i lo = _mm512_maskz_cvtepu16_epi32(0xFFFF, r0);
+      const __m512i hi = _mm512_maskz_cvtepu16_epi32(0xFFFF, r1);
+      _mm512_storeu_si512(out + 16 * h, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+    }
+  }
+}
+
+// Rows x as rows: dst[i * HSp + c + [0, 32)] = x[i].
+HR_BF16_TARGET inline void store_rows(bf16_t* dst, int HSp, int c, const __m512i (&x)[16]) {
+  for (int i = 0; i < 16; ++i) _mm512_storeu_si512(dst + int64_t{i} * HSp + c, x[i]);
+}
+
+// The bf16 row dot product sum_d x[d] * y[d] in fp32 over d < HSp, reading d < HS (zeros past
+// it, and 0 if !valid): the sums of a copy padded with zeros, bit for bit.
+HR_BF16_TARGET inline float dot_bf16_row(const bf16_t* x, const bf16_t* y, bool valid, int HSp,
+                                         int HS) {
   __m512 acc = _mm512_setzero_ps();
   for (int c = 0; c < HSp; c += 16) {
-    const __m512 a = _mm512_castsi512_ps(_mm512_slli_epi32(
-        _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + c))), 16));
-    const __m512 b = _mm512_castsi512_ps(_mm512_slli_epi32(
-        _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(y + c))), 16));
+    const __mmask16 m = valid ? cols_mask(c, HS) : 0;
+    const __m512 a = _mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, x + c)), 16));
+    const __m512 b = _mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, y + c)), 16));
     acc = _mm512_fmadd_ps(a, b, acc);
   }
   return _mm512_reduce_add_ps(acc);
@@ -829,29 +911,6 @@ HR_BF16_TARGET void transpose32(uint32_t* dst, int64_t ld_dst, const uint32_t* s
       for (int i = 0; i < 16; ++i) {
         _mm512_storeu_si512(dst + int64_t{c + i} * ld_dst + r, _mm512_castps_si512(x[i]));
       }
-    }
-  }
-}
-
-// Keys (or values) of one 64-row block, rows [HSp], as the B of x k^T: kt[p*64 + n] = pair
-// (k[n][2p], k[n][2p+1]), a transpose of 32-bit pairs.
-HR_BF16_TARGET void pack_pairs_transposed(uint32_t* kt, const bf16_t* k, int HSp) {
-  transpose32(kt, kB, reinterpret_cast<const uint32_t*>(k), HSp / 2, kB, HSp / 2);
-}
-
-// Rows [2p, 2p+1] of a 64-row block (rows [HSp]) interleaved, as the B of x v: v2[p*HSp + d] =
-// pair (v[2p][d], v[2p+1][d]).
-HR_BF16_TARGET void pack_pairs(uint32_t* v2, const bf16_t* v, int HSp) {
-  for (int p = 0; p < kB / 2; ++p) {
-    const bf16_t* r0 = v + int64_t{2 * p} * HSp;
-    const bf16_t* r1 = r0 + HSp;
-    uint32_t* out = v2 + int64_t{p} * HSp;
-    for (int d = 0; d < HSp; d += 16) {
-      const __m512i lo = _mm512_maskz_cvtepu16_epi32(
-          0xFFFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r0 + d)));
-      const __m512i hi = _mm512_maskz_cvtepu16_epi32(
-          0xFFFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r1 + d)));
-      _mm512_storeu_si512(out + d, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
     }
   }
 }
@@ -876,7 +935,8 @@ HR_BF16_TARGET void forward_tiles_bf16(bf16_t* out, float* m, const bf16_t* qs,
     const bool diag = jb == ib;
     const uint32_t* kt = kt_all + int64_t{jb} * kB * HSp / 2;
     const uint32_t* v2 = v2_all + int64_t{jb} * kB * HSp / 2;
-    mm<kAmx>(nq, kB, HSp / 2, qs, HSp, kt, kB, s, kB, false);
+    mm<kAmx>(nq, kB, HSp / 2, qs, HSp, kt, kB, s, kB, false,
+             diag ? DiagSkip::kSkipUpper : DiagSkip::kNone);
     const __m512 vscale = _mm512_set1_ps(scale);
     for (int r = 0; r < nq; ++r) {
       float* row = s + r * kB;
@@ -915,7 +975,8 @@ HR_BF16_TARGET void forward_tiles_bf16(bf16_t* out, float* m, const bf16_t* qs,
       }
       m[r] = m_new;
     }
-    mm<kAmx>(nq, HSp, kB / 2, pb, kB, v2, HSp, o, HSp, jb > 0);
+    mm<kAmx>(nq, HSp, kB / 2, pb, kB, v2, HSp, o, HSp, jb > 0,
+             diag ? DiagSkip::kKToRow : DiagSkip::kNone);
   }
   for (int r = 0; r < nq; ++r) {
     narrow_row(out + r * C, o + r * HSp, HS, 1.0f / l[r]);
@@ -955,31 +1016,40 @@ HR_BF16_TARGET void forward_head_bf16(bf16_t* out, float* lse, const bf16_t* q, 
                                       float scale, float* slot, const NextRows& next) {
   const int HSp = padded_head(HS), nb = num_blocks(T), Tp = nb * kB;
   const int64_t TH = int64_t{Tp} * HSp;
-  auto* stage = reinterpret_cast<bf16_t*>(slot);               // [Tp, HSp]: k, then v
-  auto* kt_all = reinterpret_cast<uint32_t*>(stage + TH);      // per block [HSp/2, 64]
-  uint32_t* v2_all = kt_all + TH / 2;                          // per block [32, HSp]
-  auto* qs = reinterpret_cast<bf16_t*>(v2_all + TH / 2);       // [64, HSp]
-  auto* s = reinterpret_cast<float*>(qs + int64_t{kB} * HSp);  // [64, 64]
-  auto* pb = reinterpret_cast<bf16_t*>(s + kB * kB);           // [64, 64]
-  auto* o = reinterpret_cast<float*>(pb + kB * kB);            // [64, HSp]
-  float* l = o + int64_t{kB} * HSp;                            // [64]
-  copy_rows_padded(stage, HSp, k, C3, T, Tp, HS);
-  for (int blk = 0; blk < nb; ++blk) {
-    pack_pairs_transposed(kt_all + int64_t{blk} * kB * HSp / 2, stage + int64_t{blk} * kB * HSp,
-                          HSp);
+  auto* qh = reinterpret_cast<bf16_t*>(slot);           // [Tp, HSp] q rows
+  auto* kt_all = reinterpret_cast<uint32_t*>(qh + TH);  // per block [HSp/2, 64]
+  uint32_t* v2_all = kt_all + TH / 2;                   // per block [32, HSp]
+  auto* s = reinterpret_cast<float*>(v2_all + TH / 2);  // [64, 64]
+  auto* pb = reinterpret_cast<bf16_t*>(s + kB * kB);    // [64, 64]
+  auto* o = reinterpret_cast<float*>(pb + kB * kB);     // [64, HSp]
+  float* l = o + int64_t{kB} * HSp;                     // [64]
+  // Ingest: q rows, k^T pairs and v pairs, 16 rows of all three at a time (zeros past T).
+  for (int t0 = 0; t0 < kIngestAhead; t0 += 16) {
+    for (const bf16_t* src : {q, k, v}) prefetch_rows16(src, C3, t0, T, HS);
   }
-  copy_rows_padded(stage, HSp, v, C3, T, Tp, HS);
-  for (int blk = 0; blk < nb; ++blk) {
-    pack_pairs(v2_all + int64_t{blk} * kB * HSp / 2, stage + int64_t{blk} * kB * HSp, HSp);
+  for (int t0 = 0; t0 < Tp; t0 += 16) {
+    for (const bf16_t* src : {q, k, v}) prefetch_rows16(src, C3, t0 + kIngestAhead, T, HS);
+    const int64_t blk = int64_t{t0 / kB} * kB * HSp / 2;
+    const int n0 = t0 % kB;
+    for (int c = 0; c < HSp; c += 32) {
+      __m512i x[16];
+      load_rows16(x, k, C3, t0, T, c, HS);
+      store_pairs_transposed(kt_all + blk, n0, c, x);
+      load_rows16(x, v, C3, t0, T, c, HS);
+      store_row_pairs(v2_all + blk, n0 / 2, HSp, c, x);
+      load_rows16(x, q, C3, t0, T, c, HS);
+      store_rows(qh + int64_t{t0} * HSp, HSp, c, x);
+    }
   }
   for (int ib = 0; ib < nb; ++ib) {
     const int64_t i0 = int64_t{ib} * kB;
     const int nq = std::min<int64_t>(kB, T - i0);
     float* m = lse + i0;
-    copy_rows_padded(qs, HSp, q + i0 * C3, C3, nq, kB, HS);
     prefetch_slice(next, ib, nb);
-    forward_tiles_bf16<kAmx>(out + i0 * C, m, qs, kt_all, v2_all, C, HS, ib, nq, scale, s, pb, o,
-                             l);
+    // out's rows of the block are written at its end: their lines asked for now, for writing.
+    prefetch_rows_for_write(out + i0 * C, C, nq, HS);
+    forward_tiles_bf16<kAmx>(out + i0 * C, m, qh + i0 * HSp, kt_all, v2_all, C, HS, ib, nq, scale,
+                             s, pb, o, l);
   }
 }
 
@@ -1018,30 +1088,33 @@ HR_BF16_TARGET void backward_head_bf16(bf16_t* dq, bf16_t* dk, bf16_t* dv, const
   // rows r, r + 1 land on floats [32 r, 32 r + 64), stored once both rows are read.
   auto* pT = reinterpret_cast<bf16_t*>(s);
   auto* ds2 = reinterpret_cast<uint32_t*>(dp);
-  // q and dout rows [Tp, HSp] bf16 staged in dK's place until the tiles start.
-  auto* qh = reinterpret_cast<bf16_t*>(dK);
-  bf16_t* dyh = qh + TH;
-
-  // The head's rows of q, k, v and dout in one pass, with D = rowsum(dout * out) from the dout
-  // row just copied (out's row goes through the first row of the tile scratch s, padded like it).
-  auto* yrow = reinterpret_cast<bf16_t*>(s);
-  for (int t = 0; t < Tp; ++t) {
-    const bool in = t < T;
-    const int64_t o = int64_t{t} * HSp;
-    copy_row_padded(qh + o, q + t * C3, in, HSp, HS);
-    copy_row_padded(kh + o, k + t * C3, in, HSp, HS);
-    copy_row_padded(vh + o, v + t * C3, in, HSp, HS);
-    copy_row_padded(dyh + o, dy + t * C, in, HSp, HS);
-    copy_row_padded(yrow, y + t * C, in, HSp, HS);
-    D[t] = dot_bf16_row(dyh + o, yrow, HSp);
+  // Ingest: 16 rows of q, k, v, dout and out at a time (zeros past T), packed from registers:
+  // q^T, dout^T pairs (B of S^T, dP^T), q, dout, k pairs (B of dK, dV, dQ), k, v rows (A of S^T,
+  // dP^T), and D = rowsum(dout * out) while dout's and out's rows are in L1.
+  const bf16_t* const streams[5] = {q, k, v, dy, y};
+  const int64_t lds[5] = {C3, C3, C3, C, C};
+  for (int t0 = 0; t0 < kIngestAhead; t0 += 16) {
+    for (int i = 0; i < 5; ++i) prefetch_rows16(streams[i], lds[i], t0, T, HS);
   }
-  for (int blk = 0; blk < nb; ++blk) {
-    const int64_t off = int64_t{blk} * kB * HSp;
-    pack_pairs_transposed(qt2 + off / 2, qh + off, HSp);
-    pack_pairs_transposed(dyt2 + off / 2, dyh + off, HSp);
-    pack_pairs(q2 + off / 2, qh + off, HSp);
-    pack_pairs(dy2 + off / 2, dyh + off, HSp);
-    pack_pairs(k2 + off / 2, kh + off, HSp);
+  for (int t0 = 0; t0 < Tp; t0 += 16) {
+    for (int i = 0; i < 5; ++i) prefetch_rows16(streams[i], lds[i], t0 + kIngestAhead, T, HS);
+    const int64_t blk = int64_t{t0 / kB} * kB * HSp / 2;
+    const int n0 = t0 % kB;
+    for (int c = 0; c < HSp; c += 32) {
+      __m512i x[16];
+      load_rows16(x, q, C3, t0, T, c, HS);
+      store_row_pairs(q2 + blk, n0 / 2, HSp, c, x);
+      store_pairs_transposed(qt2 + blk, n0, c, x);
+      load_rows16(x, dy, C, t0, T, c, HS);
+      store_row_pairs(dy2 + blk, n0 / 2, HSp, c, x);
+      store_pairs_transposed(dyt2 + blk, n0, c, x);
+      load_rows16(x, k, C3, t0, T, c, HS);
+      store_rows(kh + int64_t{t0} * HSp, HSp, c, x);
+      store_row_pairs(k2 + blk, n0 / 2, HSp, c, x);
+      load_rows16(x, v, C3, t0, T, c, HS);
+      store_rows(vh + int64_t{t0} * HSp, HSp, c, x);
+    }
+    for (int t = t0; t < t0 + 16; ++t) D[t] = dot_bf16_row(dy + t * C, y + t * C, t < T, HSp, HS);
   }
 
   const int tiles = nb * (nb + 1) / 2;
@@ -1061,11 +1134,19 @@ HR_BF16_TARGET void backward_head_bf16(bf16_t* dq, bf16_t* dk, bf16_t* dv, const
       vd[c] = _mm512_loadu_ps(D + i0 + 16 * c);
     }
     for (int jb = 0; jb <= ib; ++jb) {
+      // dqkv's rows of the head, written at its end: their lines asked for, for writing, a
+      // slice per tile (as the next head's rows).
+      {
+        const int r0 = static_cast<int>(int64_t{tile} * T / tiles);
+        const int r1 = static_cast<int>(int64_t{tile + 1} * T / tiles);
+        for (bf16_t* d : {dq, dk, dv}) prefetch_rows_for_write(d + r0 * C3, C3, r1 - r0, HS);
+      }
       prefetch_slice(next, tile++, tiles);
       const bool diag = jb == ib;
       const int64_t j0 = int64_t{jb} * kB, joff = j0 * HSp;
-      mm<kAmx>(kB, kB, HSp / 2, kh + joff, HSp, qt2 + ioff / 2, kB, s, kB, false);    // S^T
-      mm<kAmx>(kB, kB, HSp / 2, vh + joff, HSp, dyt2 + ioff / 2, kB, dp, kB, false);  // dP^T
+      const DiagSkip lower = diag ? DiagSkip::kSkipLower : DiagSkip::kNone;
+      mm<kAmx>(kB, kB, HSp / 2, kh + joff, HSp, qt2 + ioff / 2, kB, s, kB, false, lower);    // S^T
+      mm<kAmx>(kB, kB, HSp / 2, vh + joff, HSp, dyt2 + ioff / 2, kB, dp, kB, false, lower);  // dP^T
       // P^T = exp(scale s - lse), dS^T = P^T (dP^T - D) scale, zero where the key is past the
       // query (diagonal tile) and past the last query; to bf16 as rows (P^T, dS^T) and as pairs
       // of key rows (dS^T). Vectors wholly past the causal edge are zeros without arithmetic.
@@ -1107,12 +1188,15 @@ HR_BF16_TARGET void backward_head_bf16(bf16_t* dq, bf16_t* dk, bf16_t* dv, const
       }
       // dV, dK rows [j0, j0 + 64) start at the diagonal tile (the first query block that sees
       // them), dQ's rows at key block 0: overwritten there, so no zeroing.
-      mm<kAmx>(kB, HSp, kB / 2, pT, kB, dy2 + ioff / 2, HSp, dV + joff, HSp, !diag);  // P^T dy
-      mm<kAmx>(kB, HSp, kB / 2, dsr, kB, q2 + ioff / 2, HSp, dK + joff, HSp, !diag);  // dS^T q
+      const DiagSkip from = diag ? DiagSkip::kKFromRow : DiagSkip::kNone;
+      mm<kAmx>(kB, HSp, kB / 2, pT, kB, dy2 + ioff / 2, HSp, dV + joff, HSp, !diag,
+               from);  // P^T dy
+      mm<kAmx>(kB, HSp, kB / 2, dsr, kB, q2 + ioff / 2, HSp, dK + joff, HSp, !diag,
+               from);  // dS^T q
       // dS rows: dsr32[i][p] = ds2[p][i] = (dS[i][2p], dS[i][2p + 1]).
       transpose32(reinterpret_cast<uint32_t*>(dsr), kB / 2, ds2, kB, kB / 2, kB);
-      mm<kAmx>(nq, HSp, kB / 2, dsr, kB, k2 + joff / 2, HSp, dQ + ioff, HSp,
-               jb > 0);  // dQ += dS k
+      mm<kAmx>(nq, HSp, kB / 2, dsr, kB, k2 + joff / 2, HSp, dQ + ioff, HSp, jb > 0,
+               diag ? DiagSkip::kKToRow : DiagSkip::kNone);  // dQ += dS k
     }
   }
   for (int t = 0; t < T; ++t) {

@@ -32,7 +32,7 @@ void attention_tiled_forward(float* out, float* lse, const float* qkv, int B, in
                              float* scratch);
 // min(B*NH, 64) slots (tasks are heads) of 2*Tp*HS + 64*64 + 64 floats (Tp = T rounded up to
 // 64; HS = 64, T = 256: 144 KiB a slot); with bf16 storage, the slots of the kernel that will run
-// (see AttentionBf16Kernel below): for the bf16 tile products 1.5*Tp*HSp + 1.5*64*HSp + 6208
+// (see AttentionBf16Kernel below): for the bf16 tile products 1.5*Tp*HSp + 64*HSp + 6208
 // floats (HSp = HS rounded up to 32), for the fp32 fallback the fp32 slot plus fp32 copies of the
 // head's rows (T*4*HS floats).
 size_t attention_tiled_scratch_floats(int B, int T, int C, int NH, DType storage = DType::kF32);
