@@ -225,7 +225,7 @@ ActivationTable gpt2_activation_table(const Gpt2Config& c, int B, int T, bool tr
   if (!training) {
     t.ids.bwd = t.ids.fwd;
     t.ids.dresidual = t.ids.d_c = t.ids.d_3c = t.ids.d_4c = t.ids.att_scratch = SIZE_MAX;
-    t.ids.dresidual_low = SIZE_MAX;
+    t.ids.dresidual_low = t.ids.bf16_wgrad_staging = SIZE_MAX;
     return t;
   }
   const Category W = Category::kWorkspace;
@@ -238,6 +238,24 @@ ActivationTable gpt2_activation_table(const Gpt2Config& c, int B, int T, bool tr
       {int64_t(tiled ? cpu::attention_tiled_backward_scratch_floats(B, T, c.n_embd, c.n_head, low)
                      : cpu::attention_backward_scratch_floats(B, T, c.n_head))},
       W);
+  // bf16: the transposed operands of the weight gradients, sized for the largest GEMM that
+  // takes them (a block's inp^T + dout^T; the head's inp^T only, its dlogits^T going into the
+  // logits buffer; the fused head's GEMMs do not take them).
+  t.ids.bf16_wgrad_staging = SIZE_MAX;
+  if (low == DType::kBF16) {
+    const int64_t N = int64_t(B) * T;
+    int64_t elems = 0;
+    for (auto [ic, oc] : std::initializer_list<std::pair<int64_t, int64_t>>{
+             {C, 3 * C}, {C, C}, {C, 4 * C}, {4 * C, C}}) {
+      if (cpu::bf16_wgrad_transposes(int(N), int(ic), int(oc))) {
+        elems = std::max(elems, N * (ic + oc));
+      }
+    }
+    if (t.ids.logits != SIZE_MAX && cpu::bf16_wgrad_transposes(int(N), int(C), int(V))) {
+      elems = std::max(elems, N * C);
+    }
+    if (elems > 0) t.ids.bf16_wgrad_staging = add_low("bf16_wgrad_staging", {elems}, W);
+  }
   t.ids.dresidual_low =
       low == DType::kF32
           ? SIZE_MAX
@@ -355,9 +373,10 @@ std::vector<OpDesc> gpt2_step_ops(const Gpt2Config& c, const ActivationTable& ta
   if (training) std::ranges::copy(saved_of(L - 1), std::back_inserter(head));
   push("forward head", Phase::kForward, -1, std::move(head));
   if (!training) return ops;
-  std::vector<size_t> bhead = {
-      input_of(L),     id.lnf, id.lnf_mean,  id.lnf_rstd,          id.logits,     id.head_lse,
-      id.head_scratch, id.d_c, id.dresidual, id.head_weights_bf16, id.f16_staging};
+  std::vector<size_t> bhead = {input_of(L),          id.lnf,         id.lnf_mean,
+                               id.lnf_rstd,          id.logits,      id.head_lse,
+                               id.head_scratch,      id.d_c,         id.dresidual,
+                               id.head_weights_bf16, id.f16_staging, id.bf16_wgrad_staging};
   std::ranges::copy(landing_of(L - 1), std::back_inserter(bhead));
   push("backward head", Phase::kBackward, -1, std::move(bhead));
   const size_t dres_low = id.dresidual_low;
@@ -371,7 +390,7 @@ std::vector<OpDesc> gpt2_step_ops(const Gpt2Config& c, const ActivationTable& ta
     }
     if (table.options.recompute_at(l) == Recompute::kFull) b.push_back(id.att_fwd_scratch);
     b.insert(b.end(), {input_of(l), id.dresidual, id.d_c, id.d_3c, id.d_4c, id.att_scratch,
-                       dres_low, id.block_weights_bf16, id.f16_staging});
+                       dres_low, id.block_weights_bf16, id.f16_staging, id.bf16_wgrad_staging});
     std::ranges::copy(landing_of(l - 1), std::back_inserter(b));  // block l-1's prefetch
     push("backward h." + std::to_string(l), Phase::kBackward, l, std::move(b));
   }
@@ -830,6 +849,31 @@ void Gpt2::backward_t(const int32_t* inputs, const int32_t* targets, float dloss
   // same pass (ln_backward_dres). The last block's first GEMM casts it (`cast`) after the final
   // LayerNorm's backward instead: dresidual_low is not live during the head's ops (the plan's
   // peak), so that LayerNorm must not write it.
+  // bf16: the transposed operands of the weight-gradient GEMMs that take them (see
+  // cpu::Bf16WgradStaging): inp^T then dout^T in the planned staging, or dout^T in `out_t` (the
+  // LM head's dlogits^T, in the logits buffer's second half) where given. Empty otherwise.
+  auto wgrad_staging = [&](int ic, int oc, bf16_t* out_t = nullptr,
+                           size_t out_elems = 0) -> cpu::Bf16WgradStaging {
+    if (id.bf16_wgrad_staging == SIZE_MAX || !cpu::bf16_wgrad_transposes(N, ic, oc)) return {};
+    bf16_t* area = buf<bf16_t>(a, id.bf16_wgrad_staging);
+    const size_t elems = a.buffers()[id.bf16_wgrad_staging].bytes() / sizeof(bf16_t);
+    const size_t in_elems = size_t(N) * size_t(ic);
+    HR_CHECK_MSG(in_elems <= elems, "bf16_wgrad_staging is smaller than this GEMM's inp^T");
+    if (out_t != nullptr) return {area, elems, out_t, out_elems};
+    return {area, in_elems, area + in_elems, elems - in_elems};
+  };
+  // A block's matmul_backward (kInOut weights), through the transposed operands in bf16.
+  auto block_matmul_backward = [&](T* dinp, float* dweight, float* dbias, const T* dout,
+                                   const T* inp, const GemmWeightT<T>* weight, int ic, int oc,
+                                   cpu::MatmulStrides st) {
+    if constexpr (std::is_same_v<T, bf16_t>) {
+      cpu::matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, ic, oc,
+                           cpu::WeightLayout::kInOut, st, wgrad_staging(ic, oc));
+    } else {
+      cpu::matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, ic, oc,
+                           cpu::WeightLayout::kInOut, st);
+    }
+  };
   auto dres_for_gemm = [&](bool cast) -> const T* {
     if constexpr (std::is_same_v<T, float>) {
       return dres;
@@ -906,9 +950,13 @@ void Gpt2::backward_t(const int32_t* inputs, const int32_t* targets, float dloss
                              gemm_weight<T>(wte), N, C, V, cpu::WeightLayout::kOutIn,
                              {.inp = 0, .out = ldv});
       } else {
+        // bf16 dlogits [N, ldv] fill the first half of the logits' memory; dlogits^T goes into
+        // the second (N * ldv bf16 elements >= V * N).
+        bf16_t* second_half = reinterpret_cast<bf16_t*>(dlogits) + size_t(N) * size_t(ldv);
         cpu::matmul_backward(dc, dwte, nullptr, reinterpret_cast<const T*>(dlogits), lnf,
                              gemm_weight<T>(wte), N, C, V, cpu::WeightLayout::kOutIn,
-                             {.inp = 0, .out = ldv});
+                             {.inp = 0, .out = ldv},
+                             wgrad_staging(C, V, second_half, size_t(N) * size_t(ldv)));
       }
     });
   }
@@ -950,13 +998,13 @@ void Gpt2::backward_t(const int32_t* inputs, const int32_t* targets, float dloss
     // MLP: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2)))).
     const T* dres3 = dres_for_gemm(l == L - 1);
     timed(OpKind::kGemm, [&] {
-      cpu::matmul_backward(d4c, g.fcproj_w, g.fcproj_b, dres3, fch_gelu, gemm_weight<T>(w.fcproj_w),
-                           N, 4 * C, C, cpu::WeightLayout::kInOut, {.inp = ld4, .out = 0});
+      block_matmul_backward(d4c, g.fcproj_w, g.fcproj_b, dres3, fch_gelu,
+                            gemm_weight<T>(w.fcproj_w), 4 * C, C, {.inp = ld4, .out = 0});
     });
     timed(OpKind::kElementwise, [&] { cpu::gelu_backward(d4c, fch, d4c, int64_t(N) * ld4); });
     timed(OpKind::kGemm, [&] {
-      cpu::matmul_backward(dc, g.fc_w, g.fc_b, d4c, ln2, gemm_weight<T>(w.fc_w), N, C, 4 * C,
-                           cpu::WeightLayout::kInOut, {.inp = 0, .out = ld4});
+      block_matmul_backward(dc, g.fc_w, g.fc_b, d4c, ln2, gemm_weight<T>(w.fc_w), C, 4 * C,
+                            {.inp = 0, .out = ld4});
     });
     timed(OpKind::kNorm, [&] {
       ln_backward_dres(g.ln2_w, g.ln2_b, dc, a.f32(s.residual2), w.ln2_w, a.f32(s.ln2_mean),
@@ -965,8 +1013,8 @@ void Gpt2::backward_t(const int32_t* inputs, const int32_t* targets, float dloss
     // Attention: residual2 = x + attproj(attention(qkv(ln1(x)))).
     const T* dres2 = dres_for_gemm(false);
     timed(OpKind::kGemm, [&] {
-      cpu::matmul_backward(dc, g.attproj_w, g.attproj_b, dres2, atty, gemm_weight<T>(w.attproj_w),
-                           N, C, C, cpu::WeightLayout::kInOut);
+      block_matmul_backward(dc, g.attproj_w, g.attproj_b, dres2, atty, gemm_weight<T>(w.attproj_w),
+                            C, C, {});
     });
     timed(OpKind::kAttention, [&] {
       if constexpr (std::is_same_v<T, float>) {
@@ -985,8 +1033,7 @@ void Gpt2::backward_t(const int32_t* inputs, const int32_t* targets, float dloss
       });
     }
     timed(OpKind::kGemm, [&] {
-      cpu::matmul_backward(dc, g.qkv_w, g.qkv_b, d3c, ln1, gemm_weight<T>(w.qkv_w), N, C, 3 * C,
-                           cpu::WeightLayout::kInOut);
+      block_matmul_backward(dc, g.qkv_w, g.qkv_b, d3c, ln1, gemm_weight<T>(w.qkv_w), C, 3 * C, {});
     });
     timed(OpKind::kNorm, [&] {
       ln_backward_dres(g.ln1_w, g.ln1_b, dc, x, w.ln1_w, a.f32(s.ln1_mean), a.f32(s.ln1_rstd),

@@ -124,6 +124,11 @@ struct Gpt2ActivationIds {
   size_t block_weights_bf16, head_weights_bf16;
   // fp16: the staging area of the f16 GEMMs (cpu::F16GemmStaging); SIZE_MAX otherwise.
   size_t f16_staging;
+  // bf16 training: the transposed operands of the weight-gradient GEMMs that take them
+  // (cpu::Bf16WgradStaging, cpu::bf16_wgrad_transposes): inp^T then dout^T of one block's GEMM,
+  // and the LM head's inp^T (its dlogits^T goes in the logits buffer's unused second half);
+  // SIZE_MAX when no GEMM takes them.
+  size_t bf16_wgrad_staging;
 };
 
 // Activation offload of one block: each saved buffer moves from the forward's step buffer

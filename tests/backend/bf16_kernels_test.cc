@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <vector>
@@ -228,6 +229,110 @@ TEST(Bf16, MatmulPaddedStrides) {
     }
     for (int64_t c = OC; c < ldo; ++c) EXPECT_EQ(out[size_t(n) * ldo + c].bits, 0x7fc0);
   }
+}
+
+// The weight gradient through transposed operands (Bf16WgradStaging) against the strided path
+// and against fp32, both layouts, odd N and padded rows: the GEMM sums over N in a possibly
+// different order, so within GEMM rounding (the fp32 accumulations of exact bf16 products),
+// not bit for bit. dinp and dbias do not depend on the staging.
+TEST(Bf16, MatmulTransposedWeightGradientMatchesTheStridedPath) {
+  const int N = 45, IC = 40, OC = 72;
+  const int64_t ldi = 48, ldo = 80;
+  for (WeightLayout layout : {WeightLayout::kInOut, WeightLayout::kOutIn}) {
+    SCOPED_TRACE(layout == WeightLayout::kInOut ? "in-out" : "out-in");
+    VecF x = bf_rand(size_t(N) * ldi, 31), w = bf_rand(size_t(IC) * OC, 32);
+    VecF dout = bf_rand(size_t(N) * ldo, 33);
+    VecB xb = to_bf(x), wb = to_bf(w), doutb = to_bf(dout);
+    const MatmulStrides st{.inp = ldi, .out = ldo};
+    VecF dw(size_t(IC) * OC, 0.5f), db(OC, 0.25f);
+    VecB dx(size_t(N) * ldi);
+    VecF dw2 = dw, db2 = db;
+    VecB dx2 = dx;
+    VecB staging(size_t(N) * (IC + OC) + 7, bf16_t{0x7fc0});
+    const Bf16WgradStaging ws{staging.data(), size_t(N) * IC, staging.data() + size_t(N) * IC,
+                              size_t(N) * OC + 7};
+    matmul_backward(dx.data(), dw.data(), db.data(), doutb.data(), xb.data(), wb.data(), N, IC, OC,
+                    layout, st);
+    matmul_backward(dx2.data(), dw2.data(), db2.data(), doutb.data(), xb.data(), wb.data(), N, IC,
+                    OC, layout, st, ws);
+    EXPECT_EQ(from_bf(dx2), from_bf(dx));
+    EXPECT_EQ(db2, db);
+    expect_close(dw2, dw, 1e-5, 1e-5, "dweight, transposed against strided");
+    // The staging holds the transposes: inp^T [IC, N] then dout^T [OC, N].
+    EXPECT_EQ(staging[size_t(5) * N + 3].bits, xb[size_t(3) * ldi + 5].bits);
+    EXPECT_EQ(staging[size_t(N) * IC + size_t(7) * N + 44].bits, doutb[size_t(44) * ldo + 7].bits);
+    // And against fp32 on the dense copies (the existing bf16 tolerance).
+    VecF xd(size_t(N) * IC), doutd(size_t(N) * OC);
+    for (int n = 0; n < N; ++n) {
+      std::copy_n(x.begin() + n * ldi, IC, xd.begin() + n * IC);
+      std::copy_n(dout.begin() + n * ldo, OC, doutd.begin() + n * OC);
+    }
+    VecF dwf(size_t(IC) * OC, 0.5f);
+    matmul_backward(nullptr, dwf.data(), nullptr, doutd.data(), xd.data(), w.data(), N, IC, OC,
+                    layout);
+    expect_close(dw2, dwf, 1e-5, 1e-5, "dweight, transposed against fp32");
+  }
+}
+
+// The transposed path at a GPT-2-like shape (N = 256 tokens, 64 -> 3072: AMX tiles, the
+// transposes' full 32 x 16 tiles) gives the same bits for 1, 2 and 3 threads, as the strided
+// path does, and stays within GEMM rounding of it.
+TEST(Bf16, MatmulTransposedWeightGradientThreadCountInvariant) {
+  const int N = 256, IC = 64, OC = 3072;
+  VecB xb = to_bf(bf_rand(size_t(N) * IC, 34)), doutb = to_bf(bf_rand(size_t(N) * OC, 35));
+  VecB staging(size_t(N) * (IC + OC));
+  const Bf16WgradStaging ws{staging.data(), size_t(N) * IC, staging.data() + size_t(N) * IC,
+                            size_t(N) * OC};
+  auto run = [&](int threads, bool transposed) {
+    omp_set_num_threads(threads);
+    VecF dw(size_t(IC) * OC, 0.0f);
+    if (transposed) {
+      matmul_backward(nullptr, dw.data(), nullptr, doutb.data(), xb.data(), nullptr, N, IC, OC,
+                      WeightLayout::kInOut, {}, ws);
+    } else {
+      matmul_backward(nullptr, dw.data(), nullptr, doutb.data(), xb.data(), nullptr, N, IC, OC,
+                      WeightLayout::kInOut);
+    }
+    return dw;
+  };
+  const int saved = omp_get_max_threads();
+  VecF one = run(1, true), two = run(2, true), three = run(3, true);
+  VecF strided1 = run(1, false), strided2 = run(2, false);
+  omp_set_num_threads(saved);
+  EXPECT_EQ(one, two);
+  EXPECT_EQ(one, three);
+  EXPECT_EQ(strided1, strided2);
+  expect_close(one, strided1, 1e-5, 1e-5, "dweight, transposed against strided");
+}
+
+TEST(Bf16, WgradTransposeChoiceAndKnob) {
+  const char* saved = std::getenv("HEADROOM_BF16_WGRAD_TRANSPOSE");
+  unsetenv("HEADROOM_BF16_WGRAD_TRANSPOSE");
+  EXPECT_TRUE(bf16_wgrad_transposes(2048, 768, 3072));   // MLP c_fc
+  EXPECT_TRUE(bf16_wgrad_transposes(2048, 3072, 768));   // MLP c_proj
+  EXPECT_TRUE(bf16_wgrad_transposes(2048, 768, 50257));  // LM head
+  EXPECT_FALSE(bf16_wgrad_transposes(2048, 768, 2304));  // attention c_attn
+  EXPECT_FALSE(bf16_wgrad_transposes(2048, 768, 768));   // attention c_proj
+  setenv("HEADROOM_BF16_WGRAD_TRANSPOSE", "1", 1);
+  EXPECT_TRUE(bf16_wgrad_transposes(2048, 768, 768));
+  setenv("HEADROOM_BF16_WGRAD_TRANSPOSE", "0", 1);
+  EXPECT_FALSE(bf16_wgrad_transposes(2048, 768, 3072));
+  if (saved != nullptr) {
+    setenv("HEADROOM_BF16_WGRAD_TRANSPOSE", saved, 1);
+  } else {
+    unsetenv("HEADROOM_BF16_WGRAD_TRANSPOSE");
+  }
+}
+
+TEST(Bf16DeathTest, TransposedWeightGradientNeedsEnoughStaging) {
+  const int N = 8, IC = 16, OC = 32;
+  VecB xb(size_t(N) * IC), doutb(size_t(N) * OC), staging(size_t(N) * (IC + OC));
+  VecF dw(size_t(IC) * OC);
+  const Bf16WgradStaging small{staging.data(), size_t(N) * IC, staging.data() + size_t(N) * IC,
+                               size_t(N) * OC - 1};
+  EXPECT_DEATH(matmul_backward(nullptr, dw.data(), nullptr, doutb.data(), xb.data(), nullptr, N, IC,
+                               OC, WeightLayout::kInOut, {}, small),
+               "staging for dout.T is missing or too small");
 }
 
 // The fallback bf16 attention (fp32 kernels on widened copies), forced on any CPU: the bf16

@@ -4,7 +4,9 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <random>
 
@@ -56,6 +58,45 @@ TEST(MixedPrecision, OneStepMatchesFp32ToBf16Rounding) {
     EXPECT_LT(rel, 0.05);
     // And bf16 is not secretly fp32: some difference must show.
     EXPECT_GT(rel, 0.0);
+  }
+}
+
+// The weight gradients through transposed operands (cpu::Bf16WgradStaging, forced on every GEMM
+// of this small model by HEADROOM_BF16_WGRAD_TRANSPOSE=1, off with 0): the plan gains the staging
+// buffer only when it is used, the loss is the same bits (the forward does not change), and the
+// gradients agree to GEMM rounding, with the full-logits head (whose dlogits^T goes into the
+// logits buffer's second half) and the fused one. The planned arena starts as NaN, so a transpose
+// reading or writing outside its buffers would show.
+TEST(MixedPrecision, TransposedWeightGradientsMatchTheStridedOnes) {
+  const model::Gpt2Config c = small_config();
+  const char* saved = std::getenv("HEADROOM_BF16_WGRAD_TRANSPOSE");
+  for (int head_chunk : {0, 16}) {
+    SCOPED_TRACE(::testing::Message() << "head_chunk " << head_chunk);
+    model::ExecOptions e;
+    e.head_chunk = head_chunk;
+    e.precision = model::Precision::kBf16;
+    setenv("HEADROOM_BF16_WGRAD_TRANSPOSE", "0", 1);
+    EXPECT_EQ(model::gpt2_activation_table(c, 2, 48, true, e).ids.bf16_wgrad_staging, SIZE_MAX);
+    StepResult strided = one_step(c, e, 2, 48);
+    setenv("HEADROOM_BF16_WGRAD_TRANSPOSE", "1", 1);
+    EXPECT_NE(model::gpt2_activation_table(c, 2, 48, true, e).ids.bf16_wgrad_staging, SIZE_MAX);
+    StepResult transposed = one_step(c, e, 2, 48);
+    ASSERT_EQ(transposed.grads.size(), strided.grads.size());
+    EXPECT_EQ(transposed.loss, strided.loss);
+    double worst = 0, scale = 0;
+    for (size_t i = 0; i < strided.grads.size(); i++) {
+      ASSERT_TRUE(std::isfinite(transposed.grads[i])) << i;
+      worst = std::max(worst, double(std::fabs(transposed.grads[i] - strided.grads[i])));
+      scale = std::max(scale, double(std::fabs(strided.grads[i])));
+    }
+    // Only the weight GEMMs' fp32 sums change order; every other gradient is the same bits.
+    EXPECT_LE(worst, 1e-5 * scale);
+    EXPECT_GT(scale, 0);
+  }
+  if (saved != nullptr) {
+    setenv("HEADROOM_BF16_WGRAD_TRANSPOSE", saved, 1);
+  } else {
+    unsetenv("HEADROOM_BF16_WGRAD_TRANSPOSE");
   }
 }
 

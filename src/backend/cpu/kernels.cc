@@ -14,12 +14,15 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <string_view>
 #include <type_traits>
 
 #include "backend/cpu/bf16.h"
 #include "backend/cpu/fast_math.h"
 #include "backend/cpu/gemm.h"
+#include "backend/cpu/transpose.h"
 #include "core/check.h"
 
 namespace headroom::cpu {
@@ -568,7 +571,7 @@ void matmul_forward_t(TO* out, const TA* inp, const TA* weight, const float* bia
 template <typename T>
 void matmul_backward_t(T* dinp, float* dweight, float* dbias, const T* dout, const T* inp,
                        const T* weight, int N, int IC, int OC, WeightLayout layout,
-                       MatmulStrides st) {
+                       MatmulStrides st, const Bf16WgradStaging* ws = nullptr) {
   const bool in_out = layout == WeightLayout::kInOut;
   const int ldi = int(st.inp ? st.inp : IC), ldo = int(st.out ? st.out : OC);
   if (dinp != nullptr) {  // dinp[N,IC] = dout[N,OC] x weight^T
@@ -578,8 +581,25 @@ void matmul_backward_t(T* dinp, float* dweight, float* dbias, const T* dout, con
       mm(false, false, N, IC, OC, dout, ldo, weight, IC, dinp, ldi, nullptr, false);
     }
   }
-  if (dweight != nullptr) {  // accumulated (in fp32) through oneDNN's sum post-op
-    if (in_out) {            // dweight[IC,OC] += inp^T x dout
+  const bool transposed = ws != nullptr && (ws->inp_t != nullptr || ws->out_t != nullptr);
+  if (dweight != nullptr && transposed) {
+    if constexpr (std::is_same_v<T, bf16_t>) {
+      HR_CHECK_MSG(ws->inp_t != nullptr && ws->inp_t_elems >= size_t(IC) * size_t(N),
+                   "bf16 weight gradient: the staging for inp^T is missing or too small");
+      HR_CHECK_MSG(ws->out_t != nullptr && ws->out_t_elems >= size_t(OC) * size_t(N),
+                   "bf16 weight gradient: the staging for dout^T is missing or too small");
+      transpose(ws->inp_t, N, inp, ldi, N, IC);   // inp^T [IC, N]
+      transpose(ws->out_t, N, dout, ldo, N, OC);  // dout^T [OC, N]
+      if (in_out) {                               // dweight[IC,OC] += inp^T x (dout^T)^T
+        gemm_ex(false, true, IC, OC, N, DType::kBF16, ws->inp_t, N, ws->out_t, N, DType::kF32,
+                dweight, OC, nullptr, true);
+      } else {  // dweight[OC,IC] += dout^T x (inp^T)^T
+        gemm_ex(false, true, OC, IC, N, DType::kBF16, ws->out_t, N, ws->inp_t, N, DType::kF32,
+                dweight, IC, nullptr, true);
+      }
+    }
+  } else if (dweight != nullptr) {  // accumulated (in fp32) through oneDNN's sum post-op
+    if (in_out) {                   // dweight[IC,OC] += inp^T x dout
       mm(true, false, IC, OC, N, inp, ldi, dout, ldo, dweight, OC, nullptr, true);
     } else {  // dweight[OC,IC] += dout^T x inp
       mm(true, false, OC, IC, N, dout, ldo, inp, ldi, dweight, IC, nullptr, true);
@@ -617,6 +637,21 @@ void matmul_backward(bf16_t* dinp, float* dweight, float* dbias, const bf16_t* d
                      const bf16_t* inp, const bf16_t* weight, int N, int IC, int OC,
                      WeightLayout layout, MatmulStrides st) {
   matmul_backward_t(dinp, dweight, dbias, dout, inp, weight, N, IC, OC, layout, st);
+}
+void matmul_backward(bf16_t* dinp, float* dweight, float* dbias, const bf16_t* dout,
+                     const bf16_t* inp, const bf16_t* weight, int N, int IC, int OC,
+                     WeightLayout layout, MatmulStrides st, const Bf16WgradStaging& staging) {
+  matmul_backward_t(dinp, dweight, dbias, dout, inp, weight, N, IC, OC, layout, st, &staging);
+}
+bool bf16_wgrad_transposes(int N, int IC, int OC) {
+  if (const char* env = std::getenv("HEADROOM_BF16_WGRAD_TRANSPOSE"); env != nullptr && *env) {
+    HR_CHECK_MSG(std::string_view(env) == "0" || std::string_view(env) == "1",
+                 "HEADROOM_BF16_WGRAD_TRANSPOSE must be 0 or 1");
+    return *env == '1';
+  }
+  // GPT-2 124M (docs/gemm.md): the MLP's 768 <-> 3072 and the LM head's won, the attention's
+  // 768 -> 768 and 768 -> 2304 did not.
+  return N > 0 && std::max(IC, OC) >= 3072;
 }
 
 // ---- fp16 GEMMs: widen, fp32 GEMM, narrow ------------------------------------------------

@@ -155,6 +155,29 @@ void matmul_forward(bf16_t* out, const bf16_t* inp, const bf16_t* weight, const 
 void matmul_backward(bf16_t* dinp, float* dweight, float* dbias, const bf16_t* dout,
                      const bf16_t* inp, const bf16_t* weight, int N, int IC, int OC,
                      WeightLayout layout, MatmulStrides strides = {});
+// Areas (planned by the caller) for the transposed operands of the bf16 weight gradient: inp^T
+// [IC, N] and dout^T [OC, N], dense rows. oneDNN's AMX GEMM runs dweight += inp^T x dout faster
+// with both operands stored K-contiguous than with the strided rows it otherwise reads, the two
+// transposing copies (transpose.h) included, on GPT-2 124M's MLP and LM-head shapes; not on its
+// attention shapes (docs/gemm.md, "Transposed operands for the bf16 weight gradients").
+struct Bf16WgradStaging {
+  bf16_t* inp_t = nullptr;
+  size_t inp_t_elems = 0;
+  bf16_t* out_t = nullptr;
+  size_t out_t_elems = 0;
+};
+// Whether the weight gradient of an [N, IC] x [IC, OC] bf16 matmul should take the transposed
+// operands: max(IC, OC) >= 3072, the shapes where it measured faster. HEADROOM_BF16_WGRAD_TRANSPOSE
+// (read at each call) overrides for tests and A/B timing: "1" every shape, "0" none.
+bool bf16_wgrad_transposes(int N, int IC, int OC);
+// The same matmul_backward, the weight gradient computed from inp^T and dout^T transposed into
+// `staging` (overwritten) and a GEMM over K-contiguous operands: the same sums, possibly in
+// another order (bits may differ within GEMM rounding). An empty staging (both pointers null)
+// is the overload above. REQUIRES (when dweight is not null): staging.inp_t_elems >= IC * N and
+// staging.out_t_elems >= OC * N.
+void matmul_backward(bf16_t* dinp, float* dweight, float* dbias, const bf16_t* dout,
+                     const bf16_t* inp, const bf16_t* weight, int N, int IC, int OC,
+                     WeightLayout layout, MatmulStrides strides, const Bf16WgradStaging& staging);
 void gelu_forward(bf16_t* out, const bf16_t* inp, int64_t n);
 void gelu_backward(bf16_t* dinp, const bf16_t* inp, const bf16_t* dout, int64_t n);
 // out[i] = bf16(inp[i]), round to nearest even (NaN stays NaN).
