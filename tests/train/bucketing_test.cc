@@ -98,6 +98,15 @@ class Bucketing : public ::testing::Test {
   std::string data_;
 };
 
+// The plan of one micro-batch shape (rows x len) under `policy`'s techniques, as ShapePlans makes
+// it.
+Result<plan::MemoryPlan> shape_plan(plan::Policy policy, int rows, int len) {
+  policy.micro_batch = rows;
+  policy.accumulation = 1;
+  policy.seq = len;
+  return plan::plan_training_memory(tiny(), policy);
+}
+
 double max_abs(const std::vector<float>& a, const std::vector<float>& b) {
   EXPECT_EQ(a.size(), b.size());
   double w = 0;
@@ -230,11 +239,7 @@ TEST_F(Bucketing, PlansPerShapeAreCachedAndTheMeasuredPeakIsPlanned) {
   ASSERT_TRUE(full.is_ok());
   uint64_t largest = full->step_bytes;
   for (const auto& [rows, len] : shapes) {
-    plan::Policy p = policy;
-    p.micro_batch = rows;
-    p.accumulation = 1;
-    p.seq = len;
-    Result<plan::MemoryPlan> mp = plan::plan_training_memory(tiny(), p);
+    Result<plan::MemoryPlan> mp = shape_plan(policy, rows, len);
     ASSERT_TRUE(mp.is_ok());
     largest = std::max(largest, mp->step_bytes);
   }
@@ -281,11 +286,7 @@ TEST_F(Bucketing, ActivationOffloadTakesTheLargestShapesRegionAndChangesNoBit) {
   ASSERT_TRUE(full.is_ok());
   uint64_t largest = plan::offloaded_activation_bytes(*full), smallest = largest;
   for (const auto& [rows, len] : train::micro_batch_shapes(db->batch_shapes(), b, kT)) {
-    plan::Policy p = policy;
-    p.micro_batch = rows;
-    p.accumulation = 1;
-    p.seq = len;
-    Result<plan::MemoryPlan> mp = plan::plan_training_memory(tiny(), p);
+    Result<plan::MemoryPlan> mp = shape_plan(policy, rows, len);
     ASSERT_TRUE(mp.is_ok());
     largest = std::max(largest, plan::offloaded_activation_bytes(*mp));
     smallest = std::min(smallest, plan::offloaded_activation_bytes(*mp));
