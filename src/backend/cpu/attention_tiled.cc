@@ -780,13 +780,6 @@ HR_BF16_TARGET inline void mm(int M, int N, int P, const bf16_t* A, int64_t lda,
   }
 }
 
-// Two fp32 rows of 16 to one pair-interleaved vector: lane i = (bf16(x0[i]), bf16(x1[i])).
-HR_BF16_TARGET inline __m512i interleave_bf16(__m512 x0, __m512 x1) {
-  const __m512i lo = _mm512_maskz_cvtepu16_epi32(0xFFFF, cvt_ps_bf16(x0));
-  const __m512i hi = _mm512_maskz_cvtepu16_epi32(0xFFFF, cvt_ps_bf16(x1));
-  return _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16));
-}
-
 // Two fp32 vectors to 32 bf16: lo's 16 in the lower half, hi's in the upper (vcvtne2ps2bf16: the
 // bits of cvt_ps_bf16 on each, whose integer form it takes when a lane is denormal).
 HR_BF16_TARGET inline __m512i cvt2_ps_bf16(__m512 lo, __m512 hi) {
