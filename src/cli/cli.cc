@@ -19,6 +19,7 @@
 
 #include "backend/cpu/device.h"
 #include "backend/cpu/fused_kernels.h"
+#include "backend/cpu/kernels.h"
 #include "core/log.h"
 #include "core/units.h"
 #include "data/prepare.h"
@@ -1910,6 +1911,7 @@ int run(int argc, char** argv) {
   // Measurement knobs from the environment: a bad value is an error here, before any work.
   try {
     (void)cpu::attention_bf16_kernel();
+    (void)cpu::bf16_wgrad_transposes(1, 1, 1);
   } catch (const std::invalid_argument& e) {
     return fail(Status::invalid_argument(std::string(e.what()) + " (unset it for the default)"));
   }

@@ -134,6 +134,15 @@ TEST_F(Cli, BadAttentionKernelVariableIsAClearError) {
   EXPECT_NE(r.out.find("expected auto, amx, avx512bf16 or widen"), std::string::npos) << r.out;
 }
 
+TEST_F(Cli, BadWgradTransposeVariableIsAClearError) {
+  ::setenv("HEADROOM_BF16_WGRAD_TRANSPOSE", "yes", 1);
+  Outcome r = run("bench --model gpt2-tiny --steps 1 --warmup 0 --precision bf16");
+  ::unsetenv("HEADROOM_BF16_WGRAD_TRANSPOSE");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("HEADROOM_BF16_WGRAD_TRANSPOSE=yes"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("expected 0 or 1"), std::string::npos) << r.out;
+}
+
 // bench times calibrate's square GEMM after every timed step and quotes MFU against it as well
 // as against the cached peak; --peak-between-steps false leaves the probe (and its keys) out.
 TEST_F(Cli, BenchQuotesMfuAgainstThePeakTimedBetweenSteps) {

@@ -168,7 +168,8 @@ struct Bf16WgradStaging {
 };
 // Whether the weight gradient of an [N, IC] x [IC, OC] bf16 matmul should take the transposed
 // operands: max(IC, OC) >= 3072, the shapes where it measured faster. HEADROOM_BF16_WGRAD_TRANSPOSE
-// (read at each call) overrides for tests and A/B timing: "1" every shape, "0" none.
+// (read at each call) overrides for tests and A/B timing: "1" every shape, "0" none; any other
+// value throws std::invalid_argument naming it (the CLI checks it before any work).
 bool bf16_wgrad_transposes(int N, int IC, int OC);
 // The same matmul_backward, the weight gradient computed from inp^T and dout^T transposed into
 // `staging` (overwritten) and a GEMM over K-contiguous operands: the same sums, possibly in
