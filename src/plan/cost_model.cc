@@ -2,7 +2,9 @@
 #include "plan/cost_model.h"
 
 #include <algorithm>
+#include <utility>
 
+#include "backend/cpu/kernels.h"
 #include "core/check.h"
 
 namespace headroom::plan {
@@ -140,12 +142,30 @@ StepCost estimate_step(const model::Gpt2Config& c, const MemoryPlan& plan, const
       f16_bytes += 46.0 * C * L * tokens * 10.0;
     }
   }
+  // bf16 on the CPU: the weight-gradient GEMMs that take transposed operands (the plan has their
+  // staging buffer) first copy inp^T and dout^T, each element read and written once (2 + 2
+  // bytes): per block the shapes cpu::bf16_wgrad_transposes picks, and the full-logits head.
+  double wgrad_transpose_bytes = 0;
+  const bool wgrad_staging = std::ranges::any_of(
+      plan.step.buffers,
+      [](const memory::BufferDesc& buf) { return buf.name == "bf16_wgrad_staging"; });
+  if (wgrad_staging) {
+    const int N = int(rows), ci = int(C);
+    for (auto [ic, oc] : {std::pair{ci, 3 * ci}, {ci, ci}, {ci, 4 * ci}, {4 * ci, ci}}) {
+      if (cpu::bf16_wgrad_transposes(N, ic, oc))
+        wgrad_transpose_bytes += L * 4.0 * rows * (ic + oc);
+    }
+    if (plan.policy.exec.head_chunk == 0 && cpu::bf16_wgrad_transposes(N, ci, int(V))) {
+      wgrad_transpose_bytes += 4.0 * rows * (C + V);
+    }
+    wgrad_transpose_bytes *= k;
+  }
   // AdamW reads p, g, m, v and writes p, m, v, plus zeroing and the norm: about nine passes over
   // the (sharded) parameter-sized state, on the device, or with offload on the host.
   const double optimizer_bytes = 9.0 * param_bytes;
   const bool offload = plan.policy.offload_optimizer;
   s.memory_bytes = k * 4.0 * step_buffer_bytes + (offload ? 0.0 : optimizer_bytes) +
-                   recompute_bytes + bf16_bytes + f16_bytes;
+                   recompute_bytes + bf16_bytes + f16_bytes + wgrad_transpose_bytes;
   s.memory_seconds = s.memory_bytes / d.mem_bandwidth;
   if (offload) {
     // Without a ZeRO spec: one device holding the CPU executor's layout (fp32 working weights).

@@ -174,6 +174,37 @@ TEST(CostModel, FusedHeadGemmsArePricedPerChunk) {
   EXPECT_NEAR(large, body + head / (rate * 1024 / (1024 + kGemmHalfRows)), 1e-9 * large);
 }
 
+// bf16: the transposing copies of the weight-gradient GEMMs that take them (GPT-2 124M: the MLP's
+// two and the full-logits head, docs/gemm.md) are memory traffic of the step.
+TEST(CostModel, CountsTheWeightGradientTransposes) {
+  const model::Gpt2Config c = *model::preset_config("gpt2");
+  Policy p;
+  p.micro_batch = 8;
+  p.accumulation = 1;
+  p.seq = 256;
+  p.precision = "bf16";
+  p.exec.precision = model::Precision::kBf16;
+  Result<MemoryPlan> mp = plan_training_memory(c, p);
+  ASSERT_TRUE(mp.is_ok()) << mp.status().to_string();
+  MemoryPlan without = *mp;
+  uint64_t staging = 0;
+  for (size_t i = 0; i < without.step.buffers.size(); i++) {
+    if (without.step.buffers[i].name != "bf16_wgrad_staging") continue;
+    staging = without.step.buffers[i].bytes();
+    without.step.buffers.erase(without.step.buffers.begin() + ptrdiff_t(i));
+    break;
+  }
+  ASSERT_GT(staging, 0u);
+  const DeviceSpec d = test_device(64 * kGiB);
+  const double with_copies = estimate_step(c, *mp, d).memory_bytes;
+  const double none = estimate_step(c, without, d).memory_bytes;
+  const double N = 8 * 256, C = c.n_embd, V = c.vocab_size;
+  // The staging buffer's own traffic (as every step buffer's: 4 passes), the MLP's two copies per
+  // block (inp^T and dout^T: C + 4C columns, 4 bytes an element), the head's (C + V).
+  const double expected = 4.0 * double(staging) + c.n_layer * 2 * 4 * N * 5 * C + 4 * N * (C + V);
+  EXPECT_NEAR(with_copies - none, expected, 1e-9 * with_copies);
+}
+
 TEST(Search, CostModelPrefersFewerLargerMicroBatches) {
   Result<SearchResult> r = search_plan(request(64 * kGiB, 16));
   ASSERT_TRUE(r.is_ok());
