@@ -583,7 +583,11 @@ void matmul_backward_t(T* dinp, float* dweight, float* dbias, const T* dout, con
       mm(false, false, N, IC, OC, dout, ldo, weight, IC, dinp, ldi, nullptr, false);
     }
   }
+  // Only the bf16 overload passes a staging: the transposed path exists for bf16 operands.
+  constexpr bool kBf16 = std::is_same_v<T, bf16_t>;
   const bool transposed = ws != nullptr && (ws->inp_t != nullptr || ws->out_t != nullptr);
+  HR_CHECK_MSG(!transposed || kBf16,
+               "matmul_backward: transposed weight-gradient operands are for bf16 only");
   if (dweight != nullptr && transposed) {
     if constexpr (std::is_same_v<T, bf16_t>) {
       HR_CHECK_MSG(ws->inp_t != nullptr && ws->inp_t_elems >= size_t(IC) * size_t(N),
