@@ -314,15 +314,20 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
   // The offload tier's plan: mp's, except that bucketed batching's offloaded activations take the
   // region of the shape that needs the most (every shape's buffers are laid out inside it in
   // turn: OffloadTier::bind), as the step region is the largest shape's.
-  plan::MemoryPlan tier_plan_storage;
-  const plan::MemoryPlan* tier_plan = &mp;
-  if (bucketed && !mp.activations.offloaded.empty()) {
+  // The largest offloaded-activations region among the bucketed shapes' plans (and `mp`'s).
+  auto largest_offload_region = [&]() -> Result<const plan::Region*> {
     const plan::Region* largest = plan::offload_region(mp, plan::kOffloadedActivationsRegion);
     for (const auto& [rows, len] : mb_shapes) {
       HR_ASSIGN_OR_RETURN(const plan::MemoryPlan* sp, shapes->get(rows, len));
       const plan::Region* r = plan::offload_region(*sp, plan::kOffloadedActivationsRegion);
       if (r && (!largest || r->layout.size > largest->layout.size)) largest = r;
     }
+    return largest;
+  };
+  plan::MemoryPlan tier_plan_storage;
+  const plan::MemoryPlan* tier_plan = &mp;
+  if (bucketed && !mp.activations.offloaded.empty()) {
+    HR_ASSIGN_OR_RETURN(const plan::Region* largest, largest_offload_region());
     tier_plan_storage = mp;
     for (plan::Region& r : tier_plan_storage.offload) {
       if (r.name != plan::kOffloadedActivationsRegion) continue;
@@ -666,17 +671,14 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     if (!bucketed) return Status::ok();
     mb_shapes = micro_batch_shapes(docs->batch_shapes(), elastic.micro_batch(), T);
     HR_ASSIGN_OR_RETURN(largest_shape, shapes->largest(mb_shapes));
-    // The offload tier was made for the first plan's shapes: a new shape must fit its region.
+    // The offload tier was made for the first plan's shapes: the new shapes must fit its region.
+    HR_ASSIGN_OR_RETURN(const plan::Region* need, largest_offload_region());
     const uint64_t tier_acts = plan::offloaded_activation_bytes(*tier_plan);
-    for (const auto& [rows, len] : mb_shapes) {
-      HR_ASSIGN_OR_RETURN(const plan::MemoryPlan* sp, shapes->get(rows, len));
-      if (plan::offloaded_activation_bytes(*sp) > tier_acts) {
-        return Status::out_of_memory(fmt::format(
-            "after the re-plan, micro-batches of {} x {} offload {} of activations, more than "
-            "the {} the offload tier was made with; restart the run with the new budget",
-            rows, len, format_bytes(plan::offloaded_activation_bytes(*sp)),
-            format_bytes(tier_acts)));
-      }
+    if (need && need->layout.size > tier_acts) {
+      return Status::out_of_memory(fmt::format(
+          "after the re-plan, a micro-batch shape offloads {} of activations, more than the {} "
+          "the offload tier was made with; restart the run with the new budget",
+          format_bytes(need->layout.size), format_bytes(tier_acts)));
     }
     elastic.release_unused();
     return warm_up();
