@@ -10,6 +10,7 @@
 #include "backend/cpu/kernels.h"
 #include "core/check.h"
 #include "core/units.h"
+#include "train/zero.h"
 
 namespace headroom::train {
 
@@ -23,15 +24,6 @@ using Clock = std::chrono::steady_clock;
 // the cost model prices the copy that runs.
 void copy_between_tiers(float* dst, const float* src, int64_t n) {
   std::memcpy(dst, src, size_t(n) * sizeof(float));
-}
-
-// torch.nn.utils.clip_grad_norm_, exactly as adamw_step and ZeroOptimizer compute it.
-float clip_scale(const AdamWConfig& config, double norm) {
-  if (config.grad_clip > 0) {
-    const double coef = double(config.grad_clip) / (norm + 1e-6);
-    if (coef < 1.0) return float(coef);
-  }
-  return 1.0f;
 }
 
 }  // namespace
@@ -110,46 +102,15 @@ Result<double> OptimizerOffload::step(float* params, float* grads, float* grad_s
     HR_CHECK(grad_shard != nullptr && (stage_ == 3 || lay.units().size() == 1));
     if (!grads_reduced) {
       HR_CHECK(grads != nullptr);
-      for (size_t u = 0; u < lay.units().size(); ++u) {
-        HR_RETURN_IF_ERROR(comm_->reduce_scatter(grads + lay.units()[u].begin,
-                                                 grad_shard + lay.local_offset(u), lay.counts(u)));
-      }
+      HR_RETURN_IF_ERROR(reduce_scatter_units(comm_, lay, grads, grad_shard));
     }
     timed_copy(this->grads(), grad_shard, n);
-    // The global norm as ZeroOptimizer::step computes it: each piece's sum of squares, in unit
-    // order, summed over the ranks in double.
-    double sq = 0.0;
-    for (size_t u = 0; u < lay.units().size(); ++u) {
-      sq += cpu::sum_squares(this->grads() + lay.local_offset(u), lay.piece(u).size());
-    }
-    HR_RETURN_IF_ERROR(comm_->all_reduce(&sq, 1));
-    // fp16 (loss_scale > 0): the gradients are scaled; the norm and the update are not
-    // (ZeroOptimizer::step's unscaling, folded into the clipping factor).
-    norm = std::sqrt(sq) / (loss_scale > 0 ? double(loss_scale) : 1.0);
+    // 3: ZeroOptimizer::step's norm and update (the same calls on the same elements), on the
+    // offload tier's copy of the shard.
+    HR_ASSIGN_OR_RETURN(norm, sharded_grad_norm(comm_, lay, this->grads(), loss_scale));
     if (loss_scale > 0 && !std::isfinite(norm)) return norm;  // overflow: every rank skips
-    cpu::AdamWParams ap{lr,
-                        config.beta1,
-                        config.beta2,
-                        config.eps,
-                        config.weight_decay,
-                        step,
-                        clip_scale(config, norm) / (loss_scale > 0 ? loss_scale : 1.0f)};
-    // The decay split (a multiple of 16 floats, like the piece boundaries): the same kernel
-    // calls on the same elements as ZeroOptimizer's adamw_pieces.
-    const int64_t decay = table_->decay_floats;
-    const float weight_decay = ap.weight_decay;
-    for (size_t u = 0; u < lay.units().size(); ++u) {
-      const dist::Range p = lay.piece(u);
-      if (p.empty()) continue;
-      const dist::Range parts[2] = {{p.begin, std::min(p.end, decay)},
-                                    {std::max(p.begin, decay), p.end}};
-      for (int i = 0; i < 2; ++i) {
-        if (parts[i].empty()) continue;
-        const int64_t l = lay.local_offset(u) + (parts[i].begin - p.begin);
-        ap.weight_decay = i == 0 ? weight_decay : 0.0f;
-        cpu::adamw_update(master() + l, this->grads() + l, m() + l, v() + l, parts[i].size(), ap);
-      }
-    }
+    sharded_adamw(lay, *table_, master(), /*params_full=*/false, this->grads(), m(), v(), config,
+                  lr, step, norm, loss_scale);
   }
   // 4: the updated weights back to the device, gathered across ranks, and the bf16 copy cast
   // from them with adamw_update's rounding (nearest even), as ZeroOptimizer does. Stage 3: into

@@ -13,13 +13,50 @@
 namespace headroom::train {
 namespace {
 
-// AdamW on this rank's pieces. Pointers with `*_full` index the flat buffer's coordinates,
-// others the local shard's. The decay split falls on a multiple of 16 (ParamTable), like every
-// piece boundary, so the kernel vectorises each element exactly as adamw_step does.
-void adamw_pieces(const dist::ShardLayout& layout, int64_t decay_floats, float* params,
-                  bool params_full, const float* grads, bool grads_full, float* m, float* v,
-                  cpu::AdamWParams ap) {
+// torch.nn.utils.clip_grad_norm_, as in adamw_step.
+float clip_scale(const AdamWConfig& config, double norm) {
+  if (config.grad_clip > 0) {
+    const double coef = double(config.grad_clip) / (norm + 1e-6);
+    if (coef < 1.0) return float(coef);
+  }
+  return 1.0f;
+}
+
+}  // namespace
+
+Status reduce_scatter_units(dist::Communicator* comm, const dist::ShardLayout& layout, float* grads,
+                            float* grad_shard) {
+  for (size_t u = 0; u < layout.units().size(); ++u) {
+    HR_RETURN_IF_ERROR(comm->reduce_scatter(grads + layout.units()[u].begin,
+                                            grad_shard + layout.local_offset(u), layout.counts(u)));
+  }
+  return Status::ok();
+}
+
+Result<double> sharded_grad_norm(dist::Communicator* comm, const dist::ShardLayout& layout,
+                                 const float* grad_shard, float loss_scale) {
+  double sq = 0.0;
+  for (size_t u = 0; u < layout.units().size(); ++u) {
+    sq += cpu::sum_squares(grad_shard + layout.local_offset(u), layout.piece(u).size());
+  }
+  HR_RETURN_IF_ERROR(comm->all_reduce(&sq, 1));
+  return std::sqrt(sq) / (loss_scale > 0 ? double(loss_scale) : 1.0);
+}
+
+void sharded_adamw(const dist::ShardLayout& layout, const model::ParamTable& table, float* params,
+                   bool params_full, const float* grad_shard, float* m, float* v,
+                   const AdamWConfig& config, float lr, int step, double norm, float loss_scale) {
+  // fp16 (loss_scale > 0): the gradients are scaled; the update is not (the unscaling folded
+  // into the clipping factor).
+  cpu::AdamWParams ap{lr,
+                      config.beta1,
+                      config.beta2,
+                      config.eps,
+                      config.weight_decay,
+                      step,
+                      clip_scale(config, norm) / (loss_scale > 0 ? loss_scale : 1.0f)};
   const float weight_decay = ap.weight_decay;
+  const int64_t decay_floats = table.decay_floats;
   for (size_t u = 0; u < layout.units().size(); ++u) {
     const dist::Range p = layout.piece(u);
     if (p.empty()) continue;
@@ -31,22 +68,11 @@ void adamw_pieces(const dist::ShardLayout& layout, int64_t decay_floats, float* 
       if (g.empty()) continue;
       const int64_t l = base + (g.begin - p.begin);
       ap.weight_decay = i == 0 ? weight_decay : 0.0f;
-      cpu::adamw_update(params + (params_full ? g.begin : l), grads + (grads_full ? g.begin : l),
-                        m + l, v + l, g.size(), ap);
+      cpu::adamw_update(params + (params_full ? g.begin : l), grad_shard + l, m + l, v + l,
+                        g.size(), ap);
     }
   }
 }
-
-// torch.nn.utils.clip_grad_norm_, as in adamw_step.
-float clip_scale(const AdamWConfig& config, double norm) {
-  if (config.grad_clip > 0) {
-    const double coef = double(config.grad_clip) / (norm + 1e-6);
-    if (coef < 1.0) return float(coef);
-  }
-  return 1.0f;
-}
-
-}  // namespace
 
 namespace {
 
@@ -150,30 +176,13 @@ Result<double> ZeroOptimizer::step(const ZeroBuffers& b, const AdamWConfig& conf
   HR_CHECK(b.grad_shard || layout_.local_floats() == 0);
   if (!b.grads_reduced) {
     HR_CHECK(b.grads);
-    for (size_t u = 0; u < layout_.units().size(); ++u) {
-      HR_RETURN_IF_ERROR(comm_->reduce_scatter(b.grads + layout_.units()[u].begin,
-                                               b.grad_shard + layout_.local_offset(u),
-                                               layout_.counts(u)));
-    }
+    HR_RETURN_IF_ERROR(reduce_scatter_units(comm_, layout_, b.grads, b.grad_shard));
   }
-  // The global norm: per-piece double sums of squares, added across ranks.
-  double sq = 0.0;
-  for (size_t u = 0; u < layout_.units().size(); ++u) {
-    sq += cpu::sum_squares(b.grad_shard + layout_.local_offset(u), layout_.piece(u).size());
-  }
-  HR_RETURN_IF_ERROR(comm_->all_reduce(&sq, 1));
-  const double norm = std::sqrt(sq) / (loss_scale > 0 ? double(loss_scale) : 1.0);
+  HR_ASSIGN_OR_RETURN(const double norm,
+                      sharded_grad_norm(comm_, layout_, b.grad_shard, loss_scale));
   if (loss_scale > 0 && !std::isfinite(norm)) return norm;  // overflow: every rank skips
-
-  const cpu::AdamWParams ap{lr,
-                            config.beta1,
-                            config.beta2,
-                            config.eps,
-                            config.weight_decay,
-                            step,
-                            clip_scale(config, norm) / (loss_scale > 0 ? loss_scale : 1.0f)};
-  adamw_pieces(layout_, table_->decay_floats, b.params, /*params_full=*/stage_ < 3, b.grad_shard,
-               /*grads_full=*/false, b.m, b.v, ap);
+  sharded_adamw(layout_, *table_, b.params, /*params_full=*/stage_ < 3, b.grad_shard, b.m, b.v,
+                config, lr, step, norm, loss_scale);
 
   if (stage_ < 3) {  // every rank needs the whole updated buffer: gather the pieces in place
     for (size_t u = 0; u < layout_.units().size(); ++u) {

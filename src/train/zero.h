@@ -23,6 +23,22 @@ std::vector<dist::Range> gpt2_zero_units(const model::ParamTable& table);
 // after the embedding backward). With dist::make_buckets: the gradient buckets.
 std::vector<dist::Range> gpt2_backward_order(const model::ParamTable& table);
 
+// Stages 1-3's pieces of the optimizer step, shared by ZeroOptimizer::step and optimizer offload
+// (OptimizerOffload::step runs them on the offload tier's copy), so that both are the same bits.
+// Reduce-scatters each unit of `grads` (full buffer) into its local place in `grad_shard`.
+Status reduce_scatter_units(dist::Communicator* comm, const dist::ShardLayout& layout, float* grads,
+                            float* grad_shard);
+// The global gradient norm of the shards: each piece's double sum of squares in unit order,
+// summed over the ranks (a collective), then unscaled by loss_scale (> 0: fp16).
+Result<double> sharded_grad_norm(dist::Communicator* comm, const dist::ShardLayout& layout,
+                                 const float* grad_shard, float loss_scale);
+// Clip-scaled AdamW on this rank's pieces, per unit and decay part (the decay split is a
+// multiple of 16 floats, like every piece boundary). params index the full buffer's coordinates
+// (params_full) or the shard's; grad_shard, m and v the shard's.
+void sharded_adamw(const dist::ShardLayout& layout, const model::ParamTable& table, float* params,
+                   bool params_full, const float* grad_shard, float* m, float* v,
+                   const AdamWConfig& config, float lr, int step, double norm, float loss_scale);
+
 // The buffers of one rank. "full" = table.total_floats floats; "shard" =
 // layout().local_floats() floats.
 struct ZeroBuffers {
