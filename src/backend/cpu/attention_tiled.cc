@@ -2,13 +2,8 @@
 // row (online softmax) over 64 x 64 tiles and saves only the row log-sum-exp; the backward
 // recomputes each tile's probabilities from it (FlashAttention-2). See Note [Tiled attention] in
 // docs/notes/fused-kernels.md.
-#include <cpuid.h>
 #include <immintrin.h>
 #include <omp.h>
-#if defined(__linux__)
-#include <sys/syscall.h>
-#include <unistd.h>
-#endif
 
 #include <algorithm>
 #include <atomic>
@@ -18,6 +13,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "backend/cpu/amx_gemm.h"
 #include "backend/cpu/bf16.h"
 #include "backend/cpu/fast_math.h"
 #include "backend/cpu/fused_kernels.h"
@@ -182,40 +178,6 @@ void small_gemm(int M, int N, int K, const float* A, int64_t ars, int64_t acs, c
       break;
   }
 }
-
-#if HR_AVX512_HELPERS
-// An in-register transpose of a 16 x 16 block of 32-bit elements: r[i] holds row i on entry and
-// column i on return (unpacks of 32-bit pairs, then 64-bit pairs within 128-bit lanes, then two
-// rounds of lane shuffles). The maskz forms with a full mask are the plain instructions; they
-// avoid GCC 12's false -Wmaybe-uninitialized in the unmasked intrinsics (as in bf16.h).
-HR_AVX512_TARGET inline void transpose16x16(__m512 r[16]) {
-  constexpr __mmask16 kAll = 0xFFFF;
-  __m512 t[16];
-  for (int i = 0; i < 16; i += 2) {
-    t[i] = _mm512_maskz_unpacklo_ps(kAll, r[i], r[i + 1]);
-    t[i + 1] = _mm512_maskz_unpackhi_ps(kAll, r[i], r[i + 1]);
-  }
-  // u[4g + j], lane l: column 4l + j of rows 4g..4g+3.
-  __m512 u[16];
-  for (int g = 0; g < 16; g += 4) {
-    u[g] = _mm512_maskz_shuffle_ps(kAll, t[g], t[g + 2], 0x44);
-    u[g + 1] = _mm512_maskz_shuffle_ps(kAll, t[g], t[g + 2], 0xEE);
-    u[g + 2] = _mm512_maskz_shuffle_ps(kAll, t[g + 1], t[g + 3], 0x44);
-    u[g + 3] = _mm512_maskz_shuffle_ps(kAll, t[g + 1], t[g + 3], 0xEE);
-  }
-  for (int j = 0; j < 4; ++j) {
-    const __m512 a_even =
-        _mm512_maskz_shuffle_f32x4(kAll, u[j], u[4 + j], 0x88);  // lanes 0, 2 of each
-    const __m512 a_odd = _mm512_maskz_shuffle_f32x4(kAll, u[j], u[4 + j], 0xDD);  // lanes 1, 3
-    const __m512 b_even = _mm512_maskz_shuffle_f32x4(kAll, u[8 + j], u[12 + j], 0x88);
-    const __m512 b_odd = _mm512_maskz_shuffle_f32x4(kAll, u[8 + j], u[12 + j], 0xDD);
-    r[j] = _mm512_maskz_shuffle_f32x4(kAll, a_even, b_even, 0x88);
-    r[8 + j] = _mm512_maskz_shuffle_f32x4(kAll, a_even, b_even, 0xDD);
-    r[4 + j] = _mm512_maskz_shuffle_f32x4(kAll, a_odd, b_odd, 0x88);
-    r[12 + j] = _mm512_maskz_shuffle_f32x4(kAll, a_odd, b_odd, 0xDD);
-  }
-}
-#endif
 
 // dst[d*kB + c] = src[c*ld + d] for c < n, d < HS; columns [n, kB) are zeroed, so a tile's
 // padding keys give score 0 (always masked: only the last, diagonal, key block is partial).
@@ -534,39 +496,6 @@ AttentionBf16Kernel kernel_from_env() {
                               ": expected auto, amx, avx512bf16 or widen");
 }
 std::atomic<int> g_bf16_kernel{-1};  // -1: not yet read from the environment
-
-bool cpu_has_avx512bf16() {
-#if defined(__x86_64__) && defined(__GNUC__)
-  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                          __builtin_cpu_supports("avx512vl") &&
-                          __builtin_cpu_supports("avx512dq") &&
-                          __builtin_cpu_supports("avx512bf16");
-  return has;
-#else
-  return false;
-#endif
-}
-
-// AMX-BF16 in the CPU, and the kernel's permission to use its tile data (Linux 5.16+ keeps it
-// off until the process asks with arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA), as
-// oneDNN also does; asked once, and a refusal means no AMX).
-bool amx_usable() {
-#if defined(__x86_64__) && defined(__GNUC__) && defined(__linux__)
-  static const bool ok = [] {
-    // CPUID leaf 7, subleaf 0: EDX bit 24 is AMX-TILE, bit 22 AMX-BF16 (read directly: clang 14's
-    // __builtin_cpu_supports does not know the AMX names).
-    unsigned a = 0, b = 0, c = 0, d = 0;
-    if (!cpu_has_avx512bf16() || __get_cpuid_count(7, 0, &a, &b, &c, &d) == 0) return false;
-    if ((d >> 24 & 1u) == 0 || (d >> 22 & 1u) == 0) return false;
-    constexpr long kArchReqXcompPerm = 0x1023;
-    constexpr long kXfeatureXtiledata = 18;
-    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
-  }();
-  return ok;
-#else
-  return false;
-#endif
-}
 
 // The kernel that bf16 storage runs now: the one asked for, or the next one down that the CPU
 // has (AMX, then AVX512-BF16, then the fp32 kernels on widened copies).

@@ -125,6 +125,39 @@ HR_AVX512_TARGET inline __m512 gelu_grad16(__m512 x) {
   return _mm512_mul_ps(one_minus_s,
                        _mm512_fmadd_ps(_mm512_mul_ps(x, s), du2, _mm512_set1_ps(1.0f)));
 }
+
+// An in-register transpose of a 16 x 16 block of 32-bit elements: r[i] holds row i on entry and
+// column i on return (unpacks of 32-bit pairs, then 64-bit pairs within 128-bit lanes, then two
+// rounds of lane shuffles). The maskz forms with a full mask are the plain instructions; they
+// avoid GCC 12's false -Wmaybe-uninitialized in the unmasked intrinsics (as in bf16.h). Used by the
+// attention's packing and the AMX GEMM's.
+HR_AVX512_TARGET inline void transpose16x16(__m512 r[16]) {
+  constexpr __mmask16 kAll = 0xFFFF;
+  __m512 t[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_maskz_unpacklo_ps(kAll, r[i], r[i + 1]);
+    t[i + 1] = _mm512_maskz_unpackhi_ps(kAll, r[i], r[i + 1]);
+  }
+  // u[4g + j], lane l: column 4l + j of rows 4g..4g+3.
+  __m512 u[16];
+  for (int g = 0; g < 16; g += 4) {
+    u[g] = _mm512_maskz_shuffle_ps(kAll, t[g], t[g + 2], 0x44);
+    u[g + 1] = _mm512_maskz_shuffle_ps(kAll, t[g], t[g + 2], 0xEE);
+    u[g + 2] = _mm512_maskz_shuffle_ps(kAll, t[g + 1], t[g + 3], 0x44);
+    u[g + 3] = _mm512_maskz_shuffle_ps(kAll, t[g + 1], t[g + 3], 0xEE);
+  }
+  for (int j = 0; j < 4; ++j) {
+    const __m512 a_even =
+        _mm512_maskz_shuffle_f32x4(kAll, u[j], u[4 + j], 0x88);  // lanes 0, 2 of each
+    const __m512 a_odd = _mm512_maskz_shuffle_f32x4(kAll, u[j], u[4 + j], 0xDD);  // lanes 1, 3
+    const __m512 b_even = _mm512_maskz_shuffle_f32x4(kAll, u[8 + j], u[12 + j], 0x88);
+    const __m512 b_odd = _mm512_maskz_shuffle_f32x4(kAll, u[8 + j], u[12 + j], 0xDD);
+    r[j] = _mm512_maskz_shuffle_f32x4(kAll, a_even, b_even, 0x88);
+    r[8 + j] = _mm512_maskz_shuffle_f32x4(kAll, a_even, b_even, 0xDD);
+    r[4 + j] = _mm512_maskz_shuffle_f32x4(kAll, a_odd, b_odd, 0x88);
+    r[12 + j] = _mm512_maskz_shuffle_f32x4(kAll, a_odd, b_odd, 0xDD);
+  }
+}
 #endif  // HR_AVX512_HELPERS
 
 // max and sum_i exp(x_i - max) of one row, in one pass over memory (see Note [One-pass

@@ -17,6 +17,7 @@
 
 #include <oneapi/dnnl/dnnl.hpp>
 
+#include "backend/cpu/amx_gemm.h"
 #include "core/check.h"
 
 namespace headroom::cpu {
@@ -208,11 +209,17 @@ void gemm_ex(bool trans_a, bool trans_b, int M, int N, int K, DType ab_type, con
              bool accumulate) {
   GemmKey key = make_key(trans_a, trans_b, M, N, K, lda, ldb, ldc, bias != nullptr, accumulate,
                          ab_type, c_type);
+  if (ab_type == DType::kBF16 && amx_gemm_takes(trans_a, M, N, K, c_type)) {
+    amx_gemm(trans_a, trans_b, M, N, K, static_cast<const bf16_t*>(A), lda,
+             static_cast<const bf16_t*>(B), ldb, c_type, C, ldc, bias, accumulate);
+    return;
+  }
   GemmCache::get().run(key, A, B, C, bias);
 }
 
 const char* gemm_impl_name(bool trans_a, bool trans_b, int M, int N, int K, int lda, int ldb,
                            int ldc, bool has_bias, bool accumulate, DType ab_type, DType c_type) {
+  if (ab_type == DType::kBF16 && amx_gemm_takes(trans_a, M, N, K, c_type)) return "headroom:amx";
   return GemmCache::get().impl_name(
       make_key(trans_a, trans_b, M, N, K, lda, ldb, ldc, has_bias, accumulate, ab_type, c_type));
 }
