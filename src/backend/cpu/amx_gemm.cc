@@ -33,6 +33,7 @@
 #include <string>
 
 #include "backend/cpu/fast_math.h"
+#include "backend/cpu/transpose.h"
 #include "core/check.h"
 
 // GCC 12 warns of its own intrinsics' undefined vectors (-Wmaybe-uninitialized) when they are
@@ -81,6 +82,7 @@ constexpr size_t kUnitElems = 1024;              // one 32 x 32 block of packed 
 constexpr size_t kChunkBytes = size_t{1} << 20;  // one packed chunk of B
 constexpr int kMaxKBf16Out = 4096;               // bf16 C: the sums stay in tiles over all of K
 constexpr int kKChunkFp32 = 2048;                // fp32 C: K in chunks, C's tiles reloaded
+constexpr size_t kPanelElems = size_t{kBlock} * kMaxKBf16Out;  // one staged panel of op(A)
 
 bool onednn_asked() {
   const char* v = std::getenv("HEADROOM_BF16_GEMM");
@@ -103,20 +105,33 @@ class PackBuffers {
   }
   std::mutex mu;  // amx_gemm calls are serialised, as gemm_ex's oneDNN calls are
   uint16_t* buffer(int i) {
-    if (!mem_) {
-      auto* p = static_cast<uint16_t*>(::operator new[](2 * kChunkBytes, std::align_val_t(4096)));
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
-      madvise(p, 2 * kChunkBytes, MADV_HUGEPAGE);
-#endif
-      std::memset(p, 0, 2 * kChunkBytes);
-      mem_.reset(p);
-    }
-    return mem_.get() + size_t(i) * (kChunkBytes / sizeof(uint16_t));
+    if (!chunks_) chunks_ = allocate(2 * kChunkBytes);
+    return chunks_.get() + size_t(i) * (kChunkBytes / sizeof(uint16_t));
   }
-  size_t bytes() const { return mem_ ? 2 * kChunkBytes : 0; }
+  // The staging panels of op(A), one per thread (grown when a call has more threads).
+  uint16_t* panels(int threads) {
+    if (threads > panel_threads_) {
+      panels_ = allocate(size_t(threads) * kPanelElems * sizeof(uint16_t));
+      panel_threads_ = threads;
+    }
+    return panels_.get();
+  }
+  size_t bytes() const {
+    return (chunks_ ? 2 * kChunkBytes : 0) + size_t(panel_threads_) * kPanelElems * 2;
+  }
 
  private:
-  std::unique_ptr<uint16_t[], AlignedFree> mem_;
+  // Allocated and touched once (huge pages where the kernel gives them).
+  static std::unique_ptr<uint16_t[], AlignedFree> allocate(size_t bytes) {
+    auto* p = static_cast<uint16_t*>(::operator new[](bytes, std::align_val_t(4096)));
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    madvise(p, bytes, MADV_HUGEPAGE);
+#endif
+    std::memset(p, 0, bytes);
+    return std::unique_ptr<uint16_t[], AlignedFree>(p);
+  }
+  std::unique_ptr<uint16_t[], AlignedFree> chunks_, panels_;
+  int panel_threads_ = 0;
 };
 
 #if HR_AVX512_HELPERS
@@ -141,17 +156,29 @@ HR_AMX_TARGET void tiles_begin() {
   _tile_loadconfig(&cfg);
 }
 
+// The first n of 32 16-bit lanes (0 <= n <= 32).
+inline __mmask32 lanes32(int n) { return n >= 32 ? ~__mmask32(0) : (__mmask32(1) << n) - 1; }
+
 // One 32 x 32 block of packed B from B [K, N] stored by rows (element (k, n) at B[k * ldb + n]):
-// rows k0 .. k0+31, columns n0 .. n0+31. Tile h (columns n0 + 16h ..) row p holds the pairs
-// (B[k0 + 2p][n], B[k0 + 2p + 1][n]): two rows interleaved by 16-bit unpacks, then the 128-bit
-// lanes' halves put in column order.
+// rows k0 .. k0+31, columns n0 .. n0+31, of which the first kv rows and nv columns exist (the
+// rest packed as zeros). Tile h (columns n0 + 16h ..) row p holds the pairs (B[k0 + 2p][n],
+// B[k0 + 2p + 1][n]): two rows interleaved by 16-bit unpacks, then the 128-bit lanes' halves put
+// in column order.
 HR_AMX_TARGET inline void pack_unit_rows(uint16_t* dst, const uint16_t* B, int64_t ldb, int64_t k0,
-                                         int64_t n0) {
+                                         int64_t n0, int kv, int nv) {
   const __m512i lo_cols = _mm512_set_epi64(11, 10, 3, 2, 9, 8, 1, 0);
   const __m512i hi_cols = _mm512_set_epi64(15, 14, 7, 6, 13, 12, 5, 4);
+  const __mmask32 cols = lanes32(nv);
   for (int p = 0; p < 16; ++p) {
     const uint16_t* r = B + (k0 + 2 * p) * ldb + n0;
-    const __m512i r0 = _mm512_loadu_si512(r), r1 = _mm512_loadu_si512(r + ldb);
+    __m512i r0, r1;
+    if (kv == kBlock && nv == kBlock) {
+      r0 = _mm512_loadu_si512(r);
+      r1 = _mm512_loadu_si512(r + ldb);
+    } else {
+      r0 = _mm512_maskz_loadu_epi16(2 * p < kv ? cols : 0, r);
+      r1 = _mm512_maskz_loadu_epi16(2 * p + 1 < kv ? cols : 0, r + ldb);
+    }
     const __m512i lo = _mm512_unpacklo_epi16(r0, r1), hi = _mm512_unpackhi_epi16(r0, r1);
     _mm512_store_si512(dst + p * 32, _mm512_permutex2var_epi64(lo, lo_cols, hi));
     _mm512_store_si512(dst + 512 + p * 32, _mm512_permutex2var_epi64(lo, hi_cols, hi));
@@ -162,32 +189,70 @@ HR_AMX_TARGET inline void pack_unit_rows(uint16_t* dst, const uint16_t* B, int64
 // each column's 32 values of k are 16 pairs already, so a tile is the 16 x 16 transpose of the
 // 32-bit pairs of 16 rows.
 HR_AMX_TARGET inline void pack_unit_cols(uint16_t* dst, const uint16_t* B, int64_t ldb, int64_t k0,
-                                         int64_t n0) {
+                                         int64_t n0, int kv, int nv) {
+  const __mmask32 ks = lanes32(kv);
   for (int h = 0; h < 2; ++h) {
     __m512 r[16];
     for (int c = 0; c < 16; ++c) {
-      r[c] = _mm512_loadu_ps(reinterpret_cast<const float*>(B + (n0 + 16 * h + c) * ldb + k0));
+      const uint16_t* src = B + (n0 + 16 * h + c) * ldb + k0;
+      if (kv == kBlock && nv == kBlock) {
+        r[c] = _mm512_loadu_ps(reinterpret_cast<const float*>(src));
+      } else {
+        r[c] = _mm512_castsi512_ps(_mm512_maskz_loadu_epi16(16 * h + c < nv ? ks : 0, src));
+      }
     }
     transpose16x16(r);
-    for (int p = 0; p < 16; ++p)
+    for (int p = 0; p < 16; ++p) {
       _mm512_store_ps(reinterpret_cast<float*>(dst + h * 512 + p * 32), r[p]);
+    }
   }
 }
 
-// C block [32, 32] (+)= A rows [32, 32 * kb] x packed B units [kb]. fp32 C: `load` starts from C's
-// values (accumulation, or a later K chunk), else from zero; without a bias the tiles are stored
-// straight into C. Otherwise (bf16 C, or a bias) through a 4 KiB fp32 staging block: + bias,
-// + C's old values (bf16 C with accumulate), rounded to C's type.
+// The 32 x 32 * kb panel of op(A) for C's rows m0 .. m0+31 and K's k0 .. k0 + 32 * kb - 1, with
+// rows from mv on and columns from kv on zero, into dst [32, 32 * kb]: for A transposed (stored
+// [K, M]: element (m, k) at A[k * lda + m]), a partial row block, or a K not a multiple of 32.
+HR_AMX_TARGET void stage_a(uint16_t* dst, const uint16_t* A, int64_t lda, bool trans_a, int64_t m0,
+                           int64_t k0, int mv, int kv, int kb) {
+  const int64_t ld = int64_t(kb) * kBlock;
+  std::memset(dst, 0, size_t(kBlock) * ld * sizeof(uint16_t));
+  if (trans_a) {
+    transpose_16bit(dst, ld, A + k0 * lda + m0, lda, kv, mv);
+    return;
+  }
+  for (int r = 0; r < mv; ++r) std::memcpy(dst + r * ld, A + (m0 + r) * lda + k0, size_t(kv) * 2);
+}
+
+// C block [32, 32] (+)= A rows [32, 32 * kb] x packed B units [kb], of which the first `rows`
+// rows and `cols` columns exist in C. fp32 C: `load` starts from C's values (accumulation, or a
+// later K chunk), else from zero; a whole block without a bias has its tiles stored straight into
+// C. Otherwise through a 4 KiB fp32 staging block: + bias, + C's old values (bf16 C with
+// accumulate), rounded to C's type, stored to the rows and columns that exist.
 template <bool kBf16Out>
 HR_AMX_TARGET inline void block(int kb, const uint16_t* a, int64_t lda, const uint16_t* b, void* c,
-                                int64_t ldc, bool load, const float* bias) {
+                                int64_t ldc, bool load, const float* bias, int rows, int cols) {
   float* cf = static_cast<float*>(c);
   const int64_t a_stride = lda * 2, c_stride = ldc * 4;
-  if (!kBf16Out && load) {
+  const bool whole = rows == kBlock && cols == kBlock;
+  alignas(64) float s[kBlock * kBlock];
+  const __mmask16 m0 = cols >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << cols) - 1);
+  const __mmask16 m1 = cols >= 32   ? __mmask16(0xFFFF)
+                       : cols <= 16 ? __mmask16(0)
+                                    : __mmask16((1u << (cols - 16)) - 1);
+  if (!kBf16Out && load && whole) {
     _tile_loadd(0, cf, c_stride);
     _tile_loadd(1, cf + 16, c_stride);
     _tile_loadd(2, cf + 16 * ldc, c_stride);
     _tile_loadd(3, cf + 16 * ldc + 16, c_stride);
+  } else if (!kBf16Out && load) {  // the rows and columns that exist, zeros around them
+    for (int r = 0; r < kBlock; ++r) {
+      const bool in = r < rows;
+      _mm512_store_ps(s + r * kBlock, _mm512_maskz_loadu_ps(in ? m0 : 0, cf + r * ldc));
+      _mm512_store_ps(s + r * kBlock + 16, _mm512_maskz_loadu_ps(in ? m1 : 0, cf + r * ldc + 16));
+    }
+    _tile_loadd(0, s, kBlock * 4);
+    _tile_loadd(1, s + 16, kBlock * 4);
+    _tile_loadd(2, s + 16 * kBlock, kBlock * 4);
+    _tile_loadd(3, s + 16 * kBlock + 16, kBlock * 4);
   } else {
     _tile_zero(0);
     _tile_zero(1);
@@ -206,41 +271,42 @@ HR_AMX_TARGET inline void block(int kb, const uint16_t* a, int64_t lda, const ui
     _tile_dpbf16ps(3, 5, 7);
     b += kUnitElems;
   }
-  if (!kBf16Out && bias == nullptr) {
+  if (!kBf16Out && bias == nullptr && whole) {
     _tile_stored(0, cf, c_stride);
     _tile_stored(1, cf + 16, c_stride);
     _tile_stored(2, cf + 16 * ldc, c_stride);
     _tile_stored(3, cf + 16 * ldc + 16, c_stride);
     return;
   }
-  alignas(64) float s[kBlock * kBlock];
   _tile_stored(0, s, kBlock * 4);
   _tile_stored(1, s + 16, kBlock * 4);
   _tile_stored(2, s + 16 * kBlock, kBlock * 4);
   _tile_stored(3, s + 16 * kBlock + 16, kBlock * 4);
-  const __m512 b0 = bias ? _mm512_loadu_ps(bias) : _mm512_setzero_ps();
-  const __m512 b1 = bias ? _mm512_loadu_ps(bias + 16) : _mm512_setzero_ps();
-  for (int r = 0; r < kBlock; ++r) {
+  const __m512 b0 = bias ? _mm512_maskz_loadu_ps(m0, bias) : _mm512_setzero_ps();
+  const __m512 b1 = bias ? _mm512_maskz_loadu_ps(m1, bias + 16) : _mm512_setzero_ps();
+  for (int r = 0; r < rows; ++r) {
     __m512 v0 = _mm512_add_ps(_mm512_load_ps(s + r * kBlock), b0);
     __m512 v1 = _mm512_add_ps(_mm512_load_ps(s + r * kBlock + 16), b1);
     if constexpr (kBf16Out) {
       uint16_t* cr = static_cast<uint16_t*>(c) + r * ldc;
+      const __mmask32 mc = lanes32(cols);
       if (load) {  // C += ..., in fp32, rounded once
-        const __m512i old = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)cr));
-        const __m512i old1 = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(cr + 16)));
-        v0 = _mm512_add_ps(_mm512_castsi512_ps(_mm512_slli_epi32(old, 16)), v0);
+        const __m512i old = _mm512_maskz_loadu_epi16(mc, cr);
+        const __m512i old0 = _mm512_cvtepu16_epi32(_mm512_castsi512_si256(old));
+        const __m512i old1 = _mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(old, 1));
+        v0 = _mm512_add_ps(_mm512_castsi512_ps(_mm512_slli_epi32(old0, 16)), v0);
         v1 = _mm512_add_ps(_mm512_castsi512_ps(_mm512_slli_epi32(old1, 16)), v1);
       }
-      _mm512_storeu_si512(cr, (__m512i)_mm512_cvtne2ps_pbh(v1, v0));
+      _mm512_mask_storeu_epi16(cr, mc, (__m512i)_mm512_cvtne2ps_pbh(v1, v0));
     } else {
-      _mm512_storeu_ps(cf + r * ldc, v0);
-      _mm512_storeu_ps(cf + r * ldc + 16, v1);
+      _mm512_mask_storeu_ps(cf + r * ldc, m0, v0);
+      _mm512_mask_storeu_ps(cf + r * ldc + 16, m1, v1);
     }
   }
 }
 
 struct Problem {
-  bool trans_b;
+  bool trans_a, trans_b;
   int M, N, K;
   const uint16_t* A;
   int64_t lda;
@@ -259,24 +325,30 @@ inline void share(int64_t n, int t, int nt, int64_t* b, int64_t* e) {
   *e = n * (t + 1) / nt;
 }
 
-// Thread t of nt (nt > 1: inside the parallel region that runs this for every t).
-HR_AMX_TARGET void run(const Problem& p, int t, int nt, uint16_t* buf0, uint16_t* buf1) {
+// Thread t of nt (nt > 1: inside the parallel region that runs this for every t); `panel` is the
+// thread's staging for op(A)'s panels (kPanelElems).
+HR_AMX_TARGET void run(const Problem& p, int t, int nt, uint16_t* buf0, uint16_t* buf1,
+                       uint16_t* panel) {
   // K in equal chunks of at most kKChunkFp32 (fp32 C), in whole blocks of 32; the last may be
   // shorter. bf16 C: one chunk.
-  const int k_blocks = p.K / kBlock;
-  const int chunks = p.bf16_out ? 1 : (p.K + kKChunkFp32 - 1) / kKChunkFp32;
+  const int k_blocks = (p.K + kBlock - 1) / kBlock;
+  const int chunks =
+      p.bf16_out ? 1 : (k_blocks + kKChunkFp32 / kBlock - 1) / (kKChunkFp32 / kBlock);
   const int kcb = (k_blocks + chunks - 1) / chunks;
   const int kc = kcb * kBlock;
-  const int nb = p.N / kBlock;
+  const int nb = (p.N + kBlock - 1) / kBlock, mb = (p.M + kBlock - 1) / kBlock;
   const int per_chunk = std::max<int>(1, std::min<int64_t>(nb, kChunkBytes / (size_t(kc) * 64)));
+  // op(A) is staged a panel at a time where the tiles cannot read it in place.
+  const bool stage_all = p.trans_a || p.K % kBlock != 0;
   int64_t m0, m1;
-  share(p.M / kBlock, t, nt, &m0, &m1);
+  share(mb, t, nt, &m0, &m1);
   tiles_begin();
   int chunk = 0;
   for (int j0 = 0; j0 < nb; j0 += per_chunk) {
     const int jn = std::min(nb - j0, per_chunk);
     for (int k0 = 0; k0 < p.K; k0 += kc, ++chunk) {
-      const int kb = std::min(kcb, (p.K - k0) / kBlock);  // this chunk's K blocks
+      const int kv = std::min(kc, p.K - k0);      // this chunk's K
+      const int kb = (kv + kBlock - 1) / kBlock;  // in blocks
       uint16_t* buf = (chunk & 1) ? buf1 : buf0;
       int64_t u0, u1;  // this thread's units of the chunk, (column block, k block) in order
       share(int64_t(jn) * kb, t, nt, &u0, &u1);
@@ -284,23 +356,35 @@ HR_AMX_TARGET void run(const Problem& p, int t, int nt, uint16_t* buf0, uint16_t
         const int64_t j = u / kb, k = u % kb;
         uint16_t* dst = buf + u * kUnitElems;
         const int64_t kk = k0 + k * kBlock, nn = (j0 + j) * kBlock;
+        const int kvu = int(std::min<int64_t>(kBlock, k0 + kv - kk));
+        const int nvu = int(std::min<int64_t>(kBlock, p.N - nn));
         if (p.trans_b) {
-          pack_unit_cols(dst, p.B, p.ldb, kk, nn);
+          pack_unit_cols(dst, p.B, p.ldb, kk, nn, kvu, nvu);
         } else {
-          pack_unit_rows(dst, p.B, p.ldb, kk, nn);
+          pack_unit_rows(dst, p.B, p.ldb, kk, nn, kvu, nvu);
         }
       }
       if (nt > 1) {
 #pragma omp barrier
       }
-      const bool last_k = k0 + kc >= p.K;
       const bool load = p.accumulate || k0 > 0;
-      const float* bias = last_k ? p.bias : nullptr;
+      const float* bias = k0 + kv >= p.K ? p.bias : nullptr;
       for (int64_t i = m0; i < m1; ++i) {
-        const uint16_t* a = p.A + i * kBlock * p.lda + k0;
+        const int rows = int(std::min<int64_t>(kBlock, p.M - i * kBlock));
+        const uint16_t* a;
+        int64_t lda;
+        if (stage_all || rows < kBlock) {
+          stage_a(panel, p.A, p.lda, p.trans_a, i * kBlock, k0, rows, kv, kb);
+          a = panel;
+          lda = int64_t(kb) * kBlock;
+        } else {
+          a = p.A + i * kBlock * p.lda + k0;
+          lda = p.lda;
+        }
         for (int j = 0; j < jn; ++j) {
-          if (i + 1 < m1) {  // the next 32 rows of A into L2, a share of them before each block
-            const uint16_t* next = a + kBlock * p.lda;
+          if (!stage_all && i + 1 < m1 && (i + 2) * kBlock <= p.M) {
+            // the next 32 rows of A into L2, a share of them before each block
+            const uint16_t* next = p.A + (i + 1) * kBlock * p.lda + k0;
             for (int r = kBlock * j / jn; r < kBlock * (j + 1) / jn; ++r) {
               for (int k = 0; k < kb; ++k) {
                 _mm_prefetch(reinterpret_cast<const char*>(next + r * p.lda + k * kBlock),
@@ -309,14 +393,15 @@ HR_AMX_TARGET void run(const Problem& p, int t, int nt, uint16_t* buf0, uint16_t
             }
           }
           const int64_t col = int64_t(j0 + j) * kBlock;
+          const int cols = int(std::min<int64_t>(kBlock, p.N - col));
           const uint16_t* b = buf + size_t(j) * kb * kUnitElems;
           const float* bj = bias ? bias + col : nullptr;
           if (p.bf16_out) {
             void* c = static_cast<uint16_t*>(p.C) + i * kBlock * p.ldc + col;
-            block<true>(kb, a, p.lda, b, c, p.ldc, p.accumulate, bj);
+            block<true>(kb, a, lda, b, c, p.ldc, p.accumulate, bj, rows, cols);
           } else {
             void* c = static_cast<float*>(p.C) + i * kBlock * p.ldc + col;
-            block<false>(kb, a, p.lda, b, c, p.ldc, load, bj);
+            block<false>(kb, a, lda, b, c, p.ldc, load, bj, rows, cols);
           }
         }
       }
@@ -328,42 +413,41 @@ HR_AMX_TARGET void run(const Problem& p, int t, int nt, uint16_t* buf0, uint16_t
 
 }  // namespace
 
-bool amx_gemm_takes(bool trans_a, int M, int N, int K, DType c_type) {
-  if (onednn_asked() || !amx_usable() || trans_a) return false;
-  if (M <= 0 || N <= 0 || K <= 0 || M % kBlock || N % kBlock || K % kBlock) return false;
+bool amx_gemm_takes(int K, DType c_type) {
+  if (onednn_asked() || !amx_usable() || K <= 0) return false;
   return c_type == DType::kF32 || (c_type == DType::kBF16 && K <= kMaxKBf16Out);
 }
 
 void amx_gemm(bool trans_a, bool trans_b, int M, int N, int K, const bf16_t* A, int lda,
               const bf16_t* B, int ldb, DType c_type, void* C, int ldc, const float* bias,
               bool accumulate) {
-  HR_CHECK_MSG(amx_gemm_takes(trans_a, M, N, K, c_type),
+  HR_CHECK_MSG(amx_gemm_takes(K, c_type),
                "amx_gemm: a shape or CPU it does not take (check amx_gemm_takes first)");
-  HR_CHECK(lda >= K && ldb >= (trans_b ? K : N) && ldc >= N);
+  HR_CHECK(M > 0 && N > 0);
+  HR_CHECK(lda >= (trans_a ? M : K) && ldb >= (trans_b ? K : N) && ldc >= N);
 #if HR_AVX512_HELPERS
-  const Problem p{trans_b,
-                  M,
-                  N,
-                  K,
-                  reinterpret_cast<const uint16_t*>(A),
-                  lda,
-                  reinterpret_cast<const uint16_t*>(B),
-                  ldb,
-                  c_type == DType::kBF16,
-                  C,
-                  ldc,
-                  bias,
-                  accumulate};
+  const Problem p{trans_a, trans_b,
+                  M,       N,
+                  K,       reinterpret_cast<const uint16_t*>(A),
+                  lda,     reinterpret_cast<const uint16_t*>(B),
+                  ldb,     c_type == DType::kBF16,
+                  C,       ldc,
+                  bias,    accumulate};
   PackBuffers& pb = PackBuffers::get();
   std::lock_guard<std::mutex> lock(pb.mu);
+  const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
   uint16_t* b0 = pb.buffer(0);
   uint16_t* b1 = pb.buffer(1);
-  if (omp_in_parallel() || omp_get_max_threads() == 1) {
-    run(p, 0, 1, b0, b1);
+  uint16_t* panels = pb.panels(threads);
+  if (threads == 1) {
+    run(p, 0, 1, b0, b1, panels);
     return;
   }
-#pragma omp parallel
-  run(p, omp_get_thread_num(), omp_get_num_threads(), b0, b1);
+#pragma omp parallel num_threads(threads)
+  {
+    const int t = omp_get_thread_num();
+    run(p, t, omp_get_num_threads(), b0, b1, panels + size_t(t) * kPanelElems);
+  }
 #else
   (void)trans_b, (void)A, (void)B, (void)C, (void)bias, (void)accumulate;
 #endif

@@ -20,7 +20,8 @@ void gemm(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int l
 
 // The same with element types per operand: A and B f32 or bf16 (both the same), C f32 or bf16;
 // the bias is f32 and accumulation happens in f32 inside the primitive (C += is rounded once into
-// C's type). bf16 x bf16 runs on AMX / AVX512-BF16 where the CPU has them.
+// C's type). bf16 x bf16 runs on AMX / AVX512-BF16 where the CPU has them: on our own AMX kernel
+// (amx_gemm.h) with A not transposed and a K it takes, else on oneDNN's.
 void gemm_ex(bool trans_a, bool trans_b, int M, int N, int K, DType ab_type, const void* A, int lda,
              const void* B, int ldb, DType c_type, void* C, int ldc, const float* bias,
              bool accumulate);
