@@ -337,7 +337,11 @@ HR_AMX_TARGET void run(const Problem& p, int t, int nt, uint16_t* buf0, uint16_t
   const int kcb = (k_blocks + chunks - 1) / chunks;
   const int kc = kcb * kBlock;
   const int nb = (p.N + kBlock - 1) / kBlock, mb = (p.M + kBlock - 1) / kBlock;
-  const int per_chunk = std::max<int>(1, std::min<int64_t>(nb, kChunkBytes / (size_t(kc) * 64)));
+  // Column blocks per packed chunk: as many as fit, spread evenly over the chunks (24 blocks in
+  // chunks of 21 and 3 left the second chunk's barrier for little work).
+  const int fit = std::max<int>(1, std::min<int64_t>(nb, kChunkBytes / (size_t(kc) * 64)));
+  const int n_chunks = (nb + fit - 1) / fit;
+  const int per_chunk = (nb + n_chunks - 1) / n_chunks;
   // op(A) is staged a panel at a time where the tiles cannot read it in place.
   const bool stage_all = p.trans_a || p.K % kBlock != 0;
   int64_t m0, m1;
