@@ -283,7 +283,8 @@ Result<double> measure_gemm_shapes(const Sizes& sz, const char* name,
 
 // The peak: one square GEMM through the backend. bf16: n = 2112, dense (oneDNN 2.6 runs its AMX
 // kernel only on dense bf16 rows, and rows of 2048 bf16 values, 4 KiB, alias in the cache and
-// ran at half the rate of 2112's here). fp32: n = 2048 with A and C rows padded as the model pads
+// ran at half the rate of 2112's here; where the CPU has AMX, our own kernel takes it: the
+// backend's bf16 GEMM, whichever runs). fp32: n = 2048 with A and C rows padded as the model pads
 // its activations (activation_row_stride: gemm:jit), about twice the rate oneDNN's brgemm reached
 // on dense 2112 rows here (docs/gemm.md).
 template <typename T>
@@ -336,7 +337,7 @@ Result<double> measure_gemm_peak(const Sizes& sz, const char* name,
   SquarePeak<T> probe(sz.peak_n);
   const double rate = probe.measure(sz.warmup, sz.reps);
   if (!(rate > 0)) return Status::internal(fmt::format("{} GEMM peak timed at 0 s", name));
-  report(progress, fmt::format("{} GEMM peak {}^3: {:.1f} GFLOP/s (oneDNN {}, median of {})", name,
+  report(progress, fmt::format("{} GEMM peak {}^3: {:.1f} GFLOP/s ({}, median of {})", name,
                                probe.n(), rate / 1e9, probe.impl(), sz.reps));
   return rate;
 }
