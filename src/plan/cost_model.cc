@@ -143,20 +143,25 @@ StepCost estimate_step(const model::Gpt2Config& c, const MemoryPlan& plan, const
     }
   }
   // bf16 on the CPU: the weight-gradient GEMMs that take transposed operands (the plan has their
-  // staging buffer) first copy inp^T and dout^T, each element read and written once (2 + 2
-  // bytes): per block the shapes cpu::bf16_wgrad_transposes picks, and the full-logits head.
+  // staging buffer) first copy inp^T and/or dout^T (cpu::bf16_wgrad_copies: both for oneDNN, the
+  // GEMM's A alone for our AMX kernel), each element read and written once (2 + 2 bytes): per
+  // block the shapes cpu::bf16_wgrad_transposes picks, and the full-logits head.
   double wgrad_transpose_bytes = 0;
   const bool wgrad_staging = std::ranges::any_of(
       plan.step.buffers,
       [](const memory::BufferDesc& buf) { return buf.name == "bf16_wgrad_staging"; });
   if (wgrad_staging) {
     const int N = int(rows), ci = int(C);
+    auto copied = [&](int ic, int oc, cpu::WeightLayout layout) {
+      const cpu::Bf16WgradCopies c = cpu::bf16_wgrad_copies(N, layout);
+      return 4.0 * rows * ((c.inp_t ? ic : 0) + (c.out_t ? oc : 0));
+    };
     for (auto [ic, oc] : {std::pair{ci, 3 * ci}, {ci, ci}, {ci, 4 * ci}, {4 * ci, ci}}) {
       if (cpu::bf16_wgrad_transposes(N, ic, oc))
-        wgrad_transpose_bytes += L * 4.0 * rows * (ic + oc);
+        wgrad_transpose_bytes += L * copied(ic, oc, cpu::WeightLayout::kInOut);
     }
     if (plan.policy.exec.head_chunk == 0 && cpu::bf16_wgrad_transposes(N, ci, int(V))) {
-      wgrad_transpose_bytes += 4.0 * rows * (C + V);
+      wgrad_transpose_bytes += copied(ci, int(V), cpu::WeightLayout::kOutIn);
     }
     wgrad_transpose_bytes *= k;
   }

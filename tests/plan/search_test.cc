@@ -2,6 +2,7 @@
 // when nothing fits.
 #include <gtest/gtest.h>
 
+#include "backend/cpu/amx_gemm.h"
 #include "core/units.h"
 #include "plan/cost_model.h"
 #include "plan/memory_plan.h"
@@ -199,9 +200,13 @@ TEST(CostModel, CountsTheWeightGradientTransposes) {
   const double with_copies = estimate_step(c, *mp, d).memory_bytes;
   const double none = estimate_step(c, without, d).memory_bytes;
   const double N = 8 * 256, C = c.n_embd, V = c.vocab_size;
-  // The staging buffer's own traffic (as every step buffer's: 4 passes), the MLP's two copies per
-  // block (inp^T and dout^T: C + 4C columns, 4 bytes an element), the head's (C + V).
-  const double expected = 4.0 * double(staging) + c.n_layer * 2 * 4 * N * 5 * C + 4 * N * (C + V);
+  // The staging buffer's own traffic (as every step buffer's: 4 passes), then the copies, 4 bytes
+  // an element. oneDNN: the MLP's two per GEMM (inp^T and dout^T: C + 4C columns each), the
+  // head's (C + V). Our AMX kernel: the GEMM's A only: the MLP's inp^T (C, then 4C), the head's
+  // dlogits^T (V).
+  const bool amx = cpu::amx_gemm_takes(int(N), DType::kF32);
+  const double mlp_cols = amx ? 5 * C : 2 * 5 * C, head_cols = amx ? V : C + V;
+  const double expected = 4.0 * double(staging) + c.n_layer * 4 * N * mlp_cols + 4 * N * head_cols;
   EXPECT_NEAR(with_copies - none, expected, 1e-9 * with_copies);
 }
 

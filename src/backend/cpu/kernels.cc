@@ -21,6 +21,7 @@
 #include <string_view>
 #include <type_traits>
 
+#include "backend/cpu/amx_gemm.h"
 #include "backend/cpu/bf16.h"
 #include "backend/cpu/fast_math.h"
 #include "backend/cpu/gemm.h"
@@ -594,14 +595,21 @@ void matmul_backward_t(T* dinp, float* dweight, float* dbias, const T* dout, con
                    "bf16 weight gradient: the staging for inp^T is missing or too small");
       HR_CHECK_MSG(ws->out_t != nullptr && ws->out_t_elems >= size_t(OC) * size_t(N),
                    "bf16 weight gradient: the staging for dout^T is missing or too small");
-      transpose(ws->inp_t, N, inp, ldi, N, IC);   // inp^T [IC, N]
-      transpose(ws->out_t, N, dout, ldo, N, OC);  // dout^T [OC, N]
-      if (in_out) {                               // dweight[IC,OC] += inp^T x (dout^T)^T
+      const Bf16WgradCopies copies = bf16_wgrad_copies(N, layout);
+      if (copies.inp_t) transpose(ws->inp_t, N, inp, ldi, N, IC);   // inp^T [IC, N]
+      if (copies.out_t) transpose(ws->out_t, N, dout, ldo, N, OC);  // dout^T [OC, N]
+      if (in_out && copies.out_t) {  // dweight[IC,OC] += inp^T x (dout^T)^T
         gemm_ex(false, true, IC, OC, N, DType::kBF16, ws->inp_t, N, ws->out_t, N, DType::kF32,
                 dweight, OC, nullptr, true);
-      } else {  // dweight[OC,IC] += dout^T x (inp^T)^T
+      } else if (in_out) {  // dweight[IC,OC] += inp^T x dout
+        gemm_ex(false, false, IC, OC, N, DType::kBF16, ws->inp_t, N, dout, ldo, DType::kF32,
+                dweight, OC, nullptr, true);
+      } else if (copies.inp_t) {  // dweight[OC,IC] += dout^T x (inp^T)^T
         gemm_ex(false, true, OC, IC, N, DType::kBF16, ws->out_t, N, ws->inp_t, N, DType::kF32,
                 dweight, IC, nullptr, true);
+      } else {  // dweight[OC,IC] += dout^T x inp
+        gemm_ex(false, false, OC, IC, N, DType::kBF16, ws->out_t, N, inp, ldi, DType::kF32, dweight,
+                IC, nullptr, true);
       }
     }
   } else if (dweight != nullptr) {  // accumulated (in fp32) through oneDNN's sum post-op
@@ -661,6 +669,12 @@ bool bf16_wgrad_transposes(int N, int IC, int OC) {
   // GPT-2 124M (docs/gemm.md): the MLP's 768 <-> 3072 and the LM head's won, the attention's
   // 768 -> 768 and 768 -> 2304 did not.
   return N > 0 && std::max(IC, OC) >= 3072;
+}
+
+Bf16WgradCopies bf16_wgrad_copies(int N, WeightLayout layout) {
+  if (!amx_gemm_takes(N, DType::kF32)) return {.inp_t = true, .out_t = true};
+  return layout == WeightLayout::kInOut ? Bf16WgradCopies{.inp_t = true, .out_t = false}
+                                        : Bf16WgradCopies{.inp_t = false, .out_t = true};
 }
 
 // ---- fp16 GEMMs: widen, fp32 GEMM, narrow ------------------------------------------------

@@ -171,11 +171,19 @@ struct Bf16WgradStaging {
 // (read at each call) overrides for tests and A/B timing: "1" every shape, "0" none; any other
 // value throws std::invalid_argument naming it (the CLI checks it before any work).
 bool bf16_wgrad_transposes(int N, int IC, int OC);
-// The same matmul_backward, the weight gradient computed from inp^T and dout^T transposed into
-// `staging` (overwritten) and a GEMM over K-contiguous operands: the same sums, possibly in
-// another order (bits may differ within GEMM rounding). An empty staging (both pointers null)
-// is the overload above. REQUIRES (when dweight is not null): staging.inp_t_elems >= IC * N and
-// staging.out_t_elems >= OC * N.
+// On that path, which operands are copied: both for oneDNN, which wants them K-contiguous; only
+// the GEMM's A where our AMX kernel runs it (amx_gemm.h: it packs B from rows anyway, so B is
+// read in place): inp^T for kInOut (dW[IC,OC] += inp^T dout), dout^T for kOutIn (dW[OC,IC] +=
+// dout^T inp).
+struct Bf16WgradCopies {
+  bool inp_t = false, out_t = false;
+};
+Bf16WgradCopies bf16_wgrad_copies(int N, WeightLayout layout);
+// The same matmul_backward, the weight gradient computed from the transposed copies
+// bf16_wgrad_copies names (inp^T, dout^T or both), written into `staging` (overwritten), and a
+// GEMM over them: the same sums, possibly in another order (bits may differ within GEMM
+// rounding). An empty staging (both pointers null) is the overload above. REQUIRES (when dweight
+// is not null): staging.inp_t_elems >= IC * N and staging.out_t_elems >= OC * N.
 void matmul_backward(bf16_t* dinp, float* dweight, float* dbias, const bf16_t* dout,
                      const bf16_t* inp, const bf16_t* weight, int N, int IC, int OC,
                      WeightLayout layout, MatmulStrides strides, const Bf16WgradStaging& staging);
