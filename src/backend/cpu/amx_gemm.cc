@@ -75,6 +75,35 @@ bool amx_usable() {
 #endif
 }
 
+#if defined(__x86_64__) && defined(__GNUC__)
+namespace {
+struct TileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+}  // namespace
+
+__attribute__((target("amx-tile"))) void amx_tiles_begin() {
+  TileConfig cfg;
+  for (int t = 0; t < 8; ++t) {
+    cfg.colsb[t] = 64;
+    cfg.rows[t] = 16;
+  }
+  // GCC 12 does not see ldtilecfg read the whole 64 bytes: where this is not inlined (a build
+  // without -march=native) it dropped the colsb/rows stores as dead, and ldtilecfg faulted on the
+  // all-zero configuration. An empty asm that may read cfg keeps them.
+  asm volatile("" : : "r"(&cfg) : "memory");
+  _tile_loadconfig(&cfg);
+}
+__attribute__((target("amx-tile"))) void amx_tiles_end() { _tile_release(); }
+#else
+void amx_tiles_begin() {}
+void amx_tiles_end() {}
+#endif
+
 namespace {
 
 constexpr int kBlock = 32;                       // C block: 32 x 32, K step: 32
@@ -96,7 +125,8 @@ struct AlignedFree {
   void operator()(uint16_t* p) const { ::operator delete[](p, std::align_val_t(4096)); }
 };
 
-// The two packing buffers, allocated and touched once (huge pages where the kernel gives them).
+// The two chunk buffers of packed B and the per-thread panels of staged op(A), each allocated at
+// its first use and kept.
 class PackBuffers {
  public:
   static PackBuffers& get() {
@@ -137,24 +167,6 @@ class PackBuffers {
 #if HR_AVX512_HELPERS
 #define HR_AMX_TARGET \
   __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,amx-tile,amx-bf16")))
-
-struct TileConfig {
-  uint8_t palette = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
-HR_AMX_TARGET void tiles_begin() {
-  TileConfig cfg;
-  for (int t = 0; t < 8; ++t) {
-    cfg.colsb[t] = 64;
-    cfg.rows[t] = 16;
-  }
-  asm volatile("" : : "r"(&cfg) : "memory");  // see amx_begin in attention_tiled.cc
-  _tile_loadconfig(&cfg);
-}
 
 // The first n of 32 16-bit lanes (0 <= n <= 32).
 inline __mmask32 lanes32(int n) { return n >= 32 ? ~__mmask32(0) : (__mmask32(1) << n) - 1; }
@@ -346,7 +358,7 @@ HR_AMX_TARGET void run(const Problem& p, int t, int nt, uint16_t* buf0, uint16_t
   const bool stage_all = p.trans_a || p.K % kBlock != 0;
   int64_t m0, m1;
   share(mb, t, nt, &m0, &m1);
-  tiles_begin();
+  amx_tiles_begin();
   int chunk = 0;
   for (int j0 = 0; j0 < nb; j0 += per_chunk) {
     const int jn = std::min(nb - j0, per_chunk);
@@ -411,7 +423,7 @@ HR_AMX_TARGET void run(const Problem& p, int t, int nt, uint16_t* buf0, uint16_t
       }
     }
   }
-  _tile_release();
+  amx_tiles_end();
 }
 #endif  // HR_AVX512_HELPERS
 

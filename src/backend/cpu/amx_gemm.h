@@ -16,6 +16,12 @@ bool amx_usable();
 // AVX-512 F/BW/VL/DQ and AVX512-BF16 in the CPU.
 bool cpu_has_avx512bf16();
 
+// The tile configuration both AMX kernels use (this GEMM and tiled attention's): tiles 0-7 of 16
+// rows x 64 bytes, loaded on the calling thread; amx_tiles_end releases the tile state. Only
+// where amx_usable().
+void amx_tiles_begin();
+void amx_tiles_end();
+
 // Whether amx_gemm takes a product with this K and C type: AMX usable, and with a bf16 C, K <= 4096
 // (one pass over K, the sums kept in tiles; an fp32 C takes any K, in chunks). Any M, N and
 // layout. The environment's HEADROOM_BF16_GEMM (read per call) chooses: "auto" (unset: amx where

@@ -601,28 +601,7 @@ HR_BF16_TARGET void dp_gemm(int M, int N, int P, const bf16_t* A, int64_t lda, c
 
 // The same product on AMX: 16 x 16 fp32 tiles of C, 2 x 2 of them at a time (tmm0-3), A tiles of
 // 16 rows x 32 bf16 (tmm4-5) and B tiles of 16 pairs x 16 columns (tmm6-7). M and N multiples of
-// 16, P of 16. Needs amx_tile_config() loaded on the calling thread.
-struct AmxTileConfig {
-  uint8_t palette = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
-HR_BF16_TARGET void amx_begin() {
-  AmxTileConfig cfg;
-  for (int t = 0; t < 8; ++t) {
-    cfg.colsb[t] = 64;
-    cfg.rows[t] = 16;
-  }
-  // GCC 12 does not see ldtilecfg read the whole 64 bytes: where amx_begin is not inlined (a
-  // build without -march=native) it dropped the colsb/rows stores as dead, and ldtilecfg faulted
-  // on the all-zero configuration. An empty asm that may read cfg keeps them.
-  asm volatile("" : : "r"(&cfg) : "memory");
-  _tile_loadconfig(&cfg);
-}
-HR_BF16_TARGET void amx_end() { _tile_release(); }
+// 16, P of 16. Needs amx_tiles_begin() (amx_gemm.h) on the calling thread.
 
 template <int MT, int NT>
 HR_BF16_TARGET inline void amx_block(int P, const bf16_t* A, int64_t lda, const uint32_t* B,
@@ -1257,12 +1236,12 @@ void for_each_head_bf16(int B, int T, int C, int NH, size_t (*slot_floats)(int T
 #pragma omp parallel num_threads(workers_for(slots))
   {
     float* slot = scratch + omp_get_thread_num() * slot_size;
-    if constexpr (kAmx) amx_begin();
+    if constexpr (kAmx) amx_tiles_begin();
 #pragma omp for schedule(static)
     for (int bh = 0; bh < BH; ++bh) {
       head(HeadTask{bh / NH, bh % NH, bh, bh + 1 < BH ? bh + 1 : -1, HS, scale, slot});
     }
-    if constexpr (kAmx) amx_end();
+    if constexpr (kAmx) amx_tiles_end();
   }
 }
 
