@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -17,6 +19,7 @@
 
 #include <fmt/format.h>
 
+#include "backend/cpu/amx_gemm.h"
 #include "backend/cpu/device.h"
 #include "backend/cpu/fused_kernels.h"
 #include "backend/cpu/kernels.h"
@@ -1434,7 +1437,60 @@ struct BenchFlags {
   bool pad_rows = true;
   bool record = false;
   bool peak_between_steps = true;
+  std::string alternate;  // VAR=A,B: a per-call knob alternated between steps
 };
+
+// `bench --alternate VAR=A,B`: the knobs read at every call, which a step can switch (the others
+// are read once a process). An empty value unsets the variable (the knob's default).
+struct Alternation {
+  std::string var;
+  std::array<std::string, 2> values;
+  void apply(int which) const {
+    const std::string& v = values[size_t(which)];
+    if (v.empty()) {
+      ::unsetenv(var.c_str());
+    } else {
+      ::setenv(var.c_str(), v.c_str(), 1);
+    }
+  }
+};
+
+Result<std::optional<Alternation>> parse_alternation(const std::string& spec) {
+  if (spec.empty()) return std::optional<Alternation>();
+  static constexpr std::array<const char*, 2> kKnobs = {"HEADROOM_BF16_GEMM",
+                                                        "HEADROOM_BF16_WGRAD_TRANSPOSE"};
+  const size_t eq = spec.find('='), comma = spec.find(',', eq == std::string::npos ? 0 : eq);
+  if (eq == std::string::npos || comma == std::string::npos ||
+      spec.find(',', comma + 1) != std::string::npos) {
+    return Status::invalid_argument("--alternate " + spec +
+                                    ": expected VAR=A,B (two values, either may be empty)");
+  }
+  Alternation a{spec.substr(0, eq), {spec.substr(eq + 1, comma - eq - 1), spec.substr(comma + 1)}};
+  if (std::ranges::none_of(kKnobs, [&](const char* k) { return a.var == k; })) {
+    return Status::invalid_argument("--alternate: " + a.var +
+                                    " is not a knob read at every call; alternate "
+                                    "HEADROOM_BF16_GEMM or HEADROOM_BF16_WGRAD_TRANSPOSE");
+  }
+  const char* before = std::getenv(a.var.c_str());
+  const std::string saved = before ? before : "";
+  Status bad = Status::ok();
+  for (int i = 0; i < 2 && bad.is_ok(); ++i) {
+    a.apply(i);
+    try {  // the knob's own check, as the CLI does for the environment's value
+      (void)cpu::bf16_wgrad_transposes(1, 1, 1);
+      (void)cpu::amx_gemm_takes(32, DType::kF32);
+    } catch (const std::invalid_argument& e) {
+      bad = Status::invalid_argument(std::string("--alternate: ") + e.what());
+    }
+  }
+  if (before) {
+    ::setenv(a.var.c_str(), saved.c_str(), 1);
+  } else {
+    ::unsetenv(a.var.c_str());
+  }
+  if (!bad.is_ok()) return bad;
+  return std::optional<Alternation>(a);
+}
 
 int run_bench(BenchFlags& bf) {
   TrainFlags& f = bf.t;
@@ -1444,6 +1500,11 @@ int run_bench(BenchFlags& bf) {
   if (!cfg.is_ok()) return fail(cfg.status());
   if (f.steps <= 0 || bf.warmup < 0) {
     return fail(Status::invalid_argument("--steps must be positive and --warmup not negative"));
+  }
+  Result<std::optional<Alternation>> alt = parse_alternation(bf.alternate);
+  if (!alt.is_ok()) return fail(alt.status());
+  if (*alt && f.steps < 2) {
+    return fail(Status::invalid_argument("--alternate needs --steps >= 2 (one pair of steps)"));
   }
   o.config = *cfg;
   o.model_name = f.model;
@@ -1536,6 +1597,13 @@ int run_bench(BenchFlags& bf) {
   const double flops_per_token = 6.0 * n_no_pos + 12.0 * cfg->n_layer * o.seq * C;
   const double tokens = double(o.micro_batch) * o.seq;
   std::vector<double> step_ms, step_cpu_ms;
+  // --alternate: step s (from 1, warm-up included) runs with value (s - 1) % 2; the timed steps'
+  // times per value, and each pair of consecutive timed steps' ratio (second value / first).
+  std::array<std::vector<double>, 2> alt_ms;
+  std::vector<double> alt_ratio;
+  double alt_last_ms = 0;
+  int alt_last_value = -1;
+  if (*alt) (*alt)->apply(0);
   uint64_t peak = 0;
   model::OpTimes op_total;
   double opt_total = 0, opt_cpu_total = 0, data_total = 0;
@@ -1561,7 +1629,19 @@ int run_bench(BenchFlags& bf) {
         probe_flops.push_back(rate);
         step_mfu.push_back(rate > 0 ? flops_per_token * tokens / (s.step_ms / 1e3) / rate : 0.0);
       }
+      if (*alt) {
+        const int v = (s.step - 1) % 2;
+        alt_ms[size_t(v)].push_back(s.step_ms);
+        if (alt_last_value >= 0 && alt_last_value != v) {  // a pair: one step of each value
+          alt_ratio.push_back(v == 1 ? s.step_ms / alt_last_ms : alt_last_ms / s.step_ms);
+          alt_last_value = -1;
+        } else {
+          alt_last_value = v;
+          alt_last_ms = s.step_ms;
+        }
+      }
     }
+    if (*alt) (*alt)->apply(s.step % 2);  // the next step's value (after the probe)
     peak = std::max(peak, s.device_bytes_peak);
     if (!f.json)
       bar.update(s.step, s.steps,
@@ -1585,6 +1665,10 @@ int run_bench(BenchFlags& bf) {
   };
   const double run_peak = median_of(probe_flops);
   const double run_mfu = median_of(step_mfu);
+  auto alt_tps = [&](int v) {
+    const double ms = median_of(alt_ms[size_t(v)]);
+    return ms > 0 ? tokens / (ms / 1e3) : 0.0;
+  };
   if (f.json) {
     json j = {{"model", f.model},
               {"micro_batch", o.micro_batch},
@@ -1607,6 +1691,15 @@ int run_bench(BenchFlags& bf) {
       j["gemm_peak_in_run_flops_per_s"] = run_peak;
       j["gemm_peak_in_run_samples"] = probe_flops;
       j["mfu_in_run"] = run_mfu;
+    }
+    if (*alt) {
+      const Alternation& a = **alt;
+      j["alternate"] = {{"variable", a.var},
+                        {"values", {a.values[0], a.values[1]}},
+                        {"step_ms", {alt_ms[0], alt_ms[1]}},
+                        {"tokens_per_s", {alt_tps(0), alt_tps(1)}},
+                        {"pair_ratios", alt_ratio},
+                        {"pair_ratio_median", median_of(alt_ratio)}};
     }
     if (!o.exec.offload.empty()) {
       const double n = double(step_ms.size());
@@ -1651,6 +1744,19 @@ int run_bench(BenchFlags& bf) {
           "  MFU %.1f%% of the GEMM peak timed after each step (median %.0f GFLOP/s, the better "
           "of %s, %d calls each a step; the median of the steps' own ratios)\n",
           100 * run_mfu, run_peak / 1e9, probe->describe().c_str(), kProbeReps);
+    }
+    if (*alt) {
+      const Alternation& a = **alt;
+      auto shown = [](const std::string& v) { return v.empty() ? std::string("(unset)") : v; };
+      std::vector<double> sorted = alt_ratio;
+      std::sort(sorted.begin(), sorted.end());
+      std::printf(
+          "  alternated %s: %s %.1f tokens/s (%zu steps), %s %.1f tokens/s (%zu steps); step time "
+          "%s / %s, median of %zu adjacent pairs: %.3f (range %.3f-%.3f)\n",
+          a.var.c_str(), shown(a.values[0]).c_str(), alt_tps(0), alt_ms[0].size(),
+          shown(a.values[1]).c_str(), alt_tps(1), alt_ms[1].size(), shown(a.values[1]).c_str(),
+          shown(a.values[0]).c_str(), alt_ratio.size(), median_of(alt_ratio),
+          sorted.empty() ? 0.0 : sorted.front(), sorted.empty() ? 0.0 : sorted.back());
     }
     if (!o.exec.offload.empty()) {
       const double n = double(step_ms.size());
@@ -1890,6 +1996,11 @@ int run(int argc, char** argv) {
                    "time calibrate's peak GEMMs after every timed step and quote MFU against "
                    "them too (true/false)")
       ->capture_default_str();
+  bench_cmd->add_option(
+      "--alternate", bnf.alternate,
+      "VAR=A,B: run successive steps with the knob VAR (HEADROOM_BF16_GEMM or "
+      "HEADROOM_BF16_WGRAD_TRANSPOSE) set to A, B, A, ... (empty: unset) and report each value's "
+      "tokens/s and the median ratio of adjacent steps: an A/B on the same state of the host");
   bench_cmd->add_flag("--breakdown", bnf.breakdown,
                       "time every kernel call by kind (gemm, attention, norm, ...), in wall and "
                       "process CPU time");
@@ -1912,6 +2023,7 @@ int run(int argc, char** argv) {
   try {
     (void)cpu::attention_bf16_kernel();
     (void)cpu::bf16_wgrad_transposes(1, 1, 1);
+    (void)cpu::amx_gemm_takes(32, DType::kF32);  // reads HEADROOM_BF16_GEMM first, on any CPU
   } catch (const std::invalid_argument& e) {
     return fail(Status::invalid_argument(std::string(e.what()) + " (unset it for the default)"));
   }

@@ -131,7 +131,8 @@ TEST_F(Cli, BadMeasurementKnobsAreClearErrors) {
   };
   for (const Knob& k :
        {Knob{"HEADROOM_BF16_ATTENTION", "bogus", "expected auto, amx, avx512bf16 or widen"},
-        Knob{"HEADROOM_BF16_WGRAD_TRANSPOSE", "yes", "expected 0 or 1"}}) {
+        Knob{"HEADROOM_BF16_WGRAD_TRANSPOSE", "yes", "expected 0 or 1"},
+        Knob{"HEADROOM_BF16_GEMM", "amx-please", "expected auto (our AMX kernel"}}) {
     SCOPED_TRACE(k.name);
     ::setenv(k.name, k.value, 1);
     Outcome r = run("bench --model gpt2-tiny --steps 1 --warmup 0 --precision bf16");
@@ -139,6 +140,36 @@ TEST_F(Cli, BadMeasurementKnobsAreClearErrors) {
     EXPECT_EQ(r.code, 1) << r.out;
     EXPECT_NE(r.out.find(std::string(k.name) + "=" + k.value), std::string::npos) << r.out;
     EXPECT_NE(r.out.find(k.expected), std::string::npos) << r.out;
+  }
+}
+
+// bench --alternate runs successive steps with a per-call knob at its two values and reports
+// each value's steps and the ratio of every adjacent pair; a knob that is not read per call, a
+// bad value or a malformed spec is a clear error before any work.
+TEST_F(Cli, BenchAlternatesAKnobBetweenSteps) {
+  Outcome r =
+      run("bench --model gpt2-tiny --batch 2 --seq 32 --steps 5 --warmup 1 --precision bf16 "
+          "--peak-between-steps false --alternate HEADROOM_BF16_GEMM=onednn, --json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  nlohmann::json j = nlohmann::json::parse(r.out.substr(r.out.find("{\n")));
+  ASSERT_TRUE(j.contains("alternate")) << r.out;
+  const nlohmann::json& a = j["alternate"];
+  EXPECT_EQ(a["variable"], "HEADROOM_BF16_GEMM");
+  EXPECT_EQ(a["values"], nlohmann::json({"onednn", ""}));
+  // Warm-up step 1 ran onednn; timed steps 2..6 ran unset, onednn, unset, onednn, unset.
+  EXPECT_EQ(a["step_ms"][0].size(), 2u);
+  EXPECT_EQ(a["step_ms"][1].size(), 3u);
+  ASSERT_EQ(a["pair_ratios"].size(), 2u);
+  for (const auto& x : a["pair_ratios"]) EXPECT_GT(x.get<double>(), 0.0);
+  EXPECT_EQ(a["step_ms"][0].size() + a["step_ms"][1].size(), j["step_ms"].size());
+  EXPECT_GT(a["tokens_per_s"][0].get<double>(), 0.0);
+  EXPECT_GT(a["tokens_per_s"][1].get<double>(), 0.0);
+
+  for (const char* bad : {"HEADROOM_BF16_ATTENTION=amx,widen", "HEADROOM_BF16_GEMM=onednn,fast",
+                          "HEADROOM_BF16_GEMM=onednn", "HEADROOM_BF16_WGRAD_TRANSPOSE=0,1,2"}) {
+    Outcome e = run(std::string("bench --model gpt2-tiny --steps 2 --alternate ") + bad);
+    EXPECT_EQ(e.code, 1) << bad << ": " << e.out;
+    EXPECT_NE(e.out.find("--alternate"), std::string::npos) << e.out;
   }
 }
 
