@@ -1598,7 +1598,7 @@ int run_bench(BenchFlags& bf) {
   const double tokens = double(o.micro_batch) * o.seq;
   std::vector<double> step_ms, step_cpu_ms;
   // --alternate: step s (from 1, warm-up included) runs with value (s - 1) % 2; the timed steps'
-  // times per value, and each pair of consecutive timed steps' ratio (second value / first).
+  // times per value, and the ratio (second value / first) of every two adjacent timed steps.
   std::array<std::vector<double>, 2> alt_ms;
   std::vector<double> alt_ratio;
   double alt_last_ms = 0;
@@ -1632,13 +1632,13 @@ int run_bench(BenchFlags& bf) {
       if (*alt) {
         const int v = (s.step - 1) % 2;
         alt_ms[size_t(v)].push_back(s.step_ms);
-        if (alt_last_value >= 0 && alt_last_value != v) {  // a pair: one step of each value
+        // Every two adjacent timed steps are a pair, so that each value goes first in half of
+        // them (a step right after the other one can run faster: position, not kernel).
+        if (alt_last_value >= 0) {
           alt_ratio.push_back(v == 1 ? s.step_ms / alt_last_ms : alt_last_ms / s.step_ms);
-          alt_last_value = -1;
-        } else {
-          alt_last_value = v;
-          alt_last_ms = s.step_ms;
         }
+        alt_last_value = v;
+        alt_last_ms = s.step_ms;
       }
     }
     if (*alt) (*alt)->apply(s.step % 2);  // the next step's value (after the probe)
@@ -1752,7 +1752,7 @@ int run_bench(BenchFlags& bf) {
       std::sort(sorted.begin(), sorted.end());
       std::printf(
           "  alternated %s: %s %.1f tokens/s (%zu steps), %s %.1f tokens/s (%zu steps); step time "
-          "%s / %s, median of %zu adjacent pairs: %.3f (range %.3f-%.3f)\n",
+          "%s / %s, median over %zu adjacent pairs: %.3f (range %.3f-%.3f)\n",
           a.var.c_str(), shown(a.values[0]).c_str(), alt_tps(0), alt_ms[0].size(),
           shown(a.values[1]).c_str(), alt_tps(1), alt_ms[1].size(), shown(a.values[1]).c_str(),
           shown(a.values[0]).c_str(), alt_ratio.size(), median_of(alt_ratio),
