@@ -17,7 +17,6 @@
 #include <cpuid.h>
 #endif
 #if defined(__linux__)
-#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 #endif
@@ -26,15 +25,15 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <memory>
 #include <mutex>
-#include <new>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "backend/cpu/fast_math.h"
 #include "backend/cpu/transpose.h"
 #include "core/check.h"
+#include "memory/host_resource.h"
 
 // GCC 12 warns of its own intrinsics' undefined vectors (-Wmaybe-uninitialized) when they are
 // inlined into a function with a target attribute: a false positive (as in attention_tiled.cc).
@@ -121,12 +120,9 @@ bool onednn_asked() {
                               ": expected auto (our AMX kernel where it applies) or onednn");
 }
 
-struct AlignedFree {
-  void operator()(uint16_t* p) const { ::operator delete[](p, std::align_val_t(4096)); }
-};
-
 // The two chunk buffers of packed B and the per-thread panels of staged op(A), each allocated at
-// its first use and kept.
+// its first use and kept, from the host resource the arenas use (huge pages, touched once).
+// Outside the memory plan, as oneDNN's scratchpad is (docs/notes/memory-plan.md).
 class PackBuffers {
  public:
   static PackBuffers& get() {
@@ -135,33 +131,22 @@ class PackBuffers {
   }
   std::mutex mu;  // amx_gemm calls are serialised, as gemm_ex's oneDNN calls are
   uint16_t* buffer(int i) {
-    if (!chunks_) chunks_ = allocate(2 * kChunkBytes);
-    return chunks_.get() + size_t(i) * (kChunkBytes / sizeof(uint16_t));
+    // 2 MiB: mmap'ed, so page-aligned (the packing's aligned 64-byte stores).
+    if (chunks_.empty()) chunks_.resize(2 * kChunkBytes / sizeof(uint16_t));
+    return chunks_.data() + size_t(i) * (kChunkBytes / sizeof(uint16_t));
   }
   // The staging panels of op(A), one per thread (grown when a call has more threads).
   uint16_t* panels(int threads) {
-    if (threads > panel_threads_) {
-      panels_ = allocate(size_t(threads) * kPanelElems * sizeof(uint16_t));
-      panel_threads_ = threads;
+    if (size_t(threads) * kPanelElems > panels_.size()) {
+      panels_ = Buffer(size_t(threads) * kPanelElems);
     }
-    return panels_.get();
+    return panels_.data();
   }
-  size_t bytes() const {
-    return (chunks_ ? 2 * kChunkBytes : 0) + size_t(panel_threads_) * kPanelElems * 2;
-  }
+  size_t bytes() const { return (chunks_.size() + panels_.size()) * sizeof(uint16_t); }
 
  private:
-  // Allocated and touched once (huge pages where the kernel gives them).
-  static std::unique_ptr<uint16_t[], AlignedFree> allocate(size_t bytes) {
-    auto* p = static_cast<uint16_t*>(::operator new[](bytes, std::align_val_t(4096)));
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
-    madvise(p, bytes, MADV_HUGEPAGE);
-#endif
-    std::memset(p, 0, bytes);
-    return std::unique_ptr<uint16_t[], AlignedFree>(p);
-  }
-  std::unique_ptr<uint16_t[], AlignedFree> chunks_, panels_;
-  int panel_threads_ = 0;
+  using Buffer = std::vector<uint16_t, memory::HostAllocator<uint16_t>>;
+  Buffer chunks_, panels_;
 };
 
 #if HR_AVX512_HELPERS
