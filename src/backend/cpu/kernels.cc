@@ -598,19 +598,15 @@ void matmul_backward_t(T* dinp, float* dweight, float* dbias, const T* dout, con
       const Bf16WgradCopies copies = bf16_wgrad_copies(N, layout);
       if (copies.inp_t) transpose(ws->inp_t, N, inp, ldi, N, IC);   // inp^T [IC, N]
       if (copies.out_t) transpose(ws->out_t, N, dout, ldo, N, OC);  // dout^T [OC, N]
-      if (in_out && copies.out_t) {  // dweight[IC,OC] += inp^T x (dout^T)^T
-        gemm_ex(false, true, IC, OC, N, DType::kBF16, ws->inp_t, N, ws->out_t, N, DType::kF32,
-                dweight, OC, nullptr, true);
-      } else if (in_out) {  // dweight[IC,OC] += inp^T x dout
-        gemm_ex(false, false, IC, OC, N, DType::kBF16, ws->inp_t, N, dout, ldo, DType::kF32,
-                dweight, OC, nullptr, true);
-      } else if (copies.inp_t) {  // dweight[OC,IC] += dout^T x (inp^T)^T
-        gemm_ex(false, true, OC, IC, N, DType::kBF16, ws->out_t, N, ws->inp_t, N, DType::kF32,
-                dweight, IC, nullptr, true);
-      } else {  // dweight[OC,IC] += dout^T x inp
-        gemm_ex(false, false, OC, IC, N, DType::kBF16, ws->out_t, N, inp, ldi, DType::kF32, dweight,
-                IC, nullptr, true);
-      }
+      // dweight[IC,OC] += inp^T x dout (kInOut), dweight[OC,IC] += dout^T x inp (kOutIn): A is
+      // the first operand's copy; B the second's copy (transposed, K-contiguous) or its rows.
+      const bool b_copied = in_out ? copies.out_t : copies.inp_t;
+      const bf16_t* a = in_out ? ws->inp_t : ws->out_t;
+      const bf16_t* b = b_copied ? (in_out ? ws->out_t : ws->inp_t) : (in_out ? dout : inp);
+      const int ldb = b_copied ? N : (in_out ? ldo : ldi);
+      const int rows = in_out ? IC : OC, cols = in_out ? OC : IC;
+      gemm_ex(false, b_copied, rows, cols, N, DType::kBF16, a, N, b, ldb, DType::kF32, dweight,
+              cols, nullptr, true);
     }
   } else if (dweight != nullptr) {  // accumulated (in fp32) through oneDNN's sum post-op
     if (in_out) {                   // dweight[IC,OC] += inp^T x dout
