@@ -1457,8 +1457,8 @@ struct Alternation {
 
 Result<std::optional<Alternation>> parse_alternation(const std::string& spec) {
   if (spec.empty()) return std::optional<Alternation>();
-  static constexpr std::array<const char*, 2> kKnobs = {"HEADROOM_BF16_GEMM",
-                                                        "HEADROOM_BF16_WGRAD_TRANSPOSE"};
+  static constexpr std::array<const char*, 3> kKnobs = {
+      "HEADROOM_BF16_GEMM", "HEADROOM_BF16_WGRAD_TRANSPOSE", "HEADROOM_GELU_TABLE"};
   const size_t eq = spec.find('='), comma = spec.find(',', eq == std::string::npos ? 0 : eq);
   if (eq == std::string::npos || comma == std::string::npos ||
       spec.find(',', comma + 1) != std::string::npos) {
@@ -1469,7 +1469,8 @@ Result<std::optional<Alternation>> parse_alternation(const std::string& spec) {
   if (std::ranges::none_of(kKnobs, [&](const char* k) { return a.var == k; })) {
     return Status::invalid_argument("--alternate: " + a.var +
                                     " is not a knob read at every call; alternate "
-                                    "HEADROOM_BF16_GEMM or HEADROOM_BF16_WGRAD_TRANSPOSE");
+                                    "HEADROOM_BF16_GEMM, HEADROOM_BF16_WGRAD_TRANSPOSE or "
+                                    "HEADROOM_GELU_TABLE");
   }
   const char* before = std::getenv(a.var.c_str());
   const std::string saved = before ? before : "";
@@ -1479,6 +1480,7 @@ Result<std::optional<Alternation>> parse_alternation(const std::string& spec) {
     try {  // the knob's own check, as the CLI does for the environment's value
       (void)cpu::bf16_wgrad_transposes(1, 1, 1);
       (void)cpu::amx_gemm_takes(32, DType::kF32);
+      (void)cpu::gelu_by_table();
     } catch (const std::invalid_argument& e) {
       bad = Status::invalid_argument(std::string("--alternate: ") + e.what());
     }
@@ -1998,8 +2000,9 @@ int run(int argc, char** argv) {
       ->capture_default_str();
   bench_cmd->add_option(
       "--alternate", bnf.alternate,
-      "VAR=A,B: run successive steps with the knob VAR (HEADROOM_BF16_GEMM or "
-      "HEADROOM_BF16_WGRAD_TRANSPOSE) set to A, B, A, ... (empty: unset) and report each value's "
+      "VAR=A,B: run successive steps with the knob VAR (HEADROOM_BF16_GEMM, "
+      "HEADROOM_BF16_WGRAD_TRANSPOSE or HEADROOM_GELU_TABLE) set to A, B, A, ... (empty: unset) "
+      "and report each value's "
       "tokens/s and the median ratio of adjacent steps: an A/B on the same state of the host");
   bench_cmd->add_flag("--breakdown", bnf.breakdown,
                       "time every kernel call by kind (gemm, attention, norm, ...), in wall and "
@@ -2024,6 +2027,7 @@ int run(int argc, char** argv) {
     (void)cpu::attention_bf16_kernel();
     (void)cpu::bf16_wgrad_transposes(1, 1, 1);
     (void)cpu::amx_gemm_takes(32, DType::kF32);  // reads HEADROOM_BF16_GEMM first, on any CPU
+    (void)cpu::gelu_by_table();
   } catch (const std::invalid_argument& e) {
     return fail(Status::invalid_argument(std::string(e.what()) + " (unset it for the default)"));
   }

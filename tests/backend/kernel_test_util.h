@@ -8,8 +8,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <initializer_list>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -194,12 +196,13 @@ void check_gelu_low(double round) {
 // GELU in T storage over every one of the 65536 input bit patterns (NaNs, infinities and
 // subnormals included), at a length that ends in a partial vector and splits unevenly between
 // threads: the forward, and the backward with each of `douts`, bit for bit against the computed
-// path. With AVX-512 the kernels look GELU up in tables (Note [GELU by lookup table]); the
-// reference here is the computed path's arithmetic (gelu16 / gelu_grad16 and store16), so a
-// table built or indexed differently fails. Without AVX-512 the kernel computes, and the
-// reference is the portable loop's formula.
+// path. With AVX-512 the kernels look GELU up in tables (Note [GELU by lookup table]) or compute
+// it (gelu_by_table(): both are checked, by HEADROOM_GELU_TABLE); the reference here is the
+// computed path's arithmetic (gelu16 / gelu_grad16 and store16), so a table built or indexed
+// differently fails. Without AVX-512 the kernel computes, and the reference is the portable
+// loop's formula.
 template <typename T>
-void check_gelu_every_input(std::initializer_list<float> douts) {
+void check_gelu_every_input_once(std::initializer_list<float> douts) {
   const int64_t n = 65536 + 37;  // every pattern, then 37 more (a masked last vector)
   std::vector<T> x(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) x[size_t(i)] = T{uint16_t((i * 40503 % 65536) ^ (i >> 16))};
@@ -260,6 +263,24 @@ void check_gelu_every_input(std::initializer_list<float> douts) {
       }
     }
     EXPECT_EQ(misses, 0) << "backward, dout " << d;
+  }
+}
+template <typename T>
+void check_gelu_every_input(std::initializer_list<float> douts) {
+  const char* before = std::getenv("HEADROOM_GELU_TABLE");
+  const std::string saved = before ? before : "";
+  for (const char* table : {"1", "0"}) {
+    SCOPED_TRACE(std::string("HEADROOM_GELU_TABLE=") + table);
+    ::setenv("HEADROOM_GELU_TABLE", table, 1);
+    EXPECT_EQ(gelu_by_table(), HR_AVX512_KERNELS && *table == '1');
+    check_gelu_every_input_once<T>(douts);
+  }
+  ::setenv("HEADROOM_GELU_TABLE", "yes", 1);
+  EXPECT_THROW((void)gelu_by_table(), std::invalid_argument);
+  if (before) {
+    ::setenv("HEADROOM_GELU_TABLE", saved.c_str(), 1);
+  } else {
+    ::unsetenv("HEADROOM_GELU_TABLE");
   }
 }
 

@@ -23,7 +23,7 @@ TEST_F(BatchingCli, BucketedTrainsOnTheFortunesAndMeasuresThePlannedPeak) {
           " --out " +
           path("run") + " --log-json " + path("log.jsonl"));
   ASSERT_EQ(r.code, 0) << r.out;
-  const nlohmann::json j = nlohmann::json::parse(r.out.substr(r.out.find("{\n")));
+  const nlohmann::json j = e2e::json_of(r.out);
   EXPECT_EQ(j["batching"], "bucketed");
   EXPECT_EQ(j["bucket"], 32);
   EXPECT_GT(j["padding"].get<double>(), 0.0);

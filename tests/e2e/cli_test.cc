@@ -132,7 +132,8 @@ TEST_F(Cli, BadMeasurementKnobsAreClearErrors) {
   for (const Knob& k :
        {Knob{"HEADROOM_BF16_ATTENTION", "bogus", "expected auto, amx, avx512bf16 or widen"},
         Knob{"HEADROOM_BF16_WGRAD_TRANSPOSE", "yes", "expected 0 or 1"},
-        Knob{"HEADROOM_BF16_GEMM", "amx-please", "expected auto (our AMX kernel"}}) {
+        Knob{"HEADROOM_BF16_GEMM", "amx-please", "expected auto (our AMX kernel"},
+        Knob{"HEADROOM_GELU_TABLE", "on", "expected 0 or 1"}}) {
     SCOPED_TRACE(k.name);
     ::setenv(k.name, k.value, 1);
     Outcome r = run("bench --model gpt2-tiny --steps 1 --warmup 0 --precision bf16");
@@ -151,7 +152,7 @@ TEST_F(Cli, BenchAlternatesAKnobBetweenSteps) {
       run("bench --model gpt2-tiny --batch 2 --seq 32 --steps 5 --warmup 1 --precision bf16 "
           "--peak-between-steps false --alternate HEADROOM_BF16_GEMM=onednn, --json");
   ASSERT_EQ(r.code, 0) << r.out;
-  nlohmann::json j = nlohmann::json::parse(r.out.substr(r.out.find("{\n")));
+  nlohmann::json j = e2e::json_of(r.out);
   ASSERT_TRUE(j.contains("alternate")) << r.out;
   const nlohmann::json& a = j["alternate"];
   EXPECT_EQ(a["variable"], "HEADROOM_BF16_GEMM");
@@ -166,7 +167,8 @@ TEST_F(Cli, BenchAlternatesAKnobBetweenSteps) {
   EXPECT_GT(a["tokens_per_s"][1].get<double>(), 0.0);
 
   for (const char* bad : {"HEADROOM_BF16_ATTENTION=amx,widen", "HEADROOM_BF16_GEMM=onednn,fast",
-                          "HEADROOM_BF16_GEMM=onednn", "HEADROOM_BF16_WGRAD_TRANSPOSE=0,1,2"}) {
+                          "HEADROOM_BF16_GEMM=onednn", "HEADROOM_BF16_WGRAD_TRANSPOSE=0,1,2",
+                          "HEADROOM_GELU_TABLE=1,maybe"}) {
     Outcome e = run(std::string("bench --model gpt2-tiny --steps 2 --alternate ") + bad);
     EXPECT_EQ(e.code, 1) << bad << ": " << e.out;
     EXPECT_NE(e.out.find("--alternate"), std::string::npos) << e.out;
@@ -178,7 +180,7 @@ TEST_F(Cli, BenchAlternatesAKnobBetweenSteps) {
 TEST_F(Cli, BenchQuotesMfuAgainstThePeakTimedBetweenSteps) {
   Outcome r = run("bench --model gpt2-tiny --batch 2 --seq 32 --steps 2 --warmup 1 --json");
   ASSERT_EQ(r.code, 0) << r.out;
-  nlohmann::json j = nlohmann::json::parse(r.out.substr(r.out.find("{\n")));
+  nlohmann::json j = e2e::json_of(r.out);
   ASSERT_TRUE(j.contains("gemm_peak_in_run_samples")) << r.out;
   EXPECT_EQ(j["gemm_peak_in_run_samples"].size(), 2u);  // one per timed step
   for (const auto& x : j["gemm_peak_in_run_samples"]) EXPECT_GT(x.get<double>(), 0.0);
@@ -207,7 +209,7 @@ TEST_F(Cli, BenchQuotesMfuAgainstThePeakTimedBetweenSteps) {
       run("bench --model gpt2-tiny --batch 2 --seq 32 --steps 1 --warmup 0 --peak-between-steps "
           "false --json");
   ASSERT_EQ(off.code, 0) << off.out;
-  nlohmann::json jo = nlohmann::json::parse(off.out.substr(off.out.find("{\n")));
+  nlohmann::json jo = e2e::json_of(off.out);
   EXPECT_FALSE(jo.contains("mfu_in_run"));
   EXPECT_TRUE(jo.contains("mfu"));
 }
@@ -218,7 +220,7 @@ TEST_F(Cli, BenchBreakdownSplitsTheStepByKindInWallAndCpuTime) {
       run("bench --model gpt2-tiny --batch 2 --seq 32 --steps 2 --warmup 1 --breakdown "
           "--peak-between-steps false --json");
   ASSERT_EQ(r.code, 0) << r.out;
-  nlohmann::json j = nlohmann::json::parse(r.out.substr(r.out.find("{\n")));
+  nlohmann::json j = e2e::json_of(r.out);
   ASSERT_TRUE(j.contains("breakdown_ms_per_step") && j.contains("breakdown_cpu_ms_per_step"))
       << r.out;
   const nlohmann::json& wall = j["breakdown_ms_per_step"];
@@ -256,7 +258,7 @@ TEST_F(Cli, PlanAnswersWithJsonAndSweep) {
           "--sweep --json");
   ASSERT_EQ(r.code, 0) << r.out;
   // Calibration may log to stderr on a first run; the JSON object is the last thing printed.
-  auto j = nlohmann::json::parse(r.out.substr(r.out.find("{\n")));
+  auto j = e2e::json_of(r.out);
   const auto& c = j["chosen"];
   for (const char* key :
        {"micro_batch", "accumulation", "precision", "recompute", "offload", "zero", "peak_bytes",
@@ -276,7 +278,7 @@ TEST_F(Cli, TrainWithAPlanFileMeasuresThePlannedPeak) {
   std::string data = corpus();
   Outcome p = run("plan --model gpt2-tiny --device-memory 1GiB --seq 64 --global-batch 8 --json");
   ASSERT_EQ(p.code, 0) << p.out;
-  std::string json_text = p.out.substr(p.out.find("{\n"));
+  std::string json_text = e2e::json_text(p.out);
   write("plan.json", json_text);
   auto plan = nlohmann::json::parse(json_text);
   Outcome t = run("train --plan " + path("plan.json") + " --data " + data +

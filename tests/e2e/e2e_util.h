@@ -9,6 +9,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
 #include <string>
 
 namespace headroom::e2e {
@@ -40,6 +42,17 @@ inline Outcome run(const std::string& args) {
 // Whether `what` occurs in `out`.
 inline bool has(const std::string& out, const std::string& what) {
   return out.find(what) != std::string::npos;
+}
+
+// The JSON object a `--json` command printed: from its first line that opens an object to the end
+// (calibration or progress may print before it). Throws, quoting the output, when there is none.
+inline std::string json_text(const std::string& out) {
+  const size_t at = out.find("{\n");
+  if (at == std::string::npos) throw std::runtime_error("no JSON object in the output:\n" + out);
+  return out.substr(at);
+}
+inline nlohmann::json json_of(const std::string& out) {
+  return nlohmann::json::parse(json_text(out));
 }
 
 // A fresh directory per test, removed after it.

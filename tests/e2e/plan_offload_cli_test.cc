@@ -23,10 +23,6 @@ std::string seven_b_on_four_l4s() {
          "--global-batch 64";
 }
 
-nlohmann::json last_json(const std::string& out) {
-  return nlohmann::json::parse(out.substr(out.find("{\n")));
-}
-
 TEST(PlanOffloadCli, SevenBOnFourL4sFitsWithOptimizerOffload) {
   Outcome r = run(seven_b_on_four_l4s());
   ASSERT_EQ(r.code, 0) << r.out;
@@ -37,7 +33,7 @@ TEST(PlanOffloadCli, SevenBOnFourL4sFitsWithOptimizerOffload) {
   }
   Outcome j = run(seven_b_on_four_l4s() + " --json");
   ASSERT_EQ(j.code, 0) << j.out;
-  nlohmann::json doc = last_json(j.out);
+  nlohmann::json doc = e2e::json_of(j.out);
   const auto& c = doc["chosen"];
   EXPECT_EQ(c["offload"], "optimizer");
   EXPECT_LE(c["peak_bytes"].get<uint64_t>(), 24ull << 30);
@@ -91,7 +87,7 @@ TEST_F(TrainOffloadCli, TrainsWithTheOffloadTierAsPlanned) {
   Outcome r = run(common + " --offload-optimizer on --offload-memory 1GiB --json --log-json " +
                   path("log.jsonl") + " --out " + path("on"));
   ASSERT_EQ(r.code, 0) << r.out;
-  nlohmann::json doc = last_json(r.out);
+  nlohmann::json doc = e2e::json_of(r.out);
   EXPECT_EQ(doc["offload"], "optimizer");
   EXPECT_GT(doc["planned_offload_bytes"].get<uint64_t>(), 0u);
   EXPECT_EQ(doc["offload_bytes_peak"], doc["planned_offload_bytes"]);
@@ -119,7 +115,7 @@ TEST_F(TrainOffloadCli, TrainsWithTheOffloadTierAsPlanned) {
   // The same weights as without offload (bit for bit, through the saved model's bytes).
   Outcome off = run(common + " --offload-optimizer off --json --out " + path("off"));
   ASSERT_EQ(off.code, 0) << off.out;
-  EXPECT_EQ(last_json(off.out)["offload"], "none");
+  EXPECT_EQ(e2e::json_of(off.out)["offload"], "none");
   auto bytes = [](const std::string& p) {
     std::ifstream in(p, std::ios::binary);
     return std::string(std::istreambuf_iterator<char>(in), {});
@@ -138,12 +134,12 @@ TEST_F(TrainOffloadCli, TrainsWithTheOffloadTierAsPlanned) {
       run("plan --model gpt2-tiny --seq 32 --batch 2 --global-batch 4 --precision fp32 "
           "--recompute none --offload-optimizer on --json");
   ASSERT_EQ(p.code, 0) << p.out;
-  write("plan.json", p.out.substr(p.out.find("{\n")));
-  EXPECT_EQ(last_json(p.out)["chosen"]["offload"], "optimizer");
+  write("plan.json", e2e::json_text(p.out));
+  EXPECT_EQ(e2e::json_of(p.out)["chosen"]["offload"], "optimizer");
   Outcome from_file =
       run(common + " --plan " + path("plan.json") + " --json --out " + path("file"));
   ASSERT_EQ(from_file.code, 0) << from_file.out;
-  EXPECT_EQ(last_json(from_file.out)["offload"], "optimizer");
+  EXPECT_EQ(e2e::json_of(from_file.out)["offload"], "optimizer");
   Outcome contra = run(common + " --plan " + path("plan.json") + " --offload-optimizer off --out " +
                        path("contra"));
   EXPECT_EQ(contra.code, 1) << contra.out;
@@ -160,7 +156,7 @@ TEST_F(TrainOffloadCli, BothKindsInOneTier) {
   const std::string both = " --offload-optimizer on --offload-activations on";
   Outcome p = run("plan" + shape + both + " --offload-memory 1GiB --json");
   ASSERT_EQ(p.code, 0) << p.out;
-  nlohmann::json c = last_json(p.out)["chosen"];
+  nlohmann::json c = e2e::json_of(p.out)["chosen"];
   EXPECT_EQ(c["offload"], "all");
   const uint64_t opt = c["offload_optimizer_bytes"], act = c["offload_activation_bytes"];
   EXPECT_GT(opt, 0u);
@@ -170,7 +166,7 @@ TEST_F(TrainOffloadCli, BothKindsInOneTier) {
   EXPECT_GT(c["offload_link_bytes_per_step"].get<double>(),
             c["offload_activation_link_bytes_per_step"].get<double>());
   for (bool b : c["offload_per_block"]) EXPECT_TRUE(b);
-  write("plan.json", p.out.substr(p.out.find("{\n")));
+  write("plan.json", e2e::json_text(p.out));
 
   Outcome text = run("plan" + shape + both + " --offload-memory 1GiB");
   ASSERT_EQ(text.code, 0) << text.out;
@@ -184,7 +180,7 @@ TEST_F(TrainOffloadCli, BothKindsInOneTier) {
   Outcome on = run(train + " --plan " + path("plan.json") + " --offload-memory 1GiB --json " +
                    "--out " + path("both"));
   ASSERT_EQ(on.code, 0) << on.out;
-  nlohmann::json doc = last_json(on.out);
+  nlohmann::json doc = e2e::json_of(on.out);
   EXPECT_EQ(doc["offload"], "all");
   EXPECT_EQ(doc["planned_offload_bytes"].get<uint64_t>(), opt + act);
   EXPECT_EQ(doc["offload_bytes_peak"], doc["planned_offload_bytes"]);
@@ -192,7 +188,7 @@ TEST_F(TrainOffloadCli, BothKindsInOneTier) {
   Outcome neither = run(train + " --offload-optimizer off --offload-activations off --json --out " +
                         path("neither"));
   ASSERT_EQ(neither.code, 0) << neither.out;
-  EXPECT_EQ(last_json(neither.out)["offload"], "none");
+  EXPECT_EQ(e2e::json_of(neither.out)["offload"], "none");
   auto bytes = [](const std::string& f) {
     std::ifstream in(f, std::ios::binary);
     return std::string(std::istreambuf_iterator<char>(in), {});

@@ -40,7 +40,7 @@ TEST(PlanZeroCli, SevenBOnEightL4sPrintsTheShardedPlan) {
 
   Outcome j = run(seven_b(8) + " --json");
   ASSERT_EQ(j.code, 0) << j.out;
-  auto doc = nlohmann::json::parse(j.out.substr(j.out.find("{\n")));
+  auto doc = e2e::json_of(j.out);
   const auto& c = doc["chosen"];
   EXPECT_EQ(c["zero"].get<int>(), 3);
   EXPECT_EQ(c["ranks"].get<int>(), 8);

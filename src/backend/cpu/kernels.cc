@@ -60,13 +60,12 @@ inline void map16(TO* out, const TI* in, int64_t n, F f) {
   {
     int64_t i0, i1;
     thread_range(n, 64, &i0, &i1);
-    for (int64_t i = i0; i < i1; i += 16) {
+    for_each16(i0, i1, [&](int64_t i, __mmask16 m) {
       if constexpr (kAhead > 0) {
         _mm_prefetch(reinterpret_cast<const char*>(in + std::min(i + kAhead, n - 1)), _MM_HINT_T0);
       }
-      const __mmask16 m = first_lanes(i1 - i);
       store16(out + i, m, f(load16(in + i, m)));
-    }
+    });
   }
 }
 template <typename TO, typename TI, typename TI2, typename F>
@@ -75,10 +74,9 @@ inline void map16(TO* out, const TI* in, const TI2* in2, int64_t n, F f) {
   {
     int64_t i0, i1;
     thread_range(n, 64, &i0, &i1);
-    for (int64_t i = i0; i < i1; i += 16) {
-      const __mmask16 m = first_lanes(i1 - i);
+    for_each16(i0, i1, [&](int64_t i, __mmask16 m) {
       store16(out + i, m, f(load16(in + i, m), load16(in2 + i, m)));
-    }
+    });
   }
 }
 #endif
@@ -233,15 +231,14 @@ void layernorm_forward_t(TOut* out, float* mean, float* rstd, const float* inp, 
     const __m512 vm = _mm512_set1_ps(m), vr = _mm512_set1_ps(r);
     // The row kLnPrefetchRows ahead, one cache line per output vector (see the constant).
     const float* ahead = inp + std::min<int64_t>(n + kLnPrefetchRows, N - 1) * C;
-    for (int c = 0; c < C; c += 16) {
+    for_each16(0, C, [&](int64_t c, __mmask16 k) {
       _mm_prefetch(reinterpret_cast<const char*>(ahead + c), _MM_HINT_T0);
-      const __mmask16 k = first_lanes(C - c);
       const __m512 norm = _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + c), vm), vr);
       const __m512 w = _mm512_maskz_loadu_ps(k, weight + c);
       store16(o + c, k,
               bias != nullptr ? _mm512_fmadd_ps(norm, w, _mm512_maskz_loadu_ps(k, bias + c))
                               : _mm512_mul_ps(norm, w));
-    }
+    });
     mean[n] = m;
     rstd[n] = r;
   }
@@ -318,8 +315,7 @@ inline void layernorm_backward_row16(float* dx, TL* lo, float* part, const TD* d
   }
   const __m512 mean_dn = _mm512_set1_ps(hsum16(_mm512_add_ps(s0, s1)) / C);
   const __m512 mean_dn_n = _mm512_set1_ps(hsum16(_mm512_add_ps(t0, t1)) / C);
-  for (c = 0; c < C; c += 16) {
-    const __mmask16 k = first_lanes(C - c);
+  for_each16(0, C, [&](int64_t c, __mmask16 k) {
     const __m512 d = load16(dy + c, k);
     const __m512 nr = _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + c), vm), vr);
     const __m512 t = _mm512_fnmadd_ps(nr, mean_dn_n,
@@ -333,17 +329,16 @@ inline void layernorm_backward_row16(float* dx, TL* lo, float* part, const TD* d
       _mm512_mask_storeu_ps(part + C + c, k,
                             _mm512_add_ps(_mm512_maskz_loadu_ps(k, part + C + c), d));
     }
-  }
+  });
 }
 
 // acc[j] += add[j] for j < n.
 inline void add_floats(float* acc, const float* add, int64_t n) {
-  for (int64_t j = 0; j < n; j += 16) {
-    const __mmask16 k = first_lanes(n - j);
+  for_each16(0, n, [&](int64_t j, __mmask16 k) {
     _mm512_mask_storeu_ps(
         acc + j, k,
         _mm512_add_ps(_mm512_maskz_loadu_ps(k, acc + j), _mm512_maskz_loadu_ps(k, add + j)));
-  }
+  });
 }
 
 // The parameter gradients alone, parallel over columns: for each block of rows, its
@@ -367,13 +362,12 @@ void layernorm_param_grads_by_columns16(float* dweight, float* dbias, const TD* 
           const float* x = inp + n * C + cb;
           const TD* dy = dout + n * C + cb;
           const __m512 vm = _mm512_set1_ps(mean[n]), vr = _mm512_set1_ps(rstd[n]);
-          for (int64_t j = 0; j < w; j += 16) {
-            const __mmask16 k = first_lanes(w - j);
+          for_each16(0, w, [&](int64_t j, __mmask16 k) {
             const __m512 d = load16(dy + j, k);
             const __m512 nr = _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + j), vm), vr);
             _mm512_store_ps(part_w + j, _mm512_fmadd_ps(d, nr, _mm512_load_ps(part_w + j)));
             _mm512_store_ps(part_b + j, _mm512_add_ps(_mm512_load_ps(part_b + j), d));
-          }
+          });
         }
         add_floats(acc_w, part_w, w);
         add_floats(acc_b, part_b, w);
@@ -1016,15 +1010,14 @@ void gelu_forward_lookup(T* out, const T* inp, int64_t n) {
   {
     int64_t i0, i1;
     thread_range(n, 64, &i0, &i1);
-    for (int64_t i = i0; i < i1; i += 16) {
+    for_each16(i0, i1, [&](int64_t i, __mmask16 m) {
       // The input 4 KiB ahead, as the fp32 forward: 0.83-0.91x of the time without, in two
       // loaded runs each (the backward, prefetching both inputs: 0.88-1.0x, not done).
       _mm_prefetch(reinterpret_cast<const char*>(inp + std::min(i + 2048, n - 1)), _MM_HINT_T0);
-      const __mmask16 m = first_lanes(i1 - i);
       const __m512i v =
           _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, bits16(inp + i, m), table, 2);
       _mm256_mask_storeu_epi16(out + i, m, _mm512_maskz_cvtepi32_epi16(0xFFFF, v));
-    }
+    });
   }
 }
 
@@ -1037,19 +1030,18 @@ void gelu_backward_lookup(T* dinp, const T* inp, const T* dout, int64_t n) {
   {
     int64_t i0, i1;
     thread_range(n, 64, &i0, &i1);
-    for (int64_t i = i0; i < i1; i += 16) {
-      const __mmask16 m = first_lanes(i1 - i);
+    for_each16(i0, i1, [&](int64_t i, __mmask16 m) {
       const __m512 g =
           _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, bits16(inp + i, m), table, 4);
       store16(dinp + i, m, _mm512_mul_ps(g, load16(dout + i, m)));
-    }
+    });
   }
 }
 #endif
 
 // With AVX-512: fp32 storage through gelu16 / gelu_grad16 (fast_math.h), every element through
-// the vector path; bf16 and f16 storage by table lookup (the same bits, see above). Otherwise:
-// plain loops that GCC vectorises, on fast_tanh.
+// the vector path; bf16 and f16 storage the same, or by table lookup where gelu_by_table() (the
+// same bits, see above). Otherwise: plain loops that GCC vectorises, on fast_tanh.
 template <typename T>
 void gelu_forward_t(T* out, const T* inp, int64_t n) {
 #if HR_AVX512_KERNELS
@@ -1057,8 +1049,10 @@ void gelu_forward_t(T* out, const T* inp, int64_t n) {
     // The input prefetched 1024 floats (4 KiB) ahead: 0.80-0.82x of the time without, in three
     // loaded runs (256 ahead: 0.78-0.97x, 4096: 0.90x); see docs/notes/memory-bound-kernels.md.
     map16<1024>(out, inp, n, [](__m512 x) { return gelu16(x); });
-  } else {
+  } else if (gelu_by_table()) {
     gelu_forward_lookup(out, inp, n);
+  } else {
+    map16<2048>(out, inp, n, [](__m512 x) { return gelu16(x); });
   }
 #else
 #pragma omp parallel for simd schedule(static)
@@ -1075,8 +1069,10 @@ void gelu_backward_t(T* dinp, const T* inp, const T* dout, int64_t n) {
 #if HR_AVX512_KERNELS
   if constexpr (std::is_same_v<T, float>) {
     map16(dinp, inp, dout, n, [](__m512 x, __m512 d) { return _mm512_mul_ps(gelu_grad16(x), d); });
-  } else {
+  } else if (gelu_by_table()) {
     gelu_backward_lookup(dinp, inp, dout, n);
+  } else {
+    map16(dinp, inp, dout, n, [](__m512 x, __m512 d) { return _mm512_mul_ps(gelu_grad16(x), d); });
   }
 #else
 #pragma omp parallel for simd schedule(static)
@@ -1091,6 +1087,24 @@ void gelu_backward_t(T* dinp, const T* inp, const T* dout, int64_t n) {
 #endif
 }
 }  // namespace
+
+bool gelu_by_table() {
+  if (const char* env = std::getenv("HEADROOM_GELU_TABLE"); env != nullptr && *env) {
+    if (std::string_view(env) != "0" && std::string_view(env) != "1") {
+      throw std::invalid_argument(std::string("HEADROOM_GELU_TABLE=") + env + ": expected 0 or 1");
+    }
+    return HR_AVX512_KERNELS && *env == '1';
+  }
+#if HR_AVX512_KERNELS
+  // The lookup ran in 0.55-0.82x of the computed path's time on the Xeon of sessions 1-9; on the
+  // AMD Zen 5 of session 10 the computed path ran in 0.81-1.04x of the lookup's (three alternated
+  // runs; docs/notes/memory-bound-kernels.md, "Zen 5").
+  static const bool intel = __builtin_cpu_is("intel");
+  return intel;
+#else
+  return false;
+#endif
+}
 
 void gelu_forward(float* out, const float* inp, int64_t n) { gelu_forward_t(out, inp, n); }
 void gelu_forward(bf16_t* out, const bf16_t* inp, int64_t n) { gelu_forward_t(out, inp, n); }
@@ -1243,7 +1257,7 @@ void ce_grad_row(D* d, const float* x, int32_t target, float l, float dloss, int
 #if HR_AVX512_KERNELS
   // Every element through exp16 (the last vector masked); the target's value too, so it is the
   // same p as its lane would give, minus dloss.
-  auto store_v = [&](int j, __mmask16 k, __m512 v) {
+  auto store_v = [&](int64_t j, __mmask16 k, __m512 v) {
     if constexpr (kF16Values) {
       store16(d + j, k,
               _mm512_maskz_cvtph_ps(
@@ -1254,16 +1268,15 @@ void ce_grad_row(D* d, const float* x, int32_t target, float l, float dloss, int
     }
   };
   if (target < 0) {
-    for (int j = 0; j < V; j += 16) store_v(j, first_lanes(V - j), _mm512_setzero_ps());
+    for_each16(0, V, [&](int64_t j, __mmask16 k) { store_v(j, k, _mm512_setzero_ps()); });
     return;
   }
   const __m512 vl = _mm512_set1_ps(l), vd = _mm512_set1_ps(dloss);
   const float pt = _mm512_cvtss_f32(exp16(_mm512_set1_ps(x[target] - l)));  // read first
-  for (int j = 0; j < V; j += 16) {
+  for_each16(0, V, [&](int64_t j, __mmask16 k) {
     if (prefetch != nullptr) _mm_prefetch(reinterpret_cast<const char*>(prefetch + j), _MM_HINT_T1);
-    const __mmask16 k = first_lanes(V - j);
     store_v(j, k, _mm512_mul_ps(exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + j), vl)), vd));
-  }
+  });
   store(target, pt * dloss - dloss);
 #else
   if (target < 0) {

@@ -187,8 +187,16 @@ Bf16WgradCopies bf16_wgrad_copies(int N, WeightLayout layout);
 void matmul_backward(bf16_t* dinp, float* dweight, float* dbias, const bf16_t* dout,
                      const bf16_t* inp, const bf16_t* weight, int N, int IC, int OC,
                      WeightLayout layout, MatmulStrides strides, const Bf16WgradStaging& staging);
+// GELU in bf16 (and f16) storage: with AVX-512, either by lookup in two 65536-entry tables built
+// from the computed path (gathers), or computed (gelu16); the same bits either way. Which:
+// gelu_by_table(): the tables on Intel CPUs, where gathers are fast; computed elsewhere (on AMD's
+// Zen 5 the computed path was as fast or faster; docs/notes/memory-bound-kernels.md, "Zen 5").
 void gelu_forward(bf16_t* out, const bf16_t* inp, int64_t n);
 void gelu_backward(bf16_t* dinp, const bf16_t* inp, const bf16_t* dout, int64_t n);
+// Whether 16-bit GELU takes the tables. HEADROOM_GELU_TABLE (read at each call) overrides for
+// tests and A/B timing: "1" tables, "0" computed; any other value throws std::invalid_argument
+// naming it (the CLI checks it before any work). Without AVX-512 kernels: computed, always.
+bool gelu_by_table();
 // out[i] = bf16(inp[i]), round to nearest even (NaN stays NaN).
 void cast_to_bf16(bf16_t* out, const float* inp, int64_t n);
 // Rounds x[rows, cols] (row stride ld floats) to bf16 in place: row r's bf16 values start where
