@@ -42,9 +42,13 @@ inline float fast_exp(float x) {
 // where tanh(x) ~ x is tiny anyway; in GELU it is multiplied by x).
 inline float fast_tanh(float x) { return 1.0f - 2.0f / (fast_exp(2.0f * x) + 1.0f); }
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+// Kernels with their vector loops written out (AVX-512 F/BW/VL): 1 or 0, always defined, so that
+// it can be used in expressions as well as in #if (-DHR_AVX512_KERNELS=0 forces the portable path).
 #ifndef HR_AVX512_KERNELS
-#define HR_AVX512_KERNELS 1  // kernels with their vector loops written out (AVX-512 F/BW/VL)
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#define HR_AVX512_KERNELS 1
+#else
+#define HR_AVX512_KERNELS 0
 #endif
 #endif
 
