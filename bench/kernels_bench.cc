@@ -111,9 +111,35 @@ void cross_entropy_backward(float* d, const float* logits, const int32_t* target
     d[n * V + targets[n]] -= dloss;
   }
 }
-// main's GELU before the lookup tables: every element computed (gelu16 / gelu_grad16 with
-// AVX-512, 16 lanes at a time, each thread's range ending in one masked vector).
+// main's GELU before the lookup tables and before the sigma form (session 11): every element
+// computed, with AVX-512 16 lanes at a time, each thread's range ending in one masked vector, as
+// x - x / (exp(2u) + 1) with exp16 and a reciprocal refined by one Newton step.
 #if HR_AVX512_KERNELS
+inline __m512 recip16(__m512 d) {
+  const __m512 r = _mm512_maskz_rcp14_ps(0xFFFF, d);
+  return _mm512_fmadd_ps(r, _mm512_fnmadd_ps(d, r, _mm512_set1_ps(1.0f)), r);
+}
+inline __m512 gelu16(__m512 x) {
+  const __m512 x2 = _mm512_mul_ps(x, x);
+  const __m512 u2 =
+      _mm512_mul_ps(_mm512_mul_ps(x, _mm512_set1_ps(2.0f * 0.7978845608028654f)),
+                    _mm512_fmadd_ps(x2, _mm512_set1_ps(0.044715f), _mm512_set1_ps(1.0f)));
+  const __m512 s = recip16(_mm512_add_ps(exp16(u2), _mm512_set1_ps(1.0f)));
+  return _mm512_fnmadd_ps(x, s, x);
+}
+inline __m512 gelu_grad16(__m512 x) {
+  const __m512 x2 = _mm512_mul_ps(x, x);
+  const __m512 u2 =
+      _mm512_mul_ps(_mm512_mul_ps(x, _mm512_set1_ps(2.0f * 0.7978845608028654f)),
+                    _mm512_fmadd_ps(x2, _mm512_set1_ps(0.044715f), _mm512_set1_ps(1.0f)));
+  const __m512 s = recip16(_mm512_add_ps(exp16(u2), _mm512_set1_ps(1.0f)));
+  const __m512 du2 =
+      _mm512_fmadd_ps(x2, _mm512_set1_ps(2.0f * 0.7978845608028654f * 3.0f * 0.044715f),
+                      _mm512_set1_ps(2.0f * 0.7978845608028654f));
+  const __m512 one_minus_s = _mm512_sub_ps(_mm512_set1_ps(1.0f), s);
+  return _mm512_mul_ps(one_minus_s,
+                       _mm512_fmadd_ps(_mm512_mul_ps(x, s), du2, _mm512_set1_ps(1.0f)));
+}
 template <typename TO, typename TI, typename F>
 void map16(TO* out, const TI* in, const TI* in2, int64_t n, F f) {
 #pragma omp parallel

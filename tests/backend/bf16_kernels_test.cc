@@ -175,6 +175,13 @@ TEST(Bf16, LayerNorm) { testing::check_layernorm_low<bf16_t>(1e-6, kRound); }
 
 TEST(Bf16, Gelu) { testing::check_gelu_low<bf16_t>(kRound); }
 
+// Every finite input's GELU and gelu' within one step of the exact value rounded to bf16_t.
+TEST(Bf16, GeluIsFaithfullyRoundedOnEveryInput) {
+  const double share = testing::check_gelu_faithful<bf16_t>();
+  RecordProperty("correctly_rounded_percent", std::to_string(100.0 * share));
+  std::printf("GELU forward correctly rounded on %.2f%% of finite inputs\n", 100.0 * share);
+}
+
 // Every 16-bit input through the kernels (tables with AVX-512) equals the computed path, bit for
 // bit: forward, and backward with douts of both signs, one that rounds, a large and a tiny one.
 TEST(Bf16, GeluEveryInputMatchesTheComputedPath) {

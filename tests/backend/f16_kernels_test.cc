@@ -110,6 +110,13 @@ TEST(F16, CrossEntropyBackwardRoundsToF16Values) {
 // atol: results below f16's normal range (2^-14) are subnormal, with an absolute ulp of 2^-24.
 TEST(F16, Gelu) { testing::check_gelu_low<f16_t>(kRound); }
 
+// Every finite input's GELU and gelu' within one step of the exact value rounded to f16_t.
+TEST(F16, GeluIsFaithfullyRoundedOnEveryInput) {
+  const double share = testing::check_gelu_faithful<f16_t>();
+  RecordProperty("correctly_rounded_percent", std::to_string(100.0 * share));
+  std::printf("GELU forward correctly rounded on %.2f%% of finite inputs\n", 100.0 * share);
+}
+
 // Every 16-bit input through the kernels (tables with AVX-512) equals the computed path, bit for
 // bit: forward, and backward with douts of both signs, one that rounds, a large and a tiny one.
 TEST(F16, GeluEveryInputMatchesTheComputedPath) {

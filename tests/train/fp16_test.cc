@@ -66,7 +66,10 @@ TEST(Fp16, OneStepMatchesFp32ToF16Rounding) {
 }
 
 // Without the loss scale the small gradients of the f16 activations underflow (below 2^-24 they
-// are zero): the reason for loss scaling, measured. Scaled, the gradients are closer to fp32's.
+// are zero): the reason for loss scaling, measured as the gradient entries that fp32 has and f16
+// lost (exactly 0 where fp32's is not: 25-33 of 173376 here unscaled, 0-1 scaled). The largest
+// entry's error does not show it: it is f16's rounding of the large gradients, the same either
+// way to within a few percent (session 11: 4.8e-4 unscaled against 5.6e-4 scaled).
 TEST(Fp16, LossScalingRescuesUnderflowingGradients) {
   const model::Gpt2Config c = small_config();
   model::ExecOptions e;
@@ -74,9 +77,14 @@ TEST(Fp16, LossScalingRescuesUnderflowingGradients) {
   e.precision = model::Precision::kFp16;
   StepResult unscaled = one_step(c, e, 2, 48, 1.0f);
   StepResult scaled = one_step(c, e, 2, 48, 65536.0f);
-  const double err_unscaled = compare(unscaled.grads, f.grads).second;
-  const double err_scaled = compare(scaled.grads, f.grads).second;
-  EXPECT_LT(err_scaled, err_unscaled);
+  auto lost = [&](const std::vector<float>& g) {
+    int64_t k = 0;
+    for (size_t i = 0; i < g.size(); ++i) k += g[i] == 0.0f && f.grads[i] != 0.0f;
+    return k;
+  };
+  const int64_t lost_unscaled = lost(unscaled.grads), lost_scaled = lost(scaled.grads);
+  EXPECT_GT(lost_unscaled, 0);
+  EXPECT_LT(lost_scaled, lost_unscaled);
   // Exactness of a power-of-two scale: scaling by 2 more changes nothing but the exponent
   // (as long as nothing underflows or overflows either way), so S and 2S agree closely.
   StepResult scaled2 = one_step(c, e, 2, 48, 32768.0f);

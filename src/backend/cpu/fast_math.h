@@ -45,7 +45,7 @@ inline float fast_tanh(float x) { return 1.0f - 2.0f / (fast_exp(2.0f * x) + 1.0
 // Kernels with their vector loops written out (AVX-512 F/BW/VL): 1 or 0, always defined, so that
 // it can be used in expressions as well as in #if (-DHR_AVX512_KERNELS=0 forces the portable path).
 #ifndef HR_AVX512_KERNELS
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__)
 #define HR_AVX512_KERNELS 1
 #else
 #define HR_AVX512_KERNELS 0
@@ -61,6 +61,8 @@ inline float fast_tanh(float x) { return 1.0f - 2.0f / (fast_exp(2.0f * x) + 1.0
 // its own, as they inline a plain one (checked with objdump: no call to exp16 in
 // attention_tiled.cc.o, kernels.cc.o or fused_head.cc.o).
 #define HR_AVX512_TARGET __attribute__((target("avx512f,avx512bw,avx512vl")))
+// GELU's forms also use vrangeps (AVX512DQ); only the kernels compiled for this CPU call them.
+#define HR_AVX512DQ_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
 #define HR_AVX512_HELPERS 1
 #endif
 
@@ -82,6 +84,16 @@ HR_AVX512_TARGET inline void for_each16(int64_t i0, int64_t i1, F&& f) {
   int64_t i = i0;
   for (; i + 16 <= i1; i += 16) f(i, __mmask16(0xFFFF));
   if (i < i1) f(i, first_lanes(i1 - i));
+}
+
+// for_each16's walk with four whole vectors at a time: f4(i) for [i, i + 64) while they last,
+// then f(i, k) for what remains, as for_each16 does. Four independent vectors in one iteration
+// let a long per-vector chain (GELU's) overlap without relying on the out-of-order window.
+template <typename F, typename F4>
+HR_AVX512_TARGET inline void for_each64(int64_t i0, int64_t i1, F&& f, F4&& f4) {
+  int64_t i = i0;
+  for (; i + 64 <= i1; i += 64) f4(i);
+  for_each16(i, i1, f);
 }
 
 // ---- AVX-512 forms, for kernels that write their vector loop out --------------------------
@@ -110,38 +122,81 @@ HR_AVX512_TARGET inline __m512 exp16(__m512 x) {
   return _mm512_maskz_scalef_ps(0xFFFF, p, n);
 }
 
-// 1 / d for d >= 1 (vrcp14ps and one Newton step: within about 1 ulp; 0 where d overflows the
-// reciprocal's range, i.e. above ~1e38, where 1/d is below float's normal range anyway).
-HR_AVX512_TARGET inline __m512 recip16(__m512 d) {
-  const __m512 r = _mm512_maskz_rcp14_ps(0xFFFF, d);
-  return _mm512_fmadd_ps(r, _mm512_fnmadd_ps(d, r, _mm512_set1_ps(1.0f)), r);
+// 2^t for t in [-150, 150] (callers clamp; NaN stays NaN): t = n + f with n = round(t) and
+// |f| <= 1/2, 2^f by a minimax polynomial (fitted by Remez for relative error on [-1/2, 1/2]),
+// 2^n by vscalefps (2^150 is inf, 2^-150 is 0). Relative error, evaluated in float with FMAs:
+// degree 6 below 1e-7 (float's rounding), degree 4 below 2.7e-6 (GELU in 16-bit storage).
+template <int kDegree>
+HR_AVX512_TARGET inline __m512 exp2_16(__m512 t) {
+  static_assert(kDegree == 4 || kDegree == 6);
+  const __m512 n =
+      _mm512_maskz_roundscale_ps(0xFFFF, t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(t, n);
+  __m512 p;
+  if constexpr (kDegree == 6) {
+    p = _mm512_set1_ps(1.534581243e-4f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.339993090e-3f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.618489072e-3f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550328642e-2f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402264625e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931471825e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  } else {
+    p = _mm512_set1_ps(9.570102207e-3f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.591785908e-2f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402474433e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931217909e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.999992847e-1f));
+  }
+  return _mm512_maskz_scalef_ps(0xFFFF, p, n);
 }
 
-// GELU, tanh form, as x - x / (exp(2u) + 1) with u = sqrt(2/pi) (x + 0.044715 x^3): that is
-// 0.5 x (1 + tanh(u)) with tanh(u) = 1 - 2 / (exp(2u) + 1).
-HR_AVX512_TARGET inline __m512 gelu16(__m512 x) {
-  const __m512 x2 = _mm512_mul_ps(x, x);
-  const __m512 u2 =
-      _mm512_mul_ps(_mm512_mul_ps(x, _mm512_set1_ps(2.0f * 0.7978845608028654f)),
-                    _mm512_fmadd_ps(x2, _mm512_set1_ps(0.044715f), _mm512_set1_ps(1.0f)));  // 2u
-  const __m512 s = recip16(_mm512_add_ps(exp16(u2), _mm512_set1_ps(1.0f)));
-  return _mm512_fnmadd_ps(x, s, x);
+// GELU, tanh form: 0.5 x (1 + tanh u) with u = sqrt(2/pi) (x + 0.044715 x^3), computed as
+// x * sigma(2u) = x / (1 + exp(-2u)), with exp(-2u) = 2^t, t = x (a + b x^2): the constants fold
+// sqrt(2/pi), 0.044715 and 1/ln 2 into one polynomial in x. This form has no cancellation: its
+// relative error is small for every x, where 0.5 x (1 + tanh u) loses it for x below about -3
+// (tanh u near -1). t is clamped to [-150, 150], where 2^t is 0 or inf: x for large x, 0 for very
+// negative x (NaN at x = -inf, as the tanh form gives). kNarrow: for 16-bit storage, whose rounding
+// is 2^-9 (bf16) or 2^-12 (f16) relative: 2^t of degree 4 and vrcp14ps (2^-14) for the division;
+// relative error below 7e-5, about 13 instructions instead of 17 (see
+// docs/notes/memory-bound-kernels.md, "GELU in 16-bit storage").
+constexpr float kGeluT1 = float(-2.0 * 0.7978845608028654 * 1.4426950408889634);
+constexpr float kGeluT3 = float(-2.0 * 0.7978845608028654 * 1.4426950408889634 * 0.044715);
+// t = x (a + b x^2), so that exp(-2u) = 2^t.
+HR_AVX512DQ_TARGET inline __m512 gelu_t16(__m512 x, __m512 x2) {
+  return _mm512_mul_ps(x, _mm512_fmadd_ps(x2, _mm512_set1_ps(kGeluT3), _mm512_set1_ps(kGeluT1)));
+}
+template <bool kNarrow = false>
+HR_AVX512DQ_TARGET inline __m512 gelu16(__m512 x) {
+  // vrangeps, imm 2: the operand of smaller magnitude with t's sign, i.e. t clamped to [-150,
+  // 150] in one instruction (checked on every class of input: imm 6 would give +150 for
+  // t = -205; a NaN t gives 150, and x's NaN carries through to the result).
+  const __m512 t =
+      _mm512_maskz_range_ps(0xFFFF, gelu_t16(x, _mm512_mul_ps(x, x)), _mm512_set1_ps(150.0f), 0x2);
+  const __m512 d = _mm512_add_ps(exp2_16 < kNarrow ? 4 : 6 > (t), _mm512_set1_ps(1.0f));
+  if constexpr (kNarrow) return _mm512_mul_ps(x, _mm512_maskz_rcp14_ps(0xFFFF, d));
+  return _mm512_div_ps(x, d);
 }
 
-// d gelu / dx: with s = 1 / (exp(2u) + 1), 0.5 (1 + tanh u) = 1 - s and 1 - tanh^2 u =
-// 4 s (1 - s), so gelu' = (1 - s) (1 + 2 x s u') with u' = sqrt(2/pi) (1 + 3 * 0.044715 x^2).
-HR_AVX512_TARGET inline __m512 gelu_grad16(__m512 x) {
+// d gelu / dx = sigma + x sigma (1 - sigma) 2u', with sigma = sigma(2u) = 1 / (1 + e), e =
+// exp(-2u), and u' = sqrt(2/pi) (1 + 3 * 0.044715 x^2): sigma (1 + x e sigma 2u'), since
+// 1 - sigma = e sigma, which has no cancellation where sigma is near 1 (1 - sigma would carry
+// sigma's rounding, times x 2u', about 35 at x = 5). x is first clamped to [-10, 10], where
+// |t| <= 126: e stays finite, so e sigma <= 1 (inf * 0 would be NaN), and x^2 cannot overflow
+// (an input of 2e19 would make 2u' inf). Outside, gelu' is 1 (x > 10) or within 3e-36 of 0
+// (x < -10) in float anyway. The clamp keeps a NaN (vmaxps and vminps return their second
+// operand, x, when it is one).
+HR_AVX512DQ_TARGET inline __m512 gelu_grad16(__m512 x) {
+  x = _mm512_maskz_min_ps(0xFFFF, _mm512_set1_ps(10.0f),
+                          _mm512_maskz_max_ps(0xFFFF, _mm512_set1_ps(-10.0f), x));
   const __m512 x2 = _mm512_mul_ps(x, x);
-  const __m512 u2 =
-      _mm512_mul_ps(_mm512_mul_ps(x, _mm512_set1_ps(2.0f * 0.7978845608028654f)),
-                    _mm512_fmadd_ps(x2, _mm512_set1_ps(0.044715f), _mm512_set1_ps(1.0f)));
-  const __m512 s = recip16(_mm512_add_ps(exp16(u2), _mm512_set1_ps(1.0f)));
+  const __m512 e = exp2_16<6>(gelu_t16(x, x2));
+  const __m512 s = _mm512_div_ps(_mm512_set1_ps(1.0f), _mm512_add_ps(e, _mm512_set1_ps(1.0f)));
   const __m512 du2 =  // 2 u'
       _mm512_fmadd_ps(x2, _mm512_set1_ps(2.0f * 0.7978845608028654f * 3.0f * 0.044715f),
                       _mm512_set1_ps(2.0f * 0.7978845608028654f));
-  const __m512 one_minus_s = _mm512_sub_ps(_mm512_set1_ps(1.0f), s);
-  return _mm512_mul_ps(one_minus_s,
-                       _mm512_fmadd_ps(_mm512_mul_ps(x, s), du2, _mm512_set1_ps(1.0f)));
+  const __m512 xes = _mm512_mul_ps(x, _mm512_mul_ps(e, s));
+  return _mm512_mul_ps(s, _mm512_fmadd_ps(xes, du2, _mm512_set1_ps(1.0f)));
 }
 
 // An in-register transpose of a 16 x 16 block of 32-bit elements: r[i] holds row i on entry and
@@ -178,64 +233,88 @@ HR_AVX512_TARGET inline void transpose16x16(__m512 r[16]) {
 }
 #endif  // HR_AVX512_HELPERS
 
-// max and sum_i exp(x_i - max) of one row, in one pass over memory (see Note [One-pass
-// softmax statistics] in docs/notes/memory-bound-kernels.md). The row is walked in blocks of
-// kSoftmaxBlock floats: a block's max is taken, the running sums are rescaled once if it raised
-// the running max, and the block's exponentials are summed while it is still in L1. The blocks
-// and lanes depend on V only, so the result does not depend on the thread that computes it.
-// Sixteen partial sums (lanes), then their total in double: a float sum over 50257 terms in one
-// accumulator drifts by ~4e-5 relative.
-constexpr int kSoftmaxBlock = 2048;  // 8 KiB: stays in L1 between the max and the exp-sum
-inline void softmax_row_stats(const float* x, int V, float* maxv, float* sum) {
+// The max of a row (vmaxps against the running max: the same value for any split of the work).
+inline float row_max(const float* x, int V) {
   float m = -INFINITY;
 #if HR_AVX512_KERNELS
-  // Every element through exp16, the last partial vector masked (no scalar tail).
+  __m512 vm = _mm512_set1_ps(m);
+  for_each16(0, V, [&](int64_t i, __mmask16 k) {
+    vm = _mm512_maskz_max_ps(0xFFFF, vm, _mm512_mask_loadu_ps(vm, k, x + i));
+  });
+  alignas(64) float lanes[16];  // (not _mm512_reduce_max_ps: GCC 12 warns falsely in it)
+  _mm512_store_ps(lanes, vm);
+  for (int j = 0; j < 16; ++j) m = std::max(m, lanes[j]);
+#else
+#pragma omp simd reduction(max : m)
+  for (int i = 0; i < V; ++i) m = std::max(m, x[i]);
+#endif
+  return m;
+}
+
+// max and sum_i exp(x_i - max) of one row, in two passes (see Note [Softmax statistics with
+// the exponentials kept] in docs/notes/memory-bound-kernels.md): the max (the row's read from
+// memory), then the exponentials from L2 (a GPT-2 row is 201 KB). With `e` not null,
+// exp(x_i - max) is also stored in e[i] (e may be x: each vector is read before it is written),
+// so that the loss's gradient needs no second exponential. prefetch: a row to fetch into L2
+// during the exponentials, which leave memory idle (null: none), a cache line per vector of x.
+// Sixteen partial sums (lanes) in element order, then their total in double: a float sum over
+// 50257 terms in one accumulator drifts by ~4e-5 relative. Lanes and order depend on V only, so
+// the result does not depend on the thread that computes it.
+inline void softmax_row_stats(const float* x, int V, float* maxv, float* sum, float* e = nullptr,
+                              const float* prefetch = nullptr) {
+  const float m = row_max(x, V);
+#if HR_AVX512_KERNELS
+  // Every element through exp16, the last partial vector masked (no scalar tail); four vectors
+  // at a time, added to the lanes in element order.
+  const __m512 vmax = _mm512_set1_ps(m);
   __m512 part = _mm512_setzero_ps();
-  for (int b0 = 0; b0 < V; b0 += kSoftmaxBlock) {
-    const int b1 = std::min(V, b0 + kSoftmaxBlock);
-    __m512 vm = _mm512_set1_ps(m);
-    for_each16(b0, b1, [&](int64_t i, __mmask16 k) {
-      vm = _mm512_maskz_max_ps(0xFFFF, vm, _mm512_mask_loadu_ps(vm, k, x + i));
-    });
-    alignas(64) float vmax_lanes[16];  // (not _mm512_reduce_max_ps: GCC 12 warns falsely in it)
-    _mm512_store_ps(vmax_lanes, vm);
-    float bm = m;
-    for (int j = 0; j < 16; ++j) bm = std::max(bm, vmax_lanes[j]);
-    if (bm > m) {  // rescale what was summed against the old max (nothing on the first block)
-      part = _mm512_mul_ps(part, _mm512_set1_ps(m == -INFINITY ? 0.0f : fast_exp(m - bm)));
-      m = bm;
-    }
-    const __m512 vmax = _mm512_set1_ps(m);
-    for_each16(b0, b1, [&](int64_t i, __mmask16 k) {
-      part = _mm512_mask_add_ps(part, k, part,
-                                exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + i), vmax)));
-    });
-  }
+  for_each64(
+      0, V,
+      [&](int64_t i, __mmask16 k) {
+        if (prefetch != nullptr) {
+          _mm_prefetch(reinterpret_cast<const char*>(prefetch + i), _MM_HINT_T1);
+        }
+        const __m512 v = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + i), vmax));
+        if (e != nullptr) _mm512_mask_storeu_ps(e + i, k, v);
+        part = _mm512_mask_add_ps(part, k, part, v);
+      },
+      [&](int64_t i) {
+        __m512 v[4];
+        for (int q = 0; q < 4; ++q) {
+          if (prefetch != nullptr) {
+            _mm_prefetch(reinterpret_cast<const char*>(prefetch + i + 16 * q), _MM_HINT_T1);
+          }
+          v[q] = exp16(_mm512_sub_ps(_mm512_loadu_ps(x + i + 16 * q), vmax));
+        }
+        for (int q = 0; q < 4; ++q) {
+          if (e != nullptr) _mm512_storeu_ps(e + i + 16 * q, v[q]);
+          part = _mm512_add_ps(part, v[q]);
+        }
+      });
   alignas(64) float lanes[16];
   _mm512_store_ps(lanes, part);
   double s = 0.0;
   for (int j = 0; j < 16; ++j) s += lanes[j];
 #else
+  (void)prefetch;
   constexpr int kLanes = 16;
   float part[kLanes] = {};
-  double s = 0.0;  // the last V % 16 terms, scaled to the final max like the lanes, then those
-  for (int b0 = 0; b0 < V; b0 += kSoftmaxBlock) {
-    const int b1 = std::min(V, b0 + kSoftmaxBlock);
-    float bm = m;
-#pragma omp simd reduction(max : bm)
-    for (int i = b0; i < b1; ++i) bm = std::max(bm, x[i]);
-    if (bm > m) {
-      const float scale = m == -INFINITY ? 0.0f : fast_exp(m - bm);
+  int i = 0;
+  for (; i + kLanes <= V; i += kLanes) {
+    float v[kLanes];
 #pragma omp simd
-      for (int j = 0; j < kLanes; ++j) part[j] *= scale;
-      m = bm;
+    for (int j = 0; j < kLanes; ++j) v[j] = fast_exp(x[i + j] - m);
+    if (e != nullptr) {
+      for (int j = 0; j < kLanes; ++j) e[i + j] = v[j];
     }
-    int i = b0;
-    for (; i + kLanes <= b1; i += kLanes) {
 #pragma omp simd
-      for (int j = 0; j < kLanes; ++j) part[j] += fast_exp(x[i + j] - m);
-    }
-    for (; i < b1; ++i) s += fast_exp(x[i] - m);  // only in the last block (b1 == V)
+    for (int j = 0; j < kLanes; ++j) part[j] += v[j];
+  }
+  double s = 0.0;  // the last V % 16 terms, then the lanes
+  for (; i < V; ++i) {
+    const float v = fast_exp(x[i] - m);
+    if (e != nullptr) e[i] = v;
+    s += v;
   }
   for (int j = 0; j < kLanes; ++j) s += part[j];
 #endif
@@ -245,9 +324,9 @@ inline void softmax_row_stats(const float* x, int V, float* maxv, float* sum) {
 
 // The same statistics as a log-sum-exp, log(sum_i exp(x_i)) = max + log(sum), in double before
 // the one rounding to float.
-inline double softmax_row_lse(const float* x, int V) {
+inline double softmax_row_lse(const float* x, int V, const float* prefetch = nullptr) {
   float m, s;
-  softmax_row_stats(x, V, &m, &s);
+  softmax_row_stats(x, V, &m, &s, nullptr, prefetch);
   return std::log(static_cast<double>(s)) + m;
 }
 

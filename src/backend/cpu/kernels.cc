@@ -20,6 +20,7 @@
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <vector>
 
 #include "backend/cpu/amx_gemm.h"
 #include "backend/cpu/bf16.h"
@@ -60,12 +61,27 @@ inline void map16(TO* out, const TI* in, int64_t n, F f) {
   {
     int64_t i0, i1;
     thread_range(n, 64, &i0, &i1);
-    for_each16(i0, i1, [&](int64_t i, __mmask16 m) {
-      if constexpr (kAhead > 0) {
-        _mm_prefetch(reinterpret_cast<const char*>(in + std::min(i + kAhead, n - 1)), _MM_HINT_T0);
-      }
-      store16(out + i, m, f(load16(in + i, m)));
-    });
+    for_each64(
+        i0, i1,
+        [&](int64_t i, __mmask16 m) {
+          if constexpr (kAhead > 0) {
+            _mm_prefetch(reinterpret_cast<const char*>(in + std::min(i + kAhead, n - 1)),
+                         _MM_HINT_T0);
+          }
+          store16(out + i, m, f(load16(in + i, m)));
+        },
+        [&](int64_t i) {
+          if constexpr (kAhead > 0) {
+            _mm_prefetch(reinterpret_cast<const char*>(in + std::min(i + kAhead, n - 1)),
+                         _MM_HINT_T0);
+            _mm_prefetch(reinterpret_cast<const char*>(in + std::min(i + 32 + kAhead, n - 1)),
+                         _MM_HINT_T0);
+          }
+          __m512 v[4];
+          for (int k = 0; k < 4; ++k) v[k] = load16(in + i + 16 * k, 0xFFFF);
+          for (int k = 0; k < 4; ++k) v[k] = f(v[k]);
+          for (int k = 0; k < 4; ++k) store16(out + i + 16 * k, 0xFFFF, v[k]);
+        });
   }
 }
 template <typename TO, typename TI, typename TI2, typename F>
@@ -74,9 +90,17 @@ inline void map16(TO* out, const TI* in, const TI2* in2, int64_t n, F f) {
   {
     int64_t i0, i1;
     thread_range(n, 64, &i0, &i1);
-    for_each16(i0, i1, [&](int64_t i, __mmask16 m) {
-      store16(out + i, m, f(load16(in + i, m), load16(in2 + i, m)));
-    });
+    for_each64(
+        i0, i1,
+        [&](int64_t i, __mmask16 m) {
+          store16(out + i, m, f(load16(in + i, m), load16(in2 + i, m)));
+        },
+        [&](int64_t i) {
+          __m512 v[4];
+          for (int k = 0; k < 4; ++k)
+            v[k] = f(load16(in + i + 16 * k, 0xFFFF), load16(in2 + i + 16 * k, 0xFFFF));
+          for (int k = 0; k < 4; ++k) store16(out + i + 16 * k, 0xFFFF, v[k]);
+        });
   }
 }
 #endif
@@ -969,7 +993,7 @@ struct GeluForwardTable {
     alignas(64) T x[16];
     for (int i = 0; i < 65536; i += 16) {
       for (int j = 0; j < 16; ++j) x[j] = T{uint16_t(i + j)};
-      store16(out + i, 0xFFFF, gelu16(load16(x, 0xFFFF)));
+      store16(out + i, 0xFFFF, gelu16<true>(load16(x, 0xFFFF)));
     }
     for (int i = 65536; i < 65536 + 32; ++i) out[i] = T{0};
   }
@@ -1041,7 +1065,8 @@ void gelu_backward_lookup(T* dinp, const T* inp, const T* dout, int64_t n) {
 
 // With AVX-512: fp32 storage through gelu16 / gelu_grad16 (fast_math.h), every element through
 // the vector path; bf16 and f16 storage the same, or by table lookup where gelu_by_table() (the
-// same bits, see above). Otherwise: plain loops that GCC vectorises, on fast_tanh.
+// same bits, see above). Otherwise: plain loops that GCC vectorises, on fast_exp (the same
+// sigma form as gelu16).
 template <typename T>
 void gelu_forward_t(T* out, const T* inp, int64_t n) {
 #if HR_AVX512_KERNELS
@@ -1050,13 +1075,16 @@ void gelu_forward_t(T* out, const T* inp, int64_t n) {
   }
   // The input prefetched 4 KiB ahead (1024 floats): for fp32 0.80-0.82x of the time without, in
   // three loaded runs (256 ahead: 0.78-0.97x, 4096: 0.90x); see docs/notes/memory-bound-kernels.md.
-  map16<4096 / sizeof(T)>(out, inp, n, [](__m512 x) { return gelu16(x); });
+  constexpr bool kNarrow = !std::is_same_v<T, float>;  // 16-bit storage: see gelu16
+  map16<4096 / sizeof(T)>(out, inp, n, [](__m512 x) { return gelu16<kNarrow>(x); });
 #else
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     const float x = to_f32(inp[i]);
     const float u = kGeluScale * (x + kGeluCube * x * x * x);
-    out[i] = from_f32<T>(0.5f * x * (1.0f + fast_tanh(u)));
+    // x sigma(2u), as gelu16; below x = -10 GELU is under 1.1e-37 in magnitude, and fast_exp's
+    // clamp at 88 would leave x * 6e-39 (-6e-9 at x = -1e30): -0 there (a NaN keeps its way).
+    out[i] = from_f32<T>(x < -10.0f ? -0.0f : x / (1.0f + fast_exp(-2.0f * u)));
   }
 #endif
 }
@@ -1071,12 +1099,12 @@ void gelu_backward_t(T* dinp, const T* inp, const T* dout, int64_t n) {
 #else
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) {
-    const float x = to_f32(inp[i]);
+    float x = to_f32(inp[i]);
+    x = x < -10.0f ? -10.0f : (x > 10.0f ? 10.0f : x);  // as gelu_grad16 (a NaN stays)
     const float u = kGeluScale * (x + kGeluCube * x * x * x);
-    const float th = fast_tanh(u);
-    const float du = kGeluScale * (1.0f + 3.0f * kGeluCube * x * x);
-    const float grad = 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * du;
-    dinp[i] = from_f32<T>(grad * to_f32(dout[i]));
+    const float e = fast_exp(-2.0f * u), s = 1.0f / (1.0f + e);  // sigma(2u), 1 - sigma = e s
+    const float du2 = 2.0f * kGeluScale * (1.0f + 3.0f * kGeluCube * x * x);
+    dinp[i] = from_f32<T>(s * (1.0f + x * (e * s) * du2) * to_f32(dout[i]));
   }
 #endif
 }
@@ -1219,7 +1247,8 @@ void cross_entropy_forward(float* losses, float* lse, const float* logits, const
       continue;
     }
     const float* x = logits + n * ld;
-    const double l = softmax_row_lse(x, V);
+    // The next row into L2 while this one's exponentials are computed (see softmax_row_stats).
+    const double l = softmax_row_lse(x, V, n + 1 < N ? x + ld : nullptr);
     losses[n] = static_cast<float>(l - x[target]);
     if (lse != nullptr) lse[n] = static_cast<float>(l);
   }
@@ -1231,14 +1260,22 @@ void cross_entropy_forward(float* losses, const float* logits, const int32_t* ta
 }
 
 namespace {
-// One row of dlogits from its log-sum-exp l: d[i] = exp(x[i] - l) * dloss, minus dloss at the
-// target, stored as D (float, bf16, or with kF16Values fp32 holding f16 values). d may overlap x
-// as far as d's element j starts at or before x's element j (in place, or the dense bf16 rows'
-// first one): every block of 16 is read whole before it is written, and x[target] first.
-// prefetch: a row to fetch into L2 meanwhile (null: none), one cache line per vector of x.
+// A row's gradient is softmax - onehot, times dloss: exp(x[i] - m) * c with c = dloss * exp(m - l)
+// (m the row's max, l its log-sum-exp rounded to float), minus dloss at the target. Every path
+// takes c from (m, l) this way, so a row's gradient is the same bits whether its exponentials were
+// kept from the statistics (one pass) or computed from the saved lse (Note [Softmax statistics
+// with the exponentials kept] in docs/notes/memory-bound-kernels.md).
+inline float ce_scale(float m, float l, float dloss) { return fast_exp(m - l) * dloss; }
+
+// One row of dlogits, d[i] = p(i) * c (minus dloss at the target), stored as D (float, bf16, or
+// with kF16Values fp32 holding f16 values), where p(i) = exp(x[i] - m) computed here (kept null),
+// or read from kept[i] (stored by softmax_row_stats). d may overlap x or kept as far as d's
+// element j starts at or before their element j (in place, or the dense bf16 rows' first one):
+// every block of 64 is read whole before it is written, and the target's value first.
+// prefetch: a row to fetch into L2 meanwhile (null: none), one cache line per vector.
 template <typename D, bool kF16Values = false>
-void ce_grad_row(D* d, const float* x, int32_t target, float l, float dloss, int V,
-                 const float* prefetch = nullptr) {
+void ce_grad_row(D* d, const float* x, const float* kept, int32_t target, float m, float c,
+                 float dloss, int V, const float* prefetch = nullptr) {
   auto store = [&](int64_t j, float v) {
     D o;
     if constexpr (kF16Values) {
@@ -1249,8 +1286,6 @@ void ce_grad_row(D* d, const float* x, int32_t target, float l, float dloss, int
     std::memcpy(d + j, &o, sizeof(D));  // d may be another type's memory: no aliasing UB
   };
 #if HR_AVX512_KERNELS
-  // Every element through exp16 (the last vector masked); the target's value too, so it is the
-  // same p as its lane would give, minus dloss.
   auto store_v = [&](int64_t j, __mmask16 k, __m512 v) {
     if constexpr (kF16Values) {
       store16(d + j, k,
@@ -1265,24 +1300,51 @@ void ce_grad_row(D* d, const float* x, int32_t target, float l, float dloss, int
     for_each16(0, V, [&](int64_t j, __mmask16 k) { store_v(j, k, _mm512_setzero_ps()); });
     return;
   }
-  const __m512 vl = _mm512_set1_ps(l), vd = _mm512_set1_ps(dloss);
-  const float pt = _mm512_cvtss_f32(exp16(_mm512_set1_ps(x[target] - l)));  // read first
-  for_each16(0, V, [&](int64_t j, __mmask16 k) {
-    if (prefetch != nullptr) _mm_prefetch(reinterpret_cast<const char*>(prefetch + j), _MM_HINT_T1);
-    store_v(j, k, _mm512_mul_ps(exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + j), vl)), vd));
-  });
-  store(target, pt * dloss - dloss);
+  const __m512 vm = _mm512_set1_ps(m), vc = _mm512_set1_ps(c);
+  // p at the target, read before the row is written: the lane's own value (exp16 of the same
+  // difference, or the kept one).
+  const float pt =
+      kept != nullptr ? kept[target] : _mm512_cvtss_f32(exp16(_mm512_set1_ps(x[target] - m)));
+  auto p = [&](int64_t j, __mmask16 k) {
+    return kept != nullptr ? _mm512_maskz_loadu_ps(k, kept + j)
+                           : exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + j), vm));
+  };
+  for_each64(
+      0, V,
+      [&](int64_t j, __mmask16 k) {
+        if (prefetch != nullptr) {
+          _mm_prefetch(reinterpret_cast<const char*>(prefetch + j), _MM_HINT_T1);
+        }
+        store_v(j, k, _mm512_mul_ps(p(j, k), vc));
+      },
+      [&](int64_t j) {
+        __m512 v[4];
+        for (int q = 0; q < 4; ++q) {
+          if (prefetch != nullptr) {
+            _mm_prefetch(reinterpret_cast<const char*>(prefetch + j + 16 * q), _MM_HINT_T1);
+          }
+          v[q] = p(j + 16 * q, __mmask16(0xFFFF));
+        }
+        for (int q = 0; q < 4; ++q) store_v(j + 16 * q, __mmask16(0xFFFF), _mm512_mul_ps(v[q], vc));
+      });
+  store(target, pt * c - dloss);
 #else
+  (void)prefetch;
   if (target < 0) {
     for (int j = 0; j < V; ++j) store(j, 0.0f);
     return;
   }
-  const float dt = fast_exp(x[target] - l) * dloss - dloss;  // before x[target] is overwritten
+  const float pt = kept != nullptr ? kept[target] : fast_exp(x[target] - m);  // before writes
   int j = 0;
   for (; j + 16 <= V; j += 16) {
     float v[16];
+    if (kept != nullptr) {
 #pragma omp simd
-    for (int k = 0; k < 16; ++k) v[k] = fast_exp(x[j + k] - l) * dloss;
+      for (int k = 0; k < 16; ++k) v[k] = kept[j + k] * c;
+    } else {
+#pragma omp simd
+      for (int k = 0; k < 16; ++k) v[k] = fast_exp(x[j + k] - m) * c;
+    }
     D o[16];
 #pragma omp simd
     for (int k = 0; k < 16; ++k) {
@@ -1294,24 +1356,43 @@ void ce_grad_row(D* d, const float* x, int32_t target, float l, float dloss, int
     }
     std::memcpy(d + j, o, sizeof(o));
   }
-  for (; j < V; ++j) store(j, fast_exp(x[j] - l) * dloss);
-  store(target, dt);
+  for (; j < V; ++j) store(j, (kept != nullptr ? kept[j] : fast_exp(x[j] - m)) * c);
+  store(target, pt * c - dloss);
 #endif
 }
 
 // Where ce_grad_rows takes each row's log-sum-exp from, and what else it writes: `lse` holds the
-// forward's (read); or, with lse null, it is recomputed from the row, and with `losses` not null
+// forward's (read); or, with lse null, it is computed from the row, and with `losses` not null
 // the row's loss (and, with `lse_out` not null, its lse) is stored as cross_entropy_forward
-// stores them, from the same double (the one-pass forward and backward).
+// stores them, from the same double (the one-pass forward and backward). With `keep`, the
+// statistics keep the row's exponentials for the gradient (see ce_kept_row).
 struct CeRowStats {
   const float* lse = nullptr;
   float* losses = nullptr;
   float* lse_out = nullptr;
+  bool keep = false;
 };
 
-// Rows from their saved lse, or with statistics recomputed (see CeRowStats). Either way a row's
-// lse is the float rounding of the same softmax_row_lse, so its gradient is the same bits.
-// ld: the row stride of both logits (floats) and dlogits (D elements).
+// Where a row's exponentials are kept: in its fp32 dlogits row, which the gradient then
+// overwrites in place (fp32, and fp32 holding f16 values); for bf16 dlogits, in a row of this
+// thread's own, which stays in L2 from row to row. Not over the logits: for bf16 they are not
+// all overwritten, so exponentials kept there would be written back to memory, 4 bytes a logit
+// more than the 2 of the gradient. The scratch is outside the memory plan, as oneDNN's is: V
+// floats per thread (201 KB for GPT-2's vocabulary), allocated on a thread's first row and kept.
+template <typename D>
+float* ce_kept_row(D* dlogits_row, int V) {
+  if constexpr (std::is_same_v<D, float>) {
+    return dlogits_row;
+  } else {
+    static thread_local std::vector<float> row;
+    if (row.size() < size_t(V)) row.resize(size_t(V));
+    return row.data();
+  }
+}
+
+// Rows from their saved lse, or with statistics computed here (see CeRowStats). Either way a
+// row's gradient is exp(x - m) * ce_scale(m, l, dloss) with the same m and l, so the same bits.
+// ld: the row stride of logits (floats), dlogits (D elements) and kept (floats).
 template <typename D, bool kF16Values = false>
 void ce_grad_rows(D* dlogits, const float* logits, CeRowStats st, const int32_t* targets,
                   int64_t n0, int64_t n1, int V, float dloss, int64_t ld) {
@@ -1320,23 +1401,29 @@ void ce_grad_rows(D* dlogits, const float* logits, CeRowStats st, const int32_t*
     const int32_t target = targets[n];
     HR_CHECK(target >= -1 && target < V);
     const float* x = logits + n * ld;
-    float l = 0.0f;
+    // This thread's next row (omp for static: a contiguous range), fetched into L2 while this
+    // row's exponentials are computed: during the statistics where they are taken here (the
+    // gradient pass then only scales and writes), else during the gradient pass.
+    const float* next = n + 1 < n1 ? x + ld : nullptr;
+    float l = 0.0f, m = 0.0f;
+    float* kept = nullptr;
     if (target >= 0 && st.lse != nullptr) {
       l = st.lse[n];
+      m = row_max(x, V);  // the row's read from memory; the gradient's finds it in L2
     } else if (target >= 0) {
-      // The row's first read (from memory); ce_grad_row's second finds it in L2 (V floats).
-      const double dl = softmax_row_lse(x, V);
+      if (st.keep) kept = ce_kept_row(dlogits + n * ld, V);
+      const float xt = x[target];  // before the exponentials may be kept over it
+      float s;
+      softmax_row_stats(x, V, &m, &s, kept, next);
+      const double dl = std::log(static_cast<double>(s)) + m;  // as softmax_row_lse
       l = static_cast<float>(dl);
-      if (st.losses != nullptr) st.losses[n] = static_cast<float>(dl - x[target]);
+      if (st.losses != nullptr) st.losses[n] = static_cast<float>(dl - xt);
     } else if (st.losses != nullptr) {
       st.losses[n] = 0.0f;
     }
     if (st.lse_out != nullptr) st.lse_out[n] = l;
-    // One pass (statistics taken here): fetch the next row into L2 while this one's gradient is
-    // computed from L2, so that the next statistics pass finds it there.
-    const bool one_pass = st.lse == nullptr && st.losses != nullptr && n + 1 < n1;
-    ce_grad_row<D, kF16Values>(dlogits + n * ld, x, target, l, dloss, V,
-                               one_pass ? x + ld : nullptr);
+    ce_grad_row<D, kF16Values>(dlogits + n * ld, x, kept, target, m, ce_scale(m, l, dloss), dloss,
+                               V, st.lse != nullptr ? next : nullptr);
   }
 }
 
@@ -1388,7 +1475,7 @@ void cross_entropy_backward(float* dlogits, const float* logits, const float* ls
 void cross_entropy_backward(float* dlogits, const float* logits, const int32_t* targets, int N,
                             int V, float dloss) {
 #pragma omp parallel
-  ce_grad_rows(dlogits, logits, CeRowStats{}, targets, 0, N, V, dloss, V);
+  ce_grad_rows(dlogits, logits, CeRowStats{.keep = true}, targets, 0, N, V, dloss, V);
 }
 
 void cross_entropy_backward_inplace(float* logits, const float* lse, const int32_t* targets, int N,
@@ -1401,8 +1488,8 @@ void cross_entropy_forward_backward_inplace(float* losses, float* lse, float* lo
                                             const int32_t* targets, int N, int V, float dloss,
                                             DType storage, int64_t ld) {
   HR_CHECK(losses != nullptr);
-  ce_grad_inplace(logits, CeRowStats{.losses = losses, .lse_out = lse}, targets, N, V, dloss,
-                  storage, ld);
+  ce_grad_inplace(logits, CeRowStats{.losses = losses, .lse_out = lse, .keep = true}, targets, N, V,
+                  dloss, storage, ld);
 }
 
 // ---- optimizer -----------------------------------------------------------------------------

@@ -92,8 +92,9 @@ void residual_backward(float* da, float* db, const float* dout, int64_t n);
 
 // ---- softmax cross-entropy over the vocabulary --------------------------------------------
 // losses[N] = -log softmax(logits[n,:])[targets[n]]. A target of -1 means "ignore": loss 0.
-// One pass over the logits (online max and sum; see Note [One-pass softmax statistics] in
-// docs/notes/memory-bound-kernels.md). With lse not null, also saves each row's log-sum-exp there
+// One read of the logits from memory (the row's max, then its exponentials from L2; see Note
+// [Softmax statistics with the exponentials kept] in docs/notes/memory-bound-kernels.md). With
+// lse not null, also saves each row's log-sum-exp there
 // (lse[N]; 0 for ignored rows, which are not read) for the backward below. Each row's results
 // are the same bits whatever the thread count.
 // ld: the logits' row stride in floats (0: dense, V); columns [V, ld) are never read.
@@ -102,7 +103,8 @@ void cross_entropy_forward(float* losses, float* lse, const float* logits, const
 // dlogits[n,:] = (softmax(logits[n,:]) - onehot(targets[n])) * dloss, i.e. the gradient of
 // dloss * sum_n losses[n]; rows with target -1 get 0. dlogits may alias logits (in place).
 // dloss is normally 1 / (tokens in the whole optimizer step). Takes the forward's lse: one read
-// of the logits and one write (softmax = exp(logits - lse)).
+// of the logits from memory (the row's max, then exp(logits - max) * dloss * exp(max - lse) from
+// L2) and one write.
 void cross_entropy_backward(float* dlogits, const float* logits, const float* lse,
                             const int32_t* targets, int N, int V, float dloss);
 // The backward in place, with dlogits stored as the GEMM that reads them wants them: kF32 as
@@ -116,14 +118,15 @@ void cross_entropy_backward_inplace(float* logits, const float* lse, const int32
                                     int V, float dloss, DType storage, int64_t ld = 0);
 // cross_entropy_forward and then cross_entropy_backward_inplace, in one pass per row (for a
 // training step, whose dloss is known before its forward): each row's statistics are taken on its
-// first read and its gradient is written while the row is still in L2, so the logits are read
-// from memory once instead of twice. losses, lse (when not null) and the gradient are the same
-// bits as the two calls give. See Note [One-pass loss and gradient] in docs/notes/loss.md.
+// first read, its exponentials kept over it, and its gradient is those scaled while the row is
+// still in L2, so the logits are read from memory once instead of twice and each exponential is
+// computed once. losses, lse (when not null) and the gradient are the same bits as the two calls
+// give. See Note [One-pass loss and gradient] in docs/notes/loss.md.
 void cross_entropy_forward_backward_inplace(float* losses, float* lse, float* logits,
                                             const int32_t* targets, int N, int V, float dloss,
                                             DType storage, int64_t ld = 0);
 // Without a saved lse: the forward's losses only, and a backward that recomputes each row's
-// statistics (two reads of the logits and one write).
+// statistics (keeping the exponentials in dlogits, then scaling them there).
 void cross_entropy_forward(float* losses, const float* logits, const int32_t* targets, int N,
                            int V);
 void cross_entropy_backward(float* dlogits, const float* logits, const int32_t* targets, int N,
