@@ -547,21 +547,29 @@ void BM_CrossEntropyBackwardF16(benchmark::State& s) { ce_backward_bench(s, DTyp
 
 // A training step's loss (Note [One-pass loss and gradient], docs/notes/loss.md): the forward and
 // then the in-place backward (two reads of the logits), or both in one pass per row (one read).
-void ce_step_bench(benchmark::State& state, DType storage, bool one_pass) {
+// padded: rows at the model's stride (logits_row_stride: 50304 floats, every row on a 64-byte
+// boundary), as a training step runs it; else dense (stride V).
+void ce_step_bench(benchmark::State& state, DType storage, bool one_pass, bool padded = false) {
   Logits l;
-  std::vector<float> x = l.x, losses(kTokens), lse(kTokens);
+  const int64_t ld = padded ? logits_row_stride(kVocab) : kVocab;
+  std::vector<float> x0(size_t(kTokens) * size_t(ld), 0.0f), losses(kTokens), lse(kTokens);
+  for (int n = 0; n < kTokens; ++n) {
+    std::memcpy(x0.data() + n * ld, l.x.data() + size_t(n) * kVocab, kVocab * sizeof(float));
+  }
+  std::vector<float> x = x0;
   const float dloss = 1.0f / kTokens;
   for (auto _ : state) {
     state.PauseTiming();
-    std::memcpy(x.data(), l.x.data(), x.size() * sizeof(float));
+    std::memcpy(x.data(), x0.data(), x.size() * sizeof(float));
     state.ResumeTiming();
     if (one_pass) {
       cross_entropy_forward_backward_inplace(losses.data(), lse.data(), x.data(), l.targets.data(),
-                                             kTokens, kVocab, dloss, storage);
+                                             kTokens, kVocab, dloss, storage, ld);
     } else {
-      cross_entropy_forward(losses.data(), lse.data(), x.data(), l.targets.data(), kTokens, kVocab);
+      cross_entropy_forward(losses.data(), lse.data(), x.data(), l.targets.data(), kTokens, kVocab,
+                            ld);
       cross_entropy_backward_inplace(x.data(), lse.data(), l.targets.data(), kTokens, kVocab, dloss,
-                                     storage);
+                                     storage, ld);
     }
     benchmark::DoNotOptimize(x.data());
   }
@@ -572,6 +580,10 @@ void BM_CrossEntropyStepTwoPass(benchmark::State& s) { ce_step_bench(s, DType::k
 void BM_CrossEntropyStep(benchmark::State& s) { ce_step_bench(s, DType::kF32, true); }
 void BM_CrossEntropyStepBf16TwoPass(benchmark::State& s) { ce_step_bench(s, DType::kBF16, false); }
 void BM_CrossEntropyStepBf16(benchmark::State& s) { ce_step_bench(s, DType::kBF16, true); }
+void BM_CrossEntropyStepPadded(benchmark::State& s) { ce_step_bench(s, DType::kF32, true, true); }
+void BM_CrossEntropyStepBf16Padded(benchmark::State& s) {
+  ce_step_bench(s, DType::kBF16, true, true);
+}
 
 #define HR_BENCH(...) BENCHMARK(__VA_ARGS__)->Unit(benchmark::kMillisecond)->UseRealTime()
 HR_BENCH(BM_Triad);
@@ -669,6 +681,8 @@ HR_BENCH(BM_CrossEntropyStepTwoPass);
 HR_BENCH(BM_CrossEntropyStep);
 HR_BENCH(BM_CrossEntropyStepBf16TwoPass);
 HR_BENCH(BM_CrossEntropyStepBf16);
+HR_BENCH(BM_CrossEntropyStepPadded);
+HR_BENCH(BM_CrossEntropyStepBf16Padded);
 
 }  // namespace
 }  // namespace headroom::cpu
