@@ -119,20 +119,19 @@ inline __m512 recip16(__m512 d) {
   const __m512 r = _mm512_maskz_rcp14_ps(0xFFFF, d);
   return _mm512_fmadd_ps(r, _mm512_fnmadd_ps(d, r, _mm512_set1_ps(1.0f)), r);
 }
-inline __m512 gelu16(__m512 x) {
-  const __m512 x2 = _mm512_mul_ps(x, x);
+// s = 1 / (exp(2u) + 1) with u = sqrt(2/pi) (x + 0.044715 x^3), x2 = x^2.
+inline __m512 tanh_form_s(__m512 x, __m512 x2) {
   const __m512 u2 =
       _mm512_mul_ps(_mm512_mul_ps(x, _mm512_set1_ps(2.0f * 0.7978845608028654f)),
                     _mm512_fmadd_ps(x2, _mm512_set1_ps(0.044715f), _mm512_set1_ps(1.0f)));
-  const __m512 s = recip16(_mm512_add_ps(exp16(u2), _mm512_set1_ps(1.0f)));
-  return _mm512_fnmadd_ps(x, s, x);
+  return recip16(_mm512_add_ps(exp16(u2), _mm512_set1_ps(1.0f)));
+}
+inline __m512 gelu16(__m512 x) {
+  return _mm512_fnmadd_ps(x, tanh_form_s(x, _mm512_mul_ps(x, x)), x);
 }
 inline __m512 gelu_grad16(__m512 x) {
   const __m512 x2 = _mm512_mul_ps(x, x);
-  const __m512 u2 =
-      _mm512_mul_ps(_mm512_mul_ps(x, _mm512_set1_ps(2.0f * 0.7978845608028654f)),
-                    _mm512_fmadd_ps(x2, _mm512_set1_ps(0.044715f), _mm512_set1_ps(1.0f)));
-  const __m512 s = recip16(_mm512_add_ps(exp16(u2), _mm512_set1_ps(1.0f)));
+  const __m512 s = tanh_form_s(x, x2);
   const __m512 du2 =
       _mm512_fmadd_ps(x2, _mm512_set1_ps(2.0f * 0.7978845608028654f * 3.0f * 0.044715f),
                       _mm512_set1_ps(2.0f * 0.7978845608028654f));
