@@ -292,8 +292,8 @@ void check_gelu_every_input(std::initializer_list<float> douts) {
 // bf16's and f16's rounding; the backward computes gelu' in fp32, whose own rounding near gelu''s
 // zero (x = -0.75, where two terms of about 0.3 cancel) is allowed as 1e-6 absolute. Results
 // below 1e-36 (GELU of x < -10, where sigma is subnormal in fp32 or flushed by vrcp14ps) may be 0
-// or off by as much. Returns the
-// share of forward results that are the correctly rounded ones (for the notes).
+// or off by as much. Returns the share of forward results that are the correctly rounded ones
+// (for the notes).
 template <typename T>
 double check_gelu_faithful() {
   auto exact = [](double x, bool grad) {

@@ -20,7 +20,6 @@
 #include <string>
 #include <string_view>
 #include <type_traits>
-#include <vector>
 
 #include "backend/cpu/amx_gemm.h"
 #include "backend/cpu/bf16.h"
@@ -1383,19 +1382,16 @@ struct CeRowStats {
 };
 
 // Where a row's exponentials are kept: in its fp32 dlogits row, which the gradient then
-// overwrites in place (fp32, and fp32 holding f16 values); for bf16 dlogits, in a row of this
-// thread's own, which stays in L2 from row to row. Not over the logits: for bf16 they are not
-// all overwritten, so exponentials kept there would be written back to memory, 4 bytes a logit
-// more than the 2 of the gradient. The scratch is outside the memory plan, as oneDNN's is: V
-// floats per thread (201 KB for GPT-2's vocabulary), allocated on a thread's first row and kept.
+// overwrites in place (fp32, and fp32 holding f16 values). For bf16 dlogits nowhere (null: the
+// gradient computes them again from the row, in L2): there is no planned fp32 row to keep them
+// in (over the logits, half of which bf16 never overwrites, they would change the buffer's tail
+// and be written back to memory; a per-thread row would be memory outside the plan).
 template <typename D>
-float* ce_kept_row(D* dlogits_row, int V) {
+float* ce_kept_row(D* dlogits_row) {
   if constexpr (std::is_same_v<D, float>) {
     return dlogits_row;
   } else {
-    static thread_local std::vector<float> row;
-    if (row.size() < size_t(V)) row.resize(size_t(V));
-    return row.data();
+    return nullptr;
   }
 }
 
@@ -1420,7 +1416,7 @@ void ce_grad_rows(D* dlogits, const float* logits, CeRowStats st, const int32_t*
       l = st.lse[n];
       m = row_max(x, V);  // the row's read from memory; the gradient's finds it in L2
     } else if (target >= 0) {
-      if (st.keep) kept = ce_kept_row(dlogits + n * ld, V);
+      if (st.keep) kept = ce_kept_row(dlogits + n * ld);
       const float xt = x[target];  // before the exponentials may be kept over it
       float s;
       softmax_row_stats(x, V, &m, &s, kept, next);
