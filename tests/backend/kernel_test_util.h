@@ -198,8 +198,8 @@ void check_gelu_low(double round) {
 // threads: the forward, and the backward with each of `douts`, bit for bit against the computed
 // path. With AVX-512 the kernels look GELU up in tables (Note [GELU by lookup table]) or compute
 // it (gelu_by_table(): both are checked, by HEADROOM_GELU_TABLE); the reference here is the
-// computed path's arithmetic (gelu16 / gelu_grad16 and store16), so a table built or indexed
-// differently fails. Without AVX-512 the kernel computes, and the reference is the portable
+// computed path's arithmetic (gelu16<true> / gelu_grad16<true> and store16), so a table built or
+// indexed differently fails. Without AVX-512 the kernel computes, and the reference is the portable
 // loop's formula.
 template <typename T>
 void check_gelu_every_input_once(std::initializer_list<float> douts) {
@@ -215,8 +215,9 @@ void check_gelu_every_input_once(std::initializer_list<float> douts) {
   auto reference = [](const T* xs, const T* ds, T* out) {
 #if HR_AVX512_KERNELS
     const __m512 v = load16(xs, 0xFFFF);
-    store16(out, 0xFFFF,
-            ds == nullptr ? gelu16<true>(v) : _mm512_mul_ps(gelu_grad16(v), load16(ds, 0xFFFF)));
+    store16(
+        out, 0xFFFF,
+        ds == nullptr ? gelu16<true>(v) : _mm512_mul_ps(gelu_grad16<true>(v), load16(ds, 0xFFFF)));
 #else
     for (int j = 0; j < 16; ++j) {
       float v = to_f32(xs[j]);

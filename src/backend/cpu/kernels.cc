@@ -56,7 +56,9 @@ inline void thread_range(int64_t n, int64_t align, int64_t* begin, int64_t* end)
 // GELU forward). kGrouped: four vectors per iteration (for_each64), all loaded, then computed,
 // then stored (out may still alias the inputs: each group is read before it is written), for f
 // with a long dependency chain (GELU); the same bits as one at a time. Not for the casts: on Zen
-// 5 grouping made the fp32 -> bf16 cast 1.13x slower (median of 3 alternated rounds).
+// 5 grouping made the fp32 -> bf16 cast 1.13x slower (median of 3 alternated rounds). f is
+// elementwise (a lane's result depends only on that lane's inputs): grouped with bf16 inputs and
+// output, the lanes hold the even and the odd elements (load32_eo, store32_eo).
 template <int64_t kAhead = 0, bool kGrouped = false, typename TO, typename TI, typename F>
 inline void map16(TO* out, const TI* in, int64_t n, F f) {
 #pragma omp parallel
@@ -78,9 +80,16 @@ inline void map16(TO* out, const TI* in, int64_t n, F f) {
           }
         }
         __m512 v[4];
-        for (int k = 0; k < 4; ++k) v[k] = load16(in + i + 16 * k, 0xFFFF);
-        for (int k = 0; k < 4; ++k) v[k] = f(v[k]);
-        for (int k = 0; k < 4; ++k) store16(out + i + 16 * k, 0xFFFF, v[k]);
+        if constexpr (std::is_same_v<TO, bf16_t> && std::is_same_v<TI, bf16_t>) {
+          // Even and odd elements (see load32_eo): the same lanes' values, so the same bits.
+          for (int k = 0; k < 2; ++k) load32_eo(in + i + 32 * k, &v[2 * k], &v[2 * k + 1]);
+          for (int k = 0; k < 4; ++k) v[k] = f(v[k]);
+          for (int k = 0; k < 2; ++k) store32_eo(out + i + 32 * k, v[2 * k], v[2 * k + 1]);
+        } else {
+          for (int k = 0; k < 4; ++k) v[k] = load16(in + i + 16 * k, 0xFFFF);
+          for (int k = 0; k < 4; ++k) v[k] = f(v[k]);
+          for (int k = 0; k < 4; ++k) store16(out + i + 16 * k, 0xFFFF, v[k]);
+        }
       });
     } else {
       for_each16(i0, i1, one);
@@ -99,10 +108,22 @@ inline void map16(TO* out, const TI* in, const TI2* in2, int64_t n, F f) {
     if constexpr (kGrouped) {
       for_each64(i0, i1, one, [&](int64_t i) {
         __m512 v[4];
-        for (int k = 0; k < 4; ++k) {
-          v[k] = f(load16(in + i + 16 * k, 0xFFFF), load16(in2 + i + 16 * k, 0xFFFF));
+        if constexpr (std::is_same_v<TO, bf16_t> && std::is_same_v<TI, bf16_t> &&
+                      std::is_same_v<TI2, bf16_t>) {
+          for (int k = 0; k < 2; ++k) {  // even and odd elements, as in the one-input map16
+            __m512 a[2], b[2];
+            load32_eo(in + i + 32 * k, &a[0], &a[1]);
+            load32_eo(in2 + i + 32 * k, &b[0], &b[1]);
+            v[2 * k] = f(a[0], b[0]);
+            v[2 * k + 1] = f(a[1], b[1]);
+          }
+          for (int k = 0; k < 2; ++k) store32_eo(out + i + 32 * k, v[2 * k], v[2 * k + 1]);
+        } else {
+          for (int k = 0; k < 4; ++k) {
+            v[k] = f(load16(in + i + 16 * k, 0xFFFF), load16(in2 + i + 16 * k, 0xFFFF));
+          }
+          for (int k = 0; k < 4; ++k) store16(out + i + 16 * k, 0xFFFF, v[k]);
         }
-        for (int k = 0; k < 4; ++k) store16(out + i + 16 * k, 0xFFFF, v[k]);
       });
     } else {
       for_each16(i0, i1, one);
@@ -987,8 +1008,9 @@ constexpr float kGeluCube = 0.044715f;
 // See Note [GELU by lookup table] in docs/notes/memory-bound-kernels.md. A bf16 or f16 input has
 // 65536 possible values, so GELU in 16-bit storage is a function of 16 bits. The tables are
 // computed once, on first use, by the same instructions as the computed path (gelu16 then
-// store16; gelu_grad16 in fp32), so a lookup returns the computed path's bits for every input.
-// A static local: built once, thread-safe (C++11), outside the memory plan like oneDNN's code.
+// store16; gelu_grad16<true> in fp32), so a lookup returns the computed path's bits for every
+// input. A static local: built once, thread-safe (C++11), outside the memory plan like oneDNN's
+// code.
 template <typename T>
 struct GeluForwardTable {
   // One entry per input's bits. The gather reads 32 bits at 2 * index, i.e. entries i and i + 1
@@ -1006,12 +1028,12 @@ struct GeluForwardTable {
 };
 template <typename T>
 struct GeluGradTable {
-  alignas(64) float grad[65536];  // gelu'(x) in fp32, by gelu_grad16
+  alignas(64) float grad[65536];  // gelu'(x) in fp32, by gelu_grad16<true>
   GeluGradTable() {
     alignas(64) T x[16];
     for (int i = 0; i < 65536; i += 16) {
       for (int j = 0; j < 16; ++j) x[j] = T{uint16_t(i + j)};
-      _mm512_store_ps(grad + i, gelu_grad16(load16(x, 0xFFFF)));
+      _mm512_store_ps(grad + i, gelu_grad16<true>(load16(x, 0xFFFF)));
     }
   }
 };
@@ -1102,8 +1124,9 @@ void gelu_backward_t(T* dinp, const T* inp, const T* dout, int64_t n) {
   if constexpr (!std::is_same_v<T, float>) {
     if (gelu_by_table()) return gelu_backward_lookup(dinp, inp, dout, n);
   }
+  constexpr bool kNarrow = !std::is_same_v<T, float>;  // 16-bit storage: see gelu_grad16
   map16<true>(dinp, inp, dout, n,
-              [](__m512 x, __m512 d) { return _mm512_mul_ps(gelu_grad16(x), d); });
+              [](__m512 x, __m512 d) { return _mm512_mul_ps(gelu_grad16<kNarrow>(x), d); });
 #else
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) {
@@ -1312,10 +1335,10 @@ void ce_grad_row(D* d, const float* x, const float* kept, int32_t target, float 
   // p at the target, read before the row is written: the lane's own value (exp16 of the same
   // difference, or the kept one).
   const float pt =
-      kept != nullptr ? kept[target] : _mm512_cvtss_f32(exp16(_mm512_set1_ps(x[target] - m)));
+      kept != nullptr ? kept[target] : _mm512_cvtss_f32(exp16<true>(_mm512_set1_ps(x[target] - m)));
   auto p = [&](int64_t j, __mmask16 k) {
     return kept != nullptr ? _mm512_maskz_loadu_ps(k, kept + j)
-                           : exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + j), vm));
+                           : exp16<true>(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + j), vm));
   };
   for_each64(
       0, V,
@@ -1333,7 +1356,14 @@ void ce_grad_row(D* d, const float* x, const float* kept, int32_t target, float 
           }
           v[q] = p(j + 16 * q, __mmask16(0xFFFF));
         }
-        for (int q = 0; q < 4; ++q) store_v(j + 16 * q, __mmask16(0xFFFF), _mm512_mul_ps(v[q], vc));
+        if constexpr (std::is_same_v<D, bf16_t>) {  // two vectors per conversion (store32)
+          for (int q = 0; q < 4; q += 2) {
+            store32(d + j + 16 * q, _mm512_mul_ps(v[q], vc), _mm512_mul_ps(v[q + 1], vc));
+          }
+        } else {
+          for (int q = 0; q < 4; ++q)
+            store_v(j + 16 * q, __mmask16(0xFFFF), _mm512_mul_ps(v[q], vc));
+        }
       });
   store(target, pt * c - dloss);
 #else
@@ -1374,24 +1404,28 @@ void ce_grad_row(D* d, const float* x, const float* kept, int32_t target, float 
 // the row's loss (and, with `lse_out` not null, its lse) is stored as cross_entropy_forward
 // stores them, from the same double (the one-pass forward and backward). With `keep`, the
 // statistics keep the row's exponentials for the gradient (see ce_kept_row).
+// keep_in_read_row (bf16 dlogits in place, see ce_kept_row): the logits row this thread read
+// first in this call is free once read, and may hold later rows' exponentials.
 struct CeRowStats {
   const float* lse = nullptr;
   float* losses = nullptr;
   float* lse_out = nullptr;
   bool keep = false;
+  bool keep_in_read_row = false;
 };
 
-// Where a row's exponentials are kept: in its fp32 dlogits row, which the gradient then
-// overwrites in place (fp32, and fp32 holding f16 values). For bf16 dlogits nowhere (null: the
-// gradient computes them again from the row, in L2): there is no planned fp32 row to keep them
-// in (over the logits, half of which bf16 never overwrites, they would change the buffer's tail
-// and be written back to memory; a per-thread row would be memory outside the plan).
+// Where a row's exponentials are kept (Note [Where bf16 keeps the exponentials]): in its fp32
+// dlogits row, which the gradient then overwrites in place (fp32, and fp32 holding f16 values).
+// Bf16 dlogits in place are half as wide as the logits: there, in `read_row` (the logits row
+// this thread read first in this round: no other thread reads or writes it until the round's
+// barrier), the same fp32 row for all the thread's later rows, so it stays in L2; null for the
+// round's first row (the gradient computes its exponentials again).
 template <typename D>
-float* ce_kept_row(D* dlogits_row) {
+float* ce_kept_row(D* dlogits_row, float* read_row) {
   if constexpr (std::is_same_v<D, float>) {
     return dlogits_row;
   } else {
-    return nullptr;
+    return read_row;
   }
 }
 
@@ -1401,6 +1435,7 @@ float* ce_kept_row(D* dlogits_row) {
 template <typename D, bool kF16Values = false>
 void ce_grad_rows(D* dlogits, const float* logits, CeRowStats st, const int32_t* targets,
                   int64_t n0, int64_t n1, int V, float dloss, int64_t ld) {
+  float* read_row = nullptr;  // see CeRowStats::keep_in_read_row
 #pragma omp for schedule(static)
   for (int64_t n = n0; n < n1; ++n) {
     const int32_t target = targets[n];
@@ -1416,7 +1451,7 @@ void ce_grad_rows(D* dlogits, const float* logits, CeRowStats st, const int32_t*
       l = st.lse[n];
       m = row_max(x, V);  // the row's read from memory; the gradient's finds it in L2
     } else if (target >= 0) {
-      if (st.keep) kept = ce_kept_row(dlogits + n * ld);
+      if (st.keep) kept = ce_kept_row(dlogits + n * ld, read_row);
       const float xt = x[target];  // before the exponentials may be kept over it
       float s;
       softmax_row_stats(x, V, &m, &s, kept, next);
@@ -1429,6 +1464,7 @@ void ce_grad_rows(D* dlogits, const float* logits, CeRowStats st, const int32_t*
     if (st.lse_out != nullptr) st.lse_out[n] = l;
     ce_grad_row<D, kF16Values>(dlogits + n * ld, x, kept, target, m, ce_scale(m, l, dloss), dloss,
                                V, st.lse != nullptr ? next : nullptr);
+    if (st.keep_in_read_row && read_row == nullptr) read_row = const_cast<float*>(x);
   }
 }
 
@@ -1454,6 +1490,7 @@ void ce_grad_inplace(float* logits, CeRowStats st, const int32_t* targets, int N
       // earlier rounds have read, and read only themselves: each round runs in parallel, with a
       // barrier (the end of omp for) before the next.
       bf16_t* out = reinterpret_cast<bf16_t*>(logits);
+      st.keep_in_read_row = st.keep;
 #pragma omp parallel
       {
         ce_grad_rows(out, logits, st, targets, 0, std::min(N, 1), V, dloss, ld);

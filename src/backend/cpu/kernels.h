@@ -120,9 +120,11 @@ void cross_entropy_backward_inplace(float* logits, const float* lse, const int32
 // training step, whose dloss is known before its forward): each row's statistics are taken on its
 // first read, and its gradient written while the row is still in L2, so the logits are read from
 // memory once instead of twice; with fp32 or f16-values dlogits the exponentials are kept over
-// the row and scaled (each computed once), with bf16 they are computed again. losses, lse (when not
-// null) and the gradient are the same bits as the two calls give. See Note [One-pass loss and
-// gradient] in docs/notes/loss.md.
+// the row and scaled (each computed once), with bf16 in a logits row the same thread has already
+// read (each computed once but for one row per thread and round). losses, lse (when not null) and
+// the gradient are the same bits as the two calls give; with bf16 the rest of the logits' memory
+// (the bf16 matrix's padding columns and what follows it) is left unspecified: scratch. See
+// Note [One-pass loss and gradient] in docs/notes/loss.md.
 void cross_entropy_forward_backward_inplace(float* losses, float* lse, float* logits,
                                             const int32_t* targets, int N, int V, float dloss,
                                             DType storage, int64_t ld = 0);
