@@ -9,6 +9,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -723,6 +724,23 @@ TEST(CrossEntropy, ForwardAndBackwardInOnePassAreTheTwoPassesBits) {
     EXPECT_TRUE(same_bf16_gradient(one, two, c.N, V, V));
   }
 }
+
+#if HR_AVX512_KERNELS
+// exp16<true> (the loss's: no upper clamp) is exp16's bits wherever its callers use it, x <= 0
+// and NaN: every 2^-12 step of [-200, 0], the ends of float's range, denormals and signed zeros.
+TEST(FastMath, Exp16WithoutTheUpperClampIsExp16BelowZero) {
+  std::vector<float> xs = {-INFINITY, -FLT_MAX, -FLT_MIN, -FLT_MIN / 4, -0.0f, 0.0f, std::nanf("")};
+  for (int i = 0; i <= 200 * 4096; ++i) xs.push_back(-float(i) / 4096.0f);
+  while (xs.size() % 16 != 0) xs.push_back(-1.0f);
+  for (size_t i = 0; i < xs.size(); i += 16) {
+    const __m512 x = _mm512_loadu_ps(xs.data() + i);
+    alignas(64) uint32_t got[16], want[16];
+    _mm512_store_si512(got, _mm512_castps_si512(exp16<true>(x)));
+    _mm512_store_si512(want, _mm512_castps_si512(exp16<false>(x)));
+    for (int j = 0; j < 16; ++j) ASSERT_EQ(got[j], want[j]) << "exp16 at " << xs[i + size_t(j)];
+  }
+}
+#endif
 
 TEST(CrossEntropy, BackwardMatchesFiniteDifferences) {
   const int N = 4, V = 29;

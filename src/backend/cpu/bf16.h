@@ -123,7 +123,6 @@ inline __m512 load16(const f16_t* p, __mmask16 m) {
   return _mm512_maskz_cvtph_ps(0xFFFF, _mm256_maskz_loadu_epi16(m, p));
 }
 inline void store16(float* p, __mmask16 m, __m512 v) { _mm512_mask_storeu_ps(p, m, v); }
-
 inline void store16(bf16_t* p, __mmask16 m, __m512 v) {
   _mm256_mask_storeu_epi16(p, m, cvt_ps_bf16(v));
 }
@@ -132,18 +131,25 @@ inline void store16(f16_t* p, __mmask16 m, __m512 v) {
       p, m, _mm512_maskz_cvtps_ph(0xFFFF, v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 }
 
-// 32 consecutive values (lo the first 16) as bf16: the bits of two store16 calls, by one
-// vcvtne2ps2bf16 and one 512-bit store where neither vector holds a denormal (see cvt_ps_bf16).
-inline void store32(bf16_t* p, __m512 lo, __m512 hi) {
+// Two vectors' bf16 rounding, packed: words 0-15 from lo, 16-31 from hi; the bits of
+// from_f32<bf16_t> (as cvt_ps_bf16). One vcvtne2ps2bf16 where neither vector holds a denormal
+// (which it would flush), else the integer rounding of both.
+inline __m512i cvt2_ps_bf16(__m512 lo, __m512 hi) {
 #if defined(__AVX512BF16__) && defined(__AVX512DQ__)
   if (__builtin_expect((_mm512_fpclass_ps_mask(lo, 0x20) | _mm512_fpclass_ps_mask(hi, 0x20)) == 0,
                        1)) {
-    _mm512_storeu_si512(p, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo)));
-    return;
+    return reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo));
   }
 #endif
-  store16(p, 0xFFFF, lo);
-  store16(p + 16, 0xFFFF, hi);
+  const __m512i packed_lo =
+      _mm512_maskz_inserti64x4(0xFF, _mm512_setzero_si512(), cvt_ps_bf16_int(lo), 0);
+  return _mm512_maskz_inserti64x4(0xFF, packed_lo, cvt_ps_bf16_int(hi), 1);
+}
+
+// 32 consecutive values (lo the first 16) as bf16: the bits of two store16 calls, one conversion
+// and one 512-bit store.
+inline void store32(bf16_t* p, __m512 lo, __m512 hi) {
+  _mm512_storeu_si512(p, cvt2_ps_bf16(lo, hi));
 }
 
 // 32 bf16 values as two fp32 vectors, the even elements and the odd ones: one plain 512-bit load,
@@ -164,21 +170,7 @@ inline void store32_eo(bf16_t* p, __m512 even, __m512 odd) {
   const __m512i interleave =
       _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
                        21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-  __m512i packed;
-#if defined(__AVX512BF16__) && defined(__AVX512DQ__)
-  // vcvtne2ps2bf16: both vectors' rounding in one instruction, unless one holds a denormal
-  // (flushed by it; see cvt_ps_bf16).
-  if (__builtin_expect(
-          (_mm512_fpclass_ps_mask(even, 0x20) | _mm512_fpclass_ps_mask(odd, 0x20)) == 0, 1)) {
-    packed = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(odd, even));
-  } else
-#endif
-  {
-    const __m512i lo =
-        _mm512_maskz_inserti64x4(0xFF, _mm512_setzero_si512(), cvt_ps_bf16_int(even), 0);
-    packed = _mm512_maskz_inserti64x4(0xFF, lo, cvt_ps_bf16_int(odd), 1);
-  }
-  _mm512_storeu_si512(p, _mm512_permutexvar_epi16(interleave, packed));
+  _mm512_storeu_si512(p, _mm512_permutexvar_epi16(interleave, cvt2_ps_bf16(even, odd)));
 }
 #endif
 
