@@ -47,6 +47,11 @@ const Layer kLayers[] = {
     // The logits as the model stores them: rows padded to 64 elements (logits_row_stride).
     {"lm_head_768x50257_outin_ld50304", kTokens, 768, 50257, WeightLayout::kOutIn, false,
      headroom::DType::kF32, 50304},
+    // The bf16 dlogits as the loss leaves them since session 13: each row's bf16 values over its
+    // own fp32 row (row stride 2 x 50304 bf16 elements). Only its bf16 backward rows are the
+    // model's.
+    {"lm_head_768x50257_outin_ld100608", kTokens, 768, 50257, WeightLayout::kOutIn, false,
+     headroom::DType::kF32, 100608},
     // The bf16 model's forward since session 6: all 50304 columns (dense output rows; the weight's
     // rows past V are the flat copy's next tensors). Its backward rows time K = 50304 and are not
     // what the model runs (it takes K = V).

@@ -523,7 +523,7 @@ void ce_backward_bench(benchmark::State& state, DType storage, bool before_kerne
     state.ResumeTiming();
     if (before_kernels) {
       before::cross_entropy_backward(x.data(), x.data(), l.targets.data(), kTokens, kVocab, dloss);
-      if (storage == DType::kBF16) round_to_bf16_dense_inplace(x.data(), kTokens, kVocab);
+      if (storage == DType::kBF16) round_rows_to_bf16_inplace(x.data(), kTokens, kVocab, kVocab);
       if (storage == DType::kF16)
         before::round_to_f16_values(x.data(), x.data(), int64_t(x.size()));
     } else {

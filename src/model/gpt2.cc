@@ -22,6 +22,12 @@ namespace headroom::model {
 using memory::BufferDesc;
 using memory::Category;
 
+// The fewest rows of the LM head's dlogits^T the bf16 staging takes at once (the head's weight
+// gradient goes through them in chunks): 3072, the MLP's width at GPT-2 124M, whose blocks size
+// the staging for that many rows already, and a GEMM (M = 3072, K = tokens, N = C) that runs at
+// full rate.
+constexpr int64_t kHeadWgradRows = 3072;
+
 std::string_view op_kind_name(OpKind k) {
   switch (k) {
     case OpKind::kGemm:
@@ -239,8 +245,8 @@ ActivationTable gpt2_activation_table(const Gpt2Config& c, int B, int T, bool tr
                      : cpu::attention_backward_scratch_floats(B, T, c.n_head))},
       W);
   // bf16: the transposed operands of the weight gradients, sized for the largest GEMM that
-  // takes them (a block's inp^T + dout^T; the head's inp^T only, its dlogits^T going into the
-  // logits buffer; the fused head's GEMMs do not take them).
+  // takes them (a block's inp^T + dout^T; the head's inp^T and at least kHeadWgradRows rows of
+  // dlogits^T, which go through the rest in chunks; the fused head's GEMMs do not take them).
   t.ids.bf16_wgrad_staging = SIZE_MAX;
   if (low == DType::kBF16) {
     const int64_t N = int64_t(B) * T;
@@ -252,7 +258,7 @@ ActivationTable gpt2_activation_table(const Gpt2Config& c, int B, int T, bool tr
       }
     }
     if (t.ids.logits != SIZE_MAX && cpu::bf16_wgrad_transposes(int(N), int(C), int(V))) {
-      elems = std::max(elems, N * C);
+      elems = std::max(elems, N * (C + std::min<int64_t>(V, kHeadWgradRows)));
     }
     if (elems > 0) t.ids.bf16_wgrad_staging = add_low("bf16_wgrad_staging", {elems}, W);
   }
@@ -850,16 +856,14 @@ void Gpt2::backward_t(const int32_t* inputs, const int32_t* targets, float dloss
   // LayerNorm's backward instead: dresidual_low is not live during the head's ops (the plan's
   // peak), so that LayerNorm must not write it.
   // bf16: the transposed operands of the weight-gradient GEMMs that take them (see
-  // cpu::Bf16WgradStaging): inp^T then dout^T in the planned staging, or dout^T in `out_t` (the
-  // LM head's dlogits^T, in the logits buffer's second half) where given. Empty otherwise.
-  auto wgrad_staging = [&](int ic, int oc, bf16_t* out_t = nullptr,
-                           size_t out_elems = 0) -> cpu::Bf16WgradStaging {
+  // cpu::Bf16WgradStaging): inp^T then dout^T in the planned staging (the LM head's dlogits^T in
+  // chunks of its rows there). Empty otherwise.
+  auto wgrad_staging = [&](int ic, int oc) -> cpu::Bf16WgradStaging {
     if (id.bf16_wgrad_staging == SIZE_MAX || !cpu::bf16_wgrad_transposes(N, ic, oc)) return {};
     bf16_t* area = buf<bf16_t>(a, id.bf16_wgrad_staging);
     const size_t elems = a.buffers()[id.bf16_wgrad_staging].bytes() / sizeof(bf16_t);
     const size_t in_elems = size_t(N) * size_t(ic);
     HR_CHECK_MSG(in_elems <= elems, "bf16_wgrad_staging is smaller than this GEMM's inp^T");
-    if (out_t != nullptr) return {area, elems, out_t, out_elems};
     return {area, in_elems, area + in_elems, elems - in_elems};
   };
   // A block's matmul_backward (kInOut weights), through the transposed operands in bf16.
@@ -926,8 +930,8 @@ void Gpt2::backward_t(const int32_t* inputs, const int32_t* targets, float dloss
   } else {
     // The logits buffer becomes dlogits in place, in one pass from the saved log-sum-exp,
     // stored as the head's GEMM reads them: fp32; fp32 holding f16 values (as the f16 GEMMs of
-    // autocast read them); or, in bf16, their dense bf16 rounding in the first half of the same
-    // memory (oneDNN's AMX kernels take dense rows).
+    // autocast read them); or, in bf16, their bf16 rounding over the first half of each row
+    // (row stride 2 ldv bf16 elements; Note [The bf16 gradient over its own row]).
     // (Already done where the forward was given this dloss: Note [One-pass loss and gradient].)
     float* dlogits = a.f32(id.logits);
     if (dlogits_dloss_) {
@@ -950,13 +954,9 @@ void Gpt2::backward_t(const int32_t* inputs, const int32_t* targets, float dloss
                              gemm_weight<T>(wte), N, C, V, cpu::WeightLayout::kOutIn,
                              {.inp = 0, .out = ldv});
       } else {
-        // bf16 dlogits [N, ldv] fill the first half of the logits' memory; dlogits^T goes into
-        // the second (N * ldv bf16 elements >= V * N).
-        bf16_t* second_half = reinterpret_cast<bf16_t*>(dlogits) + size_t(N) * size_t(ldv);
         cpu::matmul_backward(dc, dwte, nullptr, reinterpret_cast<const T*>(dlogits), lnf,
                              gemm_weight<T>(wte), N, C, V, cpu::WeightLayout::kOutIn,
-                             {.inp = 0, .out = ldv},
-                             wgrad_staging(C, V, second_half, size_t(N) * size_t(ldv)));
+                             {.inp = 0, .out = 2 * ldv}, wgrad_staging(C, V));
       }
     });
   }

@@ -65,9 +65,10 @@ std::string_view precision_name(Precision p);  // "fp32", "bf16", "fp16"
 struct ExecOptions {
   // The row stride of the MLP's 4C-wide activations for these options.
   int64_t mlp_row_stride(int64_t four_c) const;
-  // The row stride of the full logits [B*T, V] (floats) and of their bf16 gradient (bf16 elements)
-  // for these options: V rounded up to 64 elements with pad_rows, so every row starts on a cache
-  // line (oneDNN's bf16 head GEMMs ran 1.4-2x faster so: docs/notes/lm-head-rows.md).
+  // The row stride of the full logits [B*T, V] (floats; their bf16 gradient's is twice it in
+  // bf16 elements, each row over its own fp32 row) for these options: V rounded up to 64 elements
+  // with pad_rows, so every row starts on a cache line (oneDNN's bf16 head GEMMs ran 1.4-2x faster
+  // so: docs/notes/lm-head-rows.md).
   int64_t logits_row_stride(int64_t V) const;
 
   bool tiled_attention = true;  // online-softmax attention: no T x T probabilities are kept
@@ -126,7 +127,7 @@ struct Gpt2ActivationIds {
   size_t f16_staging;
   // bf16 training: the transposed operands of the weight-gradient GEMMs that take them
   // (cpu::Bf16WgradStaging, cpu::bf16_wgrad_transposes): inp^T then dout^T of one block's GEMM,
-  // and the LM head's inp^T (its dlogits^T goes in the logits buffer's unused second half);
+  // and the LM head's inp^T and its dlogits^T in chunks of rows (at least 3072 rows, or V);
   // SIZE_MAX when no GEMM takes them.
   size_t bf16_wgrad_staging;
 };
@@ -271,7 +272,8 @@ class Gpt2 {
   // the backward computes their gradient in a second pass. No effect with the fused head.
   void set_next_dloss(float dloss) { next_dloss_ = dloss; }
 
-  // The logits [B*T, V] of the last forward, row r at logits() + r * logits_row_stride().
+  // The logits [B*T, V] of the last forward, row r at logits() + r * logits_row_stride(). Holding
+  // their gradient in bf16 (see set_next_dloss), row r's bf16 values start at the same place.
   const float* logits() const;
   int64_t logits_row_stride() const;
   // Columns the head's forward GEMM (full or fused) computes for the weight wte, with T the

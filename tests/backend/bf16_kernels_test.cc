@@ -94,23 +94,10 @@ TEST(Bf16, RoundRowsInPlaceMatchesTheCast) {
   }
 }
 
-TEST(Bf16, RoundDenseInPlaceMatchesTheCast) {
-  for (int rows : {1, 2, 3, 7, 64, 100}) {
-    const int cols = 37;
-    VecF x = rand_vec(size_t(rows) * cols, 3 + rows);
-    VecF orig = x;
-    round_to_bf16_dense_inplace(x.data(), rows, cols);
-    const auto* b = reinterpret_cast<const bf16_t*>(x.data());
-    for (int i = 0; i < rows * cols; ++i) {
-      ASSERT_EQ(b[i].bits, f32_to_bf16_bits(orig[size_t(i)])) << rows << " rows, element " << i;
-    }
-  }
-}
-
-// The loss's backward writes the dense bf16 dlogits in the same pass: the bits of the fp32
-// gradient rounded once, for row counts that exercise each of the in-place rounds (1, 2, 3, ...)
-// and rows with an ignored target.
-TEST(Bf16, CrossEntropyBackwardWritesDenseBf16InPlace) {
+// The loss's backward writes the bf16 dlogits in the same pass, each row over the first half of
+// its own fp32 row (bf16 row stride 2 V): the bits of the fp32 gradient rounded once, for several
+// row counts and rows with an ignored target.
+TEST(Bf16, CrossEntropyBackwardWritesBf16OverItsOwnRows) {
   for (int N : {1, 2, 3, 5, 17, 64}) {
     const int V = 2100;  // two softmax blocks, and V % 16 != 0
     VecF logits = rand_vec(size_t(N) * V, 40 + N, -6, 6);
@@ -122,15 +109,18 @@ TEST(Bf16, CrossEntropyBackwardWritesDenseBf16InPlace) {
     cross_entropy_backward_inplace(f32.data(), lse.data(), tg.data(), N, V, 0.03f, DType::kF32);
     cross_entropy_backward_inplace(b.data(), lse.data(), tg.data(), N, V, 0.03f, DType::kBF16);
     const auto* out = reinterpret_cast<const bf16_t*>(b.data());
-    for (int64_t i = 0; i < int64_t(N) * V; ++i) {
-      ASSERT_EQ(out[i].bits, f32_to_bf16_bits(f32[size_t(i)])) << N << " rows, element " << i;
+    for (int64_t n = 0; n < N; ++n) {
+      for (int64_t j = 0; j < V; ++j) {
+        ASSERT_EQ(out[n * 2 * V + j].bits, f32_to_bf16_bits(f32[size_t(n * V + j)]))
+            << N << " rows, row " << n << ", column " << j;
+      }
     }
   }
 }
 
 // Padded logits rows (the model's logits_row_stride): the same losses, lse and gradient bits as
-// the dense rows, for each storage (bf16 at the same row stride, in the first half of the
-// memory); the padding columns are neither read (NaN there changes nothing) nor written (f32, f16).
+// the dense rows, for each storage (bf16 over the first half of each fp32 row); the padding
+// columns are neither read (NaN there changes nothing) nor written (f32, f16).
 TEST(Bf16, CrossEntropyTakesPaddedRows) {
   const int V = 2100, ld = 2112;
   for (int N : {1, 3, 17, 64}) {
@@ -154,8 +144,8 @@ TEST(Bf16, CrossEntropyTakesPaddedRows) {
         for (int j = 0; j < V; ++j) {
           uint32_t got, want;
           if (storage == DType::kBF16) {
-            got = reinterpret_cast<const bf16_t*>(dp.data())[int64_t(n) * ld + j].bits;
-            want = reinterpret_cast<const bf16_t*>(d.data())[int64_t(n) * V + j].bits;
+            got = reinterpret_cast<const bf16_t*>(dp.data())[int64_t(n) * 2 * ld + j].bits;
+            want = reinterpret_cast<const bf16_t*>(d.data())[int64_t(n) * 2 * V + j].bits;
           } else {
             std::memcpy(&got, &dp[size_t(n) * ld + j], 4);
             std::memcpy(&want, &d[size_t(n) * V + j], 4);
@@ -286,6 +276,53 @@ TEST(Bf16, MatmulTransposedWeightGradientMatchesTheStridedPath) {
   }
 }
 
+// kOutIn (the LM head) with a staging that holds only some rows of dout^T: the rows go through
+// it in chunks (a multiple of 16: here 32, 32 and 8 of 72), each a transpose and a GEMM into its
+// rows of dweight. Within GEMM rounding of the whole staging, with dout rows of stride 2 ld as
+// the bf16 loss leaves them.
+TEST(Bf16, MatmulTransposedWeightGradientInChunksOfTheOutputRows) {
+  const int N = 45, IC = 40, OC = 72;
+  const int64_t ldo = 2 * 80;
+  VecB xb = to_bf(bf_rand(size_t(N) * IC, 36)), doutb = to_bf(bf_rand(size_t(N) * ldo, 37));
+  VecB wb = to_bf(bf_rand(size_t(IC) * OC, 38));
+  auto run = [&](size_t out_rows) {
+    VecB staging(size_t(N) * (IC + out_rows) + 5, bf16_t{0x7fc0});
+    const Bf16WgradStaging ws{staging.data(), size_t(N) * IC, staging.data() + size_t(N) * IC,
+                              size_t(N) * out_rows + 5};
+    VecF dw(size_t(IC) * OC, 0.5f);
+    VecB dx(size_t(N) * IC);
+    matmul_backward(dx.data(), dw.data(), nullptr, doutb.data(), xb.data(), wb.data(), N, IC, OC,
+                    WeightLayout::kOutIn, {.inp = 0, .out = ldo}, ws);
+    return std::pair(dw, from_bf(dx));
+  };
+  const auto [whole, dx_whole] = run(OC);
+  const auto [chunked, dx_chunked] = run(47);  // 47 rows of room: chunks of 32
+  const auto [sixteen, dx_sixteen] = run(16);
+  EXPECT_EQ(dx_chunked, dx_whole);
+  expect_close(chunked, whole, 1e-5, 1e-5, "dweight in chunks of 32 rows against whole");
+  expect_close(sixteen, whole, 1e-5, 1e-5, "dweight in chunks of 16 rows against whole");
+  VecF strided(size_t(IC) * OC, 0.5f);
+  matmul_backward(nullptr, strided.data(), nullptr, doutb.data(), xb.data(), wb.data(), N, IC, OC,
+                  WeightLayout::kOutIn, {.inp = 0, .out = ldo});
+  expect_close(chunked, strided, 1e-5, 1e-5, "dweight in chunks against the strided path");
+  // A changed row of dout reaches only its row of dweight, in its chunk (the 70th: the third).
+  VecB dout2 = doutb;
+  for (int n = 0; n < N; ++n) dout2[size_t(n) * ldo + 70] = bf16_t{0};
+  std::swap(dout2, doutb);
+  const auto [moved, unused] = run(47);
+  std::swap(dout2, doutb);
+  for (int o = 0; o < OC; ++o) {
+    for (int i = 0; i < IC; ++i) {
+      const size_t at = size_t(o) * IC + size_t(i);
+      if (o == 70) {
+        EXPECT_NEAR(moved[at], 0.5f, 1e-6) << "row " << o;
+      } else {
+        ASSERT_EQ(moved[at], chunked[at]) << "row " << o << ", column " << i;
+      }
+    }
+  }
+}
+
 // The transposed path at a GPT-2-like shape (N = 256 tokens, 64 -> 3072: AMX tiles, the
 // transposes' full 32 x 16 tiles) gives the same bits for 1, 2 and 3 threads, as the strided
 // path does, and stays within GEMM rounding of it.
@@ -344,6 +381,13 @@ TEST(Bf16DeathTest, TransposedWeightGradientNeedsEnoughStaging) {
                                size_t(N) * OC - 1};
   EXPECT_DEATH(matmul_backward(nullptr, dw.data(), nullptr, doutb.data(), xb.data(), nullptr, N, IC,
                                OC, WeightLayout::kInOut, {}, small),
+               "staging for dout.T is missing or too small");
+  // kOutIn takes dout^T in chunks, but not under 16 rows of it.
+  VecB staging15(size_t(N) * (IC + 15));
+  const Bf16WgradStaging fifteen{staging15.data(), size_t(N) * IC,
+                                 staging15.data() + size_t(N) * IC, size_t(N) * 15};
+  EXPECT_DEATH(matmul_backward(nullptr, dw.data(), nullptr, doutb.data(), xb.data(), nullptr, N, IC,
+                               OC, WeightLayout::kOutIn, {}, fifteen),
                "staging for dout.T is missing or too small");
 }
 

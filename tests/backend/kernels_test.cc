@@ -659,13 +659,13 @@ TEST(CrossEntropy, BackwardFromTheSavedLse) {
   }
 }
 
-// The bf16 gradient's values [N, V] (row stride ld) at the start of the logits' memory; the rest
-// of that memory (its padding columns, the tail) is scratch after the one pass (kernels.h).
+// The bf16 gradient's values [N, V] over the first half of each fp32 row (ld floats: bf16 row
+// stride 2 ld); the rest of each row is scratch after the one pass (kernels.h).
 bool same_bf16_gradient(const VecF& a, const VecF& b, int N, int V, int64_t ld) {
   const auto* pa = reinterpret_cast<const uint16_t*>(a.data());
   const auto* pb = reinterpret_cast<const uint16_t*>(b.data());
   for (int64_t n = 0; n < N; ++n) {
-    if (std::memcmp(pa + n * ld, pb + n * ld, size_t(V) * 2) != 0) return false;
+    if (std::memcmp(pa + n * 2 * ld, pb + n * 2 * ld, size_t(V) * 2) != 0) return false;
   }
   return true;
 }
@@ -673,8 +673,8 @@ bool same_bf16_gradient(const VecF& a, const VecF& b, int N, int V, int64_t ld) 
 // Note [One-pass loss and gradient]: the forward and the in-place backward in one pass per row
 // give the bytes of the two calls (losses, lse and the gradient in each storage; for fp32 and
 // f16 values the whole logits buffer, padding columns included), with ignored rows, rows of
-// +-1000, padded rows whose padding is NaN, row counts that exercise each bf16 round, dloss = inf
-// (an injected fp16 overflow), and 1 and 2 threads (3 for the bf16 rounds of 8 rows).
+// +-1000, padded rows whose padding is NaN, dloss = inf (an injected fp16 overflow), and 1 and 2
+// threads (3 for bf16 with 8 rows).
 TEST(CrossEntropy, ForwardAndBackwardInOnePassAreTheTwoPassesBits) {
   const int saved = omp_get_max_threads();
   for (int V : {37, 6150}) {
@@ -757,7 +757,7 @@ TEST(CrossEntropy, BackwardMatchesFiniteDifferences) {
 
 TEST(CrossEntropy, ThreadCountIndependent) {
   // Each row is computed by one thread with blocks and lanes fixed by V: the same bits with 1, 2
-  // and 3 threads, for every dlogits storage (the bf16 one runs in rounds over the rows).
+  // and 3 threads, for every dlogits storage.
   const int saved = omp_get_max_threads();
   CeCase c = ce_case(6150);
   std::vector<std::vector<float>> first;

@@ -636,22 +636,30 @@ void matmul_backward_t(T* dinp, float* dweight, float* dbias, const T* dout, con
                "matmul_backward: transposed weight-gradient operands are for bf16 only");
   if (dweight != nullptr && transposed) {
     if constexpr (std::is_same_v<T, bf16_t>) {
+      // kOutIn's dout^T may come in chunks of its rows (the staging's rows, a multiple of 16).
+      const int64_t out_rows = int64_t(ws->out_t_elems / size_t(N));
+      const int64_t chunk = in_out || out_rows >= OC ? int64_t(OC) : out_rows / 16 * 16;
       HR_CHECK_MSG(ws->inp_t != nullptr && ws->inp_t_elems >= size_t(IC) * size_t(N),
                    "bf16 weight gradient: the staging for inp^T is missing or too small");
-      HR_CHECK_MSG(ws->out_t != nullptr && ws->out_t_elems >= size_t(OC) * size_t(N),
+      HR_CHECK_MSG(ws->out_t != nullptr && chunk >= std::min(OC, 16) &&
+                       (!in_out || ws->out_t_elems >= size_t(OC) * size_t(N)),
                    "bf16 weight gradient: the staging for dout^T is missing or too small");
       const Bf16WgradCopies copies = bf16_wgrad_copies(N, layout);
-      if (copies.inp_t) transpose(ws->inp_t, N, inp, ldi, N, IC);   // inp^T [IC, N]
-      if (copies.out_t) transpose(ws->out_t, N, dout, ldo, N, OC);  // dout^T [OC, N]
-      // dweight[IC,OC] += inp^T x dout (kInOut), dweight[OC,IC] += dout^T x inp (kOutIn): A is
-      // the first operand's copy; B the second's copy (transposed, K-contiguous) or its rows.
+      if (copies.inp_t) transpose(ws->inp_t, N, inp, ldi, N, IC);  // inp^T [IC, N]
+      // dweight[IC,OC] += inp^T x dout (kInOut), dweight[OC,IC] += dout^T x inp (kOutIn, rows
+      // [o0, o1) per chunk): A is the first operand's copy; B the second's copy (transposed,
+      // K-contiguous) or its rows.
       const bool b_copied = in_out ? copies.out_t : copies.inp_t;
-      const bf16_t* a = in_out ? ws->inp_t : ws->out_t;
       const bf16_t* b = b_copied ? (in_out ? ws->out_t : ws->inp_t) : (in_out ? dout : inp);
       const int ldb = b_copied ? N : (in_out ? ldo : ldi);
-      const int rows = in_out ? IC : OC, cols = in_out ? OC : IC;
-      gemm_ex(false, b_copied, rows, cols, N, DType::kBF16, a, N, b, ldb, DType::kF32, dweight,
-              cols, nullptr, true);
+      for (int64_t o0 = 0; o0 < OC; o0 += chunk) {
+        const int o1 = int(std::min<int64_t>(OC, o0 + chunk));
+        if (copies.out_t) transpose(ws->out_t, N, dout + o0, ldo, N, o1 - int(o0));  // dout^T
+        const bf16_t* a = in_out ? ws->inp_t : ws->out_t;
+        const int rows = in_out ? IC : o1 - int(o0), cols = in_out ? OC : IC;
+        gemm_ex(false, b_copied, rows, cols, N, DType::kBF16, a, N, b, ldb, DType::kF32,
+                dweight + o0 * cols, cols, nullptr, true);
+      }
     }
   } else if (dweight != nullptr) {  // accumulated (in fp32) through oneDNN's sum post-op
     if (in_out) {                   // dweight[IC,OC] += inp^T x dout
@@ -1203,26 +1211,6 @@ void round_to_f16_values(float* out, const float* inp, int64_t n) {
 #endif
 }
 
-void round_to_bf16_dense_inplace(float* x, int64_t rows, int64_t cols) {
-  // Row r's bf16 values land on floats [r*cols/2, (r+1)*cols/2): inside rows < r, except row 0,
-  // which overlaps itself (converted in read-before-write blocks). Rows [lo, 2 lo) write into
-  // rows [lo/2, lo), all read by earlier rounds, and read only themselves: so each round runs in
-  // parallel, and log2(rows) rounds (barriers between them) convert everything.
-  if (rows <= 0) return;
-  round_rows_to_bf16_inplace(x, 1, cols, cols);
-  bf16_t* out = reinterpret_cast<bf16_t*>(x);
-  for (int64_t lo = 1; lo < rows; lo *= 2) {
-    const int64_t hi = std::min(rows, 2 * lo);
-#pragma omp parallel for schedule(static)
-    for (int64_t r = lo; r < hi; ++r) {
-      const float* src = x + r * cols;
-      bf16_t* dst = out + r * cols;
-#pragma omp simd
-      for (int64_t j = 0; j < cols; ++j) dst[j] = from_f32<bf16_t>(src[j]);
-    }
-  }
-}
-
 void round_rows_to_bf16_inplace(float* x, int64_t rows, int64_t cols, int64_t ld) {
   // Within a row, bf16 element j lands on bytes [2j, 2j+2), inside float j/2, which this pass
   // has already read: in order, blocks of 16 are read whole before they are written.
@@ -1301,8 +1289,9 @@ inline float ce_scale(float m, float l, float dloss) { return fast_exp(m - l) * 
 // One row of dlogits, d[i] = p(i) * c (minus dloss at the target), stored as D (float, bf16, or
 // with kF16Values fp32 holding f16 values), where p(i) = exp(x[i] - m) computed here (kept null),
 // or read from kept[i] (stored by softmax_row_stats). d may overlap x or kept as far as d's
-// element j starts at or before their element j (in place, or the dense bf16 rows' first one):
-// every block of 64 is read whole before it is written, and the target's value first.
+// element j starts at or before their element j (in place: fp32 over fp32, or bf16 over the
+// first half of the same fp32 row): every block of 64 is read whole before it is written, and the
+// target's value first.
 // prefetch: a row to fetch into L2 meanwhile (null: none), one cache line per vector.
 template <typename D, bool kF16Values = false>
 void ce_grad_row(D* d, const float* x, const float* kept, int32_t target, float m, float c,
@@ -1403,39 +1392,24 @@ void ce_grad_row(D* d, const float* x, const float* kept, int32_t target, float 
 // forward's (read); or, with lse null, it is computed from the row, and with `losses` not null
 // the row's loss (and, with `lse_out` not null, its lse) is stored as cross_entropy_forward
 // stores them, from the same double (the one-pass forward and backward). With `keep`, the
-// statistics keep the row's exponentials for the gradient (see ce_kept_row).
-// keep_in_read_row (bf16 dlogits in place, see ce_kept_row): the logits row this thread read
-// first in this call is free once read, and may hold later rows' exponentials.
+// statistics keep the row's exponentials for the gradient, over the row's dlogits memory as
+// fp32 (Note [The bf16 gradient over its own row] in docs/notes/memory-bound-kernels.md).
 struct CeRowStats {
   const float* lse = nullptr;
   float* losses = nullptr;
   float* lse_out = nullptr;
   bool keep = false;
-  bool keep_in_read_row = false;
 };
-
-// Where a row's exponentials are kept (Note [Where bf16 keeps the exponentials]): in its fp32
-// dlogits row, which the gradient then overwrites in place (fp32, and fp32 holding f16 values).
-// Bf16 dlogits in place are half as wide as the logits: there, in `read_row` (the logits row
-// this thread read first in this round: no other thread reads or writes it until the round's
-// barrier), the same fp32 row for all the thread's later rows, so it stays in L2; null for the
-// round's first row (the gradient computes its exponentials again).
-template <typename D>
-float* ce_kept_row(D* dlogits_row, float* read_row) {
-  if constexpr (std::is_same_v<D, float>) {
-    return dlogits_row;
-  } else {
-    return read_row;
-  }
-}
 
 // Rows from their saved lse, or with statistics computed here (see CeRowStats). Either way a
 // row's gradient is exp(x - m) * ce_scale(m, l, dloss) with the same m and l, so the same bits.
-// ld: the row stride of logits (floats), dlogits (D elements) and kept (floats).
+// ld: the row stride of logits in floats; dlogits' rows are ld * 4 bytes apart too (ld D
+// elements for fp32, 2 ld for bf16), so each row of dlogits starts where its fp32 row does and
+// has room for V floats, where the exponentials are kept.
 template <typename D, bool kF16Values = false>
 void ce_grad_rows(D* dlogits, const float* logits, CeRowStats st, const int32_t* targets,
                   int64_t n0, int64_t n1, int V, float dloss, int64_t ld) {
-  float* read_row = nullptr;  // see CeRowStats::keep_in_read_row
+  const int64_t ldd = ld * int64_t(sizeof(float) / sizeof(D));
 #pragma omp for schedule(static)
   for (int64_t n = n0; n < n1; ++n) {
     const int32_t target = targets[n];
@@ -1447,11 +1421,12 @@ void ce_grad_rows(D* dlogits, const float* logits, CeRowStats st, const int32_t*
     const float* next = n + 1 < n1 ? x + ld : nullptr;
     float l = 0.0f, m = 0.0f;
     float* kept = nullptr;
+    D* d = dlogits + n * ldd;
     if (target >= 0 && st.lse != nullptr) {
       l = st.lse[n];
       m = row_max(x, V);  // the row's read from memory; the gradient's finds it in L2
     } else if (target >= 0) {
-      if (st.keep) kept = ce_kept_row(dlogits + n * ld, read_row);
+      if (st.keep) kept = reinterpret_cast<float*>(d);
       const float xt = x[target];  // before the exponentials may be kept over it
       float s;
       softmax_row_stats(x, V, &m, &s, kept, next);
@@ -1462,9 +1437,8 @@ void ce_grad_rows(D* dlogits, const float* logits, CeRowStats st, const int32_t*
       st.losses[n] = 0.0f;
     }
     if (st.lse_out != nullptr) st.lse_out[n] = l;
-    ce_grad_row<D, kF16Values>(dlogits + n * ld, x, kept, target, m, ce_scale(m, l, dloss), dloss,
-                               V, st.lse != nullptr ? next : nullptr);
-    if (st.keep_in_read_row && read_row == nullptr) read_row = const_cast<float*>(x);
+    ce_grad_row<D, kF16Values>(d, x, kept, target, m, ce_scale(m, l, dloss), dloss, V,
+                               st.lse != nullptr ? next : nullptr);
   }
 }
 
@@ -1483,23 +1457,13 @@ void ce_grad_inplace(float* logits, CeRowStats st, const int32_t* targets, int N
 #pragma omp parallel
       ce_grad_rows<float, true>(logits, logits, st, targets, 0, N, V, dloss, ld);
       return;
-    case DType::kBF16: {
-      // Row n's bf16 gradient lands on floats [n ld/2, n ld/2 + V/2): row 0 overlaps itself
-      // (ce_grad_row reads before it writes), every later row lands inside rows < n. As in
-      // round_to_bf16_dense_inplace, rows [lo, 2 lo) write only into rows [lo/2, lo), which
-      // earlier rounds have read, and read only themselves: each round runs in parallel, with a
-      // barrier (the end of omp for) before the next.
-      bf16_t* out = reinterpret_cast<bf16_t*>(logits);
-      st.keep_in_read_row = st.keep;
+    case DType::kBF16:
+      // Row n's bf16 gradient lands on the first half of its own fp32 row (floats
+      // [n ld, n ld + V/2)), which ce_grad_row reads before it writes, while the row is still in
+      // L2: no row touches another's memory, and no line is read for ownership from memory.
 #pragma omp parallel
-      {
-        ce_grad_rows(out, logits, st, targets, 0, std::min(N, 1), V, dloss, ld);
-        for (int64_t lo = 1; lo < N; lo *= 2) {
-          ce_grad_rows(out, logits, st, targets, lo, std::min<int64_t>(N, 2 * lo), V, dloss, ld);
-        }
-      }
+      ce_grad_rows(reinterpret_cast<bf16_t*>(logits), logits, st, targets, 0, N, V, dloss, ld);
       return;
-    }
     default:
       break;
   }

@@ -109,21 +109,20 @@ void cross_entropy_backward(float* dlogits, const float* logits, const float* ls
                             const int32_t* targets, int N, int V, float dloss);
 // The backward in place, with dlogits stored as the GEMM that reads them wants them: kF32 as
 // above; kF16 as fp32 holding the f16 rounding of each value (the fp16 path's f16 GEMM operand);
-// kBF16 as a bf16 matrix [N, V] of row stride ld (bf16 elements) at the start of the logits'
-// memory (each value rounded once to nearest even: what round_to_bf16_dense_inplace makes of the
-// fp32 gradient when ld = V), in the same pass. ld: the logits' row stride in floats, and the
-// gradient's in its own elements (0: dense, V); columns [V, ld) are neither read nor written.
+// kBF16 as a bf16 matrix [N, V] of row stride 2 ld (bf16 elements), each row over the first
+// half of its own fp32 row (each value rounded once to nearest even: what
+// round_rows_to_bf16_inplace makes of the fp32 gradient), in the same pass. ld: the logits' row
+// stride in floats (0: dense, V), and the fp32 gradients' in floats; columns [V, ld) of the
+// logits are neither read nor written, nor (with kBF16) the second half of each row.
 // REQUIRES: lse from cross_entropy_forward over these logits.
 void cross_entropy_backward_inplace(float* logits, const float* lse, const int32_t* targets, int N,
                                     int V, float dloss, DType storage, int64_t ld = 0);
 // cross_entropy_forward and then cross_entropy_backward_inplace, in one pass per row (for a
 // training step, whose dloss is known before its forward): each row's statistics are taken on its
 // first read, and its gradient written while the row is still in L2, so the logits are read from
-// memory once instead of twice; with fp32 or f16-values dlogits the exponentials are kept over
-// the row and scaled (each computed once), with bf16 in a logits row the same thread has already
-// read (each computed once but for one row per thread and round). losses, lse (when not null) and
-// the gradient are the same bits as the two calls give; with bf16 the rest of the logits' memory
-// (the bf16 matrix's padding columns and what follows it) is left unspecified: scratch. See
+// memory once instead of twice; the exponentials are kept over the row as fp32 and scaled (each
+// computed once). losses, lse (when not null) and the gradient are the same bits as the two calls
+// give; with bf16 the rest of each row (bf16 columns [V, 2 ld)) is left unspecified: scratch. See
 // Note [One-pass loss and gradient] in docs/notes/loss.md.
 void cross_entropy_forward_backward_inplace(float* losses, float* lse, float* logits,
                                             const int32_t* targets, int N, int V, float dloss,
@@ -189,7 +188,9 @@ Bf16WgradCopies bf16_wgrad_copies(int N, WeightLayout layout);
 // bf16_wgrad_copies names (inp^T, dout^T or both), written into `staging` (overwritten), and a
 // GEMM over them: the same sums, possibly in another order (bits may differ within GEMM
 // rounding). An empty staging (both pointers null) is the overload above. REQUIRES (when dweight
-// is not null): staging.inp_t_elems >= IC * N and staging.out_t_elems >= OC * N.
+// is not null): staging.inp_t_elems >= IC * N, and staging.out_t_elems >= OC * N; for kOutIn it
+// may be smaller, down to min(OC, 16) * N: dout^T then goes through it in chunks of rows (a
+// multiple of 16), a transpose and a GEMM each (the LM head's vocabulary, in the planned staging).
 void matmul_backward(bf16_t* dinp, float* dweight, float* dbias, const bf16_t* dout,
                      const bf16_t* inp, const bf16_t* weight, int N, int IC, int OC,
                      WeightLayout layout, MatmulStrides strides, const Bf16WgradStaging& staging);
@@ -208,9 +209,6 @@ void cast_to_bf16(bf16_t* out, const float* inp, int64_t n);
 // Rounds x[rows, cols] (row stride ld floats) to bf16 in place: row r's bf16 values start where
 // its floats started, so as bf16 the matrix has row stride 2 * ld elements.
 void round_rows_to_bf16_inplace(float* x, int64_t rows, int64_t cols, int64_t ld);
-// Rounds the dense x[rows, cols] to bf16 in place into a dense bf16 matrix [rows, cols] at the
-// start of the same memory (oneDNN's AMX kernels take dense rows only).
-void round_to_bf16_dense_inplace(float* x, int64_t rows, int64_t cols);
 
 // ---- fp16 mixed precision ---------------------------------------------------------------
 // Overloads for IEEE half activations (f16_t): the same mathematics computed in fp32, each stored
