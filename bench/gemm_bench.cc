@@ -205,6 +205,31 @@ void BM_GemmBf16(benchmark::State& state, Layer layer, Pass pass) {
                                                false, g.accumulate, DType::kBF16, c_type));
 }
 
+// The bf16 LM head's weight gradient as the model runs it (matmul_backward's transposed path,
+// kOutIn): dlogits [2048, 50257] at row stride 2 x 50304 (each row over its own fp32 row), its
+// transpose going through a staging of `rows` rows of dlogits^T at a time (0: all 50257 at once, as
+// before session 13), then a GEMM per chunk. Copies included in the time.
+void BM_HeadWgradStaged(benchmark::State& state, int rows) {
+  using headroom::bf16_t;
+  const int N = kTokens, C = 768, V = 50257;
+  const int64_t ld = 2 * 50304;
+  const int chunk = rows > 0 ? rows : V;
+  HostVec<bf16_t> dout(size_t(N) * ld), inp(size_t(N) * C);
+  HostVec<bf16_t> staging(size_t(N) * (C + chunk));
+  HostVec<float> dw(size_t(V) * C, 0.0f);
+  const HostVec<float> r = random_vec(int64_t(N) * C, 3);
+  for (size_t i = 0; i < dout.size(); ++i)
+    dout[i] = headroom::cpu::from_f32<bf16_t>(r[i % r.size()]);
+  for (size_t i = 0; i < inp.size(); ++i) inp[i] = headroom::cpu::from_f32<bf16_t>(r[i]);
+  const headroom::cpu::Bf16WgradStaging ws{staging.data(), size_t(N) * C,
+                                           staging.data() + size_t(N) * C, size_t(N) * chunk};
+  const Gemm g{true, false, V, C, N, int(ld), C, C, true, 0, 0, 0};
+  time_gemm(state, g, dw.data(), [&] {
+    headroom::cpu::matmul_backward(nullptr, dw.data(), nullptr, dout.data(), inp.data(), nullptr, N,
+                                   C, V, WeightLayout::kOutIn, {.inp = 0, .out = ld}, ws);
+  });
+}
+
 void register_all() {
   const std::pair<Pass, const char*> passes[] = {{Pass::kForward, "fwd"},
                                                  {Pass::kBackwardData, "bwd_data"},
@@ -226,6 +251,13 @@ void register_all() {
           ->Unit(benchmark::kMillisecond)
           ->UseRealTime();
     }
+  }
+  for (int rows : {0, 1024, 3072}) {
+    const std::string name = "gemm_bf16/lm_head_wgrad_staged/" +
+                             (rows > 0 ? std::to_string(rows) + "_rows" : std::string("whole"));
+    benchmark::RegisterBenchmark(name.c_str(), BM_HeadWgradStaged, rows)
+        ->Unit(benchmark::kMillisecond)
+        ->UseRealTime();
   }
 }
 
