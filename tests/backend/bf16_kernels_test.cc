@@ -299,13 +299,15 @@ TEST(Bf16, MatmulTransposedWeightGradientInChunksOfTheOutputRows) {
   const auto [chunked, dx_chunked] = run(47);  // 47 rows of room: chunks of 32
   const auto [sixteen, dx_sixteen] = run(16);
   EXPECT_EQ(dx_chunked, dx_whole);
+  EXPECT_EQ(dx_sixteen, dx_whole);
   expect_close(chunked, whole, 1e-5, 1e-5, "dweight in chunks of 32 rows against whole");
   expect_close(sixteen, whole, 1e-5, 1e-5, "dweight in chunks of 16 rows against whole");
   VecF strided(size_t(IC) * OC, 0.5f);
   matmul_backward(nullptr, strided.data(), nullptr, doutb.data(), xb.data(), wb.data(), N, IC, OC,
                   WeightLayout::kOutIn, {.inp = 0, .out = ldo});
   expect_close(chunked, strided, 1e-5, 1e-5, "dweight in chunks against the strided path");
-  // A changed row of dout reaches only its row of dweight, in its chunk (the 70th: the third).
+  // A changed column of dout (row 70 of dout^T, in the third chunk) reaches only its row of
+  // dweight.
   VecB dout2 = doutb;
   for (int n = 0; n < N; ++n) dout2[size_t(n) * ldo + 70] = bf16_t{0};
   std::swap(dout2, doutb);

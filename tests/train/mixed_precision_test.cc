@@ -64,14 +64,16 @@ TEST(MixedPrecision, OneStepMatchesFp32ToBf16Rounding) {
 // The weight gradients through transposed operands (cpu::Bf16WgradStaging, forced on every GEMM
 // of this small model by HEADROOM_BF16_WGRAD_TRANSPOSE=1, off with 0): the plan gains the staging
 // buffer only when it is used, the loss is the same bits (the forward does not change), and the
-// gradients agree to GEMM rounding, with the full-logits head (whose dlogits^T goes into the
-// logits buffer's second half) and the fused one. The planned arena starts as NaN, so a transpose
-// reading or writing outside its buffers would show.
+// gradients agree to GEMM rounding, with the full-logits head and the fused one. With a 4099-token
+// vocabulary the full-logits head's dlogits^T goes through the staging in chunks (3072 rows, then
+// 1027), read from the bf16 gradient's rows of stride 2 ld. The planned arena starts as NaN, so a
+// transpose reading or writing outside its buffers would show.
 TEST(MixedPrecision, TransposedWeightGradientsMatchTheStridedOnes) {
-  const model::Gpt2Config c = small_config();
   const char* saved = std::getenv("HEADROOM_BF16_WGRAD_TRANSPOSE");
-  for (int head_chunk : {0, 16}) {
-    SCOPED_TRACE(::testing::Message() << "head_chunk " << head_chunk);
+  for (auto [head_chunk, vocab] : {std::pair(0, 0), std::pair(16, 0), std::pair(0, 4099)}) {
+    model::Gpt2Config c = small_config();
+    if (vocab > 0) c.vocab_size = vocab;
+    SCOPED_TRACE(::testing::Message() << "head_chunk " << head_chunk << " vocab " << c.vocab_size);
     model::ExecOptions e;
     e.head_chunk = head_chunk;
     e.precision = model::Precision::kBf16;
