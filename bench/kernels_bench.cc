@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <new>
 #include <vector>
 
 #include <omp.h>
@@ -20,14 +21,40 @@
 #include "backend/cpu/bf16.h"
 #include "backend/cpu/fast_math.h"
 #include "backend/cpu/kernels.h"
+#include "memory/arena.h"
 
 namespace headroom::cpu {
 namespace {
 
+// Buffers on a cache line, as the model's arenas place every buffer (kBufferAlignment). A plain
+// std::vector's large block comes from mmap 16 bytes past a page boundary, so each 64-byte vector
+// of it straddles two lines: the padded loss step ran 12-15% slower so than on a line
+// (docs/notes/memory-bound-kernels.md, "Measured (session 14)").
+template <typename T>
+struct LineAligned {
+  using value_type = T;
+  LineAligned() = default;
+  template <typename U>
+  LineAligned(const LineAligned<U>&) {}  // NOLINT: allocator rebinding
+  T* allocate(size_t n) {
+    return static_cast<T*>(
+        ::operator new(n * sizeof(T), std::align_val_t(memory::kBufferAlignment)));
+  }
+  void deallocate(T* p, size_t) {
+    ::operator delete(p, std::align_val_t(memory::kBufferAlignment));
+  }
+  template <typename U>
+  bool operator==(const LineAligned<U>&) const {
+    return true;
+  }
+};
+template <typename T>
+using Buf = std::vector<T, LineAligned<T>>;
+
 // One prefaulted block per benchmark: the first touch of a page must not be timed.
 template <typename T = float>
-std::vector<T> buffer(size_t n, float v) {
-  return std::vector<T>(n, from_f32<T>(v));
+Buf<T> buffer(size_t n, float v) {
+  return Buf<T>(n, from_f32<T>(v));
 }
 
 constexpr size_t kTriadN = size_t(64) << 20;  // 3 x 256 MiB
@@ -40,7 +67,7 @@ void triad(float* a, const float* b, const float* c, size_t n) {
 // The triad's rate in bytes per second (12 bytes an element), the best of 10 after a warm-up.
 double triad_bytes_per_s() {
   static const double rate = [] {
-    std::vector<float> a = buffer(kTriadN, 0), b = buffer(kTriadN, 1), c = buffer(kTriadN, 2);
+    Buf<float> a = buffer(kTriadN, 0), b = buffer(kTriadN, 1), c = buffer(kTriadN, 2);
     double best = 1e30;
     for (int r = 0; r < 11; ++r) {
       const auto t0 = std::chrono::steady_clock::now();
@@ -61,8 +88,36 @@ void report(benchmark::State& state, double bytes) {
                                                   benchmark::Counter::kIsIterationInvariantRate);
 }
 
+// One benchmark iteration of `kernel` (after `setup`, untimed) right after one triad, both timed;
+// the kernel's time is the iteration's (manual time), and vs_triad_paired is the median over
+// iterations of the kernel's rate over the triad's just before it. This host's bandwidth drifts
+// by a third within minutes (other tenants), so a ratio of neighbours in time is steadier than
+// vs_triad, against the best triad of the program's start (docs/notes/memory-bound-kernels.md,
+// "Measured (session 14)").
+template <typename Setup, typename Kernel>
+void paired_with_triad(benchmark::State& state, double bytes, Setup&& setup, Kernel&& kernel) {
+  static Buf<float> a = buffer(kTriadN, 0), b = buffer(kTriadN, 1), c = buffer(kTriadN, 2);
+  std::vector<double> ratios;
+  for (auto _ : state) {
+    setup();
+    const auto t0 = std::chrono::steady_clock::now();
+    triad(a.data(), b.data(), c.data(), kTriadN);
+    benchmark::DoNotOptimize(a.data());
+    const auto t1 = std::chrono::steady_clock::now();
+    kernel();
+    const auto t2 = std::chrono::steady_clock::now();
+    const double tk = std::chrono::duration<double>(t2 - t1).count();
+    const double tt = std::chrono::duration<double>(t1 - t0).count();
+    state.SetIterationTime(tk);
+    ratios.push_back((bytes / tk) / (double(kTriadN) * 12 / tt));
+  }
+  // (Not report(): its rates would divide by the iterations' whole time, triads included.)
+  std::sort(ratios.begin(), ratios.end());
+  if (!ratios.empty()) state.counters["vs_triad_paired"] = ratios[ratios.size() / 2];
+}
+
 void BM_Triad(benchmark::State& state) {
-  std::vector<float> a = buffer(kTriadN, 0), b = buffer(kTriadN, 1), c = buffer(kTriadN, 2);
+  Buf<float> a = buffer(kTriadN, 0), b = buffer(kTriadN, 1), c = buffer(kTriadN, 2);
   for (auto _ : state) {
     triad(a.data(), b.data(), c.data(), kTriadN);
     benchmark::DoNotOptimize(a.data());
@@ -308,11 +363,10 @@ constexpr int kRows = 65536, C = 768;
 template <typename T, bool kBefore>
 void BM_LayerNormForward(benchmark::State& state) {
   const int rows = int(state.range(0));
-  std::vector<float> inp(size_t(rows) * C), w = buffer(C, 1), b = buffer(C, 0),
-                                            mean = buffer(size_t(rows), 0),
-                                            rstd = buffer(size_t(rows), 0);
+  Buf<float> inp(size_t(rows) * C), w = buffer(C, 1), b = buffer(C, 0),
+                                    mean = buffer(size_t(rows), 0), rstd = buffer(size_t(rows), 0);
   for (size_t i = 0; i < inp.size(); ++i) inp[i] = float(int(i * 2654435761u % 2000u)) * 0.001f;
-  std::vector<T> out = buffer<T>(size_t(rows) * C, 0);
+  Buf<T> out = buffer<T>(size_t(rows) * C, 0);
   for (auto _ : state) {
     if constexpr (kBefore) {
       before::layernorm_forward(out.data(), mean.data(), rstd.data(), inp.data(), w.data(),
@@ -327,10 +381,10 @@ void BM_LayerNormForward(benchmark::State& state) {
 
 template <typename T, bool kBefore>
 void BM_LayerNormBackward(benchmark::State& state) {
-  std::vector<float> inp = buffer(size_t(kRows) * C, 0.5f), dinp = buffer(size_t(kRows) * C, 0),
-                     w = buffer(C, 1), dw = buffer(C, 0), db = buffer(C, 0),
-                     mean = buffer(kRows, 0), rstd = buffer(kRows, 1);
-  std::vector<T> dout = buffer<T>(size_t(kRows) * C, 0.1f);
+  Buf<float> inp = buffer(size_t(kRows) * C, 0.5f), dinp = buffer(size_t(kRows) * C, 0),
+             w = buffer(C, 1), dw = buffer(C, 0), db = buffer(C, 0), mean = buffer(kRows, 0),
+             rstd = buffer(kRows, 1);
+  Buf<T> dout = buffer<T>(size_t(kRows) * C, 0.1f);
   for (auto _ : state) {
     if constexpr (kBefore) {
       before::layernorm_backward(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(),
@@ -353,8 +407,8 @@ constexpr int64_t kElems = int64_t(64) << 20;
 // pre-activations are of that order), so that table lookups (16-bit storage) touch the entries
 // a training step touches, not one entry.
 template <typename T>
-std::vector<T> gelu_input(int64_t n) {
-  std::vector<T> v(static_cast<size_t>(n));
+Buf<T> gelu_input(int64_t n) {
+  Buf<T> v(static_cast<size_t>(n));
   for (size_t i = 0; i < v.size(); ++i) {
     const uint32_t h = uint32_t(i) * 2654435761u;
     v[i] = from_f32<T>(float(h >> 8) * (8.0f / 16777216.0f) - 4.0f);
@@ -364,7 +418,7 @@ std::vector<T> gelu_input(int64_t n) {
 template <typename T, bool kBefore>
 void BM_GeluForward(benchmark::State& state) {
   const int64_t n = state.range(0);
-  std::vector<T> inp = gelu_input<T>(n), out = buffer<T>(size_t(n), 0);
+  Buf<T> inp = gelu_input<T>(n), out = buffer<T>(size_t(n), 0);
   for (auto _ : state) {
     if constexpr (kBefore) {
       before::gelu_forward(out.data(), inp.data(), n);
@@ -381,8 +435,7 @@ void BM_GeluBackward(benchmark::State& state) {
   // Not in place (as the model runs it): repeated in place, dout would decay to subnormals and 0
   // where |gelu'| < 1, which is not what a step sees. The write then costs a read for ownership
   // (as the triad's and the forward's do).
-  std::vector<T> inp = gelu_input<T>(n), d = buffer<T>(size_t(n), 0.1f),
-                 dx = buffer<T>(size_t(n), 0);
+  Buf<T> inp = gelu_input<T>(n), d = buffer<T>(size_t(n), 0.1f), dx = buffer<T>(size_t(n), 0);
   for (auto _ : state) {
     if constexpr (kBefore) {
       before::gelu_backward(dx.data(), inp.data(), d.data(), n);
@@ -393,22 +446,32 @@ void BM_GeluBackward(benchmark::State& state) {
   report(state, double(n) * 3 * sizeof(T));
 }
 
+// BM_GeluBackward from memory, paired with the triad (paired_with_triad).
+template <typename T>
+void BM_GeluBackwardPaired(benchmark::State& state) {
+  const int64_t n = state.range(0);
+  Buf<T> inp = gelu_input<T>(n), d = buffer<T>(size_t(n), 0.1f), dx = buffer<T>(size_t(n), 0);
+  paired_with_triad(
+      state, double(n) * 3 * sizeof(T), [] {},
+      [&] { gelu_backward(dx.data(), inp.data(), d.data(), n); });
+}
+
 void BM_Residual(benchmark::State& state) {
-  std::vector<float> a = buffer(size_t(kElems), 1), b = buffer(size_t(kElems), 2);
+  Buf<float> a = buffer(size_t(kElems), 1), b = buffer(size_t(kElems), 2);
   for (auto _ : state) residual_forward(a.data(), a.data(), b.data(), kElems);
   report(state, double(kElems) * 12);
 }
 
 void BM_ResidualBackward(benchmark::State& state) {
-  std::vector<float> a = buffer(size_t(kElems), 1), d = buffer(size_t(kElems), 2);
+  Buf<float> a = buffer(size_t(kElems), 1), d = buffer(size_t(kElems), 2);
   for (auto _ : state) residual_backward(a.data(), nullptr, d.data(), kElems);
   report(state, double(kElems) * 12);
 }
 
 template <bool kBefore>
 void BM_CastToBf16(benchmark::State& state) {
-  std::vector<float> inp = buffer(size_t(kElems), 0.3f);
-  std::vector<bf16_t> out = buffer<bf16_t>(size_t(kElems), 0);
+  Buf<float> inp = buffer(size_t(kElems), 0.3f);
+  Buf<bf16_t> out = buffer<bf16_t>(size_t(kElems), 0);
   for (auto _ : state) {
     if constexpr (kBefore) {
       before::cast_to_bf16(out.data(), inp.data(), kElems);
@@ -420,15 +483,15 @@ void BM_CastToBf16(benchmark::State& state) {
 }
 
 void BM_CastToF16(benchmark::State& state) {
-  std::vector<float> inp = buffer(size_t(kElems), 0.3f);
-  std::vector<f16_t> out = buffer<f16_t>(size_t(kElems), 0);
+  Buf<float> inp = buffer(size_t(kElems), 0.3f);
+  Buf<f16_t> out = buffer<f16_t>(size_t(kElems), 0);
   for (auto _ : state) cast_to_f16(out.data(), inp.data(), kElems);
   report(state, double(kElems) * 6);
 }
 
 template <bool kBefore>
 void BM_RoundToF16Values(benchmark::State& state) {
-  std::vector<float> x = buffer(size_t(kElems), 0.3f);
+  Buf<float> x = buffer(size_t(kElems), 0.3f);
   for (auto _ : state) {
     if constexpr (kBefore) {
       before::round_to_f16_values(x.data(), x.data(), kElems);
@@ -441,8 +504,8 @@ void BM_RoundToF16Values(benchmark::State& state) {
 
 void BM_AdamW(benchmark::State& state) {
   const int64_t n = 124'000'000;
-  std::vector<float> p = buffer(size_t(n), 0.01f), g = buffer(size_t(n), 0.001f),
-                     m = buffer(size_t(n), 0), v = buffer(size_t(n), 0);
+  Buf<float> p = buffer(size_t(n), 0.01f), g = buffer(size_t(n), 0.001f), m = buffer(size_t(n), 0),
+             v = buffer(size_t(n), 0);
   AdamWParams hp{1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1, 1.0f};
   for (auto _ : state) adamw_update(p.data(), g.data(), m.data(), v.data(), n, hp);
   // reads p, g, m, v; writes p, m, v
@@ -451,9 +514,9 @@ void BM_AdamW(benchmark::State& state) {
 
 void BM_AdamWWithBf16Copy(benchmark::State& state) {
   const int64_t n = 124'000'000;
-  std::vector<float> p = buffer(size_t(n), 0.01f), g = buffer(size_t(n), 0.001f),
-                     m = buffer(size_t(n), 0), v = buffer(size_t(n), 0);
-  std::vector<bf16_t> copy = buffer<bf16_t>(size_t(n), 0);
+  Buf<float> p = buffer(size_t(n), 0.01f), g = buffer(size_t(n), 0.001f), m = buffer(size_t(n), 0),
+             v = buffer(size_t(n), 0);
+  Buf<bf16_t> copy = buffer<bf16_t>(size_t(n), 0);
   AdamWParams hp{1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1, 1.0f};
   for (auto _ : state) adamw_update(p.data(), g.data(), m.data(), v.data(), n, hp, copy.data());
   report(state, double(n) * 30);
@@ -462,7 +525,7 @@ void BM_AdamWWithBf16Copy(benchmark::State& state) {
 // The gradient norm's pass (sum_squares prefetches 8 KiB ahead).
 void BM_SumSquares(benchmark::State& state) {
   const int64_t n = 124'000'000;
-  std::vector<float> g = buffer(size_t(n), 0.001f);
+  Buf<float> g = buffer(size_t(n), 0.001f);
   for (auto _ : state) benchmark::DoNotOptimize(sum_squares(g.data(), n));
   report(state, double(n) * 4);
 }
@@ -471,9 +534,9 @@ void BM_SumSquares(benchmark::State& state) {
 // (zero after the first iteration: the same bytes move).
 void BM_AdamWAndZeroWithBf16Copy(benchmark::State& state) {
   const int64_t n = 124'000'000;
-  std::vector<float> p = buffer(size_t(n), 0.01f), g = buffer(size_t(n), 0.001f),
-                     m = buffer(size_t(n), 0), v = buffer(size_t(n), 0);
-  std::vector<bf16_t> copy = buffer<bf16_t>(size_t(n), 0);
+  Buf<float> p = buffer(size_t(n), 0.01f), g = buffer(size_t(n), 0.001f), m = buffer(size_t(n), 0),
+             v = buffer(size_t(n), 0);
+  Buf<bf16_t> copy = buffer<bf16_t>(size_t(n), 0);
   AdamWParams hp{1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1, 1.0f};
   for (auto _ : state) {
     adamw_update_and_zero(p.data(), g.data(), m.data(), v.data(), n, hp, copy.data());
@@ -486,8 +549,8 @@ void BM_AdamWAndZeroWithBf16Copy(benchmark::State& state) {
 constexpr int kTokens = 2048, kVocab = 50257;
 
 struct Logits {
-  std::vector<float> x;
-  std::vector<int32_t> targets;
+  Buf<float> x;
+  Buf<int32_t> targets;
   Logits() : x(size_t(kTokens) * kVocab), targets(kTokens) {
     for (size_t i = 0; i < x.size(); ++i) x[i] = float(int(i * 2654435761u % 2000u)) * 0.005f;
     for (int n = 0; n < kTokens; ++n) targets[size_t(n)] = (n * 7919) % kVocab;
@@ -498,7 +561,7 @@ constexpr double kLogitBytes = double(kTokens) * kVocab * 4;
 template <bool kBefore>
 void BM_CrossEntropyForward(benchmark::State& state) {
   Logits l;
-  std::vector<float> losses(kTokens), lse(kTokens);
+  Buf<float> losses(kTokens), lse(kTokens);
   for (auto _ : state) {
     if constexpr (kBefore) {
       before::cross_entropy_forward(losses.data(), l.x.data(), l.targets.data(), kTokens, kVocab);
@@ -514,7 +577,7 @@ void BM_CrossEntropyForward(benchmark::State& state) {
 // them, so each iteration first restores them outside the timing.
 void ce_backward_bench(benchmark::State& state, DType storage, bool before_kernels) {
   Logits l;
-  std::vector<float> x = l.x, losses(kTokens), lse(kTokens);
+  Buf<float> x = l.x, losses(kTokens), lse(kTokens);
   cross_entropy_forward(losses.data(), lse.data(), l.x.data(), l.targets.data(), kTokens, kVocab);
   const float dloss = 1.0f / kTokens;
   for (auto _ : state) {
@@ -548,15 +611,29 @@ void BM_CrossEntropyBackwardF16(benchmark::State& s) { ce_backward_bench(s, DTyp
 // then the in-place backward (two reads of the logits), or both in one pass per row (one read).
 // padded: rows at the model's stride (logits_row_stride: 50304 floats, every row on a 64-byte
 // boundary), as a training step runs it; else dense (stride V).
-void ce_step_bench(benchmark::State& state, DType storage, bool one_pass, bool padded = false) {
+// paired: each iteration after a triad (paired_with_triad), the one pass only.
+void ce_step_bench(benchmark::State& state, DType storage, bool one_pass, bool padded = false,
+                   bool paired = false) {
   Logits l;
   const int64_t ld = padded ? logits_row_stride(kVocab) : kVocab;
-  std::vector<float> x0(size_t(kTokens) * size_t(ld), 0.0f), losses(kTokens), lse(kTokens);
+  Buf<float> x0(size_t(kTokens) * size_t(ld), 0.0f), losses(kTokens), lse(kTokens);
   for (int n = 0; n < kTokens; ++n) {
     std::memcpy(x0.data() + n * ld, l.x.data() + size_t(n) * kVocab, kVocab * sizeof(float));
   }
-  std::vector<float> x = x0;
+  Buf<float> x = x0;
   const float dloss = 1.0f / kTokens;
+  // One read of the logits and one write of dlogits: what the one pass moves.
+  const double bytes = kLogitBytes * (storage == DType::kBF16 ? 1.5 : 2.0);
+  if (paired) {
+    paired_with_triad(
+        state, bytes, [&] { std::memcpy(x.data(), x0.data(), x.size() * sizeof(float)); },
+        [&] {
+          cross_entropy_forward_backward_inplace(losses.data(), lse.data(), x.data(),
+                                                 l.targets.data(), kTokens, kVocab, dloss, storage,
+                                                 ld);
+        });
+    return;
+  }
   for (auto _ : state) {
     state.PauseTiming();
     std::memcpy(x.data(), x0.data(), x.size() * sizeof(float));
@@ -572,8 +649,7 @@ void ce_step_bench(benchmark::State& state, DType storage, bool one_pass, bool p
     }
     benchmark::DoNotOptimize(x.data());
   }
-  // One read of the logits and one write of dlogits: what the one pass moves.
-  report(state, kLogitBytes * (storage == DType::kBF16 ? 1.5 : 2.0));
+  report(state, bytes);
 }
 void BM_CrossEntropyStepTwoPass(benchmark::State& s) { ce_step_bench(s, DType::kF32, false); }
 void BM_CrossEntropyStep(benchmark::State& s) { ce_step_bench(s, DType::kF32, true); }
@@ -582,6 +658,15 @@ void BM_CrossEntropyStepBf16(benchmark::State& s) { ce_step_bench(s, DType::kBF1
 void BM_CrossEntropyStepPadded(benchmark::State& s) { ce_step_bench(s, DType::kF32, true, true); }
 void BM_CrossEntropyStepBf16Padded(benchmark::State& s) {
   ce_step_bench(s, DType::kBF16, true, true);
+}
+void BM_CrossEntropyStepPaddedPaired(benchmark::State& s) {
+  ce_step_bench(s, DType::kF32, true, true, true);
+}
+void BM_CrossEntropyStepBf16Paired(benchmark::State& s) {
+  ce_step_bench(s, DType::kBF16, true, false, true);
+}
+void BM_CrossEntropyStepBf16PaddedPaired(benchmark::State& s) {
+  ce_step_bench(s, DType::kBF16, true, true, true);
 }
 
 #define HR_BENCH(...) BENCHMARK(__VA_ARGS__)->Unit(benchmark::kMillisecond)->UseRealTime()
@@ -682,6 +767,17 @@ HR_BENCH(BM_CrossEntropyStepBf16TwoPass);
 HR_BENCH(BM_CrossEntropyStepBf16);
 HR_BENCH(BM_CrossEntropyStepPadded);
 HR_BENCH(BM_CrossEntropyStepBf16Padded);
+// Paired with the triad, iteration by iteration (manual time: the kernel's alone).
+#define HR_PAIRED(...) BENCHMARK(__VA_ARGS__)->Unit(benchmark::kMillisecond)->UseManualTime()
+HR_PAIRED(BM_CrossEntropyStepPaddedPaired);
+HR_PAIRED(BM_CrossEntropyStepBf16Paired);
+HR_PAIRED(BM_CrossEntropyStepBf16PaddedPaired);
+HR_PAIRED(BM_GeluBackwardPaired<bf16_t>)
+    ->Name("BM_GeluBackwardPaired<bf16_t>")
+    ->Arg(int64_t(64) << 20);
+HR_PAIRED(BM_GeluBackwardPaired<f16_t>)
+    ->Name("BM_GeluBackwardPaired<f16_t>")
+    ->Arg(int64_t(64) << 20);
 
 }  // namespace
 }  // namespace headroom::cpu

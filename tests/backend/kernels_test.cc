@@ -742,6 +742,31 @@ TEST(FastMath, Exp16WithoutTheUpperClampIsExp16BelowZero) {
 }
 #endif
 
+// row_max keeps four running maxima over blocks of 64, then takes the whole vectors and the
+// masked last one left: the row's max wherever it stands (in each of the four accumulators, in a
+// whole vector after the last block, in the masked tail), at every position of lengths around
+// those edges up to 200 and at such positions of a GPT-2 row, among random values or -FLT_MAX.
+TEST(FastMath, RowMaxFindsTheMaxAtEveryPosition) {
+  for (int V : {1, 15, 16, 17, 63, 64, 65, 127, 128, 129, 200, 50257}) {
+    VecF x = rand_vec(V, 70 + V, -30, 30);
+    for (float& v : x) v = std::min(v, 29.0f);
+    const std::vector<int> where =
+        V > 200 ? std::vector<int>{0, 16, 33, 63, 50175, 50191, 50240, V - 1} : [&] {
+          std::vector<int> all(V);
+          for (int i = 0; i < V; ++i) all[i] = i;
+          return all;
+        }();
+    for (int at : where) {
+      VecF y = x;
+      y[size_t(at)] = 29.5f;
+      ASSERT_EQ(row_max(y.data(), V), 29.5f) << "V " << V << ", max at " << at;
+      std::fill(y.begin(), y.end(), -FLT_MAX);
+      y[size_t(at)] = -1e30f;
+      ASSERT_EQ(row_max(y.data(), V), -1e30f) << "V " << V << ", max at " << at;
+    }
+  }
+}
+
 TEST(CrossEntropy, BackwardMatchesFiniteDifferences) {
   const int N = 4, V = 29;
   VecF logits = rand_vec(N * V, 130, -3, 3);

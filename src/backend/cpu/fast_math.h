@@ -251,17 +251,29 @@ HR_AVX512_TARGET inline void transpose16x16(__m512 r[16]) {
 }
 #endif  // HR_AVX512_HELPERS
 
-// The max of a row (vmaxps against the running max: the same value for any split of the work).
+// The max of a row: the same value for any order of the elements (a NaN may or may not survive
+// it, as vmaxps returns its second operand when either is one; a NaN logit still makes the row's
+// sum and loss NaN through its exponential). Four running maxima, so that the pass runs at the
+// rate of its loads from L2 rather than one vmaxps latency per vector (0.80 against 1.18 TSC
+// ticks per vector of a 201 KB row; docs/notes/memory-bound-kernels.md, "Measured (session 14)").
 inline float row_max(const float* x, int V) {
   float m = -INFINITY;
 #if HR_AVX512_KERNELS
-  __m512 vm = _mm512_set1_ps(m);
-  for_each16(0, V, [&](int64_t i, __mmask16 k) {
-    vm = _mm512_maskz_max_ps(0xFFFF, vm, _mm512_mask_loadu_ps(vm, k, x + i));
-  });
-  alignas(64) float lanes[16];  // (not _mm512_reduce_max_ps: GCC 12 warns falsely in it)
-  _mm512_store_ps(lanes, vm);
-  for (int j = 0; j < 16; ++j) m = std::max(m, lanes[j]);
+  __m512 vm[4];
+  for (__m512& v : vm) v = _mm512_set1_ps(m);
+  for_each64(
+      0, V,
+      [&](int64_t i, __mmask16 k) {
+        vm[0] = _mm512_maskz_max_ps(0xFFFF, vm[0], _mm512_mask_loadu_ps(vm[0], k, x + i));
+      },
+      [&](int64_t i) {
+        for (int q = 0; q < 4; ++q) {
+          vm[q] = _mm512_maskz_max_ps(0xFFFF, vm[q], _mm512_loadu_ps(x + i + 16 * q));
+        }
+      });
+  alignas(64) float lanes[64];  // (not _mm512_reduce_max_ps: GCC 12 warns falsely in it)
+  for (int q = 0; q < 4; ++q) _mm512_store_ps(lanes + 16 * q, vm[q]);
+  for (float v : lanes) m = std::max(m, v);
 #else
 #pragma omp simd reduction(max : m)
   for (int i = 0; i < V; ++i) m = std::max(m, x[i]);
