@@ -28,8 +28,9 @@ namespace {
 
 // Buffers on a cache line, as the model's arenas place every buffer (kBufferAlignment). A plain
 // std::vector's large block comes from mmap 16 bytes past a page boundary, so each 64-byte vector
-// of it straddles two lines: the padded loss step ran 12-15% slower so than on a line
-// (docs/notes/memory-bound-kernels.md, "Measured (session 14)").
+// of it straddles two lines: the padded loss step ran 1.12-1.17x its time on a line
+// (docs/notes/memory-bound-kernels.md, "The loss's max in four chains, and benchmarks on a cache
+// line").
 template <typename T>
 struct LineAligned {
   using value_type = T;
@@ -93,7 +94,7 @@ void report(benchmark::State& state, double bytes) {
 // iterations of the kernel's rate over the triad's just before it. This host's bandwidth drifts
 // by a third within minutes (other tenants), so a ratio of neighbours in time is steadier than
 // vs_triad, against the best triad of the program's start (docs/notes/memory-bound-kernels.md,
-// "Measured (session 14)").
+// "The loss's max in four chains, and benchmarks on a cache line").
 template <typename Setup, typename Kernel>
 void paired_with_triad(benchmark::State& state, double bytes, Setup&& setup, Kernel&& kernel) {
   static Buf<float> a = buffer(kTriadN, 0), b = buffer(kTriadN, 1), c = buffer(kTriadN, 2);

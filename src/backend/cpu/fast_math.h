@@ -255,7 +255,8 @@ HR_AVX512_TARGET inline void transpose16x16(__m512 r[16]) {
 // it, as vmaxps returns its second operand when either is one; a NaN logit still makes the row's
 // sum and loss NaN through its exponential). Four running maxima, so that the pass runs at the
 // rate of its loads from L2 rather than one vmaxps latency per vector (0.80 against 1.18 TSC
-// ticks per vector of a 201 KB row; docs/notes/memory-bound-kernels.md, "Measured (session 14)").
+// ticks per vector of a 201 KB row in L2; docs/notes/memory-bound-kernels.md, "The loss's max in
+// four chains, and benchmarks on a cache line").
 inline float row_max(const float* x, int V) {
   float m = -INFINITY;
 #if HR_AVX512_KERNELS
