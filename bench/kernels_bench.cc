@@ -6,7 +6,9 @@
 // (2048 x 50257 fp32, 412 MB). Kernels named "Before" are the previous versions (two-pass
 // statistics, scalar-tail casts, the LayerNorm on `omp simd` loops with a second pass for its
 // parameter gradients, GELU computed for every element where 16-bit storage now looks it up;
-// kept here only to measure against in the same run.
+// kept here only to measure against in the same run. Benchmarks named "Paired" run a triad before
+// every iteration and report `vs_triad_paired`, the median ratio to those neighbours (see
+// paired_with_triad). Every buffer is on a cache line, as in the model's arenas.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
