@@ -8,14 +8,13 @@
 // parameter gradients, GELU computed for every element where 16-bit storage now looks it up;
 // kept here only to measure against in the same run. Benchmarks named "Paired" run a triad before
 // every iteration and report `vs_triad_paired`, the median ratio to those neighbours (see
-// paired_with_triad). Every buffer is on a cache line, as in the model's arenas.
+// paired_with_triad). Every buffer lives in memory like the arenas' (Buf).
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
-#include <new>
 #include <vector>
 
 #include <omp.h>
@@ -23,36 +22,18 @@
 #include "backend/cpu/bf16.h"
 #include "backend/cpu/fast_math.h"
 #include "backend/cpu/kernels.h"
-#include "memory/arena.h"
+#include "memory/host_resource.h"
 
 namespace headroom::cpu {
 namespace {
 
-// Buffers on a cache line, as the model's arenas place every buffer (kBufferAlignment). A plain
-// std::vector's large block comes from mmap 16 bytes past a page boundary, so each 64-byte vector
-// of it straddles two lines: the padded loss step ran 1.12-1.17x its time on a line
-// (docs/notes/memory-bound-kernels.md, "The loss's max in four chains, and benchmarks on a cache
-// line").
+// Buffers in memory like the arenas' (memory::HostAllocator: large blocks mmap'ed, on page and
+// so cache-line boundaries, huge pages advised, touched once). A plain std::vector's large block
+// comes from mmap 16 bytes past a page boundary, so each 64-byte vector of it straddles two lines:
+// the padded loss step ran 1.12-1.17x its time on a line (docs/notes/memory-bound-kernels.md,
+// "The loss's max in four chains, and benchmarks on a cache line").
 template <typename T>
-struct LineAligned {
-  using value_type = T;
-  LineAligned() = default;
-  template <typename U>
-  LineAligned(const LineAligned<U>&) {}  // NOLINT: allocator rebinding
-  T* allocate(size_t n) {
-    return static_cast<T*>(
-        ::operator new(n * sizeof(T), std::align_val_t(memory::kBufferAlignment)));
-  }
-  void deallocate(T* p, size_t) {
-    ::operator delete(p, std::align_val_t(memory::kBufferAlignment));
-  }
-  template <typename U>
-  bool operator==(const LineAligned<U>&) const {
-    return true;
-  }
-};
-template <typename T>
-using Buf = std::vector<T, LineAligned<T>>;
+using Buf = std::vector<T, memory::HostAllocator<T>>;
 
 // One prefaulted block per benchmark: the first touch of a page must not be timed.
 template <typename T = float>
