@@ -440,6 +440,29 @@ void BM_GeluBackwardPaired(benchmark::State& state) {
       [&] { gelu_backward(dx.data(), inp.data(), d.data(), n); });
 }
 
+// In place, as the model runs it (gelu_backward(d, x, d), gpt2.cc): dout's lines are read before
+// they are written, so the write costs no read for ownership. dout is restored from a copy before
+// each iteration (untimed; the triad between them evicts it from the caches), so that it does not
+// decay as BM_GeluBackward's comment says.
+template <typename T>
+void BM_GeluBackwardInPlacePaired(benchmark::State& state) {
+  const int64_t n = state.range(0);
+  Buf<T> inp = gelu_input<T>(n), d0 = buffer<T>(size_t(n), 0.1f), d = buffer<T>(size_t(n), 0);
+  paired_with_triad(
+      state, double(n) * 3 * sizeof(T),
+      [&] { std::memcpy(d.data(), d0.data(), size_t(n) * sizeof(T)); },
+      [&] { gelu_backward(d.data(), inp.data(), d.data(), n); });
+}
+
+// BM_GeluForward from memory, paired with the triad.
+template <typename T>
+void BM_GeluForwardPaired(benchmark::State& state) {
+  const int64_t n = state.range(0);
+  Buf<T> inp = gelu_input<T>(n), out = buffer<T>(size_t(n), 0);
+  paired_with_triad(
+      state, double(n) * 2 * sizeof(T), [] {}, [&] { gelu_forward(out.data(), inp.data(), n); });
+}
+
 void BM_Residual(benchmark::State& state) {
   Buf<float> a = buffer(size_t(kElems), 1), b = buffer(size_t(kElems), 2);
   for (auto _ : state) residual_forward(a.data(), a.data(), b.data(), kElems);
@@ -762,6 +785,17 @@ HR_PAIRED(BM_GeluBackwardPaired<bf16_t>)
 HR_PAIRED(BM_GeluBackwardPaired<f16_t>)
     ->Name("BM_GeluBackwardPaired<f16_t>")
     ->Arg(int64_t(64) << 20);
+HR_PAIRED(BM_GeluBackwardInPlacePaired<bf16_t>)
+    ->Name("BM_GeluBackwardInPlacePaired<bf16_t>")
+    ->Arg(int64_t(64) << 20);
+HR_PAIRED(BM_GeluBackwardInPlacePaired<f16_t>)
+    ->Name("BM_GeluBackwardInPlacePaired<f16_t>")
+    ->Arg(int64_t(64) << 20);
+HR_PAIRED(BM_GeluForwardPaired<bf16_t>)
+    ->Name("BM_GeluForwardPaired<bf16_t>")
+    ->Arg(int64_t(64) << 20);
+HR_PAIRED(BM_GeluForwardPaired<f16_t>)->Name("BM_GeluForwardPaired<f16_t>")->Arg(int64_t(64) << 20);
+HR_PAIRED(BM_GeluForwardPaired<float>)->Name("BM_GeluForwardPaired<float>")->Arg(int64_t(64) << 20);
 
 }  // namespace
 }  // namespace headroom::cpu

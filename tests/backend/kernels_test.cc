@@ -740,6 +740,52 @@ TEST(FastMath, Exp16WithoutTheUpperClampIsExp16BelowZero) {
     for (int j = 0; j < 16; ++j) ASSERT_EQ(got[j], want[j]) << "exp16 at " << xs[i + size_t(j)];
   }
 }
+
+// The group forms of gelu16 and gelu_grad16 (K vectors step by step, as the GELU kernels run them)
+// give each lane the bits of the one-vector form, whichever of the K vectors holds it, in fp32 and
+// 16-bit precision: every 2^-8 step of [-12, 12] and the special values (NaN, infinities, the
+// clamps' edges, denormals, signed zeros), in every position of groups of 2, 4 and 8.
+template <int K>
+void expect_group_forms_match_one_at_a_time(const std::vector<float>& xs) {
+  for (size_t i0 = 0; i0 + 16 * K <= xs.size(); i0 += 16 * K) {
+    __m512 v[4][K];
+    for (int k = 0; k < K; ++k) {
+      for (auto& w : v) w[k] = _mm512_loadu_ps(xs.data() + i0 + 16 * size_t(k));
+    }
+    gelu16<false>(v[0]);
+    gelu16<true>(v[1]);
+    gelu_grad16<false>(v[2]);
+    gelu_grad16<true>(v[3]);
+    for (int k = 0; k < K; ++k) {
+      const __m512 x = _mm512_loadu_ps(xs.data() + i0 + 16 * size_t(k));
+      const __m512 want[4] = {gelu16<false>(x), gelu16<true>(x), gelu_grad16<false>(x),
+                              gelu_grad16<true>(x)};
+      for (int f = 0; f < 4; ++f) {
+        alignas(64) uint32_t got_bits[16], want_bits[16];
+        _mm512_store_si512(got_bits, _mm512_castps_si512(v[f][k]));
+        _mm512_store_si512(want_bits, _mm512_castps_si512(want[f]));
+        for (int j = 0; j < 16; ++j) {
+          ASSERT_EQ(got_bits[j], want_bits[j])
+              << "form " << f << " (gelu16, gelu16<true>, gelu_grad16, gelu_grad16<true>), K " << K
+              << ", vector " << k << ", at x = " << xs[i0 + 16 * size_t(k) + size_t(j)];
+        }
+      }
+    }
+  }
+}
+TEST(FastMath, GeluGroupFormsMatchOneVectorAtATime) {
+  std::vector<float> xs = {std::nanf(""), -INFINITY, INFINITY, -FLT_MAX, FLT_MAX, -FLT_MIN,
+                           FLT_MIN / 4,   -0.0f,     0.0f,     -10.0f,   10.0f,   -10.5f,
+                           10.5f,         -0.75f,    1e20f,    -1e20f};
+  for (int i = -12 * 256; i <= 12 * 256; ++i) xs.push_back(float(i) / 256.0f);
+  while (xs.size() % (16 * 8) != 0) xs.push_back(-0.5f);
+  for (int r = 0; r < 16; ++r) {  // by 17 each time: every value in each lane and vector of a group
+    expect_group_forms_match_one_at_a_time<2>(xs);
+    expect_group_forms_match_one_at_a_time<4>(xs);
+    expect_group_forms_match_one_at_a_time<8>(xs);
+    std::rotate(xs.begin(), xs.begin() + 17, xs.end());
+  }
+}
 #endif
 
 // row_max keeps four running maxima over blocks of 64, then takes the whole vectors and the

@@ -86,14 +86,21 @@ HR_AVX512_TARGET inline void for_each16(int64_t i0, int64_t i1, F&& f) {
   if (i < i1) f(i, first_lanes(i1 - i));
 }
 
-// for_each16's walk with four whole vectors at a time: f4(i) for [i, i + 64) while they last,
-// then f(i, k) for what remains, as for_each16 does. Four independent vectors in one iteration
-// let a long per-vector chain (GELU's) overlap without relying on the out-of-order window.
+// for_each16's walk with kBlock elements (a multiple of 16) at a time: fb(i) for [i, i + kBlock)
+// while they last, then f(i, k) for what remains, as for_each16 does. Several independent vectors
+// in one iteration let a long per-vector chain (GELU's) overlap without relying on the
+// out-of-order window.
+template <int64_t kBlock, typename F, typename FB>
+HR_AVX512_TARGET inline void for_each_block(int64_t i0, int64_t i1, F&& f, FB&& fb) {
+  static_assert(kBlock % 16 == 0);
+  int64_t i = i0;
+  for (; i + kBlock <= i1; i += kBlock) fb(i);
+  for_each16(i, i1, f);
+}
+// Four whole vectors at a time: f4(i) for [i, i + 64).
 template <typename F, typename F4>
 HR_AVX512_TARGET inline void for_each64(int64_t i0, int64_t i1, F&& f, F4&& f4) {
-  int64_t i = i0;
-  for (; i + 64 <= i1; i += 64) f4(i);
-  for_each16(i, i1, f);
+  for_each_block<64>(i0, i1, f, f4);
 }
 
 // ---- AVX-512 forms, for kernels that write their vector loop out --------------------------
@@ -125,33 +132,50 @@ HR_AVX512_TARGET inline __m512 exp16(__m512 x) {
   return _mm512_maskz_scalef_ps(0xFFFF, p, n);
 }
 
+// ---- Forms over a group of K vectors ------------------------------------------------------
+// exp2_16, gelu16 and gelu_grad16 below each take an array of K vectors and compute in place,
+// one step at a time across the K vectors (step 1 of every vector, then step 2, ...). Each lane
+// takes the same operations in the same order whatever K is, so the same bits; the single-vector
+// forms are the K = 1 case. Why: GELU's chain is about 20 dependent operations of 3-4 cycles (the
+// division more), and written one vector after another, the out-of-order window held too few
+// vectors' chains to keep Zen 5's pipes busy. Eight vectors step by step took 0.77-0.80x the
+// cycles of four one after another (the gradient in f16, in L1; see
+// docs/notes/memory-bound-kernels.md, "GELU step by step across eight vectors").
+#define HR_EACH(k, K) for (int k = 0; k < (K); ++k)
+
 // 2^t for t in [-150, 150] (callers clamp; NaN stays NaN): t = n + f with n = round(t) and
 // |f| <= 1/2, 2^f by a minimax polynomial (fitted by Remez for relative error on [-1/2, 1/2]),
 // 2^n by vscalefps (2^150 is inf, 2^-150 is 0). Relative error, evaluated in float with FMAs:
 // degree 6 below 1e-7 (float's rounding), degree 4 below 2.7e-6 (GELU in 16-bit storage).
+template <int kDegree, int K>
+HR_AVX512_TARGET inline void exp2_16(__m512 (&t)[K]) {
+  static_assert(kDegree == 4 || kDegree == 6);
+  static constexpr float kCoef6[] = {1.534581243e-4f,
+                                     1.339993090e-3f,
+                                     9.618489072e-3f,
+                                     5.550328642e-2f,
+                                     2.402264625e-1f,
+                                     6.931471825e-1f,
+                                     1.0f};
+  static constexpr float kCoef4[] = {9.570102207e-3f, 5.591785908e-2f, 2.402474433e-1f,
+                                     6.931217909e-1f, 9.999992847e-1f};
+  const float* c = kDegree == 6 ? kCoef6 : kCoef4;  // highest degree first
+  __m512 n[K], p[K];
+  HR_EACH(k, K) {
+    n[k] = _mm512_maskz_roundscale_ps(0xFFFF, t[k], _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  }
+  HR_EACH(k, K) t[k] = _mm512_sub_ps(t[k], n[k]);  // f
+  HR_EACH(k, K) p[k] = _mm512_set1_ps(c[0]);
+  for (int d = 1; d <= kDegree; ++d) {
+    HR_EACH(k, K) p[k] = _mm512_fmadd_ps(p[k], t[k], _mm512_set1_ps(c[d]));
+  }
+  HR_EACH(k, K) t[k] = _mm512_maskz_scalef_ps(0xFFFF, p[k], n[k]);
+}
 template <int kDegree>
 HR_AVX512_TARGET inline __m512 exp2_16(__m512 t) {
-  static_assert(kDegree == 4 || kDegree == 6);
-  const __m512 n =
-      _mm512_maskz_roundscale_ps(0xFFFF, t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 f = _mm512_sub_ps(t, n);
-  __m512 p;
-  if constexpr (kDegree == 6) {
-    p = _mm512_set1_ps(1.534581243e-4f);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.339993090e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.618489072e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550328642e-2f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402264625e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931471825e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-  } else {
-    p = _mm512_set1_ps(9.570102207e-3f);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.591785908e-2f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402474433e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931217909e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.999992847e-1f));
-  }
-  return _mm512_maskz_scalef_ps(0xFFFF, p, n);
+  __m512 v[1] = {t};
+  exp2_16<kDegree>(v);
+  return v[0];
 }
 
 // GELU, tanh form: 0.5 x (1 + tanh u) with u = sqrt(2/pi) (x + 0.044715 x^3), computed as
@@ -165,21 +189,35 @@ HR_AVX512_TARGET inline __m512 exp2_16(__m512 t) {
 // docs/notes/memory-bound-kernels.md, "GELU in 16-bit storage").
 constexpr float kGeluT1 = float(-2.0 * 0.7978845608028654 * 1.4426950408889634);
 constexpr float kGeluT3 = float(-2.0 * 0.7978845608028654 * 1.4426950408889634 * 0.044715);
-// t = x (a + b x^2), so that exp(-2u) = 2^t.
-HR_AVX512DQ_TARGET inline __m512 gelu_t16(__m512 x, __m512 x2) {
-  return _mm512_mul_ps(x, _mm512_fmadd_ps(x2, _mm512_set1_ps(kGeluT3), _mm512_set1_ps(kGeluT1)));
+// t = x (a + b x^2) for each vector, so that exp(-2u) = 2^t (x2: x^2).
+template <int K>
+HR_AVX512_TARGET inline void gelu_t16(__m512 (&t)[K], const __m512 (&x)[K], const __m512 (&x2)[K]) {
+  HR_EACH(k, K) t[k] = _mm512_fmadd_ps(x2[k], _mm512_set1_ps(kGeluT3), _mm512_set1_ps(kGeluT1));
+  HR_EACH(k, K) t[k] = _mm512_mul_ps(x[k], t[k]);
 }
-template <bool kNarrow = false>
-HR_AVX512DQ_TARGET inline __m512 gelu16(__m512 x) {
+// x[k] = gelu(x[k]), in place.
+template <bool kNarrow = false, int K>
+HR_AVX512DQ_TARGET inline void gelu16(__m512 (&x)[K]) {
+  __m512 t[K];
+  HR_EACH(k, K) t[k] = _mm512_mul_ps(x[k], x[k]);
+  gelu_t16(t, x, t);
   // vrangeps, imm 2: the operand of smaller magnitude with t's sign, i.e. t clamped to [-150,
   // 150] in one instruction (checked on every class of input: imm 6 would give +150 for
   // t = -205; a NaN t gives 150, and x's NaN carries through to the result).
-  const __m512 t =
-      _mm512_maskz_range_ps(0xFFFF, gelu_t16(x, _mm512_mul_ps(x, x)), _mm512_set1_ps(150.0f), 0x2);
-  constexpr int kDegree = kNarrow ? 4 : 6;
-  const __m512 d = _mm512_add_ps(exp2_16<kDegree>(t), _mm512_set1_ps(1.0f));
-  if constexpr (kNarrow) return _mm512_mul_ps(x, _mm512_maskz_rcp14_ps(0xFFFF, d));
-  return _mm512_div_ps(x, d);
+  HR_EACH(k, K) t[k] = _mm512_maskz_range_ps(0xFFFF, t[k], _mm512_set1_ps(150.0f), 0x2);
+  exp2_16<kNarrow ? 4 : 6>(t);
+  HR_EACH(k, K) t[k] = _mm512_add_ps(t[k], _mm512_set1_ps(1.0f));
+  if constexpr (kNarrow) {
+    HR_EACH(k, K) x[k] = _mm512_mul_ps(x[k], _mm512_maskz_rcp14_ps(0xFFFF, t[k]));
+  } else {
+    HR_EACH(k, K) x[k] = _mm512_div_ps(x[k], t[k]);
+  }
+}
+template <bool kNarrow = false>
+HR_AVX512DQ_TARGET inline __m512 gelu16(__m512 x) {
+  __m512 v[1] = {x};
+  gelu16<kNarrow>(v);
+  return v[0];
 }
 
 // d gelu / dx = sigma + x sigma (1 - sigma) 2u', with sigma = sigma(2u) = 1 / (1 + e), e =
@@ -194,28 +232,45 @@ HR_AVX512DQ_TARGET inline __m512 gelu16(__m512 x) {
 // sigma + x 2u' (sigma - sigma^2), one operation fewer (below); the division stays, since near
 // gelu''s zero (x = -0.75) the bracket cancels and a 2^-14 reciprocal's error would show in f16.
 // Every bf16 and f16 input is still faithfully rounded (GeluIsFaithfullyRoundedOnEveryInput).
-template <bool kNarrow = false>
-HR_AVX512DQ_TARGET inline __m512 gelu_grad16(__m512 x) {
-  constexpr int kDegree = kNarrow ? 4 : 6;
-  x = _mm512_maskz_min_ps(0xFFFF, _mm512_set1_ps(10.0f),
-                          _mm512_maskz_max_ps(0xFFFF, _mm512_set1_ps(-10.0f), x));
-  const __m512 x2 = _mm512_mul_ps(x, x);
-  const __m512 e = exp2_16<kDegree>(gelu_t16(x, x2));
-  const __m512 s = _mm512_div_ps(_mm512_set1_ps(1.0f), _mm512_add_ps(e, _mm512_set1_ps(1.0f)));
-  const __m512 du2 =  // 2 u'
-      _mm512_fmadd_ps(x2, _mm512_set1_ps(2.0f * 0.7978845608028654f * 3.0f * 0.044715f),
-                      _mm512_set1_ps(2.0f * 0.7978845608028654f));
+// x[k] = gelu'(x[k]), in place.
+template <bool kNarrow = false, int K>
+HR_AVX512DQ_TARGET inline void gelu_grad16(__m512 (&x)[K]) {
+  __m512 x2[K], e[K], s[K];
+  HR_EACH(k, K) {
+    x[k] = _mm512_maskz_min_ps(0xFFFF, _mm512_set1_ps(10.0f),
+                               _mm512_maskz_max_ps(0xFFFF, _mm512_set1_ps(-10.0f), x[k]));
+  }
+  HR_EACH(k, K) x2[k] = _mm512_mul_ps(x[k], x[k]);
+  gelu_t16(e, x, x2);
+  HR_EACH(k, K) {  // 2 u'
+    x2[k] = _mm512_fmadd_ps(x2[k], _mm512_set1_ps(2.0f * 0.7978845608028654f * 3.0f * 0.044715f),
+                            _mm512_set1_ps(2.0f * 0.7978845608028654f));
+  }
+  // kNarrow: x 2u' before the exponential, so that x and 2u' need not stay in registers through it.
+  if constexpr (kNarrow) HR_EACH(k, K) x[k] = _mm512_mul_ps(x[k], x2[k]);
+  exp2_16<kNarrow ? 4 : 6>(e);
+  HR_EACH(k, K) {
+    s[k] = _mm512_div_ps(_mm512_set1_ps(1.0f), _mm512_add_ps(e[k], _mm512_set1_ps(1.0f)));
+  }
   if constexpr (kNarrow) {
     // sigma + x 2u' (sigma - sigma^2): three operations where the form below takes four.
     // sigma - sigma^2 by one FMA carries sigma's rounding where sigma is near 1 (x > 2): an error
     // below 2^-24 x 2u' sigma, under 2^-16 of the result for |x| <= 10, far inside 16-bit
     // rounding; near gelu''s zero the bracket cancels as in the form below.
-    const __m512 ss = _mm512_fnmadd_ps(s, s, s);
-    return _mm512_fmadd_ps(_mm512_mul_ps(x, du2), ss, s);
+    HR_EACH(k, K) e[k] = _mm512_fnmadd_ps(s[k], s[k], s[k]);
+    HR_EACH(k, K) x[k] = _mm512_fmadd_ps(x[k], e[k], s[k]);
+  } else {
+    HR_EACH(k, K) e[k] = _mm512_mul_ps(x[k], _mm512_mul_ps(e[k], s[k]));  // x e sigma
+    HR_EACH(k, K) x[k] = _mm512_mul_ps(s[k], _mm512_fmadd_ps(e[k], x2[k], _mm512_set1_ps(1.0f)));
   }
-  const __m512 xes = _mm512_mul_ps(x, _mm512_mul_ps(e, s));
-  return _mm512_mul_ps(s, _mm512_fmadd_ps(xes, du2, _mm512_set1_ps(1.0f)));
 }
+template <bool kNarrow = false>
+HR_AVX512DQ_TARGET inline __m512 gelu_grad16(__m512 x) {
+  __m512 v[1] = {x};
+  gelu_grad16<kNarrow>(v);
+  return v[0];
+}
+#undef HR_EACH
 
 // An in-register transpose of a 16 x 16 block of 32-bit elements: r[i] holds row i on entry and
 // column i on return (unpacks of 32-bit pairs, then 64-bit pairs within 128-bit lanes, then two

@@ -49,85 +49,91 @@ inline void thread_range(int64_t n, int64_t align, int64_t* begin, int64_t* end)
 }
 
 #if HR_AVX512_KERNELS
-// out[i] = f(in[i]) (and with in2, f(in[i], in2[i])) for i < n, 16 lanes at a time, each
-// thread's range ending in one masked vector (no scalar tail: see fast_math.h). Ranges are
-// multiples of 64 elements, whole cache lines for every storage type. out may alias the inputs.
-// With kAhead > 0, each vector also prefetches the input kAhead elements ahead (see the fp32
-// GELU forward). kGrouped: four vectors per iteration (for_each64), all loaded, then computed,
-// then stored (out may still alias the inputs: each group is read before it is written), for f
-// with a long dependency chain (GELU); the same bits as one at a time. Not for the casts: on Zen
-// 5 grouping made the fp32 -> bf16 cast 1.13x slower (median of 3 alternated rounds). f is
-// elementwise (a lane's result depends only on that lane's inputs): grouped with bf16 inputs and
-// output, the lanes hold the even and the odd elements (load32_eo, store32_eo).
-template <int64_t kAhead = 0, bool kGrouped = false, typename TO, typename TI, typename F>
+// out[i] = f(in[i]) for i < n, 16 lanes at a time, each thread's range ending in one masked
+// vector (no scalar tail: see fast_math.h). Ranges are multiples of 64 elements, whole cache lines
+// for every storage type. out may alias in. One vector at a time: on Zen 5 grouping made the
+// fp32 -> bf16 cast 1.13x slower (median of 3 alternated rounds); map16_grouped is for long chains.
+template <typename TO, typename TI, typename F>
 inline void map16(TO* out, const TI* in, int64_t n, F f) {
 #pragma omp parallel
   {
     int64_t i0, i1;
     thread_range(n, 64, &i0, &i1);
-    auto one = [&](int64_t i, __mmask16 m) {
-      if constexpr (kAhead > 0) {
-        _mm_prefetch(reinterpret_cast<const char*>(in + std::min(i + kAhead, n - 1)), _MM_HINT_T0);
-      }
-      store16(out + i, m, f(load16(in + i, m)));
-    };
-    if constexpr (kGrouped) {
-      for_each64(i0, i1, one, [&](int64_t i) {
-        if constexpr (kAhead > 0) {  // each cache line of the 64 inputs, kAhead ahead
-          for (int64_t k = 0; k < 64; k += 64 / int64_t(sizeof(TI))) {
-            _mm_prefetch(reinterpret_cast<const char*>(in + std::min(i + k + kAhead, n - 1)),
-                         _MM_HINT_T0);
-          }
-        }
-        __m512 v[4];
-        if constexpr (std::is_same_v<TO, bf16_t> && std::is_same_v<TI, bf16_t>) {
-          // Even and odd elements (see load32_eo): the same lanes' values, so the same bits.
-          for (int k = 0; k < 2; ++k) load32_eo(in + i + 32 * k, &v[2 * k], &v[2 * k + 1]);
-          for (int k = 0; k < 4; ++k) v[k] = f(v[k]);
-          for (int k = 0; k < 2; ++k) store32_eo(out + i + 32 * k, v[2 * k], v[2 * k + 1]);
-        } else {
-          for (int k = 0; k < 4; ++k) v[k] = load16(in + i + 16 * k, 0xFFFF);
-          for (int k = 0; k < 4; ++k) v[k] = f(v[k]);
-          for (int k = 0; k < 4; ++k) store16(out + i + 16 * k, 0xFFFF, v[k]);
-        }
-      });
-    } else {
-      for_each16(i0, i1, one);
-    }
+    for_each16(i0, i1, [&](int64_t i, __mmask16 m) { store16(out + i, m, f(load16(in + i, m))); });
   }
 }
-template <bool kGrouped = false, typename TO, typename TI, typename TI2, typename F>
-inline void map16(TO* out, const TI* in, const TI2* in2, int64_t n, F f) {
+
+// map16's walk for an f with a long dependency chain (GELU): kGroup vectors per iteration, all
+// loaded, then f(v) on the array of them (__m512 (&v)[K], in place), then stored; the range's
+// last vectors one at a time (K = 1). f computes step by step across the vectors (fast_math.h,
+// "Forms over a group of K vectors"), the same bits as one at a time. out may still alias the
+// inputs: each group is read before it is written. With bf16 input and output, the lanes hold
+// the even and the odd elements (load32_eo, store32_eo): f must be elementwise (a lane's result
+// depends only on that lane's input). How many vectors, and why no software prefetch of the
+// input: docs/notes/memory-bound-kernels.md, "GELU step by step across eight vectors".
+template <int kGroup, typename TO, typename TI, typename F>
+inline void map16_grouped(TO* out, const TI* in, int64_t n, F f) {
 #pragma omp parallel
   {
     int64_t i0, i1;
     thread_range(n, 64, &i0, &i1);
     auto one = [&](int64_t i, __mmask16 m) {
-      store16(out + i, m, f(load16(in + i, m), load16(in2 + i, m)));
+      __m512 v[1] = {load16(in + i, m)};
+      f(v);
+      store16(out + i, m, v[0]);
     };
-    if constexpr (kGrouped) {
-      for_each64(i0, i1, one, [&](int64_t i) {
-        __m512 v[4];
-        if constexpr (std::is_same_v<TO, bf16_t> && std::is_same_v<TI, bf16_t> &&
-                      std::is_same_v<TI2, bf16_t>) {
-          for (int k = 0; k < 2; ++k) {  // even and odd elements, as in the one-input map16
-            __m512 a[2], b[2];
-            load32_eo(in + i + 32 * k, &a[0], &a[1]);
-            load32_eo(in2 + i + 32 * k, &b[0], &b[1]);
-            v[2 * k] = f(a[0], b[0]);
-            v[2 * k + 1] = f(a[1], b[1]);
-          }
-          for (int k = 0; k < 2; ++k) store32_eo(out + i + 32 * k, v[2 * k], v[2 * k + 1]);
-        } else {
-          for (int k = 0; k < 4; ++k) {
-            v[k] = f(load16(in + i + 16 * k, 0xFFFF), load16(in2 + i + 16 * k, 0xFFFF));
-          }
-          for (int k = 0; k < 4; ++k) store16(out + i + 16 * k, 0xFFFF, v[k]);
+    for_each_block<16 * kGroup>(i0, i1, one, [&](int64_t i) {
+      __m512 v[kGroup];
+      if constexpr (std::is_same_v<TO, bf16_t> && std::is_same_v<TI, bf16_t>) {
+        for (int k = 0; k < kGroup / 2; ++k) load32_eo(in + i + 32 * k, &v[2 * k], &v[2 * k + 1]);
+        f(v);
+        for (int k = 0; k < kGroup / 2; ++k) store32_eo(out + i + 32 * k, v[2 * k], v[2 * k + 1]);
+      } else {
+        for (int k = 0; k < kGroup; ++k) v[k] = load16(in + i + 16 * k, 0xFFFF);
+        f(v);
+        for (int k = 0; k < kGroup; ++k) store16(out + i + 16 * k, 0xFFFF, v[k]);
+      }
+    });
+  }
+}
+// out[i] = combine(f(in[i]), in2[i]): f as in the one-input map16_grouped, on the group of in's
+// vectors; in2's vectors are loaded only after it (loaded with in's, they would hold kGroup more
+// registers through f's chain: 1.03-1.06x the cycles in L1), their lines prefetched when the
+// group starts (loaded late without it, the fp32 backward took 1.27-1.35x main's time from
+// memory), and combine(a, b) takes one vector of each.
+template <int kGroup, typename TO, typename TI, typename TI2, typename F, typename C>
+inline void map16_grouped(TO* out, const TI* in, const TI2* in2, int64_t n, F f, C combine) {
+#pragma omp parallel
+  {
+    int64_t i0, i1;
+    thread_range(n, 64, &i0, &i1);
+    auto one = [&](int64_t i, __mmask16 m) {
+      __m512 v[1] = {load16(in + i, m)};
+      f(v);
+      store16(out + i, m, combine(v[0], load16(in2 + i, m)));
+    };
+    for_each_block<16 * kGroup>(i0, i1, one, [&](int64_t i) {
+      for (int64_t k = 0; k < 16 * kGroup; k += 64 / int64_t(sizeof(TI2))) {
+        _mm_prefetch(reinterpret_cast<const char*>(in2 + i + k), _MM_HINT_T0);
+      }
+      __m512 v[kGroup];
+      if constexpr (std::is_same_v<TO, bf16_t> && std::is_same_v<TI, bf16_t> &&
+                    std::is_same_v<TI2, bf16_t>) {
+        for (int k = 0; k < kGroup / 2; ++k) load32_eo(in + i + 32 * k, &v[2 * k], &v[2 * k + 1]);
+        f(v);
+        for (int k = 0; k < kGroup / 2; ++k) {  // even and odd elements of in2 alike
+          __m512 b[2];
+          load32_eo(in2 + i + 32 * k, &b[0], &b[1]);
+          store32_eo(out + i + 32 * k, combine(v[2 * k], b[0]), combine(v[2 * k + 1], b[1]));
         }
-      });
-    } else {
-      for_each16(i0, i1, one);
-    }
+      } else {
+        for (int k = 0; k < kGroup; ++k) v[k] = load16(in + i + 16 * k, 0xFFFF);
+        f(v);
+        for (int k = 0; k < kGroup; ++k) {
+          store16(out + i + 16 * k, 0xFFFF, combine(v[k], load16(in2 + i + 16 * k, 0xFFFF)));
+        }
+      }
+    });
   }
 }
 #endif
@@ -1103,17 +1109,22 @@ void gelu_backward_lookup(T* dinp, const T* inp, const T* dout, int64_t n) {
 // the vector path; bf16 and f16 storage the same, or by table lookup where gelu_by_table() (the
 // same bits, see above). Otherwise: plain loops that GCC vectorises, on fast_exp (the same
 // sigma form as gelu16).
+// 16-bit storage: the narrow forms (see gelu16 and gelu_grad16).
+template <typename T>
+constexpr bool kNarrowStorage = !std::is_same_v<T, float>;
+// Vectors per group (map16_grouped): eight in 16-bit storage; four in fp32, where eight took
+// 1.06x the time of four (the backward; the forward 1.0-1.02x).
+template <typename T>
+constexpr int kGeluGroup = kNarrowStorage<T> ? 8 : 4;
+
 template <typename T>
 void gelu_forward_t(T* out, const T* inp, int64_t n) {
 #if HR_AVX512_KERNELS
   if constexpr (!std::is_same_v<T, float>) {
     if (gelu_by_table()) return gelu_forward_lookup(out, inp, n);
   }
-  // The input prefetched 4 KiB ahead (1024 floats): for fp32 0.80-0.82x of the time without, in
-  // three loaded runs (256 ahead: 0.78-0.97x, 4096: 0.90x); see docs/notes/memory-bound-kernels.md.
-  constexpr bool kNarrow = !std::is_same_v<T, float>;  // 16-bit storage: see gelu16
-  // Grouped: four vectors per iteration, so that their long chains overlap (see for_each64).
-  map16<4096 / sizeof(T), true>(out, inp, n, [](__m512 x) { return gelu16<kNarrow>(x); });
+  // Grouped, step by step, so that the vectors' long chains overlap.
+  map16_grouped<kGeluGroup<T>>(out, inp, n, [](auto& v) { gelu16<kNarrowStorage<T>>(v); });
 #else
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) {
@@ -1132,9 +1143,9 @@ void gelu_backward_t(T* dinp, const T* inp, const T* dout, int64_t n) {
   if constexpr (!std::is_same_v<T, float>) {
     if (gelu_by_table()) return gelu_backward_lookup(dinp, inp, dout, n);
   }
-  constexpr bool kNarrow = !std::is_same_v<T, float>;  // 16-bit storage: see gelu_grad16
-  map16<true>(dinp, inp, dout, n,
-              [](__m512 x, __m512 d) { return _mm512_mul_ps(gelu_grad16<kNarrow>(x), d); });
+  map16_grouped<kGeluGroup<T>>(
+      dinp, inp, dout, n, [](auto& v) { gelu_grad16<kNarrowStorage<T>>(v); },
+      [](__m512 g, __m512 d) { return _mm512_mul_ps(g, d); });
 #else
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) {
