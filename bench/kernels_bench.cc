@@ -100,6 +100,19 @@ void paired_with_triad(benchmark::State& state, double bytes, Setup&& setup, Ker
   if (!ratios.empty()) state.counters["vs_triad_paired"] = ratios[ratios.size() / 2];
 }
 
+// The kernel's iterations: timed alone (report(): GB/s and vs_triad), or with kPaired, each after
+// a triad (paired_with_triad: vs_triad_paired). `bytes` is what one iteration must move.
+template <bool kPaired, typename Kernel>
+void timed(benchmark::State& state, double bytes, Kernel&& kernel) {
+  if constexpr (kPaired) {
+    paired_with_triad(
+        state, bytes, [] {}, kernel);
+  } else {
+    for (auto _ : state) kernel();
+    report(state, bytes);
+  }
+}
+
 void BM_Triad(benchmark::State& state) {
   Buf<float> a = buffer(kTriadN, 0), b = buffer(kTriadN, 1), c = buffer(kTriadN, 2);
   for (auto _ : state) {
@@ -344,14 +357,14 @@ constexpr int kRows = 65536, C = 768;
 // Over state.range(0) rows: 65536 (from memory) or 256 (768 KiB of input: from L2, what the
 // arithmetic alone allows).
 // kBefore: main's kernel before the AVX-512 row kernels.
-template <typename T, bool kBefore>
+template <typename T, bool kBefore, bool kPaired = false>
 void BM_LayerNormForward(benchmark::State& state) {
   const int rows = int(state.range(0));
   Buf<float> inp(size_t(rows) * C), w = buffer(C, 1), b = buffer(C, 0),
                                     mean = buffer(size_t(rows), 0), rstd = buffer(size_t(rows), 0);
   for (size_t i = 0; i < inp.size(); ++i) inp[i] = float(int(i * 2654435761u % 2000u)) * 0.001f;
   Buf<T> out = buffer<T>(size_t(rows) * C, 0);
-  for (auto _ : state) {
+  timed<kPaired>(state, double(rows) * C * (4 + sizeof(T)), [&] {
     if constexpr (kBefore) {
       before::layernorm_forward(out.data(), mean.data(), rstd.data(), inp.data(), w.data(),
                                 b.data(), rows, C);
@@ -359,17 +372,18 @@ void BM_LayerNormForward(benchmark::State& state) {
       layernorm_forward(out.data(), mean.data(), rstd.data(), inp.data(), w.data(), b.data(), rows,
                         C);
     }
-  }
-  report(state, double(rows) * C * (4 + sizeof(T)));
+  });
 }
 
-template <typename T, bool kBefore>
+template <typename T, bool kBefore, bool kPaired = false>
 void BM_LayerNormBackward(benchmark::State& state) {
   Buf<float> inp = buffer(size_t(kRows) * C, 0.5f), dinp = buffer(size_t(kRows) * C, 0),
              w = buffer(C, 1), dw = buffer(C, 0), db = buffer(C, 0), mean = buffer(kRows, 0),
              rstd = buffer(kRows, 1);
   Buf<T> dout = buffer<T>(size_t(kRows) * C, 0.1f);
-  for (auto _ : state) {
+  // What one pass must move: inp, dout and dinp read, dinp written. (main's kernel read inp and
+  // dout a second time for the parameter gradients; the current one folds them into the pass.)
+  timed<kPaired>(state, double(kRows) * C * (12 + sizeof(T)), [&] {
     if constexpr (kBefore) {
       before::layernorm_backward(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(),
                                  w.data(), mean.data(), rstd.data(), kRows, C);
@@ -377,10 +391,7 @@ void BM_LayerNormBackward(benchmark::State& state) {
       layernorm_backward(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(), w.data(),
                          mean.data(), rstd.data(), kRows, C);
     }
-  }
-  // What one pass must move: inp, dout and dinp read, dinp written. (main's kernel read inp and
-  // dout a second time for the parameter gradients; the current one folds them into the pass.)
-  report(state, double(kRows) * C * (12 + sizeof(T)));
+  });
 }
 
 // ---- elementwise: 64M elements --------------------------------------------------------------
@@ -399,45 +410,33 @@ Buf<T> gelu_input(int64_t n) {
   }
   return v;
 }
-template <typename T, bool kBefore>
+template <typename T, bool kBefore, bool kPaired = false>
 void BM_GeluForward(benchmark::State& state) {
   const int64_t n = state.range(0);
   Buf<T> inp = gelu_input<T>(n), out = buffer<T>(size_t(n), 0);
-  for (auto _ : state) {
+  timed<kPaired>(state, double(n) * 2 * sizeof(T), [&] {
     if constexpr (kBefore) {
       before::gelu_forward(out.data(), inp.data(), n);
     } else {
       gelu_forward(out.data(), inp.data(), n);
     }
-  }
-  report(state, double(n) * 2 * sizeof(T));
+  });
 }
 
-template <typename T, bool kBefore>
+template <typename T, bool kBefore, bool kPaired = false>
 void BM_GeluBackward(benchmark::State& state) {
   const int64_t n = state.range(0);
   // Not in place (as the model runs it): repeated in place, dout would decay to subnormals and 0
   // where |gelu'| < 1, which is not what a step sees. The write then costs a read for ownership
   // (as the triad's and the forward's do).
   Buf<T> inp = gelu_input<T>(n), d = buffer<T>(size_t(n), 0.1f), dx = buffer<T>(size_t(n), 0);
-  for (auto _ : state) {
+  timed<kPaired>(state, double(n) * 3 * sizeof(T), [&] {
     if constexpr (kBefore) {
       before::gelu_backward(dx.data(), inp.data(), d.data(), n);
     } else {
       gelu_backward(dx.data(), inp.data(), d.data(), n);
     }
-  }
-  report(state, double(n) * 3 * sizeof(T));
-}
-
-// BM_GeluBackward from memory, paired with the triad (paired_with_triad).
-template <typename T>
-void BM_GeluBackwardPaired(benchmark::State& state) {
-  const int64_t n = state.range(0);
-  Buf<T> inp = gelu_input<T>(n), d = buffer<T>(size_t(n), 0.1f), dx = buffer<T>(size_t(n), 0);
-  paired_with_triad(
-      state, double(n) * 3 * sizeof(T), [] {},
-      [&] { gelu_backward(dx.data(), inp.data(), d.data(), n); });
+  });
 }
 
 // In place, as the model runs it (gelu_backward(d, x, d), gpt2.cc): dout's lines are read before
@@ -454,102 +453,95 @@ void BM_GeluBackwardInPlacePaired(benchmark::State& state) {
       [&] { gelu_backward(d.data(), inp.data(), d.data(), n); });
 }
 
-// BM_GeluForward from memory, paired with the triad.
-template <typename T>
-void BM_GeluForwardPaired(benchmark::State& state) {
-  const int64_t n = state.range(0);
-  Buf<T> inp = gelu_input<T>(n), out = buffer<T>(size_t(n), 0);
-  paired_with_triad(
-      state, double(n) * 2 * sizeof(T), [] {}, [&] { gelu_forward(out.data(), inp.data(), n); });
-}
-
+template <bool kPaired = false>
 void BM_Residual(benchmark::State& state) {
   Buf<float> a = buffer(size_t(kElems), 1), b = buffer(size_t(kElems), 2);
-  for (auto _ : state) residual_forward(a.data(), a.data(), b.data(), kElems);
-  report(state, double(kElems) * 12);
+  timed<kPaired>(state, double(kElems) * 12,
+                 [&] { residual_forward(a.data(), a.data(), b.data(), kElems); });
 }
 
+template <bool kPaired = false>
 void BM_ResidualBackward(benchmark::State& state) {
   Buf<float> a = buffer(size_t(kElems), 1), d = buffer(size_t(kElems), 2);
-  for (auto _ : state) residual_backward(a.data(), nullptr, d.data(), kElems);
-  report(state, double(kElems) * 12);
+  timed<kPaired>(state, double(kElems) * 12,
+                 [&] { residual_backward(a.data(), nullptr, d.data(), kElems); });
 }
 
-template <bool kBefore>
+template <bool kBefore, bool kPaired = false>
 void BM_CastToBf16(benchmark::State& state) {
   Buf<float> inp = buffer(size_t(kElems), 0.3f);
   Buf<bf16_t> out = buffer<bf16_t>(size_t(kElems), 0);
-  for (auto _ : state) {
+  timed<kPaired>(state, double(kElems) * 6, [&] {
     if constexpr (kBefore) {
       before::cast_to_bf16(out.data(), inp.data(), kElems);
     } else {
       cast_to_bf16(out.data(), inp.data(), kElems);
     }
-  }
-  report(state, double(kElems) * 6);
+  });
 }
 
+template <bool kPaired = false>
 void BM_CastToF16(benchmark::State& state) {
   Buf<float> inp = buffer(size_t(kElems), 0.3f);
   Buf<f16_t> out = buffer<f16_t>(size_t(kElems), 0);
-  for (auto _ : state) cast_to_f16(out.data(), inp.data(), kElems);
-  report(state, double(kElems) * 6);
+  timed<kPaired>(state, double(kElems) * 6, [&] { cast_to_f16(out.data(), inp.data(), kElems); });
 }
 
-template <bool kBefore>
+template <bool kBefore, bool kPaired = false>
 void BM_RoundToF16Values(benchmark::State& state) {
   Buf<float> x = buffer(size_t(kElems), 0.3f);
-  for (auto _ : state) {
+  timed<kPaired>(state, double(kElems) * 8, [&] {
     if constexpr (kBefore) {
       before::round_to_f16_values(x.data(), x.data(), kElems);
     } else {
       round_to_f16_values(x.data(), x.data(), kElems);
     }
-  }
-  report(state, double(kElems) * 8);
+  });
 }
 
+template <bool kPaired = false>
 void BM_AdamW(benchmark::State& state) {
   const int64_t n = 124'000'000;
   Buf<float> p = buffer(size_t(n), 0.01f), g = buffer(size_t(n), 0.001f), m = buffer(size_t(n), 0),
              v = buffer(size_t(n), 0);
   AdamWParams hp{1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1, 1.0f};
-  for (auto _ : state) adamw_update(p.data(), g.data(), m.data(), v.data(), n, hp);
   // reads p, g, m, v; writes p, m, v
-  report(state, double(n) * 28);
+  timed<kPaired>(state, double(n) * 28,
+                 [&] { adamw_update(p.data(), g.data(), m.data(), v.data(), n, hp); });
 }
 
+template <bool kPaired = false>
 void BM_AdamWWithBf16Copy(benchmark::State& state) {
   const int64_t n = 124'000'000;
   Buf<float> p = buffer(size_t(n), 0.01f), g = buffer(size_t(n), 0.001f), m = buffer(size_t(n), 0),
              v = buffer(size_t(n), 0);
   Buf<bf16_t> copy = buffer<bf16_t>(size_t(n), 0);
   AdamWParams hp{1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1, 1.0f};
-  for (auto _ : state) adamw_update(p.data(), g.data(), m.data(), v.data(), n, hp, copy.data());
-  report(state, double(n) * 30);
+  timed<kPaired>(state, double(n) * 30,
+                 [&] { adamw_update(p.data(), g.data(), m.data(), v.data(), n, hp, copy.data()); });
 }
 
 // The gradient norm's pass (sum_squares prefetches 8 KiB ahead).
+template <bool kPaired = false>
 void BM_SumSquares(benchmark::State& state) {
   const int64_t n = 124'000'000;
   Buf<float> g = buffer(size_t(n), 0.001f);
-  for (auto _ : state) benchmark::DoNotOptimize(sum_squares(g.data(), n));
-  report(state, double(n) * 4);
+  timed<kPaired>(state, double(n) * 4, [&] { benchmark::DoNotOptimize(sum_squares(g.data(), n)); });
 }
 
 // The trainer's ZeRO-0 AdamW pass: the bf16 copy streamed, the gradients zeroed behind the reads
 // (zero after the first iteration: the same bytes move).
+template <bool kPaired = false>
 void BM_AdamWAndZeroWithBf16Copy(benchmark::State& state) {
   const int64_t n = 124'000'000;
   Buf<float> p = buffer(size_t(n), 0.01f), g = buffer(size_t(n), 0.001f), m = buffer(size_t(n), 0),
              v = buffer(size_t(n), 0);
   Buf<bf16_t> copy = buffer<bf16_t>(size_t(n), 0);
   AdamWParams hp{1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1, 1.0f};
-  for (auto _ : state) {
-    adamw_update_and_zero(p.data(), g.data(), m.data(), v.data(), n, hp, copy.data());
-  }
   // reads p, g, m, v; writes p, m, v, g (no read for ownership: just read) and the copy
-  report(state, double(n) * 34);
+  timed<kPaired>(state, double(n) * 34, [&] {
+    adamw_update_and_zero(p.data(), g.data(), m.data(), v.data(), n, hp, copy.data());
+  });
 }
 
 // ---- the loss over GPT-2's logits: 2048 tokens x 50257 (412 MB fp32) ------------------------
@@ -750,17 +742,17 @@ HR_BENCH(BM_GeluBackward<f16_t, false>)
     ->Name("BM_GeluBackward<f16_t>")
     ->Arg(kElems)
     ->Arg(256 << 10);
-HR_BENCH(BM_Residual);
-HR_BENCH(BM_ResidualBackward);
+HR_BENCH(BM_Residual<>)->Name("BM_Residual");
+HR_BENCH(BM_ResidualBackward<>)->Name("BM_ResidualBackward");
 HR_BENCH(BM_CastToBf16<true>)->Name("BM_CastToBf16Before");
 HR_BENCH(BM_CastToBf16<false>)->Name("BM_CastToBf16");
-HR_BENCH(BM_CastToF16);
+HR_BENCH(BM_CastToF16<>)->Name("BM_CastToF16");
 HR_BENCH(BM_RoundToF16Values<true>)->Name("BM_RoundToF16ValuesBefore");
 HR_BENCH(BM_RoundToF16Values<false>)->Name("BM_RoundToF16Values");
-HR_BENCH(BM_AdamW);
-HR_BENCH(BM_AdamWWithBf16Copy);
-HR_BENCH(BM_AdamWAndZeroWithBf16Copy);
-HR_BENCH(BM_SumSquares);
+HR_BENCH(BM_AdamW<>)->Name("BM_AdamW");
+HR_BENCH(BM_AdamWWithBf16Copy<>)->Name("BM_AdamWWithBf16Copy");
+HR_BENCH(BM_AdamWAndZeroWithBf16Copy<>)->Name("BM_AdamWAndZeroWithBf16Copy");
+HR_BENCH(BM_SumSquares<>)->Name("BM_SumSquares");
 HR_BENCH(BM_CrossEntropyForward<true>)->Name("BM_CrossEntropyForwardBefore");
 HR_BENCH(BM_CrossEntropyForward<false>)->Name("BM_CrossEntropyForward");
 HR_BENCH(BM_CrossEntropyBackwardBefore);
@@ -779,23 +771,39 @@ HR_BENCH(BM_CrossEntropyStepBf16Padded);
 HR_PAIRED(BM_CrossEntropyStepPaddedPaired);
 HR_PAIRED(BM_CrossEntropyStepBf16Paired);
 HR_PAIRED(BM_CrossEntropyStepBf16PaddedPaired);
-HR_PAIRED(BM_GeluBackwardPaired<bf16_t>)
-    ->Name("BM_GeluBackwardPaired<bf16_t>")
-    ->Arg(int64_t(64) << 20);
-HR_PAIRED(BM_GeluBackwardPaired<f16_t>)
-    ->Name("BM_GeluBackwardPaired<f16_t>")
-    ->Arg(int64_t(64) << 20);
+HR_PAIRED(BM_LayerNormForward<float, false, true>)
+    ->Name("BM_LayerNormForwardPaired<float>")
+    ->Arg(kRows);
+HR_PAIRED(BM_LayerNormForward<bf16_t, false, true>)
+    ->Name("BM_LayerNormForwardPaired<bf16_t>")
+    ->Arg(kRows);
+HR_PAIRED(BM_LayerNormForward<f16_t, false, true>)
+    ->Name("BM_LayerNormForwardPaired<f16_t>")
+    ->Arg(kRows);
+HR_PAIRED(BM_LayerNormBackward<float, false, true>)->Name("BM_LayerNormBackwardPaired<float>");
+HR_PAIRED(BM_LayerNormBackward<bf16_t, false, true>)->Name("BM_LayerNormBackwardPaired<bf16_t>");
+HR_PAIRED(BM_LayerNormBackward<f16_t, false, true>)->Name("BM_LayerNormBackwardPaired<f16_t>");
+HR_PAIRED(BM_GeluForward<float, false, true>)->Name("BM_GeluForwardPaired<float>")->Arg(kElems);
+HR_PAIRED(BM_GeluForward<bf16_t, false, true>)->Name("BM_GeluForwardPaired<bf16_t>")->Arg(kElems);
+HR_PAIRED(BM_GeluForward<f16_t, false, true>)->Name("BM_GeluForwardPaired<f16_t>")->Arg(kElems);
+HR_PAIRED(BM_GeluBackward<float, false, true>)->Name("BM_GeluBackwardPaired<float>")->Arg(kElems);
+HR_PAIRED(BM_GeluBackward<bf16_t, false, true>)->Name("BM_GeluBackwardPaired<bf16_t>")->Arg(kElems);
+HR_PAIRED(BM_GeluBackward<f16_t, false, true>)->Name("BM_GeluBackwardPaired<f16_t>")->Arg(kElems);
 HR_PAIRED(BM_GeluBackwardInPlacePaired<bf16_t>)
     ->Name("BM_GeluBackwardInPlacePaired<bf16_t>")
-    ->Arg(int64_t(64) << 20);
+    ->Arg(kElems);
 HR_PAIRED(BM_GeluBackwardInPlacePaired<f16_t>)
     ->Name("BM_GeluBackwardInPlacePaired<f16_t>")
-    ->Arg(int64_t(64) << 20);
-HR_PAIRED(BM_GeluForwardPaired<bf16_t>)
-    ->Name("BM_GeluForwardPaired<bf16_t>")
-    ->Arg(int64_t(64) << 20);
-HR_PAIRED(BM_GeluForwardPaired<f16_t>)->Name("BM_GeluForwardPaired<f16_t>")->Arg(int64_t(64) << 20);
-HR_PAIRED(BM_GeluForwardPaired<float>)->Name("BM_GeluForwardPaired<float>")->Arg(int64_t(64) << 20);
+    ->Arg(kElems);
+HR_PAIRED(BM_Residual<true>)->Name("BM_ResidualPaired");
+HR_PAIRED(BM_ResidualBackward<true>)->Name("BM_ResidualBackwardPaired");
+HR_PAIRED(BM_CastToBf16<false, true>)->Name("BM_CastToBf16Paired");
+HR_PAIRED(BM_CastToF16<true>)->Name("BM_CastToF16Paired");
+HR_PAIRED(BM_RoundToF16Values<false, true>)->Name("BM_RoundToF16ValuesPaired");
+HR_PAIRED(BM_AdamW<true>)->Name("BM_AdamWPaired");
+HR_PAIRED(BM_AdamWWithBf16Copy<true>)->Name("BM_AdamWWithBf16CopyPaired");
+HR_PAIRED(BM_AdamWAndZeroWithBf16Copy<true>)->Name("BM_AdamWAndZeroWithBf16CopyPaired");
+HR_PAIRED(BM_SumSquares<true>)->Name("BM_SumSquaresPaired");
 
 }  // namespace
 }  // namespace headroom::cpu
