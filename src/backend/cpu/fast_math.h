@@ -138,7 +138,7 @@ HR_AVX512_TARGET inline __m512 exp16(__m512 x) {
 // takes the same operations in the same order whatever K is, so the same bits; the single-vector
 // forms are the K = 1 case. Why: GELU's chain is about 20 dependent operations of 3-4 cycles (the
 // division more), and written one vector after another, the out-of-order window held too few
-// vectors' chains to keep Zen 5's pipes busy. Eight vectors step by step took 0.77-0.80x the
+// vectors' chains to keep Zen 5's pipes busy. Eight vectors step by step took 0.78-0.80x the
 // cycles of four one after another (the gradient in f16, in L1; see
 // docs/notes/memory-bound-kernels.md, "GELU step by step across eight vectors").
 #define HR_EACH(k, K) for (int k = 0; k < (K); ++k)
