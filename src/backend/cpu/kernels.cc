@@ -73,6 +73,7 @@ inline void map16(TO* out, const TI* in, int64_t n, F f) {
 // input: docs/notes/memory-bound-kernels.md, "GELU step by step across eight vectors".
 template <int kGroup, typename TO, typename TI, typename F>
 inline void map16_grouped(TO* out, const TI* in, int64_t n, F f) {
+  static_assert(kGroup % 2 == 0);  // bf16's even and odd halves
 #pragma omp parallel
   {
     int64_t i0, i1;
@@ -103,6 +104,7 @@ inline void map16_grouped(TO* out, const TI* in, int64_t n, F f) {
 // memory), and combine(a, b) takes one vector of each.
 template <int kGroup, typename TO, typename TI, typename TI2, typename F, typename C>
 inline void map16_grouped(TO* out, const TI* in, const TI2* in2, int64_t n, F f, C combine) {
+  static_assert(kGroup % 2 == 0);  // bf16's even and odd halves
 #pragma omp parallel
   {
     int64_t i0, i1;
@@ -1105,10 +1107,6 @@ void gelu_backward_lookup(T* dinp, const T* inp, const T* dout, int64_t n) {
 }
 #endif
 
-// With AVX-512: fp32 storage through gelu16 / gelu_grad16 (fast_math.h), every element through
-// the vector path; bf16 and f16 storage the same, or by table lookup where gelu_by_table() (the
-// same bits, see above). Otherwise: plain loops that GCC vectorises, on fast_exp (the same
-// sigma form as gelu16).
 // 16-bit storage: the narrow forms (see gelu16 and gelu_grad16).
 template <typename T>
 constexpr bool kNarrowStorage = !std::is_same_v<T, float>;
@@ -1117,6 +1115,10 @@ constexpr bool kNarrowStorage = !std::is_same_v<T, float>;
 template <typename T>
 constexpr int kGeluGroup = kNarrowStorage<T> ? 8 : 4;
 
+// With AVX-512: fp32 storage through gelu16 / gelu_grad16 (fast_math.h), every element through
+// the vector path; bf16 and f16 storage the same, or by table lookup where gelu_by_table() (the
+// same bits, see above). Otherwise: plain loops that GCC vectorises, on fast_exp (the same
+// sigma form as gelu16).
 template <typename T>
 void gelu_forward_t(T* out, const T* inp, int64_t n) {
 #if HR_AVX512_KERNELS
