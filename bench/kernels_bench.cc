@@ -426,9 +426,9 @@ void BM_GeluForward(benchmark::State& state) {
 template <typename T, bool kBefore, bool kPaired = false>
 void BM_GeluBackward(benchmark::State& state) {
   const int64_t n = state.range(0);
-  // Not in place (as the model runs it): repeated in place, dout would decay to subnormals and 0
-  // where |gelu'| < 1, which is not what a step sees. The write then costs a read for ownership
-  // (as the triad's and the forward's do).
+  // Not in place (the model runs it in place: BM_GeluBackwardInPlacePaired): repeated in place,
+  // dout would decay to subnormals and 0 where |gelu'| < 1, which is not what a step sees. The
+  // write then costs a read for ownership (as the triad's and the forward's do).
   Buf<T> inp = gelu_input<T>(n), d = buffer<T>(size_t(n), 0.1f), dx = buffer<T>(size_t(n), 0);
   timed<kPaired>(state, double(n) * 3 * sizeof(T), [&] {
     if constexpr (kBefore) {
