@@ -37,6 +37,7 @@ format:
 # Regenerates the golden fixtures with PyTorch (needs Debian's python3-torch).
 reference:
 	/usr/bin/python3 tools/reference/gpt2_reference.py
+	/usr/bin/python3 tools/reference/llama_reference.py
 
 clean:
 	rm -rf build

@@ -16,16 +16,16 @@ Run with Debian's interpreter, which has python3-torch: /usr/bin/python3 gpt2_re
 """
 
 import argparse
-import json
 import math
 import os
-import struct
 import sys
-import tempfile
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import adamw_run, check_outputs, f32, write_json, write_safetensors  # noqa: E402
 
 # The fixture's configuration. V is deliberately odd (not a multiple of 8 or of a SIMD width) so
 # that vocabulary-dimension tails in the C++ kernels are exercised.
@@ -144,56 +144,6 @@ def forward_backward(params, idx, targets, dtype):
     return logits.detach(), loss.detach(), {n: t.grad.detach() for n, t in p.items()}
 
 
-def adamw_run(params, idx, targets):
-    """ADAMW["steps"] steps of torch.optim.AdamW in float32 on one batch, clipping the global
-    gradient norm before each step. Returns losses, norms (before clipping) and final params."""
-    p = {n: t.detach().clone().requires_grad_(True) for n, t in params.items()}
-    decay = [t for t in p.values() if t.dim() >= 2]
-    no_decay = [t for t in p.values() if t.dim() < 2]
-    opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": ADAMW["weight_decay"]},
-         {"params": no_decay, "weight_decay": 0.0}],
-        lr=ADAMW["lr"], betas=(ADAMW["beta1"], ADAMW["beta2"]), eps=ADAMW["eps"], foreach=False)
-    losses, norms = [], []
-    for _ in range(ADAMW["steps"]):
-        opt.zero_grad(set_to_none=True)
-        loss = gpt2_loss(gpt2_forward(p, idx, CONFIG), targets)
-        loss.backward()
-        norm = torch.nn.utils.clip_grad_norm_(list(p.values()), ADAMW["clip"])
-        opt.step()
-        losses.append(loss.item())
-        norms.append(norm.item())
-    return losses, norms, {n: t.detach() for n, t in p.items()}
-
-
-def write_safetensors(path, tensors, metadata):
-    """A minimal safetensors writer (json + struct). `tensors`: list of (name, numpy array) with
-    dtype float32 or int32, laid out in order. The header is padded with spaces so the data
-    section starts 8-byte aligned, as the reference implementation does."""
-    dtype_names = {np.dtype("<f4"): "F32", np.dtype("<i4"): "I32"}
-    header = {"__metadata__": metadata}
-    chunks, offset = [], 0
-    for name, arr in tensors:
-        arr = np.array(arr, order="C", copy=True)  # ascontiguousarray would turn 0-d into 1-d
-        header[name] = {"dtype": dtype_names[arr.dtype], "shape": list(arr.shape),
-                        "data_offsets": [offset, offset + arr.nbytes]}
-        chunks.append(arr.tobytes())
-        offset += arr.nbytes
-    h = json.dumps(header, separators=(",", ":")).encode("utf-8")
-    h += b" " * ((8 - len(h) % 8) % 8)
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(struct.pack("<Q", len(h)))
-        f.write(h)
-        for c in chunks:
-            f.write(c)
-    os.replace(tmp, path)
-
-
-def f32(t):
-    return t.detach().to(torch.float32).numpy().astype("<f4")
-
-
 def build_fixture():
     torch.manual_seed(SEED)
     params = init_params(CONFIG)
@@ -205,7 +155,8 @@ def build_fixture():
 
     logits64, loss64, grads64 = forward_backward(params, idx, targets, torch.float64)
     logits32, loss32, grads32 = forward_backward(params, idx, targets, torch.float32)
-    losses, norms, final = adamw_run(params, idx, targets)
+    losses, norms, final = adamw_run(
+        params, lambda p: gpt2_loss(gpt2_forward(p, idx, CONFIG), targets), ADAMW)
 
     # Sanity: the float32 pass agrees with float64 to float32 rounding.
     assert abs(loss32.item() - loss64.item()) < 1e-5, (loss32.item(), loss64.item())
@@ -259,9 +210,7 @@ def build_fixture():
 def write_outputs(out_dir, tensors, metadata, hf_config):
     os.makedirs(out_dir, exist_ok=True)
     write_safetensors(os.path.join(out_dir, "gpt2_tiny.safetensors"), tensors, metadata)
-    with open(os.path.join(out_dir, "gpt2_tiny_config.json"), "w") as f:
-        json.dump(hf_config, f, indent=2)
-        f.write("\n")
+    write_json(os.path.join(out_dir, "gpt2_tiny_config.json"), hf_config)
 
 
 def main():
@@ -278,24 +227,8 @@ def main():
     tensors, metadata, hf_config, (loss64, losses, norms) = build_fixture()
 
     if args.check:
-        with tempfile.TemporaryDirectory() as tmp:
-            write_outputs(tmp, tensors, metadata, hf_config)
-            stale = []
-            for name in ("gpt2_tiny.safetensors", "gpt2_tiny_config.json"):
-                with open(os.path.join(tmp, name), "rb") as a:
-                    fresh = a.read()
-                try:
-                    with open(os.path.join(args.out_dir, name), "rb") as b:
-                        committed = b.read()
-                except FileNotFoundError:
-                    committed = None
-                if fresh != committed:
-                    stale.append(name)
-        if stale:
-            print(f"fixtures differ from a fresh run: {', '.join(stale)}", file=sys.stderr)
-            return 1
-        print("fixtures are up to date")
-        return 0
+        return check_outputs(args.out_dir, ("gpt2_tiny.safetensors", "gpt2_tiny_config.json"),
+                             lambda d: write_outputs(d, tensors, metadata, hf_config))
 
     write_outputs(args.out_dir, tensors, metadata, hf_config)
     size = os.path.getsize(os.path.join(args.out_dir, "gpt2_tiny.safetensors"))
