@@ -1127,8 +1127,7 @@ int run_generate(GenerateFlags& f) {
           {{"parameters", DType::kF32, Shape{table.total_floats}, memory::Category::kWeights}}),
       memory::Category::kWeights);
   if (!params.is_ok()) return fail(params.status());
-  if (Status s = model::load_weights(f.model_dir + "/model.safetensors", table, params->f32(0));
-      !s.is_ok()) {
+  if (Status s = model::load_pretrained(f.model_dir, table, params->f32(0)); !s.is_ok()) {
     return fail(s);
   }
   std::vector<int32_t> prompt = tok->encode(f.prompt);
@@ -1595,7 +1594,7 @@ int run_bench(BenchFlags& bf) {
   std::vector<double> probe_flops, step_mfu;  // per timed step
   const model::ParamTable table = model::gpt2_param_table(*cfg);
   const double C = cfg->n_embd;
-  const double n_no_pos = double(table.num_parameters) - double(cfg->n_positions) * C;
+  const double n_no_pos = double(table.num_parameters) - double(cfg->position_parameters());
   const double flops_per_token = 6.0 * n_no_pos + 12.0 * cfg->n_layer * o.seq * C;
   const double tokens = double(o.micro_batch) * o.seq;
   std::vector<double> step_ms, step_cpu_ms;

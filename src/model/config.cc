@@ -1,8 +1,9 @@
-// GPT-2 configuration parsing and presets.
+// Transformer configuration parsing and presets.
 #include "model/config.h"
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -32,7 +33,21 @@ std::string describe(const nlohmann::json& v) {
 
 }  // namespace
 
-Status Gpt2Config::validate() const {
+int64_t TransformerConfig::block_parameters() const {
+  const int64_t C = n_embd, norm_params = norm == NormKind::kLayerNorm ? 2 * C : C;
+  const int64_t q = qkv_width(), f = fc_width();
+  return 2 * norm_params + C * q + (qkv_bias ? q : 0) + C * C + C * f + int64_t(mlp_width()) * C +
+         (other_bias ? C + f + C : 0);
+}
+
+int64_t TransformerConfig::num_parameters() const {
+  const int64_t C = n_embd;
+  return int64_t(vocab_size) * C * (tied_head ? 1 : 2) +
+         (positions == PositionKind::kLearned ? int64_t(n_positions) * C : 0) +
+         int64_t(n_layer) * block_parameters() + (norm == NormKind::kLayerNorm ? 2 * C : C);
+}
+
+Status TransformerConfig::validate() const {
   auto positive = [](const char* field, int v) -> Status {
     if (v <= 0) return Status::invalid_argument(fmt::format("{} = {} must be positive", field, v));
     return Status::ok();
@@ -42,59 +57,148 @@ Status Gpt2Config::validate() const {
   HR_RETURN_IF_ERROR(positive("n_embd", n_embd));
   HR_RETURN_IF_ERROR(positive("vocab_size", vocab_size));
   HR_RETURN_IF_ERROR(positive("n_positions", n_positions));
+  if (n_kv_head < 0) {
+    return Status::invalid_argument(
+        fmt::format("num_key_value_heads = {} must be positive", n_kv_head));
+  }
+  if (intermediate_size < 0) {
+    return Status::invalid_argument(
+        fmt::format("intermediate_size = {} must be positive", intermediate_size));
+  }
   if (n_embd % n_head != 0) {
     return Status::invalid_argument(
         fmt::format("n_embd = {} is not divisible by n_head = {}", n_embd, n_head));
+  }
+  if (n_head % kv_heads() != 0) {
+    return Status::invalid_argument(
+        fmt::format("num_attention_heads = {} is not a multiple of num_key_value_heads = {}",
+                    n_head, kv_heads()));
+  }
+  if (positions == PositionKind::kRope && head_size() % 2 != 0) {
+    return Status::invalid_argument(fmt::format(
+        "head size {} (hidden_size / num_attention_heads) must be even for rotary embeddings",
+        head_size()));
   }
   if (!(layer_norm_epsilon > 0 && layer_norm_epsilon < 1)) {
     return Status::invalid_argument(
         fmt::format("layer_norm_epsilon = {} must be in (0, 1)", layer_norm_epsilon));
   }
+  if (positions == PositionKind::kRope && !(rope_theta > 1)) {
+    return Status::invalid_argument(fmt::format("rope_theta = {} must be > 1", rope_theta));
+  }
   if (n_layer > kMaxLayers) {
     return Status::invalid_argument(fmt::format(
         "n_layer = {} is more layers than this build supports ({})", n_layer, kMaxLayers));
   }
-  // Keep every activation index in 32 bits for the kernels' int arithmetic.
-  if (int64_t(n_embd) * 4 * n_positions > (int64_t(1) << 31)) {
+  // Keep every activation index in 32 bits for the kernels' int arithmetic: GPT-2 trains at its
+  // n_positions; the Llama family's (up to 131072) is a capability, checked per sequence length
+  // (check_seq).
+  if (is_gpt2() && !check_seq(n_positions).is_ok()) {
     return Status::invalid_argument(
         fmt::format("n_embd = {} with n_positions = {} is too large for this build (4 x n_embd x "
                     "n_positions must stay within 2^31)",
                     n_embd, n_positions));
   }
-  // The parameter count of gpt2_param_table, in 128 bits so that the check cannot overflow.
+  // The parameter count, in 128 bits so that the check cannot overflow.
   const __int128 C = n_embd;
-  const __int128 params =
-      (__int128(vocab_size) + n_positions + 2) * C + __int128(n_layer) * (12 * C * C + 13 * C);
+  const __int128 params = (__int128(vocab_size) * 2 + n_positions + 2) * C +
+                          __int128(n_layer) * (C * (qkv_width() + C + fc_width() + mlp_width()) +
+                                               4 * C + qkv_width() + fc_width());
   if (params > kMaxParameters) {
     return Status::invalid_argument(fmt::format(
         "n_layer = {}, n_embd = {}, vocab_size = {} give more than 2^40 parameters; this build "
         "supports at most 2^40",
         n_layer, n_embd, vocab_size));
   }
+  if (mlp_width() > (int64_t(1) << 30)) {
+    return Status::invalid_argument(
+        fmt::format("n_embd = {} gives an MLP width of {}, more than 2^30", n_embd, mlp_width()));
+  }
   return Status::ok();
 }
 
-std::string Gpt2Config::to_json() const {
+Status TransformerConfig::check_seq(int seq) const {
+  const int64_t widest = std::max<int64_t>({fc_width(), qkv_width(), 4 * int64_t(n_embd)});
+  if (widest * seq > (int64_t(1) << 31)) {
+    return Status::invalid_argument(
+        fmt::format("n_embd = {} with sequence length {} is too large for this build (the widest "
+                    "activation row, {} wide, times the sequence length must stay within 2^31)",
+                    n_embd, seq, widest));
+  }
+  return Status::ok();
+}
+
+std::string TransformerConfig::to_json() const {
   nlohmann::ordered_json j;
-  j["model_type"] = "gpt2";
-  j["architectures"] = {"GPT2LMHeadModel"};
-  j["n_layer"] = n_layer;
-  j["n_head"] = n_head;
-  j["n_embd"] = n_embd;
+  j["model_type"] = model_type;
+  if (is_gpt2()) {
+    j["architectures"] = {"GPT2LMHeadModel"};
+    j["n_layer"] = n_layer;
+    j["n_head"] = n_head;
+    j["n_embd"] = n_embd;
+    j["vocab_size"] = vocab_size;
+    j["n_positions"] = n_positions;
+    j["n_ctx"] = n_positions;
+    j["layer_norm_epsilon"] = layer_norm_epsilon;
+    j["activation_function"] = "gelu_new";
+    j["tie_word_embeddings"] = true;
+    return j.dump(2) + "\n";
+  }
+  const char* arch = model_type == "mistral" ? "MistralForCausalLM"
+                     : model_type == "qwen2" ? "Qwen2ForCausalLM"
+                                             : "LlamaForCausalLM";
+  j["architectures"] = {arch};
+  j["hidden_size"] = n_embd;
+  j["intermediate_size"] = mlp_width();
+  j["num_hidden_layers"] = n_layer;
+  j["num_attention_heads"] = n_head;
+  j["num_key_value_heads"] = kv_heads();
+  j["head_dim"] = head_size();
   j["vocab_size"] = vocab_size;
-  j["n_positions"] = n_positions;
-  j["n_ctx"] = n_positions;
-  j["layer_norm_epsilon"] = layer_norm_epsilon;
-  j["activation_function"] = "gelu_new";
-  j["tie_word_embeddings"] = true;
+  j["max_position_embeddings"] = n_positions;
+  j["rms_norm_eps"] = layer_norm_epsilon;
+  j["rope_theta"] = rope_theta;
+  if (rope_scaling.kind == RopeScalingConfig::Kind::kLlama3) {
+    j["rope_scaling"] = {
+        {"rope_type", "llama3"},
+        {"factor", rope_scaling.factor},
+        {"low_freq_factor", rope_scaling.low_freq_factor},
+        {"high_freq_factor", rope_scaling.high_freq_factor},
+        {"original_max_position_embeddings", rope_scaling.original_max_position_embeddings}};
+  } else {
+    j["rope_scaling"] = nullptr;
+  }
+  j["hidden_act"] = "silu";
+  j["tie_word_embeddings"] = tied_head;
+  if (model_type != "qwen2") {
+    j["attention_bias"] = qkv_bias;
+    j["mlp_bias"] = false;
+  }
+  j["torch_dtype"] = "float32";
   return j.dump(2) + "\n";
 }
 
 namespace {
 struct Preset {
   const char* name;
-  Gpt2Config config;
+  TransformerConfig config;
 };
+TransformerConfig llama_family(TransformerConfig c, std::string type) {
+  c.model_type = std::move(type);
+  c.norm = NormKind::kRmsNorm;
+  c.positions = PositionKind::kRope;
+  c.mlp = MlpKind::kSwiGlu;
+  c.qkv_bias = c.other_bias = false;
+  return c;
+}
+TransformerConfig llama_tiny() {
+  // A Llama with grouped-query attention small enough to train in minutes on two cores.
+  TransformerConfig c = llama_family({4, 4, 128, 50257, 256, 1e-5f}, "llama");
+  c.n_kv_head = 2;
+  c.intermediate_size = 352;
+  c.tied_head = true;
+  return c;
+}
 // gpt2-tiny is small enough to train visibly in minutes on two cores.
 const Preset kPresets[] = {
     {"gpt2-tiny", {4, 4, 128, 50257, 256, 1e-5f}},
@@ -102,6 +206,7 @@ const Preset kPresets[] = {
     {"gpt2-medium", {24, 16, 1024, 50257, 1024, 1e-5f}},
     {"gpt2-large", {36, 20, 1280, 50257, 1024, 1e-5f}},
     {"gpt2-xl", {48, 25, 1600, 50257, 1024, 1e-5f}},
+    {"llama-tiny", llama_tiny()},
 };
 }  // namespace
 
@@ -111,7 +216,7 @@ std::vector<std::string> preset_names() {
   return v;
 }
 
-Result<Gpt2Config> preset_config(const std::string& name) {
+Result<TransformerConfig> preset_config(const std::string& name) {
   for (const Preset& p : kPresets) {
     if (name == p.name) return p.config;
   }
@@ -121,23 +226,19 @@ Result<Gpt2Config> preset_config(const std::string& name) {
       fmt::format("unknown model '{}': use one of {} or the path of a config.json", name, names));
 }
 
-Result<Gpt2Config> parse_config_json(const std::string& text, const std::string& source) {
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    return Status::invalid_argument(fmt::format("{}: not valid JSON: {}", source, e.what()));
-  }
-  if (!j.is_object()) return Status::invalid_argument(source + ": expected a JSON object");
-  if (j.contains("model_type") && j["model_type"].is_string() && j["model_type"] != "gpt2") {
-    return Status::unsupported(fmt::format("{}: model_type '{}' is not supported (only gpt2)",
-                                           source, j["model_type"].get<std::string>()));
-  }
-  Gpt2Config c;
-  auto field = [&](const char* name, const char* alt, int* out) -> Status {
+namespace {
+
+// Reads config.json fields with errors that name the file, the field and its value.
+struct Fields {
+  const nlohmann::json& j;
+  const std::string& source;
+
+  bool has(const char* name) const { return j.contains(name) && !j[name].is_null(); }
+  Status integer(const char* name, const char* alt, int* out, bool required = true) const {
     const char* used = name;
-    if (!j.contains(name) && alt && j.contains(alt)) used = alt;
-    if (!j.contains(used)) {
+    if (!has(name) && alt && has(alt)) used = alt;
+    if (!has(used)) {
+      if (!required) return Status::ok();
       return Status::invalid_argument(fmt::format("{}: missing field '{}'", source, name));
     }
     const nlohmann::json& v = j[used];
@@ -149,36 +250,185 @@ Result<Gpt2Config> parse_config_json(const std::string& text, const std::string&
     }
     *out = v.get<int>();
     return Status::ok();
-  };
-  HR_RETURN_IF_ERROR(field("n_layer", "num_hidden_layers", &c.n_layer));
-  HR_RETURN_IF_ERROR(field("n_head", "num_attention_heads", &c.n_head));
-  HR_RETURN_IF_ERROR(field("n_embd", "hidden_size", &c.n_embd));
-  HR_RETURN_IF_ERROR(field("vocab_size", nullptr, &c.vocab_size));
-  HR_RETURN_IF_ERROR(field("n_positions", "n_ctx", &c.n_positions));
-  if (j.contains("layer_norm_epsilon")) {
-    const nlohmann::json& v = j["layer_norm_epsilon"];
-    // Checked as a double: a value outside float's range must not reach the float conversion.
-    const double eps = v.is_number() ? v.get<double>() : 0;
-    if (!v.is_number() || !(eps > 0 && eps < 1) || float(eps) == 0) {
-      return Status::invalid_argument(fmt::format(
-          "{}: field 'layer_norm_epsilon' = {} must be a number in (0, 1)", source, describe(v)));
-    }
-    c.layer_norm_epsilon = float(eps);
   }
-  if (j.contains("activation_function") && j["activation_function"].is_string()) {
-    std::string act = j["activation_function"];
+  // A number in (lo, hi), checked as a double: a value outside float's range must not reach the
+  // float conversion.
+  Status number(const nlohmann::json& v, const std::string& name, double lo, double hi,
+                float* out) const {
+    const double x = v.is_number() ? v.get<double>() : 0;
+    if (!v.is_number() || !(x > lo && x < hi) || (x != 0 && float(x) == 0)) {
+      return Status::invalid_argument(fmt::format(
+          "{}: field '{}' = {} must be a number in ({}, {})", source, name, describe(v), lo, hi));
+    }
+    *out = float(x);
+    return Status::ok();
+  }
+  Status boolean(const char* name, bool* out) const {
+    if (!has(name)) return Status::ok();
+    if (!j[name].is_boolean()) {
+      return Status::invalid_argument(fmt::format("{}: field '{}' = {} must be true or false",
+                                                  source, name, describe(j[name])));
+    }
+    *out = j[name].get<bool>();
+    return Status::ok();
+  }
+};
+
+Status parse_gpt2(const Fields& f, TransformerConfig* c) {
+  HR_RETURN_IF_ERROR(f.integer("n_layer", "num_hidden_layers", &c->n_layer));
+  HR_RETURN_IF_ERROR(f.integer("n_head", "num_attention_heads", &c->n_head));
+  HR_RETURN_IF_ERROR(f.integer("n_embd", "hidden_size", &c->n_embd));
+  HR_RETURN_IF_ERROR(f.integer("vocab_size", nullptr, &c->vocab_size));
+  HR_RETURN_IF_ERROR(f.integer("n_positions", "n_ctx", &c->n_positions));
+  if (f.j.contains("layer_norm_epsilon")) {
+    HR_RETURN_IF_ERROR(
+        f.number(f.j["layer_norm_epsilon"], "layer_norm_epsilon", 0, 1, &c->layer_norm_epsilon));
+  }
+  if (f.j.contains("activation_function") && f.j["activation_function"].is_string()) {
+    std::string act = f.j["activation_function"];
     if (act != "gelu_new" && act != "gelu_pytorch_tanh") {
       return Status::unsupported(
           fmt::format("{}: activation_function '{}' is not supported (gelu_new, the tanh GELU, is)",
-                      source, act));
+                      f.source, act));
     }
+  }
+  return Status::ok();
+}
+
+// Llama, Mistral and Qwen2: RMSNorm, rotary embeddings, SwiGLU, grouped-query attention.
+Status parse_llama_family(const Fields& f, const std::string& type, TransformerConfig* c) {
+  *c = llama_family(*c, type);
+  const std::string& src = f.source;
+  HR_RETURN_IF_ERROR(f.integer("num_hidden_layers", nullptr, &c->n_layer));
+  HR_RETURN_IF_ERROR(f.integer("num_attention_heads", nullptr, &c->n_head));
+  HR_RETURN_IF_ERROR(f.integer("hidden_size", nullptr, &c->n_embd));
+  HR_RETURN_IF_ERROR(f.integer("intermediate_size", nullptr, &c->intermediate_size));
+  HR_RETURN_IF_ERROR(f.integer("vocab_size", nullptr, &c->vocab_size));
+  HR_RETURN_IF_ERROR(f.integer("max_position_embeddings", nullptr, &c->n_positions));
+  c->n_kv_head = c->n_head;
+  HR_RETURN_IF_ERROR(f.integer("num_key_value_heads", nullptr, &c->n_kv_head, false));
+  if (f.has("head_dim")) {
+    int hd = 0;
+    HR_RETURN_IF_ERROR(f.integer("head_dim", nullptr, &hd));
+    if (int64_t(hd) * c->n_head != c->n_embd) {
+      return Status::unsupported(fmt::format(
+          "{}: field 'head_dim' = {} is not hidden_size / num_attention_heads = {} / {}; headroom "
+          "supports only that head size",
+          src, hd, c->n_embd, c->n_head));
+    }
+  }
+  c->layer_norm_epsilon = 1e-6f;  // transformers' LlamaConfig default
+  if (f.has("rms_norm_eps")) {
+    HR_RETURN_IF_ERROR(f.number(f.j["rms_norm_eps"], "rms_norm_eps", 0, 1, &c->layer_norm_epsilon));
+  }
+  if (f.has("rope_theta")) {
+    HR_RETURN_IF_ERROR(f.number(f.j["rope_theta"], "rope_theta", 1, 1e12, &c->rope_theta));
+  }
+  if (f.has("rope_scaling")) {
+    const nlohmann::json& rs = f.j["rope_scaling"];
+    if (!rs.is_object()) {
+      return Status::invalid_argument(fmt::format(
+          "{}: field 'rope_scaling' = {} must be an object or null", src, describe(rs)));
+    }
+    std::string kind;
+    for (const char* k : {"rope_type", "type"}) {
+      if (rs.contains(k) && rs[k].is_string()) kind = rs[k].get<std::string>();
+    }
+    if (kind == "default" || kind.empty()) {
+      // no scaling
+    } else if (kind == "llama3") {
+      RopeScalingConfig& s = c->rope_scaling;
+      s.kind = RopeScalingConfig::Kind::kLlama3;
+      auto num = [&](const char* name, float* out) -> Status {
+        if (!rs.contains(name)) {
+          return Status::invalid_argument(
+              fmt::format("{}: field 'rope_scaling.{}' is missing (llama3 needs it)", src, name));
+        }
+        return f.number(rs[name], std::string("rope_scaling.") + name, 0, 1e6, out);
+      };
+      HR_RETURN_IF_ERROR(num("factor", &s.factor));
+      HR_RETURN_IF_ERROR(num("low_freq_factor", &s.low_freq_factor));
+      HR_RETURN_IF_ERROR(num("high_freq_factor", &s.high_freq_factor));
+      Fields sub{rs, src};
+      HR_RETURN_IF_ERROR(sub.integer("original_max_position_embeddings", nullptr,
+                                     &s.original_max_position_embeddings));
+      if (!(s.high_freq_factor > s.low_freq_factor)) {
+        return Status::invalid_argument(
+            fmt::format("{}: rope_scaling.high_freq_factor = {} must exceed low_freq_factor = {}",
+                        src, s.high_freq_factor, s.low_freq_factor));
+      }
+    } else {
+      return Status::unsupported(fmt::format(
+          "{}: field 'rope_scaling.rope_type' = \"{}\" is not supported (none and \"llama3\" are)",
+          src, kind));
+    }
+  }
+  if (f.has("hidden_act")) {
+    const nlohmann::json& a = f.j["hidden_act"];
+    if (!a.is_string() || a.get<std::string>() != "silu") {
+      return Status::unsupported(fmt::format(
+          "{}: field 'hidden_act' = {} is not supported (\"silu\", SwiGLU, is)", src, describe(a)));
+    }
+  }
+  // transformers' defaults: Llama and Mistral untied, no biases; Qwen2 has q, k, v biases.
+  c->tied_head = false;
+  HR_RETURN_IF_ERROR(f.boolean("tie_word_embeddings", &c->tied_head));
+  c->qkv_bias = type == "qwen2";
+  HR_RETURN_IF_ERROR(f.boolean("attention_bias", &c->qkv_bias));
+  bool mlp_bias = false;
+  HR_RETURN_IF_ERROR(f.boolean("mlp_bias", &mlp_bias));
+  if (mlp_bias) {
+    return Status::unsupported(fmt::format(
+        "{}: field 'mlp_bias' = true is not supported (Llama-family MLPs have no biases)", src));
+  }
+  // Sliding-window attention equals full causal attention over windows at least as long as the
+  // sequence: such a model trains here with its context capped at the window.
+  bool use_window = type != "qwen2";
+  HR_RETURN_IF_ERROR(f.boolean("use_sliding_window", &use_window));
+  if (use_window && f.has("sliding_window")) {
+    int window = 0;
+    HR_RETURN_IF_ERROR(f.integer("sliding_window", nullptr, &window));
+    c->n_positions = std::min(c->n_positions, window);
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+Result<TransformerConfig> parse_config_json(const std::string& text, const std::string& source) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    return Status::invalid_argument(fmt::format("{}: not valid JSON: {}", source, e.what()));
+  }
+  if (!j.is_object()) return Status::invalid_argument(source + ": expected a JSON object");
+  std::string type = "gpt2";
+  if (j.contains("model_type")) {
+    if (!j["model_type"].is_string()) {
+      return Status::invalid_argument(fmt::format("{}: field 'model_type' = {} must be a string",
+                                                  source, describe(j["model_type"])));
+    }
+    type = j["model_type"].get<std::string>();
+  }
+  TransformerConfig c;
+  const Fields f{j, source};
+  if (type == "gpt2") {
+    HR_RETURN_IF_ERROR(parse_gpt2(f, &c));
+  } else if (type == "llama" || type == "mistral" || type == "qwen2") {
+    HR_RETURN_IF_ERROR(parse_llama_family(f, type, &c));
+  } else {
+    std::string shown = describe(j["model_type"]);
+    return Status::unsupported(fmt::format(
+        "{}: field 'model_type' = {} is not supported (gpt2, llama, mistral and qwen2 are)", source,
+        shown));
   }
   Status s = c.validate();
   if (!s.is_ok()) return s.with_context(source);
   return c;
 }
 
-Result<Gpt2Config> load_config_file(const std::string& path) {
+Result<TransformerConfig> load_config_file(const std::string& path) {
   std::ifstream f(path);
   if (!f) return Status::not_found(fmt::format("cannot open model config '{}'", path));
   std::stringstream ss;
@@ -186,7 +436,7 @@ Result<Gpt2Config> load_config_file(const std::string& path) {
   return parse_config_json(ss.str(), path);
 }
 
-Result<Gpt2Config> resolve_model(const std::string& name_or_path) {
+Result<TransformerConfig> resolve_model(const std::string& name_or_path) {
   namespace fs = std::filesystem;
   std::error_code ec;
   if (fs::is_directory(name_or_path, ec)) {

@@ -1,39 +1,95 @@
-// GPT-2 model configuration: Hugging Face config.json fields and the built-in presets.
+// The decoder-only transformer's configuration: its architecture (GPT-2 and the Llama family are
+// two settings of the same fields), Hugging Face config.json fields, and the built-in presets.
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/status.h"
 
 namespace headroom::model {
 
-struct Gpt2Config {
+enum class NormKind : uint8_t { kLayerNorm, kRmsNorm };  // LayerNorm with bias | RMSNorm
+enum class PositionKind : uint8_t { kLearned, kRope };   // wpe table | rotary embeddings
+enum class MlpKind : uint8_t { kGelu, kSwiGlu };         // fc-GELU-proj | down(silu(gate) * up)
+
+// Rotary embeddings' frequency scaling (config.json's rope_scaling): none, or Llama 3's.
+struct RopeScalingConfig {
+  enum class Kind : uint8_t { kNone, kLlama3 } kind = Kind::kNone;
+  float factor = 1, low_freq_factor = 1, high_freq_factor = 4;
+  int original_max_position_embeddings = 8192;
+  bool operator==(const RopeScalingConfig&) const = default;
+};
+
+struct TransformerConfig {
+  // The first six fields are GPT-2's (the presets initialise them in this order).
   int n_layer = 0;
   int n_head = 0;
   int n_embd = 0;
   int vocab_size = 0;
   int n_positions = 0;
-  float layer_norm_epsilon = 1e-5f;
+  float layer_norm_epsilon = 1e-5f;  // LayerNorm's or RMSNorm's eps
+
+  // The architecture; the defaults are GPT-2's.
+  std::string model_type = "gpt2";  // gpt2 | llama | mistral | qwen2 (what config.json says)
+  NormKind norm = NormKind::kLayerNorm;
+  PositionKind positions = PositionKind::kLearned;
+  MlpKind mlp = MlpKind::kGelu;
+  int n_kv_head = 0;          // key/value heads (grouped-query attention); 0: n_head
+  int intermediate_size = 0;  // the MLP's width; 0: 4 n_embd
+  bool qkv_bias = true;       // biases on the q, k, v projections
+  bool other_bias = true;     // biases on the output projections and the MLP (and LayerNorm)
+  bool tied_head = true;      // the LM head is the token embedding
+  float rope_theta = 10000.0f;
+  RopeScalingConfig rope_scaling;
 
   int head_size() const { return n_embd / n_head; }
+  int kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
+  int64_t mlp_width() const {
+    return intermediate_size > 0 ? intermediate_size : 4 * int64_t(n_embd);
+  }
+  // Columns of the fused q | k | v projection's output: (n_head + 2 kv_heads) head_size.
+  int64_t qkv_width() const { return int64_t(n_head + 2 * kv_heads()) * head_size(); }
+  // Columns of the MLP's first GEMM: its width (GELU), or gate | up (SwiGLU).
+  int64_t fc_width() const { return mlp == MlpKind::kSwiGlu ? 2 * mlp_width() : mlp_width(); }
+  bool is_gpt2() const { return model_type == "gpt2"; }
+  // Parameters of one block and of the whole model (gpt2_param_table's count, padding excluded).
+  int64_t block_parameters() const;
+  int64_t num_parameters() const;
+  // Weights of one block's GEMMs (12 C^2 in GPT-2), and of the position table (0 with RoPE).
+  int64_t block_gemm_weights() const {
+    return int64_t(n_embd) * (qkv_width() + n_embd + fc_width() + mlp_width());
+  }
+  int64_t position_parameters() const {
+    return positions == PositionKind::kLearned ? int64_t(n_positions) * n_embd : 0;
+  }
+
   // Checks the fields against each other; names the field and value that is wrong.
   Status validate() const;
-  // Hugging Face config.json text (model_type gpt2).
+  // Whether sequences of `seq` tokens keep every activation index within the kernels' 32 bits.
+  Status check_seq(int seq) const;
+  // Hugging Face config.json text (model_type gpt2, or llama / mistral / qwen2).
   std::string to_json() const;
+  bool operator==(const TransformerConfig&) const = default;
 };
+// GPT-2 is one configuration of the transformer; the name stays for the code written for it.
+using Gpt2Config = TransformerConfig;
 
-// Presets: gpt2-tiny, gpt2 (124M), gpt2-medium, gpt2-large, gpt2-xl.
+// Presets: gpt2-tiny, gpt2 (124M), gpt2-medium, gpt2-large, gpt2-xl, llama-tiny.
 std::vector<std::string> preset_names();
-Result<Gpt2Config> preset_config(const std::string& name);
+Result<TransformerConfig> preset_config(const std::string& name);
 
-// Parses a Hugging Face style config.json. Unknown fields are ignored (HF files carry many);
-// the required ones (n_layer, n_head, n_embd, vocab_size, n_positions) must be positive integers.
-Result<Gpt2Config> parse_config_json(const std::string& text, const std::string& source_name);
-Result<Gpt2Config> load_config_file(const std::string& path);
+// Parses a Hugging Face style config.json: model_type gpt2 (the default when absent), llama,
+// mistral or qwen2. Unknown fields are ignored (HF files carry many); the required ones must be
+// positive integers; a setting headroom does not implement (another activation, a head_dim that
+// is not hidden_size / heads, sliding-window attention, ...) is refused with the field and value.
+Result<TransformerConfig> parse_config_json(const std::string& text,
+                                            const std::string& source_name);
+Result<TransformerConfig> load_config_file(const std::string& path);
 
 // A preset name, a config.json path, or a directory holding config.json.
-Result<Gpt2Config> resolve_model(const std::string& name_or_path);
+Result<TransformerConfig> resolve_model(const std::string& name_or_path);
 
 }  // namespace headroom::model

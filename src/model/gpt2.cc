@@ -12,8 +12,6 @@
 #include <type_traits>
 #include <utility>
 
-#include "backend/cpu/fused_kernels.h"
-#include "backend/cpu/kernels.h"
 #include "core/check.h"
 #include "core/cpu_time.h"
 
@@ -48,6 +46,14 @@ std::string_view op_kind_name(OpKind k) {
   return "?";
 }
 
+int ParamTable::group_of(const ParamDesc& p) const {
+  return p.site == int(layers.size()) ? INT32_MAX : p.site;
+}
+
+int64_t ParamTable::end_of(const ParamDesc& p) {
+  return (p.offset + p.shape.numel() + 15) / 16 * 16;
+}
+
 const ParamDesc* ParamTable::find(std::string_view name) const {
   for (const ParamDesc& p : params) {
     if (p.name == name) return &p;
@@ -57,40 +63,88 @@ const ParamDesc* ParamTable::find(std::string_view name) const {
 
 ParamTable gpt2_param_table(const Gpt2Config& c) {
   ParamTable t;
-  const int64_t C = c.n_embd;
-  auto add = [&](std::string name, Shape shape) {
+  const int64_t C = c.n_embd, L = c.n_layer;
+  // `fuse`: the next tensor follows this one without padding (one GEMM's weight or bias).
+  std::vector<bool> fuse_next;
+  auto add = [&](std::string name, Shape shape, int site, bool fuse = false) {
     bool decay = shape.rank() >= 2;
     t.num_parameters += shape.numel();
-    t.params.push_back({std::move(name), std::move(shape), decay, 0});
+    t.params.push_back({std::move(name), std::move(shape), decay, 0, site});
+    fuse_next.push_back(fuse);
+    return t.params.size() - 1;
   };
-  add("wte.weight", {c.vocab_size, C});
-  add("wpe.weight", {c.n_positions, C});
-  for (int l = 0; l < c.n_layer; l++) {
-    std::string p = "h." + std::to_string(l) + ".";
-    add(p + "ln_1.weight", {C});
-    add(p + "ln_1.bias", {C});
-    add(p + "attn.c_attn.weight", {C, 3 * C});
-    add(p + "attn.c_attn.bias", {3 * C});
-    add(p + "attn.c_proj.weight", {C, C});
-    add(p + "attn.c_proj.bias", {C});
-    add(p + "ln_2.weight", {C});
-    add(p + "ln_2.bias", {C});
-    add(p + "mlp.c_fc.weight", {C, 4 * C});
-    add(p + "mlp.c_fc.bias", {4 * C});
-    add(p + "mlp.c_proj.weight", {4 * C, C});
-    add(p + "mlp.c_proj.bias", {C});
+  const size_t none = ParamTable::kNone;
+  if (c.is_gpt2()) {
+    t.wte = add("wte.weight", {c.vocab_size, C}, -1);
+    t.wpe = add("wpe.weight", {c.n_positions, C}, -1);
+    for (int l = 0; l < c.n_layer; l++) {
+      std::string p = "h." + std::to_string(l) + ".";
+      ParamTable::Layer y;
+      y.ln1_w = add(p + "ln_1.weight", {C}, l);
+      y.ln1_b = add(p + "ln_1.bias", {C}, l);
+      y.qkv_w = add(p + "attn.c_attn.weight", {C, 3 * C}, l);
+      y.qkv_b = add(p + "attn.c_attn.bias", {3 * C}, l);
+      y.attproj_w = add(p + "attn.c_proj.weight", {C, C}, l);
+      y.attproj_b = add(p + "attn.c_proj.bias", {C}, l);
+      y.ln2_w = add(p + "ln_2.weight", {C}, l);
+      y.ln2_b = add(p + "ln_2.bias", {C}, l);
+      y.fc_w = add(p + "mlp.c_fc.weight", {C, 4 * C}, l);
+      y.fc_b = add(p + "mlp.c_fc.bias", {4 * C}, l);
+      y.fcproj_w = add(p + "mlp.c_proj.weight", {4 * C, C}, l);
+      y.fcproj_b = add(p + "mlp.c_proj.bias", {C}, l);
+      t.layers.push_back(y);
+    }
+    t.lnf_w = add("ln_f.weight", {C}, int(L));
+    t.lnf_b = add("ln_f.bias", {C}, int(L));
+    t.head = t.wte;
+  } else {
+    // The Llama family (Hugging Face's LlamaForCausalLM names; Linear weights [out, in]).
+    const int64_t HS = c.head_size(), Q = c.n_head * HS, KV = int64_t(c.kv_heads()) * HS;
+    const int64_t I = c.mlp_width();
+    t.wte = add("model.embed_tokens.weight", {c.vocab_size, C}, -1);
+    // An untied head sits next to the embedding, in its site (the head also reads the
+    // embedding's tensors, as GPT-2's reads the tied wte): ZeRO then keeps both tables in one
+    // unit, resident from the embedding's forward to the head's backward, as the tied one.
+    t.head = c.tied_head ? t.wte : add("lm_head.weight", {c.vocab_size, C}, -1);
+    for (int l = 0; l < c.n_layer; l++) {
+      std::string p = "model.layers." + std::to_string(l) + ".";
+      ParamTable::Layer y{};
+      y.ln1_w = add(p + "input_layernorm.weight", {C}, l);
+      y.ln1_b = none;
+      y.qkv_w = add(p + "self_attn.q_proj.weight", {Q, C}, l, true);
+      add(p + "self_attn.k_proj.weight", {KV, C}, l, true);
+      add(p + "self_attn.v_proj.weight", {KV, C}, l);
+      y.qkv_b = none;
+      if (c.qkv_bias) {
+        y.qkv_b = add(p + "self_attn.q_proj.bias", {Q}, l, true);
+        add(p + "self_attn.k_proj.bias", {KV}, l, true);
+        add(p + "self_attn.v_proj.bias", {KV}, l);
+      }
+      y.attproj_w = add(p + "self_attn.o_proj.weight", {C, Q}, l);
+      y.attproj_b = none;
+      y.ln2_w = add(p + "post_attention_layernorm.weight", {C}, l);
+      y.ln2_b = none;
+      y.fc_w = add(p + "mlp.gate_proj.weight", {I, C}, l, true);
+      add(p + "mlp.up_proj.weight", {I, C}, l);
+      y.fc_b = none;
+      y.fcproj_w = add(p + "mlp.down_proj.weight", {C, I}, l);
+      y.fcproj_b = none;
+      t.layers.push_back(y);
+    }
+    t.lnf_w = add("model.norm.weight", {C}, int(L));
   }
-  add("ln_f.weight", {C});
-  add("ln_f.bias", {C});
   // Offsets: decayed tensors first, then the rest, so the optimizer and the gradient norm run
-  // over two contiguous ranges instead of one call per tensor. 64-byte alignment per tensor;
-  // the padding stays zero in parameters and gradients.
+  // over two contiguous ranges instead of one call per tensor. 64-byte alignment per tensor
+  // (a fused group's first); the padding stays zero in parameters and gradients.
   for (bool decay : {true, false}) {
     if (!decay) t.decay_floats = t.total_floats;
-    for (ParamDesc& p : t.params) {
+    for (size_t i = 0; i < t.params.size(); i++) {
+      ParamDesc& p = t.params[i];
       if (p.decay != decay) continue;
       p.offset = t.total_floats;
-      t.total_floats += (p.shape.numel() + 15) / 16 * 16;
+      const bool fused = fuse_next[i];
+      HR_CHECK(!fused || (i + 1 < t.params.size() && t.params[i + 1].decay == decay));
+      t.total_floats += fused ? p.shape.numel() : (p.shape.numel() + 15) / 16 * 16;
     }
   }
   return t;
@@ -100,11 +154,11 @@ int64_t ExecOptions::mlp_row_stride(int64_t four_c) const {
   // bf16 rows of 4C = 3072 are 6 KiB apart, not a multiple of 4 KiB: no padding, and oneDNN's
   // AMX kernels take dense rows (padded ones fell back to its slower gemm:jit path).
   const int64_t elem = precision == Precision::kFp32 ? 4 : 2;
-  return pad_rows ? cpu::activation_row_stride(four_c, elem) : four_c;
+  return pad_rows ? backend::cpu_ops().activation_row_stride(four_c, elem) : four_c;
 }
 
 int64_t ExecOptions::logits_row_stride(int64_t V) const {
-  return pad_rows ? cpu::logits_row_stride(V) : V;
+  return pad_rows ? backend::cpu_ops().logits_row_stride(V) : V;
 }
 
 std::string_view precision_name(Precision p) {
@@ -139,7 +193,7 @@ const OffloadBlock* ActivationTable::offload_of(int layer) const {
 }
 
 ActivationTable gpt2_activation_table(const Gpt2Config& c, int B, int T, bool training,
-                                      const ExecOptions& options) {
+                                      const ExecOptions& options, const backend::Ops& ops) {
   HR_CHECK(options.recompute.empty() || int(options.recompute.size()) == c.n_layer);
   HR_CHECK(options.offload.empty() || int(options.offload.size()) == c.n_layer);
   for (int l = 0; l < c.n_layer; l++) {
@@ -166,33 +220,45 @@ ActivationTable gpt2_activation_table(const Gpt2Config& c, int B, int T, bool tr
     return add_as(low, std::move(name), std::move(shape), cat);
   };
   const int64_t C = c.n_embd, NH = c.n_head, V = c.vocab_size;
+  const int NKV = c.kv_heads();
   const Category A = Category::kActivations;
   const bool tiled = options.tiled_attention;
-  // The MLP's 4C-wide activations get padded rows (cpu::activation_row_stride).
-  const int64_t ld4 = options.mlp_row_stride(4 * C);
+  const bool rms = c.norm == NormKind::kRmsNorm;
+  // The MLP's wide activations get padded rows (cpu::activation_row_stride): its first GEMM's
+  // output (4C, or gate | up) and the activation's (4C, or the intermediate size).
+  const int64_t ld_fc = options.mlp_row_stride(c.fc_width());
+  const int64_t ld_act = options.mlp_row_stride(c.mlp_width());
+  const int64_t QKV = c.qkv_width();
+  // One block's GEMM weights, in floats: q|k|v, the attention's projection, the MLP's two.
+  const int64_t block_gemm = C * QKV + C * C + C * c.fc_width() + int64_t(c.mlp_width()) * C;
   auto att_shape = [&]() { return tiled ? Shape{B, NH, T} : Shape{B, NH, T, T}; };
   // Every buffer of one block, named by `prefix`, tagged `cat`.
   auto block = [&](const std::string& p, Category cat, bool with_output) {
     Gpt2ActivationIds::Layer L;
     L.ln1 = add_low(p + "ln1", {B, T, C}, cat);
-    L.ln1_mean = add(p + "ln1_mean", {B, T}, cat);
+    L.ln1_mean = rms ? SIZE_MAX : add(p + "ln1_mean", {B, T}, cat);
     L.ln1_rstd = add(p + "ln1_rstd", {B, T}, cat);
-    L.qkv = add_low(p + "qkv", {B, T, 3 * C}, cat);
+    L.qkv = add_low(p + "qkv", {B, T, QKV}, cat);
     L.atty = add_low(p + "atty", {B, T, C}, cat);
     L.att = add(p + (tiled ? "att_lse" : "att"), att_shape(), cat);
     L.residual2 = add(p + "residual2", {B, T, C}, cat);
     L.ln2 = add_low(p + "ln2", {B, T, C}, cat);
-    L.ln2_mean = add(p + "ln2_mean", {B, T}, cat);
+    L.ln2_mean = rms ? SIZE_MAX : add(p + "ln2_mean", {B, T}, cat);
     L.ln2_rstd = add(p + "ln2_rstd", {B, T}, cat);
-    L.fch = add_low(p + "fch", {B, T, ld4}, cat);
-    L.fch_gelu = add_low(p + "fch_gelu", {B, T, ld4}, cat);
+    L.fch = add_low(p + "fch", {B, T, ld_fc}, cat);
+    L.fch_gelu = add_low(p + "fch_gelu", {B, T, ld_act}, cat);
     L.residual3 = with_output ? add(p + "residual3", {B, T, C}, cat) : SIZE_MAX;
     return L;
   };
   t.ids.encoded = add("encoded", {B, T, C}, A);
+  t.ids.rope = SIZE_MAX;
+  if (c.positions == PositionKind::kRope) {
+    const int64_t HS = c.head_size();
+    t.ids.rope = add("rope_cos_sin", {int64_t(T) * HS + HS / 2}, A);
+  }
   t.ids.block_weights_bf16 = t.ids.head_weights_bf16 = SIZE_MAX;
   if (low == DType::kBF16 && !options.bf16_weight_copy) {
-    t.ids.block_weights_bf16 = add_low("block_weights_bf16", {12 * C * C}, Category::kWeights);
+    t.ids.block_weights_bf16 = add_low("block_weights_bf16", {block_gemm}, Category::kWeights);
     t.ids.head_weights_bf16 = add_low("head_weights_bf16", {V, C}, Category::kWeights);
   }
   t.ids.f16_staging = SIZE_MAX;
@@ -200,16 +266,20 @@ ActivationTable gpt2_activation_table(const Gpt2Config& c, int B, int T, bool tr
     // fp16 GEMMs read fp32 weights rounded to f16 values, cast per layer (no persistent copy:
     // see Note [fp16 GEMMs]), and widen their f16 activation operands into one staging area
     // sized for the largest: the MLP's [N, C] x [C, 4C] (the heads' need N x C at most).
-    t.ids.block_weights_bf16 = add("block_weights_f16", {12 * C * C}, Category::kWeights);
+    t.ids.block_weights_bf16 = add("block_weights_f16", {block_gemm}, Category::kWeights);
     t.ids.head_weights_bf16 = add("head_weights_f16", {V, C}, Category::kWeights);
-    t.ids.f16_staging =
-        add("f16_gemm_staging", {int64_t(cpu::f16_matmul_staging_floats(int64_t(B) * T, C, 4 * C))},
-            Category::kWorkspace);
+    const int64_t N = int64_t(B) * T;
+    size_t staging = 0;
+    for (auto [ic, oc] : std::initializer_list<std::pair<int64_t, int64_t>>{
+             {C, QKV}, {C, C}, {C, c.fc_width()}, {c.mlp_width(), C}}) {
+      staging = std::max(staging, ops.f16_matmul_staging_floats(N, ic, oc));
+    }
+    t.ids.f16_staging = add("f16_gemm_staging", {int64_t(staging)}, Category::kWorkspace);
   }
   for (int l = 0; l < c.n_layer; l++)
     t.ids.fwd.push_back(block("h." + std::to_string(l) + ".", A, true));
   t.ids.lnf = add_low("lnf", {B, T, C}, A);
-  t.ids.lnf_mean = add("lnf_mean", {B, T}, A);
+  t.ids.lnf_mean = rms ? SIZE_MAX : add("lnf_mean", {B, T}, A);
   t.ids.lnf_rstd = add("lnf_rstd", {B, T}, A);
   t.ids.logits = t.ids.head_scratch = SIZE_MAX;
   // Each row's log-sum-exp, saved by the loss's forward for its one-pass backward (both heads).
@@ -217,7 +287,7 @@ ActivationTable gpt2_activation_table(const Gpt2Config& c, int B, int T, bool tr
   if (options.head_chunk > 0) {
     const int chunk = std::min(options.head_chunk, B * T);
     t.ids.head_scratch =
-        add("head_logits_chunk", {int64_t(cpu::lm_head_ce_scratch_floats(chunk, int(V), low))},
+        add("head_logits_chunk", {int64_t(ops.lm_head_ce_scratch_floats(chunk, int(V), low))},
             Category::kLogits);
   } else {
     t.ids.logits = add("logits", {B, T, options.logits_row_stride(V)}, Category::kLogits);
@@ -225,7 +295,7 @@ ActivationTable gpt2_activation_table(const Gpt2Config& c, int B, int T, bool tr
   t.ids.losses = add("losses", {B, T}, Category::kLogits);
   t.ids.att_fwd_scratch =
       tiled ? add("attention_forward_scratch",
-                  {int64_t(cpu::attention_tiled_scratch_floats(B, T, c.n_embd, c.n_head, low))},
+                  {int64_t(ops.attention_tiled_scratch_floats(B, T, c.n_embd, c.n_head, NKV, low))},
                   Category::kWorkspace)
             : SIZE_MAX;
   if (!training) {
@@ -237,12 +307,15 @@ ActivationTable gpt2_activation_table(const Gpt2Config& c, int B, int T, bool tr
   const Category W = Category::kWorkspace;
   t.ids.dresidual = add("d_residual", {B, T, C}, W);
   t.ids.d_c = add_low("d_c", {B, T, C}, W);
-  t.ids.d_3c = add_low("d_3c", {B, T, 3 * C}, W);
-  t.ids.d_4c = add_low("d_4c", {B, T, ld4}, W);
+  t.ids.d_3c = add_low("d_3c", {B, T, QKV}, W);
+  // The gradient of the MLP's activation output (GELU's runs in place there; SwiGLU's writes
+  // gate|up's gradient over fch, which its backward no longer reads).
+  t.ids.d_4c = add_low("d_4c", {B, T, ld_act}, W);
   t.ids.att_scratch = add(
       "attention_backward_scratch",
-      {int64_t(tiled ? cpu::attention_tiled_backward_scratch_floats(B, T, c.n_embd, c.n_head, low)
-                     : cpu::attention_backward_scratch_floats(B, T, c.n_head))},
+      {int64_t(tiled
+                   ? ops.attention_tiled_backward_scratch_floats(B, T, c.n_embd, c.n_head, NKV, low)
+                   : ops.attention_backward_scratch_floats(B, T, c.n_head, NKV))},
       W);
   // bf16: the transposed operands of the weight gradients, sized for the largest GEMM that
   // takes them (a block's inp^T + dout^T; the head's inp^T and at least kHeadWgradRows rows of
@@ -252,12 +325,12 @@ ActivationTable gpt2_activation_table(const Gpt2Config& c, int B, int T, bool tr
     const int64_t N = int64_t(B) * T;
     int64_t elems = 0;
     for (auto [ic, oc] : std::initializer_list<std::pair<int64_t, int64_t>>{
-             {C, 3 * C}, {C, C}, {C, 4 * C}, {4 * C, C}}) {
-      if (cpu::bf16_wgrad_transposes(int(N), int(ic), int(oc))) {
+             {C, QKV}, {C, C}, {C, c.fc_width()}, {c.mlp_width(), C}}) {
+      if (ops.bf16_wgrad_transposes(int(N), int(ic), int(oc))) {
         elems = std::max(elems, N * (ic + oc));
       }
     }
-    if (t.ids.logits != SIZE_MAX && cpu::bf16_wgrad_transposes(int(N), int(C), int(V))) {
+    if (t.ids.logits != SIZE_MAX && ops.bf16_wgrad_transposes(int(N), int(C), int(V))) {
       elems = std::max(elems, N * (C + std::min<int64_t>(V, kHeadWgradRows)));
     }
     if (elems > 0) t.ids.bf16_wgrad_staging = add_low("bf16_wgrad_staging", {elems}, W);
@@ -280,7 +353,7 @@ ActivationTable gpt2_activation_table(const Gpt2Config& c, int B, int T, bool tr
   if (any_selective && !rc) {
     rc_ln1 = add_low("recompute.ln1", {B, T, C}, Category::kRecompute);
     rc_ln2 = add_low("recompute.ln2", {B, T, C}, Category::kRecompute);
-    rc_gelu = add_low("recompute.fch_gelu", {B, T, ld4}, Category::kRecompute);
+    rc_gelu = add_low("recompute.fch_gelu", {B, T, ld_act}, Category::kRecompute);
   }
   for (int l = 0; l < c.n_layer; l++) {
     Gpt2ActivationIds::Layer L = t.ids.fwd[size_t(l)];
@@ -318,6 +391,7 @@ ActivationTable gpt2_activation_table(const Gpt2Config& c, int B, int T, bool tr
           &Gpt2ActivationIds::Layer::ln2_mean, &Gpt2ActivationIds::Layer::ln2_rstd,
           &Gpt2ActivationIds::Layer::fch, &Gpt2ActivationIds::Layer::fch_gelu}) {
       const size_t saved = F.*field;
+      if (saved == SIZE_MAX) continue;        // not in this architecture (RMSNorm's mean)
       if (Bw.*field != saved) continue;       // recomputed, not kept
       const BufferDesc d = t.buffers[saved];  // a copy: add_as below may reallocate
       const std::string base = d.name.substr(d.name.find('.', 2) + 1);  // "ln1" of "h.3.ln1"
@@ -349,7 +423,7 @@ std::vector<OpDesc> gpt2_step_ops(const Gpt2Config& c, const ActivationTable& ta
     std::erase(bufs, SIZE_MAX);
     ops.push_back({std::move(name), ph, layer, std::move(bufs)});
   };
-  push("forward embedding", Phase::kForward, -1, {id.encoded});
+  push("forward embedding", Phase::kForward, -1, {id.encoded, id.rope});
   // Offload: block l's saved buffers stay live through the next forward op (the copy out runs
   // during it), and its landing buffers from the backward op before its own (the prefetch).
   auto saved_of = [&](int l) {
@@ -369,7 +443,7 @@ std::vector<OpDesc> gpt2_step_ops(const Gpt2Config& c, const ActivationTable& ta
   for (int l = 0; l < L; l++) {
     std::vector<size_t> b = fields(id.fwd[size_t(l)]);
     b.insert(b.end(), {input_of(l), id.fwd[size_t(l)].residual3, id.att_fwd_scratch,
-                       id.block_weights_bf16, id.f16_staging});
+                       id.block_weights_bf16, id.f16_staging, id.rope});
     if (training) std::ranges::copy(saved_of(l - 1), std::back_inserter(b));
     push("forward h." + std::to_string(l), Phase::kForward, l, std::move(b));
   }
@@ -395,8 +469,9 @@ std::vector<OpDesc> gpt2_step_ops(const Gpt2Config& c, const ActivationTable& ta
       b.insert(b.end(), {id.bwd[size_t(l)].fch, id.bwd[size_t(l)].residual2});
     }
     if (table.options.recompute_at(l) == Recompute::kFull) b.push_back(id.att_fwd_scratch);
-    b.insert(b.end(), {input_of(l), id.dresidual, id.d_c, id.d_3c, id.d_4c, id.att_scratch,
-                       dres_low, id.block_weights_bf16, id.f16_staging, id.bf16_wgrad_staging});
+    b.insert(b.end(),
+             {input_of(l), id.dresidual, id.d_c, id.d_3c, id.d_4c, id.att_scratch, dres_low,
+              id.block_weights_bf16, id.f16_staging, id.bf16_wgrad_staging, id.rope});
     std::ranges::copy(landing_of(l - 1), std::back_inserter(b));  // block l-1's prefetch
     push("backward h." + std::to_string(l), Phase::kBackward, l, std::move(b));
   }
@@ -411,13 +486,15 @@ void gpt2_init_params(const Gpt2Config& c, const ParamTable& table, float* param
     float* w = params + p.offset;
     const int64_t n = p.shape.numel();
     const bool is_bias = p.name.ends_with(".bias");
-    const bool is_ln = p.name.find("ln_") != std::string::npos;
-    if (is_ln && !is_bias) {
+    const bool is_ln = p.shape.rank() == 1 && !is_bias;  // a norm's weight
+    if (is_ln) {
       for (int64_t i = 0; i < n; i++) w[i] = 1.0f;
     } else if (is_bias) {
       for (int64_t i = 0; i < n; i++) w[i] = 0.0f;
     } else {
-      const bool residual = p.name.ends_with("c_proj.weight");
+      const bool residual = p.name.ends_with("c_proj.weight") ||
+                            p.name.ends_with("o_proj.weight") ||
+                            p.name.ends_with("down_proj.weight");
       std::normal_distribution<float> dist(0.0f, residual ? residual_std : 0.02f);
       for (int64_t i = 0; i < n; i++) w[i] = dist(rng);
     }
@@ -456,13 +533,16 @@ void Gpt2::cast_block_weights(int l) {
   const bool f16 = acts_->options.precision == Precision::kFp16;
   char* dst = static_cast<char*>(arena_->data(id.block_weights_bf16));
   const std::array<std::pair<const float*, int64_t>, 4> parts = {
-      {{w.qkv_w, 3 * C * C}, {w.attproj_w, C * C}, {w.fc_w, 4 * C * C}, {w.fcproj_w, 4 * C * C}}};
+      {{w.qkv_w, C * config_.qkv_width()},
+       {w.attproj_w, C * C},
+       {w.fc_w, C * config_.fc_width()},
+       {w.fcproj_w, int64_t(config_.mlp_width()) * C}}};
   timed(OpKind::kElementwise, [&] {
     for (size_t i = 0; i < parts.size(); i++) {
       if (f16) {
-        cpu::round_to_f16_values(reinterpret_cast<float*>(dst), parts[i].first, parts[i].second);
+        ops_->round_to_f16_values(reinterpret_cast<float*>(dst), parts[i].first, parts[i].second);
       } else {
-        cpu::cast_to_bf16(reinterpret_cast<bf16_t*>(dst), parts[i].first, parts[i].second);
+        ops_->cast_to_bf16(reinterpret_cast<bf16_t*>(dst), parts[i].first, parts[i].second);
       }
       casts_[i] = {parts[i].first, dst};
       dst += parts[i].second * (f16 ? 4 : 2);
@@ -473,14 +553,14 @@ void Gpt2::cast_block_weights(int l) {
 void Gpt2::cast_head_weights() {
   const Gpt2ActivationIds& id = acts_->ids;
   if (id.head_weights_bf16 == SIZE_MAX) return;
-  const float* wte = param_ptr(0);
+  const float* wte = head_weight();
   void* dst = arena_->data(id.head_weights_bf16);
   const int64_t n = int64_t(config_.vocab_size) * config_.n_embd;
   timed(OpKind::kElementwise, [&] {
     if (acts_->options.precision == Precision::kFp16) {
-      cpu::round_to_f16_values(static_cast<float*>(dst), wte, n);
+      ops_->round_to_f16_values(static_cast<float*>(dst), wte, n);
     } else {
-      cpu::cast_to_bf16(static_cast<bf16_t*>(dst), wte, n);
+      ops_->cast_to_bf16(static_cast<bf16_t*>(dst), wte, n);
     }
   });
   casts_[4] = {wte, dst};
@@ -504,10 +584,13 @@ float* Gpt2::grad_ptr(size_t tensor) const {
 }
 
 Gpt2::LayerParams Gpt2::layer_params(int l, bool grads) const {
-  // The table lists each layer's 12 tensors in order after wte and wpe.
-  const size_t first = 2 + size_t(l) * 12;
-  auto at = [&](size_t i) { return grads ? grad_ptr(first + i) : param_ptr(first + i); };
-  return {at(0), at(1), at(2), at(3), at(4), at(5), at(6), at(7), at(8), at(9), at(10), at(11)};
+  const ParamTable::Layer& y = table_->layers[size_t(l)];
+  auto at = [&](size_t i) -> float* {
+    if (i == ParamTable::kNone) return nullptr;
+    return grads ? grad_ptr(i) : param_ptr(i);
+  };
+  return {at(y.ln1_w), at(y.ln1_b), at(y.qkv_w), at(y.qkv_b), at(y.attproj_w), at(y.attproj_b),
+          at(y.ln2_w), at(y.ln2_b), at(y.fc_w),  at(y.fc_b),  at(y.fcproj_w),  at(y.fcproj_b)};
 }
 
 template <typename F>
@@ -603,7 +686,7 @@ int Gpt2::head_forward_columns(const float* wte) const {
     return V;
   } else {
     const int64_t ldv = acts_->options.logits_row_stride(V);
-    const ParamDesc& p = table_->params[0];
+    const ParamDesc& p = table_->params[table_->head];
     const bool flat = acts_->options.bf16_weight_copy && params_ != nullptr &&
                       params_bf16_ != nullptr && wte == params_ + p.offset;
     const bool rows_inside = p.offset + ldv * config_.n_embd <= table_->total_floats;
@@ -643,11 +726,49 @@ constexpr DType dtype_of_storage() {
 }
 }  // namespace
 
+template <typename S>
+void Gpt2::norm_forward(S* out, float* mean, float* rstd, const float* inp, const float* w,
+                        const float* b, int N) {
+  const int C = config_.n_embd;
+  if (config_.norm == NormKind::kRmsNorm) {
+    ops_->rmsnorm_forward(out, rstd, inp, w, N, C, config_.layer_norm_epsilon);
+  } else {
+    ops_->layernorm_forward(out, mean, rstd, inp, w, b, N, C);
+  }
+}
+
+void Gpt2::fill_rope() {
+  const size_t id = acts_->ids.rope;
+  if (id == SIZE_MAX) return;
+  const int HS = config_.head_size(), T = T_used_;
+  float* cos = arena_->f32(id);
+  float* sin = cos + int64_t(T_) * HS / 2;
+  float* inv_freq = cos + int64_t(T_) * HS;
+  const RopeScalingConfig& rs = config_.rope_scaling;
+  backend::RopeScaling scaling;
+  scaling.kind = rs.kind == RopeScalingConfig::Kind::kLlama3 ? backend::RopeScaling::Kind::kLlama3
+                                                             : backend::RopeScaling::Kind::kNone;
+  scaling.factor = rs.factor;
+  scaling.low_freq_factor = rs.low_freq_factor;
+  scaling.high_freq_factor = rs.high_freq_factor;
+  scaling.original_max_position_embeddings = rs.original_max_position_embeddings;
+  timed(OpKind::kElementwise, [&] {
+    ops_->rope_inv_freq(inv_freq, HS, config_.rope_theta, scaling);
+    ops_->rope_table(cos, sin, inv_freq, HS, 0, T);
+  });
+}
+
 template <typename T>
 void Gpt2::block_forward(int l, const Gpt2ActivationIds::Layer& s, const float* x,
                          bool with_output) {
   const int B = B_, Tu = T_used_, C = config_.n_embd, NH = config_.n_head, N = B * Tu;
-  const int64_t ld4 = acts_->options.mlp_row_stride(4 * C);
+  const int NKV = config_.kv_heads(), HS = config_.head_size();
+  const int QKV = int(config_.qkv_width()), FC = int(config_.fc_width()),
+            I = int(config_.mlp_width());
+  const int64_t ld_fc = acts_->options.mlp_row_stride(FC);
+  const int64_t ld_act = acts_->options.mlp_row_stride(I);
+  const backend::WeightLayout layout =
+      config_.is_gpt2() ? backend::WeightLayout::kInOut : backend::WeightLayout::kOutIn;
   const memory::Arena& a = *arena_;
   const LayerParams w = layer_params(l, false);
   T* ln1 = buf<T>(a, s.ln1);
@@ -656,49 +777,59 @@ void Gpt2::block_forward(int l, const Gpt2ActivationIds::Layer& s, const float* 
   T* ln2 = buf<T>(a, s.ln2);
   T* fch = buf<T>(a, s.fch);
   T* fch_gelu = buf<T>(a, s.fch_gelu);
+  auto mean_of = [&](size_t id) { return id == SIZE_MAX ? nullptr : a.f32(id); };
   // A recomputation (with_output == false) runs inside the block's backward, which cast first.
   if (with_output) cast_block_weights(l);
-  timed(OpKind::kNorm, [&] {
-    cpu::layernorm_forward(ln1, a.f32(s.ln1_mean), a.f32(s.ln1_rstd), x, w.ln1_w, w.ln1_b, N, C);
-  });
+  timed(OpKind::kNorm,
+        [&] { norm_forward(ln1, mean_of(s.ln1_mean), a.f32(s.ln1_rstd), x, w.ln1_w, w.ln1_b, N); });
   timed(OpKind::kGemm, [&] {
-    cpu::matmul_forward(qkv, ln1, gemm_weight<T>(w.qkv_w), w.qkv_b, N, C, 3 * C,
-                        cpu::WeightLayout::kInOut);
+    ops_->matmul_forward(qkv, ln1, gemm_weight<T>(w.qkv_w), w.qkv_b, N, C, QKV, layout, {});
   });
+  if (acts_->ids.rope != SIZE_MAX) {
+    const float* cos = a.f32(acts_->ids.rope);
+    const float* sin = cos + int64_t(T_) * HS / 2;
+    timed(OpKind::kElementwise, [&] { ops_->rope_forward(qkv, cos, sin, B, Tu, NH, NKV, HS); });
+  }
   timed(OpKind::kAttention, [&] {
     if constexpr (std::is_same_v<T, float>) {
       if (!acts_->options.tiled_attention) {
-        cpu::attention_forward(atty, a.f32(s.att), qkv, B, Tu, C, NH);
+        ops_->attention_forward(atty, a.f32(s.att), qkv, B, Tu, C, NH, NKV);
         return;
       }
     }
-    cpu::attention_tiled_forward(atty, a.f32(s.att), qkv, B, Tu, C, NH,
-                                 a.f32(acts_->ids.att_fwd_scratch));
+    ops_->attention_tiled_forward(atty, a.f32(s.att), qkv, B, Tu, C, NH, NKV,
+                                  a.f32(acts_->ids.att_fwd_scratch));
   });
   // The projection is written straight into residual2 (fp32), then the residual is added in place.
   timed(OpKind::kGemm, [&] {
-    cpu::matmul_forward(a.f32(s.residual2), atty, gemm_weight<T>(w.attproj_w), w.attproj_b, N, C, C,
-                        cpu::WeightLayout::kInOut);
+    ops_->matmul_forward(a.f32(s.residual2), atty, gemm_weight<T>(w.attproj_w), w.attproj_b, N, C,
+                         C, layout, {});
   });
   timed(OpKind::kElementwise,
-        [&] { cpu::residual_forward(a.f32(s.residual2), a.f32(s.residual2), x, int64_t(N) * C); });
+        [&] { ops_->residual_forward(a.f32(s.residual2), a.f32(s.residual2), x, int64_t(N) * C); });
   timed(OpKind::kNorm, [&] {
-    cpu::layernorm_forward(ln2, a.f32(s.ln2_mean), a.f32(s.ln2_rstd), a.f32(s.residual2), w.ln2_w,
-                           w.ln2_b, N, C);
+    norm_forward(ln2, mean_of(s.ln2_mean), a.f32(s.ln2_rstd), a.f32(s.residual2), w.ln2_w, w.ln2_b,
+                 N);
   });
   timed(OpKind::kGemm, [&] {
-    cpu::matmul_forward(fch, ln2, gemm_weight<T>(w.fc_w), w.fc_b, N, C, 4 * C,
-                        cpu::WeightLayout::kInOut, {.inp = 0, .out = ld4});
-  });
-  timed(OpKind::kElementwise, [&] { cpu::gelu_forward(fch_gelu, fch, int64_t(N) * ld4); });
-  if (!with_output) return;
-  timed(OpKind::kGemm, [&] {
-    cpu::matmul_forward(a.f32(s.residual3), fch_gelu, gemm_weight<T>(w.fcproj_w), w.fcproj_b, N,
-                        4 * C, C, cpu::WeightLayout::kInOut, {.inp = ld4, .out = 0});
+    ops_->matmul_forward(fch, ln2, gemm_weight<T>(w.fc_w), w.fc_b, N, C, FC, layout,
+                         {.inp = 0, .out = ld_fc});
   });
   timed(OpKind::kElementwise, [&] {
-    cpu::residual_forward(a.f32(s.residual3), a.f32(s.residual3), a.f32(s.residual2),
-                          int64_t(N) * C);
+    if (config_.mlp == MlpKind::kSwiGlu) {
+      ops_->swiglu_forward(fch_gelu, fch, N, I, ld_act, ld_fc);
+    } else {
+      ops_->gelu_forward(fch_gelu, fch, int64_t(N) * ld_fc);
+    }
+  });
+  if (!with_output) return;
+  timed(OpKind::kGemm, [&] {
+    ops_->matmul_forward(a.f32(s.residual3), fch_gelu, gemm_weight<T>(w.fcproj_w), w.fcproj_b, N, I,
+                         C, layout, {.inp = ld_act, .out = 0});
+  });
+  timed(OpKind::kElementwise, [&] {
+    ops_->residual_forward(a.f32(s.residual3), a.f32(s.residual3), a.f32(s.residual2),
+                           int64_t(N) * C);
   });
 }
 
@@ -713,8 +844,8 @@ double Gpt2::forward(const int32_t* inputs, const int32_t* targets, int64_t* val
     case Precision::kBf16:
       return forward_t<bf16_t>(inputs, targets, valid);
     case Precision::kFp16: {
-      const cpu::F16GemmStaging staging(arena_->f32(acts_->ids.f16_staging),
-                                        arena_->buffers()[acts_->ids.f16_staging].bytes() / 4);
+      const backend::F16StagingScope staging(*ops_, arena_->f32(acts_->ids.f16_staging),
+                                             arena_->buffers()[acts_->ids.f16_staging].bytes() / 4);
       return forward_t<f16_t>(inputs, targets, valid);
     }
     case Precision::kFp32:
@@ -739,10 +870,11 @@ double Gpt2::forward_t(const int32_t* inputs, const int32_t* targets, int64_t* v
   in_tickets_.assign(size_t(L), 0);
   hook_before(Phase::kForward, BlockHooks::kEmbedding);
   {
-    const float* wte = param_ptr(0);
-    const float* wpe = param_ptr(1);
+    const float* wte = param_ptr(table_->wte);
+    const float* wpe = table_->wpe == ParamTable::kNone ? nullptr : param_ptr(table_->wpe);
     timed(OpKind::kEmbedding,
-          [&] { cpu::embedding_forward(a.f32(id.encoded), inputs, wte, wpe, B, Tu, C); });
+          [&] { ops_->embedding_forward(a.f32(id.encoded), inputs, wte, wpe, B, Tu, C); });
+    fill_rope();
   }
   hook_after(Phase::kForward, BlockHooks::kEmbedding);
   const float* x = a.f32(id.encoded);
@@ -759,27 +891,27 @@ double Gpt2::forward_t(const int32_t* inputs, const int32_t* targets, int64_t* v
   }
   op_boundary(L + 1);
   hook_before(Phase::kForward, L);
-  const size_t np = table_->params.size();
-  const float* wte = param_ptr(0);
-  const float* lnf_w = param_ptr(np - 2);
-  const float* lnf_b = param_ptr(np - 1);
+  const float* wte = head_weight();
+  const float* lnf_w = param_ptr(table_->lnf_w);
+  const float* lnf_b = table_->lnf_b == ParamTable::kNone ? nullptr : param_ptr(table_->lnf_b);
   T* lnf = buf<T>(a, id.lnf);
   cast_head_weights();
   timed(OpKind::kNorm, [&] {
-    cpu::layernorm_forward(lnf, a.f32(id.lnf_mean), a.f32(id.lnf_rstd), x, lnf_w, lnf_b, N, C);
+    norm_forward(lnf, id.lnf_mean == SIZE_MAX ? nullptr : a.f32(id.lnf_mean), a.f32(id.lnf_rstd), x,
+                 lnf_w, lnf_b, N);
   });
   float* losses = a.f32(id.losses);
   if (id.logits == SIZE_MAX) {
     timed(OpKind::kLoss, [&] {  // Note [The head's padded columns]
-      cpu::lm_head_ce_forward(losses, a.f32(id.head_lse), lnf, gemm_weight<T>(wte), targets, N, C,
-                              V, acts_->options.head_chunk, a.f32(id.head_scratch),
-                              head_forward_columns<T>(wte));
+      ops_->lm_head_ce_forward(losses, a.f32(id.head_lse), lnf, gemm_weight<T>(wte), targets, N, C,
+                               V, acts_->options.head_chunk, a.f32(id.head_scratch),
+                               head_forward_columns<T>(wte));
     });
   } else {
     const int head_cols = head_forward_columns<T>(wte);
     timed(OpKind::kGemm, [&] {
-      cpu::matmul_forward(a.f32(id.logits), lnf, gemm_weight<T>(wte), nullptr, N, C, head_cols,
-                          cpu::WeightLayout::kOutIn, {.inp = 0, .out = ldv});
+      ops_->matmul_forward(a.f32(id.logits), lnf, gemm_weight<T>(wte), nullptr, N, C, head_cols,
+                           backend::WeightLayout::kOutIn, {.inp = 0, .out = ldv});
     });
     if (!targets) {
       wait_out(L - 1);
@@ -789,15 +921,15 @@ double Gpt2::forward_t(const int32_t* inputs, const int32_t* targets, int64_t* v
     }
     if (dloss) {  // Note [One-pass loss and gradient]: dlogits now, as backward_t would
       timed(OpKind::kLoss, [&] {
-        cpu::cross_entropy_forward_backward_inplace(losses, a.f32(id.head_lse), a.f32(id.logits),
-                                                    targets, N, V, *dloss, dtype_of_storage<T>(),
-                                                    ldv);
+        ops_->cross_entropy_forward_backward_inplace(losses, a.f32(id.head_lse), a.f32(id.logits),
+                                                     targets, N, V, *dloss, dtype_of_storage<T>(),
+                                                     ldv);
       });
       dlogits_dloss_ = dloss;
     } else {
       timed(OpKind::kLoss, [&] {
-        cpu::cross_entropy_forward(losses, a.f32(id.head_lse), a.f32(id.logits), targets, N, V,
-                                   ldv);
+        ops_->cross_entropy_forward(losses, a.f32(id.head_lse), a.f32(id.logits), targets, N, V,
+                                    ldv);
       });
     }
   }
@@ -823,8 +955,8 @@ void Gpt2::backward(const int32_t* inputs, const int32_t* targets, float dloss) 
       backward_t<bf16_t>(inputs, targets, dloss);
       return;
     case Precision::kFp16: {
-      const cpu::F16GemmStaging staging(arena_->f32(acts_->ids.f16_staging),
-                                        arena_->buffers()[acts_->ids.f16_staging].bytes() / 4);
+      const backend::F16StagingScope staging(*ops_, arena_->f32(acts_->ids.f16_staging),
+                                             arena_->buffers()[acts_->ids.f16_staging].bytes() / 4);
       backward_t<f16_t>(inputs, targets, dloss);
       return;
     }
@@ -839,43 +971,49 @@ void Gpt2::backward_t(const int32_t* inputs, const int32_t* targets, float dloss
   const Gpt2ActivationIds& id = acts_->ids;
   const int B = B_, Tu = T_used_, C = config_.n_embd, NH = config_.n_head, V = config_.vocab_size,
             L = config_.n_layer;
+  const int NKV = config_.kv_heads(), HS = config_.head_size();
+  const int QKV = int(config_.qkv_width()), FC = int(config_.fc_width()),
+            I = int(config_.mlp_width());
+  const bool rms = config_.norm == NormKind::kRmsNorm;
+  const backend::WeightLayout layout =
+      config_.is_gpt2() ? backend::WeightLayout::kInOut : backend::WeightLayout::kOutIn;
   const int N = B * Tu;
   const int64_t ldv = acts_->options.logits_row_stride(V);
   const memory::Arena& a = *arena_;
-  const size_t np = table_->params.size();
   using Phase = OpDesc::Phase;
   float* dres = a.f32(id.dresidual);
   T* dc = buf<T>(a, id.d_c);
   T* d3c = buf<T>(a, id.d_3c);
   T* d4c = buf<T>(a, id.d_4c);
   T* lnf = buf<T>(a, id.lnf);
-  const int64_t ld4 = acts_->options.mlp_row_stride(4 * C);
+  const int64_t ld_fc = acts_->options.mlp_row_stride(FC);
+  const int64_t ld_act = acts_->options.mlp_row_stride(I);
+  auto mean_of = [&](size_t i) { return i == SIZE_MAX ? nullptr : a.f32(i); };
   // The residual stream's gradient as the GEMMs read it: itself in fp32; in bf16 / f16 its
-  // rounding (dresidual_low), which every LayerNorm backward inside the blocks refreshes in the
+  // rounding (dresidual_low), which every norm backward inside the blocks refreshes in the
   // same pass (ln_backward_dres). The last block's first GEMM casts it (`cast`) after the final
-  // LayerNorm's backward instead: dresidual_low is not live during the head's ops (the plan's
-  // peak), so that LayerNorm must not write it.
+  // norm's backward instead: dresidual_low is not live during the head's ops (the plan's
+  // peak), so that norm must not write it.
   // bf16: the transposed operands of the weight-gradient GEMMs that take them (see
   // cpu::Bf16WgradStaging): inp^T then dout^T in the planned staging (the LM head's dlogits^T in
   // chunks of its rows there). Empty otherwise.
-  auto wgrad_staging = [&](int ic, int oc) -> cpu::Bf16WgradStaging {
-    if (id.bf16_wgrad_staging == SIZE_MAX || !cpu::bf16_wgrad_transposes(N, ic, oc)) return {};
+  auto wgrad_staging = [&](int ic, int oc) -> backend::WgradStaging {
+    if (id.bf16_wgrad_staging == SIZE_MAX || !ops_->bf16_wgrad_transposes(N, ic, oc)) return {};
     bf16_t* area = buf<bf16_t>(a, id.bf16_wgrad_staging);
     const size_t elems = a.buffers()[id.bf16_wgrad_staging].bytes() / sizeof(bf16_t);
     const size_t in_elems = size_t(N) * size_t(ic);
     HR_CHECK_MSG(in_elems <= elems, "bf16_wgrad_staging is smaller than this GEMM's inp^T");
     return {area, in_elems, area + in_elems, elems - in_elems};
   };
-  // A block's matmul_backward (kInOut weights), through the transposed operands in bf16.
+  // A block's matmul_backward, through the transposed operands in bf16.
   auto block_matmul_backward = [&](T* dinp, float* dweight, float* dbias, const T* dout,
                                    const T* inp, const GemmWeightT<T>* weight, int ic, int oc,
-                                   cpu::MatmulStrides st) {
+                                   backend::MatmulStrides st) {
     if constexpr (std::is_same_v<T, bf16_t>) {
-      cpu::matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, ic, oc,
-                           cpu::WeightLayout::kInOut, st, wgrad_staging(ic, oc));
+      ops_->matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, ic, oc, layout, st,
+                            wgrad_staging(ic, oc));
     } else {
-      cpu::matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, ic, oc,
-                           cpu::WeightLayout::kInOut, st);
+      ops_->matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, ic, oc, layout, st);
     }
   };
   auto dres_for_gemm = [&](bool cast) -> const T* {
@@ -886,30 +1024,44 @@ void Gpt2::backward_t(const int32_t* inputs, const int32_t* targets, float dloss
       if (cast) {
         timed(OpKind::kElementwise, [&] {
           if constexpr (std::is_same_v<T, f16_t>) {
-            cpu::cast_to_f16(low, dres, int64_t(N) * C);
+            ops_->cast_to_f16(low, dres, int64_t(N) * C);
           } else {
-            cpu::cast_to_bf16(low, dres, int64_t(N) * C);
+            ops_->cast_to_bf16(low, dres, int64_t(N) * C);
           }
         });
       }
       return low;
     }
   };
-  // dres += LayerNorm backward; `low`: also round the result into dresidual_low for the next
+  // dres += the norm's backward; `low`: also round the result into dresidual_low for the next
   // GEMM (not after the first block's ln1, whose gradient only the embedding reads, in fp32).
   auto ln_backward_dres = [&](float* dw, float* db, const T* dout, const float* inp, const float* w,
                               const float* mean, const float* rstd, bool low) {
     if constexpr (std::is_same_v<T, float>) {
-      cpu::layernorm_backward(dres, dw, db, dout, inp, w, mean, rstd, N, C);
+      if (rms) {
+        ops_->rmsnorm_backward(dres, dw, dout, inp, w, rstd, N, C);
+      } else {
+        ops_->layernorm_backward(dres, dw, db, dout, inp, w, mean, rstd, N, C);
+      }
     } else {
       if (low) {
-        cpu::layernorm_backward(dres, buf<T>(a, id.dresidual_low), dw, db, dout, inp, w, mean, rstd,
-                                N, C);
+        T* dlow = buf<T>(a, id.dresidual_low);
+        if (rms) {
+          ops_->rmsnorm_backward(dres, dlow, dw, dout, inp, w, rstd, N, C);
+        } else {
+          ops_->layernorm_backward(dres, dlow, dw, db, dout, inp, w, mean, rstd, N, C);
+        }
       } else {
-        cpu::layernorm_backward(dres, dw, db, dout, inp, w, mean, rstd, N, C);
+        if (rms) {
+          ops_->rmsnorm_backward(dres, dw, dout, inp, w, rstd, N, C);
+        } else {
+          ops_->layernorm_backward(dres, dw, db, dout, inp, w, mean, rstd, N, C);
+        }
       }
     }
   };
+  const float* rope_cos = id.rope == SIZE_MAX ? nullptr : a.f32(id.rope);
+  const float* rope_sin = rope_cos ? rope_cos + int64_t(T_) * HS / 2 : nullptr;
 
   // Loss and LM head into dc = d(lnf).
   op_boundary(L + 2);
@@ -919,13 +1071,13 @@ void Gpt2::backward_t(const int32_t* inputs, const int32_t* targets, float dloss
   }
   prefetch_in(L - 1);  // overlaps the head's backward
   hook_before(Phase::kBackward, L);
-  const float* wte = param_ptr(0);
-  float* dwte = grad_ptr(0);
+  const float* wte = head_weight();
+  float* dwte = grad_ptr(table_->head);
   if (id.logits == SIZE_MAX) {
     timed(OpKind::kLoss, [&] {
-      cpu::lm_head_ce_backward(dc, dwte, lnf, gemm_weight<T>(wte), targets, a.f32(id.head_lse), N,
-                               C, V, acts_->options.head_chunk, dloss, a.f32(id.head_scratch),
-                               head_forward_columns<T>(wte));
+      ops_->lm_head_ce_backward(dc, dwte, lnf, gemm_weight<T>(wte), targets, a.f32(id.head_lse), N,
+                                C, V, acts_->options.head_chunk, dloss, a.f32(id.head_scratch),
+                                head_forward_columns<T>(wte));
     });
   } else {
     // The logits buffer becomes dlogits in place, in one pass from the saved log-sum-exp,
@@ -940,31 +1092,33 @@ void Gpt2::backward_t(const int32_t* inputs, const int32_t* targets, float dloss
                    "forward, which computed the logits' gradient with it");
     } else {
       timed(OpKind::kLoss, [&] {
-        cpu::cross_entropy_backward_inplace(dlogits, a.f32(id.head_lse), targets, N, V, dloss,
-                                            dtype_of_storage<T>(), ldv);
+        ops_->cross_entropy_backward_inplace(dlogits, a.f32(id.head_lse), targets, N, V, dloss,
+                                             dtype_of_storage<T>(), ldv);
       });
     }
     dlogits_dloss_.reset();
     timed(OpKind::kGemm, [&] {
       if constexpr (std::is_same_v<T, float>) {
-        cpu::matmul_backward(dc, dwte, nullptr, dlogits, lnf, wte, N, C, V,
-                             cpu::WeightLayout::kOutIn, {.inp = 0, .out = ldv});
+        ops_->matmul_backward(dc, dwte, nullptr, dlogits, lnf, wte, N, C, V,
+                              backend::WeightLayout::kOutIn, {.inp = 0, .out = ldv});
       } else if constexpr (std::is_same_v<T, f16_t>) {
-        cpu::matmul_backward(dc, dwte, nullptr, static_cast<const float*>(dlogits), lnf,
-                             gemm_weight<T>(wte), N, C, V, cpu::WeightLayout::kOutIn,
-                             {.inp = 0, .out = ldv});
+        ops_->matmul_backward(dc, dwte, nullptr, static_cast<const float*>(dlogits), lnf,
+                              gemm_weight<T>(wte), N, C, V, backend::WeightLayout::kOutIn,
+                              {.inp = 0, .out = ldv});
       } else {
-        cpu::matmul_backward(dc, dwte, nullptr, reinterpret_cast<const T*>(dlogits), lnf,
-                             gemm_weight<T>(wte), N, C, V, cpu::WeightLayout::kOutIn,
-                             {.inp = 0, .out = 2 * ldv}, wgrad_staging(C, V));
+        ops_->matmul_backward(dc, dwte, nullptr, reinterpret_cast<const T*>(dlogits), lnf,
+                              gemm_weight<T>(wte), N, C, V, backend::WeightLayout::kOutIn,
+                              {.inp = 0, .out = 2 * ldv}, wgrad_staging(C, V));
       }
     });
   }
   const float* last = L > 0 ? a.f32(id.fwd[size_t(L - 1)].residual3) : a.f32(id.encoded);
-  timed(OpKind::kElementwise, [&] { cpu::zero(dres, int64_t(N) * C); });
+  timed(OpKind::kElementwise, [&] { ops_->zero(dres, int64_t(N) * C); });
   timed(OpKind::kNorm, [&] {
-    ln_backward_dres(grad_ptr(np - 2), grad_ptr(np - 1), dc, last, param_ptr(np - 2),
-                     a.f32(id.lnf_mean), a.f32(id.lnf_rstd), false);
+    ln_backward_dres(grad_ptr(table_->lnf_w),
+                     table_->lnf_b == ParamTable::kNone ? nullptr : grad_ptr(table_->lnf_b), dc,
+                     last, param_ptr(table_->lnf_w), mean_of(id.lnf_mean), a.f32(id.lnf_rstd),
+                     false);
   });
   hook_after(Phase::kBackward, L);
   // dres now holds the gradient of the last block's output; walk the blocks backwards.
@@ -990,27 +1144,42 @@ void Gpt2::backward_t(const int32_t* inputs, const int32_t* targets, float dloss
     if (rc == Recompute::kFull) block_forward<T>(l, s, x, false);
     if (rc == Recompute::kSelective) {
       timed(OpKind::kNorm, [&] {
-        cpu::layernorm_forward(ln2, a.f32(s.ln2_mean), a.f32(s.ln2_rstd), a.f32(s.residual2),
-                               w.ln2_w, w.ln2_b, N, C);
+        norm_forward(ln2, mean_of(s.ln2_mean), a.f32(s.ln2_rstd), a.f32(s.residual2), w.ln2_w,
+                     w.ln2_b, N);
       });
-      timed(OpKind::kElementwise, [&] { cpu::gelu_forward(fch_gelu, fch, int64_t(N) * ld4); });
+      timed(OpKind::kElementwise, [&] {
+        if (config_.mlp == MlpKind::kSwiGlu) {
+          ops_->swiglu_forward(fch_gelu, fch, N, I, ld_act, ld_fc);
+        } else {
+          ops_->gelu_forward(fch_gelu, fch, int64_t(N) * ld_fc);
+        }
+      });
     }
-    // MLP: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2)))).
+    // MLP: residual3 = residual2 + fcproj(act(fc(ln2(residual2)))).
     const T* dres3 = dres_for_gemm(l == L - 1);
     timed(OpKind::kGemm, [&] {
       block_matmul_backward(d4c, g.fcproj_w, g.fcproj_b, dres3, fch_gelu,
-                            gemm_weight<T>(w.fcproj_w), 4 * C, C, {.inp = ld4, .out = 0});
+                            gemm_weight<T>(w.fcproj_w), I, C, {.inp = ld_act, .out = 0});
     });
-    timed(OpKind::kElementwise, [&] { cpu::gelu_backward(d4c, fch, d4c, int64_t(N) * ld4); });
+    // The activation's backward: GELU's in place in d4c; SwiGLU's writes d(gate | up) over fch,
+    // which nothing reads after it.
+    T* dfc = config_.mlp == MlpKind::kSwiGlu ? fch : d4c;
+    timed(OpKind::kElementwise, [&] {
+      if (config_.mlp == MlpKind::kSwiGlu) {
+        ops_->swiglu_backward(fch, fch, d4c, N, I, ld_fc, ld_act);
+      } else {
+        ops_->gelu_backward(d4c, fch, d4c, int64_t(N) * ld_fc);
+      }
+    });
     timed(OpKind::kGemm, [&] {
-      block_matmul_backward(dc, g.fc_w, g.fc_b, d4c, ln2, gemm_weight<T>(w.fc_w), C, 4 * C,
-                            {.inp = 0, .out = ld4});
+      block_matmul_backward(dc, g.fc_w, g.fc_b, dfc, ln2, gemm_weight<T>(w.fc_w), C, FC,
+                            {.inp = 0, .out = ld_fc});
     });
     timed(OpKind::kNorm, [&] {
-      ln_backward_dres(g.ln2_w, g.ln2_b, dc, a.f32(s.residual2), w.ln2_w, a.f32(s.ln2_mean),
+      ln_backward_dres(g.ln2_w, g.ln2_b, dc, a.f32(s.residual2), w.ln2_w, mean_of(s.ln2_mean),
                        a.f32(s.ln2_rstd), true);
     });
-    // Attention: residual2 = x + attproj(attention(qkv(ln1(x)))).
+    // Attention: residual2 = x + attproj(attention(rope(qkv(ln1(x))))).
     const T* dres2 = dres_for_gemm(false);
     timed(OpKind::kGemm, [&] {
       block_matmul_backward(dc, g.attproj_w, g.attproj_b, dres2, atty, gemm_weight<T>(w.attproj_w),
@@ -1019,24 +1188,28 @@ void Gpt2::backward_t(const int32_t* inputs, const int32_t* targets, float dloss
     timed(OpKind::kAttention, [&] {
       if constexpr (std::is_same_v<T, float>) {
         if (!acts_->options.tiled_attention) {
-          cpu::attention_backward(d3c, a.f32(id.att_scratch), dc, qkv, a.f32(s.att), B, Tu, C, NH);
+          ops_->attention_backward(d3c, a.f32(id.att_scratch), dc, qkv, a.f32(s.att), B, Tu, C, NH,
+                                   NKV);
           return;
         }
       }
-      cpu::attention_tiled_backward(d3c, dc, qkv, atty, a.f32(s.att), B, Tu, C, NH,
-                                    a.f32(id.att_scratch));
+      ops_->attention_tiled_backward(d3c, dc, qkv, atty, a.f32(s.att), B, Tu, C, NH, NKV,
+                                     a.f32(id.att_scratch));
     });
+    if (rope_cos) {
+      timed(OpKind::kElementwise,
+            [&] { ops_->rope_backward(d3c, rope_cos, rope_sin, B, Tu, NH, NKV, HS); });
+    }
     if (rc == Recompute::kSelective) {
       timed(OpKind::kNorm, [&] {
-        cpu::layernorm_forward(ln1, a.f32(s.ln1_mean), a.f32(s.ln1_rstd), x, w.ln1_w, w.ln1_b, N,
-                               C);
+        norm_forward(ln1, mean_of(s.ln1_mean), a.f32(s.ln1_rstd), x, w.ln1_w, w.ln1_b, N);
       });
     }
     timed(OpKind::kGemm, [&] {
-      block_matmul_backward(dc, g.qkv_w, g.qkv_b, d3c, ln1, gemm_weight<T>(w.qkv_w), C, 3 * C, {});
+      block_matmul_backward(dc, g.qkv_w, g.qkv_b, d3c, ln1, gemm_weight<T>(w.qkv_w), C, QKV, {});
     });
     timed(OpKind::kNorm, [&] {
-      ln_backward_dres(g.ln1_w, g.ln1_b, dc, x, w.ln1_w, a.f32(s.ln1_mean), a.f32(s.ln1_rstd),
+      ln_backward_dres(g.ln1_w, g.ln1_b, dc, x, w.ln1_w, mean_of(s.ln1_mean), a.f32(s.ln1_rstd),
                        l > 0);
     });
     hook_after(Phase::kBackward, l);
@@ -1044,10 +1217,10 @@ void Gpt2::backward_t(const int32_t* inputs, const int32_t* targets, float dloss
   op_boundary(2 * L + 3);
   hook_before(Phase::kBackward, BlockHooks::kEmbedding);
   {
-    float* dwte_e = grad_ptr(0);
-    float* dwpe = grad_ptr(1);
+    float* dwte_e = grad_ptr(table_->wte);
+    float* dwpe = table_->wpe == ParamTable::kNone ? nullptr : grad_ptr(table_->wpe);
     timed(OpKind::kEmbedding,
-          [&] { cpu::embedding_backward(dwte_e, dwpe, dres, inputs, B, Tu, C); });
+          [&] { ops_->embedding_backward(dwte_e, dwpe, dres, inputs, B, Tu, C); });
   }
   hook_after(Phase::kBackward, BlockHooks::kEmbedding);
   op_boundary(-1);

@@ -1,8 +1,10 @@
-// GPT-2: the parameter table (Hugging Face names and layouts), the activation buffer table for a
-// micro-batch shape (B, T), and forward/backward built from the CPU kernels.
+// The decoder-only transformer (GPT-2 and the Llama family, model/config.h): the parameter table
+// (Hugging Face names and layouts), the activation buffer table for a micro-batch shape (B, T),
+// and forward/backward built from the backend's op table (backend/ops.h).
 //
 // Every buffer the model touches is described here, once (DESIGN.md principle 1); the caller
-// allocates them (arenas) and binds them. The model allocates nothing.
+// allocates them (arenas) and binds them. The model allocates nothing. The file keeps GPT-2's
+// name: GPT-2 came first, and the names gpt2_* / Gpt2 stay as those of the generic model.
 #pragma once
 
 #include <array>
@@ -14,6 +16,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "backend/ops.h"
 #include "core/event_log.h"
 #include "core/tensor.h"
 #include "memory/arena.h"
@@ -23,10 +26,15 @@
 namespace headroom::model {
 
 struct ParamDesc {
-  std::string name;  // Hugging Face GPT-2 name, e.g. "h.0.attn.c_attn.weight"
-  Shape shape;       // Hugging Face layout (Conv1D weights are [in, out])
+  std::string name;  // Hugging Face name, e.g. "h.0.attn.c_attn.weight", "model.norm.weight"
+  Shape shape;       // Hugging Face layout (GPT-2's Conv1D weights are [in, out], Linear [out, in])
   bool decay;        // AdamW weight decay applies (2-D tensors)
-  int64_t offset;    // in floats, inside the flat parameter buffer (64-byte aligned)
+  int64_t offset;    // in floats, inside the flat parameter buffer (64-byte aligned, except
+                     // inside a fused group: see ParamTable::Layer)
+  // The executor site that owns it (BlockHooks): -1 the embedding (the token and position tables,
+  // and an untied LM head, which the head reads as GPT-2's reads the tied wte), 0..n_layer-1 its
+  // block, n_layer the head (the final norm).
+  int site = 0;
 };
 
 // The parameters in a fixed order (Hugging Face's), with offsets into one flat buffer.
@@ -38,8 +46,29 @@ struct ParamTable {
   // [decay_floats, total_floats).
   int64_t decay_floats = 0;
 
+  // Indices into `params` of the tensors each op reads; kNone where the architecture has none.
+  // q|k|v (Llama's q_proj, k_proj, v_proj, or GPT-2's one c_attn) and the MLP's gate|up are
+  // adjacent in the flat buffer, without padding between them, so that each group is one GEMM's
+  // weight ([qkv_width, C] with Linear's layout): `qkv_w` and `fc_w` name its first tensor.
+  static constexpr size_t kNone = SIZE_MAX;
+  struct Layer {
+    size_t ln1_w, ln1_b, qkv_w, qkv_b, attproj_w, attproj_b, ln2_w, ln2_b, fc_w, fc_b, fcproj_w,
+        fcproj_b;
+  };
+  size_t wte = kNone, wpe = kNone, lnf_w = kNone, lnf_b = kNone;
+  size_t head = kNone;  // the LM head's weight [V, C]: wte when tied
+  std::vector<Layer> layers;
+
   const ParamDesc* find(std::string_view name) const;
+  // ZeRO's group of a tensor: -1 the embedding site, l block l, INT32_MAX the head's (site L).
+  int group_of(const ParamDesc& p) const;
+  // The end of a tensor's floats in the flat buffer with its padding (a fused group's members
+  // end where the next one starts, rounded up to 16 floats).
+  static int64_t end_of(const ParamDesc& p);
 };
+// The architecture's tensors in Hugging Face's order: GPT-2's names (wte.weight, h.N.ln_1.weight,
+// ...) or the Llama family's (model.embed_tokens.weight, model.layers.N.self_attn.q_proj.weight,
+// ..., lm_head.weight).
 ParamTable gpt2_param_table(const Gpt2Config& c);
 
 // Activation recomputation of one block (see docs/notes/recompute.md).
@@ -101,11 +130,16 @@ struct ExecOptions {
 struct Gpt2ActivationIds {
   struct Layer {
     // att: the softmax probabilities [B,NH,T,T] (plain attention) or the log-sum-exp per row
-    // [B,NH,T] (tiled attention).
+    // [B,NH,T] (tiled attention). ln*_mean: SIZE_MAX with RMSNorm. qkv [B,T,qkv_width] holds the
+    // rotated q and k with rotary embeddings; fch [B,T,fc_width] the MLP's first GEMM (gate|up
+    // for SwiGLU), fch_gelu [B,T,mlp_width] its activation (GELU or SwiGLU).
     size_t ln1, ln1_mean, ln1_rstd, qkv, atty, att, residual2, ln2, ln2_mean, ln2_rstd, fch,
         fch_gelu, residual3;
   };
   size_t encoded;
+  // Rotary embeddings: cos [T, HS/2], sin [T, HS/2] and inv_freq [HS/2], fp32, filled by the
+  // forward's embedding op; SIZE_MAX with learned positions.
+  size_t rope = SIZE_MAX;
   std::vector<Layer> fwd;  // where each block's forward writes
   std::vector<Layer> bwd;  // where its backward reads: the same buffers, except that recomputed
                            // ones are the shared "recompute.*" buffers
@@ -120,7 +154,8 @@ struct Gpt2ActivationIds {
   // read (SIZE_MAX in fp32).
   size_t dresidual, d_c, d_3c, d_4c, att_scratch, dresidual_low;
   // bf16 without the persistent weight copy: one block's GEMM weights cast to bf16
-  // ([qkv | attproj | fc | fcproj], 12 C^2) and the LM head's (V x C); SIZE_MAX otherwise.
+  // ([qkv | attproj | fc | fcproj], 12 C^2 in GPT-2) and the LM head's (V x C); SIZE_MAX
+  // otherwise.
   // fp16 (always cast per layer): the same buffers in fp32 holding f16-rounded values.
   size_t block_weights_bf16, head_weights_bf16;
   // fp16: the staging area of the f16 GEMMs (cpu::F16GemmStaging); SIZE_MAX otherwise.
@@ -158,8 +193,10 @@ struct ActivationTable {
 // backward-only workspace is left out (inference and validation).
 // REQUIRES: options.recompute and options.offload are empty or have n_layer entries; no block
 // is both fully recomputed and offloaded.
+// Scratch sizes come from the backend that will run it.
 ActivationTable gpt2_activation_table(const Gpt2Config& c, int B, int T, bool training = true,
-                                      const ExecOptions& options = {});
+                                      const ExecOptions& options = {},
+                                      const backend::Ops& ops = backend::cpu_ops());
 
 // One op of a micro-batch's training step, in execution order, with every activation-table
 // buffer it reads or writes. The planner derives each buffer's lifetime from these (first and
@@ -177,8 +214,9 @@ struct OpDesc {
 std::vector<OpDesc> gpt2_step_ops(const Gpt2Config& c, const ActivationTable& table,
                                   bool training = true);
 
-// GPT-2 initialisation (normal(0, 0.02); residual projections 0.02/sqrt(2L); biases 0;
-// LayerNorm weight 1, bias 0) from a seed, into the flat parameter buffer. Deterministic.
+// GPT-2's initialisation, for every architecture (normal(0, 0.02); the projections into the
+// residual stream 0.02/sqrt(2L); biases 0; norm weights 1) from a seed, into the flat parameter
+// buffer. Deterministic.
 void gpt2_init_params(const Gpt2Config& c, const ParamTable& table, float* params, uint64_t seed);
 
 // Time spent per kind of op, for `headroom bench --breakdown` (milliseconds, accumulated).
@@ -215,7 +253,8 @@ struct OpTimes {
 // the executor reads and writes the bound flat buffers.
 //
 // Sites: layer -1 is the embedding (wte, wpe; its backward writes their gradients), 0..n_layer-1
-// the blocks, n_layer the head (ln_f and the tied wte; its backward writes both gradients). The
+// the blocks, n_layer the head (ln_f and the tied wte or the untied head; its backward writes
+// their gradients). The
 // executor calls before(phase, layer) and after(phase, layer) around every op of gpt2_step_ops, in
 // that order; an op reads param(i) and writes grad(i) only for tensors i of its site (the head
 // also reads wte). Hooks run on the training thread between the op's kernels, never inside them.
@@ -234,12 +273,15 @@ class BlockHooks {
 // The element type of the GEMM weights for activations of type T: T itself, except for f16,
 // whose GEMMs read fp32 weights holding f16 values (cpu kernels.h, fp16 section).
 template <typename T>
-using GemmWeightT = std::conditional_t<std::is_same_v<T, f16_t>, float, T>;
+using GemmWeightT = backend::Ops::GemmWeight<T>;
 
-// Forward and backward over bound buffers. Not thread-safe (the kernels use OpenMP inside).
+// Forward and backward over bound buffers, through the backend's ops. Not thread-safe (the
+// kernels use OpenMP inside).
 class Gpt2 {
  public:
-  Gpt2(const Gpt2Config& config, const ParamTable* table) : config_(config), table_(table) {}
+  Gpt2(const Gpt2Config& config, const ParamTable* table,
+       const backend::Ops& ops = backend::cpu_ops())
+      : config_(config), table_(table), ops_(&ops) {}
 
   // params: flat buffer of table->total_floats; grads: the same shape, or null for inference.
   // With bf16 precision, params_bf16 is the bf16 copy of params (same offsets) that the GEMMs
@@ -294,6 +336,7 @@ class Gpt2 {
   int B() const { return B_; }
   int T() const { return T_; }
   const Gpt2Config& config() const { return config_; }
+  const backend::Ops& ops() const { return *ops_; }
 
  private:
   struct LayerParams {
@@ -338,8 +381,17 @@ class Gpt2 {
   void wait_out(int l);
   void wait_in(int l);
 
+  // The norm ops of the architecture (LayerNorm or RMSNorm; bias and mean null for RMSNorm).
+  template <typename S>
+  void norm_forward(S* out, float* mean, float* rstd, const float* inp, const float* w,
+                    const float* b, int N);
+  // The fused LM head's weight (wte when tied) and its table index.
+  const float* head_weight() const { return param_ptr(table_->head); }
+  void fill_rope();
+
   Gpt2Config config_;
   const ParamTable* table_;
+  const backend::Ops* ops_;
   float* params_ = nullptr;
   float* grads_ = nullptr;
   const bf16_t* params_bf16_ = nullptr;
@@ -365,5 +417,10 @@ class Gpt2 {
   int cur_op_ = -1;
   std::chrono::steady_clock::time_point cur_op_start_;
 };
+
+// The generic names (GPT-2's stay for the code written first).
+using Transformer = Gpt2;
+using TransformerActivationIds = Gpt2ActivationIds;
+inline ParamTable param_table(const TransformerConfig& c) { return gpt2_param_table(c); }
 
 }  // namespace headroom::model

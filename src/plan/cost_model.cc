@@ -26,9 +26,10 @@ double offload_exposed_seconds(const model::Gpt2Config& c, const MemoryPlan& pla
   HR_CHECK_MSG(bandwidth > 0, "offload priced without an offload bandwidth");
   const double rows = double(plan.policy.micro_batch) * plan.policy.seq;
   const double C = c.n_embd, T = plan.policy.seq, V = c.vocab_size;
+  const double G = double(c.block_gemm_weights());
   const double rate = gemm_rate(plan, d);
   // A block's forward GEMMs and attention per micro-batch, and the LM head's.
-  const double block_fwd = (2.0 * 12.0 * C * C + 4.0 * T * C) * rows / rate;
+  const double block_fwd = (2.0 * G + 4.0 * T * C) * rows / rate;
   const double head_fwd = 2.0 * V * C * rows / rate;
   const double head_bwd = (plan.policy.exec.head_chunk > 0 ? 6.0 : 4.0) * V * C * rows / rate;
   double exposed = 0;
@@ -54,9 +55,10 @@ StepCost estimate_step(const model::Gpt2Config& c, const MemoryPlan& plan, const
   StepCost s;
   const double b = plan.policy.micro_batch, T = plan.policy.seq, k = plan.policy.accumulation;
   const double C = c.n_embd, L = c.n_layer, V = c.vocab_size;
+  const double G = double(c.block_gemm_weights());  // 12 C^2 in GPT-2
   const double rows = b * T;
   // Matmul weights touched per token: 12 C^2 per block plus the tied LM head.
-  const double matmul_params = L * 12.0 * C * C + V * C;
+  const double matmul_params = L * G + V * C;
   // Forward 2 FLOPs per weight per token, backward 4; attention scores and mixing: 4 T C per
   // token per layer forward, 8 backward.
   const double per_token = 6.0 * matmul_params + 12.0 * L * T * C;
@@ -69,10 +71,10 @@ StepCost estimate_step(const model::Gpt2Config& c, const MemoryPlan& plan, const
     full_blocks += plan.policy.exec.recompute_at(l) == model::Recompute::kFull;
     selective_blocks += plan.policy.exec.recompute_at(l) == model::Recompute::kSelective;
   }
-  s.gemm_flops += full_blocks * (2.0 * 12.0 * C * C + 4.0 * T * C) * tokens;
+  s.gemm_flops += full_blocks * (2.0 * G + 4.0 * T * C) * tokens;
   // The fused LM head recomputes each chunk's logits in the backward: one more head GEMM.
   if (plan.policy.exec.head_chunk > 0) s.gemm_flops += 2.0 * V * C * tokens;
-  const double non_embedding = double(plan.params.num_parameters) - double(c.n_positions) * C;
+  const double non_embedding = double(plan.params.num_parameters) - double(c.position_parameters());
   s.model_flops = (6.0 * non_embedding + 12.0 * L * T * C) * tokens;
 
   // fp16 runs at the device's fp16 rate where it has fp16 GEMMs (a GPU's tensor cores); the CPU
@@ -126,7 +128,7 @@ StepCost estimate_step(const model::Gpt2Config& c, const MemoryPlan& plan, const
     if (plan.policy.exec.bf16_weight_copy) {
       bf16_bytes = param_bytes / 2.0;
     } else {
-      bf16_bytes = k * (2.0 * L * 12.0 * C * C + V * C) * 6.0;
+      bf16_bytes = k * (2.0 * L * G + V * C) * 6.0;
     }
   }
   // fp16: every micro-batch rounds each block's GEMM weights to f16 values twice (forward,
@@ -137,7 +139,7 @@ StepCost estimate_step(const model::Gpt2Config& c, const MemoryPlan& plan, const
   // values by the loss's own backward pass: no extra traffic.)
   double f16_bytes = 0;
   if (plan.policy.precision == "fp16") {
-    f16_bytes = k * (2.0 * L * 12.0 * C * C + V * C) * 8.0;
+    f16_bytes = k * (2.0 * L * G + V * C) * 8.0;
     if (fp16_widened) {
       f16_bytes += 46.0 * C * L * tokens * 10.0;
     }

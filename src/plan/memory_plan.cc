@@ -19,12 +19,11 @@ namespace {
 // The parameter table of `c`, kept per thread: the search plans thousands of configurations of
 // one model, and building the table (names, shapes, offsets) cost more than copying it.
 const model::ParamTable& param_table_of(const model::Gpt2Config& c) {
-  thread_local std::array<int, 5> key{};
+  thread_local model::TransformerConfig key;
   thread_local model::ParamTable table;
-  const std::array<int, 5> k = {c.n_layer, c.n_head, c.n_embd, c.vocab_size, c.n_positions};
-  if (k != key || table.params.empty()) {
+  if (!(c == key) || table.params.empty()) {
     table = model::gpt2_param_table(c);
-    key = k;
+    key = c;
   }
   return table;
 }
@@ -44,6 +43,7 @@ Result<MemoryPlan> plan_training_memory(const model::Gpt2Config& config, const P
         fmt::format("sequence length {} must be between 1 and the model's n_positions ({})", p.seq,
                     config.n_positions));
   }
+  HR_RETURN_IF_ERROR(config.check_seq(p.seq));
   if (p.micro_batch <= 0 || p.accumulation <= 0 || p.prefetch_depth <= 0) {
     return Status::invalid_argument(fmt::format(
         "micro-batch {} and accumulation {} must be positive", p.micro_batch, p.accumulation));
@@ -270,11 +270,8 @@ ZeroWindowSizes gpt2_zero_window_sizes(const model::ParamTable& table, int ranks
   // -1 embeddings, l block l, INT32_MAX ln_f.
   std::map<std::pair<int, bool>, std::pair<int64_t, int64_t>> units;
   for (const model::ParamDesc& d : table.params) {
-    const bool emb = d.name.rfind("wte.", 0) == 0 || d.name.rfind("wpe.", 0) == 0;
-    const int group = emb                          ? -1
-                      : d.name.rfind("h.", 0) == 0 ? std::stoi(d.name.substr(2))
-                                                   : INT32_MAX;
-    const int64_t end = d.offset + (d.shape.numel() + 15) / 16 * 16;
+    const int group = table.group_of(d);
+    const int64_t end = model::ParamTable::end_of(d);
     auto [it, fresh] = units.try_emplace({group, d.decay}, std::make_pair(d.offset, end));
     if (!fresh) {
       it->second.first = std::min(it->second.first, d.offset);

@@ -92,11 +92,9 @@ ZeroSpec planned_zero_spec(const model::ParamTable& params, const Policy& p, boo
   if (last.key != key) {
     std::map<std::pair<int, bool>, std::pair<int64_t, int64_t>> units;
     for (const model::ParamDesc& d : params.params) {
-      const bool emb = d.name.rfind("wte.", 0) == 0 || d.name.rfind("wpe.", 0) == 0;
-      const int group = emb                          ? 0
-                        : d.name.rfind("h.", 0) == 0 ? 1 + std::stoi(d.name.substr(2))
-                                                     : INT32_MAX;
-      const int64_t end = d.offset + (d.shape.numel() + 15) / 16 * 16;
+      const int g = params.group_of(d);
+      const int group = g == INT32_MAX ? INT32_MAX : g + 1;
+      const int64_t end = model::ParamTable::end_of(d);
       auto [it, fresh] = units.try_emplace({group, d.decay}, std::make_pair(d.offset, end));
       if (!fresh) {
         it->second.first = std::min(it->second.first, d.offset);
@@ -462,6 +460,7 @@ Result<SearchResult> search_leaf(const SearchRequest& r, PlanCache& cache) {
         fmt::format("--seq {} must be between 1 and the model's n_positions ({})", r.seq,
                     r.config.n_positions));
   }
+  HR_RETURN_IF_ERROR(r.config.check_seq(r.seq));
   if (r.global_batch <= 0 || r.global_batch % r.devices != 0) {
     return Status::invalid_argument(
         fmt::format("--global-batch {} must be a positive multiple of --devices {}", r.global_batch,

@@ -294,7 +294,7 @@ Status load_checkpoint(const LoadedCheckpoint& c, const model::ParamTable& table
   }
   // Weights are validated and copied by load_weights (names, shapes, dtypes); the moments only
   // after that succeeded.
-  HR_RETURN_IF_ERROR(model::load_weights(c.dir + "/model.safetensors", table, params));
+  HR_RETURN_IF_ERROR(model::load_pretrained(c.dir, table, params));
   std::memcpy(adam_m, m->data, bytes);
   std::memcpy(adam_v, v->data, bytes);
   return Status::ok();

@@ -53,6 +53,7 @@ Status check_options(const TrainOptions& o) {
     return Status::invalid_argument(fmt::format(
         "--seq {} must be between 1 and the model's n_positions ({})", o.seq, c.n_positions));
   }
+  HR_RETURN_IF_ERROR(c.check_seq(o.seq));
   if (o.micro_batch <= 0) {
     return Status::invalid_argument(fmt::format("--batch {} must be positive", o.micro_batch));
   }

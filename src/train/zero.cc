@@ -76,19 +76,18 @@ void sharded_adamw(const dist::ShardLayout& layout, const model::ParamTable& tab
 
 namespace {
 
-// A parameter's group: 0 = embeddings, 1 + l = block l, INT32_MAX = the rest (ln_f).
-int gpt2_group(const std::string& name) {
-  if (name.rfind("wte.", 0) == 0 || name.rfind("wpe.", 0) == 0) return 0;
-  if (name.rfind("h.", 0) == 0) return 1 + std::stoi(name.substr(2));
-  return INT32_MAX;
+// A parameter's group: 0 = embeddings, 1 + l = block l, INT32_MAX = the rest (the final norm).
+int gpt2_group(const model::ParamTable& table, const model::ParamDesc& p) {
+  const int g = table.group_of(p);
+  return g == INT32_MAX ? INT32_MAX : g + 1;
 }
 
 // (group, decay) -> the contiguous range of its tensors.
 std::map<std::pair<int, bool>, dist::Range> gpt2_groups(const model::ParamTable& table) {
   std::map<std::pair<int, bool>, dist::Range> groups;
   for (const model::ParamDesc& p : table.params) {
-    const int group = gpt2_group(p.name);
-    const int64_t end = p.offset + (p.shape.numel() + 15) / 16 * 16;
+    const int group = gpt2_group(table, p);
+    const int64_t end = model::ParamTable::end_of(p);
     auto [it, fresh] = groups.try_emplace({group, p.decay}, dist::Range{p.offset, end});
     if (!fresh) {
       it->second.begin = std::min(it->second.begin, p.offset);

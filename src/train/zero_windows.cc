@@ -11,16 +11,7 @@
 
 namespace headroom::train {
 
-namespace {
-
-// The group of a GPT-2 tensor: -1 embeddings, l block l, INT32_MAX ln_f (train/zero.cc's rule).
-int group_of(const std::string& name) {
-  if (name.rfind("wte.", 0) == 0 || name.rfind("wpe.", 0) == 0) return -1;
-  if (name.rfind("h.", 0) == 0) return std::stoi(name.substr(2));
-  return INT32_MAX;
-}
-
-}  // namespace
+namespace {}  // namespace
 
 ZeroWindows::ZeroWindows(int stage, dist::CommQueue* queue, dist::Communicator* comm,
                          const model::ParamTable* table, const dist::ShardLayout* layout,
@@ -43,7 +34,7 @@ ZeroWindows::ZeroWindows(int stage, dist::CommQueue* queue, dist::Communicator* 
   block_of_unit_.assign(units_.size(), -1);
   n_layer_ = 0;
   for (const model::ParamDesc& p : table_->params) {
-    const int g = group_of(p.name);
+    const int g = table_->group_of(p);
     if (g != -1 && g != INT32_MAX) n_layer_ = std::max(n_layer_, g + 1);
   }
   unit_d_.assign(size_t(n_layer_), SIZE_MAX);
@@ -53,7 +44,7 @@ ZeroWindows::ZeroWindows(int stage, dist::CommQueue* queue, dist::Communicator* 
     size_t u = 0;
     while (!(units_[u].begin <= p.offset && p.offset < units_[u].end)) ++u;
     unit_of_tensor_[t] = u;
-    const int g = group_of(p.name);
+    const int g = table_->group_of(p);
     if (g == -1) {
       HR_CHECK_MSG(p.decay, "ZeroWindows: the embeddings are expected to be one decayed unit");
       unit_e_ = u;
@@ -299,7 +290,7 @@ BucketHooks::BucketHooks(const model::ParamTable* table, float* params, float* g
   const std::vector<dist::Range> units = gpt2_zero_units(*table_);
   int n_layer = 0;
   for (const model::ParamDesc& p : table_->params) {
-    const int g = group_of(p.name);
+    const int g = table_->group_of(p);
     if (g != -1 && g != INT32_MAX) n_layer = std::max(n_layer, g + 1);
   }
   // Sites: -1 embedding, 0..L-1 blocks, L the head (ln_f): index layer + 1.
@@ -307,7 +298,7 @@ BucketHooks::BucketHooks(const model::ParamTable* table, float* params, float* g
   for (size_t u = 0; u < units.size(); ++u) {
     for (const model::ParamDesc& p : table_->params) {
       if (p.offset != units[u].begin) continue;
-      const int g = group_of(p.name);
+      const int g = table_->group_of(p);
       const int site = g == INT32_MAX ? n_layer : g;
       units_of_site_[size_t(site + 1)].push_back(u);
       break;

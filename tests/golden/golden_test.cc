@@ -1,9 +1,13 @@
-// Golden test: the engine's GPT-2 against the PyTorch reference (tools/reference/), on the
-// committed fixture: logits, loss, every parameter gradient, and five AdamW steps with clipping.
+// Golden test: the engine's transformer against the PyTorch references (tools/reference/), on
+// the committed fixtures (GPT-2; Llama with grouped-query attention and RoPE, untied and tied
+// with Llama 3's rope scaling): logits, loss, every parameter gradient, and five AdamW steps
+// with clipping, in every execution variant.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "backend/cpu/kernels.h"
@@ -27,13 +31,13 @@ struct Fixture {
   int B = 0, T = 0;
 };
 
-Fixture load_fixture() {
-  Result<model::SafetensorsFile> f = model::SafetensorsFile::open(kDir + "gpt2_tiny.safetensors");
+Fixture load_fixture(const std::string& name) {
+  Result<model::SafetensorsFile> f = model::SafetensorsFile::open(kDir + name + ".safetensors");
   if (!f.is_ok()) {
     ADD_FAILURE() << f.status().to_string();
     std::abort();
   }
-  Result<model::Gpt2Config> c = model::load_config_file(kDir + "gpt2_tiny_config.json");
+  Result<model::Gpt2Config> c = model::load_config_file(kDir + name + "_config.json");
   if (!c.is_ok()) {
     ADD_FAILURE() << c.status().to_string();
     std::abort();
@@ -100,18 +104,22 @@ const Variant kVariants[] = {
     {"none_full_plain", false, 0, {R::kNone, R::kFull}},
 };
 
-class Golden : public ::testing::TestWithParam<Variant> {
+const char* const kFixtures[] = {"gpt2_tiny", "llama_tiny", "llama_tiny_tied"};
+
+class Golden : public ::testing::TestWithParam<std::tuple<const char*, Variant>> {
  protected:
+  const Variant& variant() const { return std::get<1>(GetParam()); }
   void SetUp() override {
-    table_ = model::gpt2_param_table(fx_.config);
+    fx_ = std::make_unique<Fixture>(load_fixture(std::get<0>(GetParam())));
+    table_ = model::gpt2_param_table(fx_->config);
     model::ExecOptions exec;
-    exec.tiled_attention = GetParam().tiled;
-    exec.head_chunk = GetParam().head_chunk;
-    exec.recompute = GetParam().recompute;
+    exec.tiled_attention = variant().tiled;
+    exec.head_chunk = variant().head_chunk;
+    exec.recompute = variant().recompute;
     // The step region at the planner's offsets (buffers share memory), poisoned with NaN bytes
     // so a read of memory that another buffer owns shows.
-    plan::Policy policy{fx_.B, 1, fx_.T, "fp32", exec};
-    Result<plan::MemoryPlan> mp = plan::plan_training_memory(fx_.config, policy);
+    plan::Policy policy{fx_->B, 1, fx_->T, "fp32", exec};
+    Result<plan::MemoryPlan> mp = plan::plan_training_memory(fx_->config, policy);
     ASSERT_TRUE(mp.is_ok()) << mp.status().to_string();
     acts_ = mp->activations;
     auto p = memory::Arena::create(
@@ -131,12 +139,12 @@ class Golden : public ::testing::TestWithParam<Variant> {
     m_ = grads_ + table_.total_floats;
     v_ = m_ + table_.total_floats;
     cpu::zero(params_, table_.total_floats * 4);
-    ASSERT_TRUE(model::load_weights(fx_.file.path(), table_, params_).is_ok());
-    inputs_ = ints(fx_.file, "input_ids");
-    targets_ = ints(fx_.file, "targets");
+    ASSERT_TRUE(model::load_weights(fx_->file.path(), table_, params_).is_ok());
+    inputs_ = ints(fx_->file, "input_ids");
+    targets_ = ints(fx_->file, "targets");
   }
 
-  Fixture fx_ = load_fixture();
+  std::unique_ptr<Fixture> fx_;
   memory::HostResource host_;
   model::ParamTable table_;
   model::ActivationTable acts_;
@@ -146,18 +154,18 @@ class Golden : public ::testing::TestWithParam<Variant> {
 };
 
 TEST_P(Golden, LogitsLossAndEveryGradient) {
-  model::Gpt2 net(fx_.config, &table_);
+  model::Gpt2 net(fx_->config, &table_);
   net.bind_params(params_, grads_);
-  net.bind_activations(&acts_arena_, &acts_, fx_.B, fx_.T);
+  net.bind_activations(&acts_arena_, &acts_, fx_->B, fx_->T);
   int64_t valid = 0;
   double sum = net.forward(inputs_.data(), targets_.data(), &valid);
   // fp32 forward against the float64 reference: rounding of a 2-layer net stays near 1e-6
   // relative; 1e-5 absolute on logits of magnitude ~1 leaves room without hiding a bug. (The
   // fused head never holds the logits; its loss is checked below.)
-  if (GetParam().head_chunk == 0) {
+  if (variant().head_chunk == 0) {
     // The logits' rows are padded (logits_row_stride); the reference is dense.
-    const std::vector<float> ref = tensor(fx_.file, "ref.logits");
-    const int64_t V = fx_.config.vocab_size, ld = net.logits_row_stride();
+    const std::vector<float> ref = tensor(fx_->file, "ref.logits");
+    const int64_t V = fx_->config.vocab_size, ld = net.logits_row_stride();
     ASSERT_EQ(ref.size() % size_t(V), 0u);
     std::vector<float> dense(ref.size());
     for (size_t r = 0; r < ref.size() / size_t(V); r++) {
@@ -165,24 +173,24 @@ TEST_P(Golden, LogitsLossAndEveryGradient) {
     }
     expect_close(dense.data(), ref, 1e-5, 1e-5, "logits");
   }
-  const double ref_loss = std::stod(fx_.file.metadata().at("ref.loss_f64"));
+  const double ref_loss = std::stod(fx_->file.metadata().at("ref.loss_f64"));
   EXPECT_NEAR(sum / double(valid), ref_loss, 1e-5);
-  EXPECT_EQ(valid, fx_.B * fx_.T - 2);  // the fixture ignores two targets
+  EXPECT_EQ(valid, fx_->B * fx_->T - 2);  // the fixture ignores two targets
 
   net.backward(inputs_.data(), targets_.data(), 1.0f / float(valid));
   for (const model::ParamDesc& p : table_.params) {
     // Gradients accumulate many fp32 products; 1e-4 of the tensor's largest entry covers the
     // rounding of sums over B*T*C terms.
-    expect_close(grads_ + p.offset, tensor(fx_.file, "grad." + p.name), 1e-7, 1e-4,
+    expect_close(grads_ + p.offset, tensor(fx_->file, "grad." + p.name), 1e-7, 1e-4,
                  "grad." + p.name);
   }
 }
 
 TEST_P(Golden, FiveAdamWStepsWithClipping) {
-  model::Gpt2 net(fx_.config, &table_);
+  model::Gpt2 net(fx_->config, &table_);
   net.bind_params(params_, grads_);
-  net.bind_activations(&acts_arena_, &acts_, fx_.B, fx_.T);
-  const auto& md = fx_.file.metadata();
+  net.bind_activations(&acts_arena_, &acts_, fx_->B, fx_->T);
+  const auto& md = fx_->file.metadata();
   train::AdamWConfig cfg;
   cfg.lr = std::stof(md.at("lr"));
   cfg.beta1 = std::stof(md.at("beta1"));
@@ -190,8 +198,8 @@ TEST_P(Golden, FiveAdamWStepsWithClipping) {
   cfg.eps = std::stof(md.at("eps"));
   cfg.weight_decay = std::stof(md.at("weight_decay"));
   cfg.grad_clip = std::stof(md.at("clip"));
-  const std::vector<float> losses = tensor(fx_.file, "adamw.losses");
-  const std::vector<float> norms = tensor(fx_.file, "adamw.grad_norms");
+  const std::vector<float> losses = tensor(fx_->file, "adamw.losses");
+  const std::vector<float> norms = tensor(fx_->file, "adamw.grad_norms");
   for (int step = 0; step < 5; step++) {
     int64_t valid = 0;
     double sum = net.forward(inputs_.data(), targets_.data(), &valid);
@@ -204,13 +212,18 @@ TEST_P(Golden, FiveAdamWStepsWithClipping) {
   for (const model::ParamDesc& p : table_.params) {
     // Adam divides by sqrt(v): entries whose gradient is at rounding level can move by up to lr
     // per step in either implementation, so compare at a fraction of lr (1e-3).
-    expect_close(params_ + p.offset, tensor(fx_.file, "final." + p.name), 2e-4, 0,
+    expect_close(params_ + p.offset, tensor(fx_->file, "final." + p.name), 2e-4, 0,
                  "final." + p.name);
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Variants, Golden, ::testing::ValuesIn(kVariants),
-                         [](const auto& info) { return std::string(info.param.name); });
+INSTANTIATE_TEST_SUITE_P(Variants, Golden,
+                         ::testing::Combine(::testing::ValuesIn(kFixtures),
+                                            ::testing::ValuesIn(kVariants)),
+                         [](const auto& info) {
+                           return std::string(std::get<0>(info.param)) + "_" +
+                                  std::get<1>(info.param).name;
+                         });
 
 }  // namespace
 }  // namespace headroom

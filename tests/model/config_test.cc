@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -172,8 +173,123 @@ TEST(ConfigJson, ParameterCountBeyondTwoToTheFortyIsRefused) {
 }
 
 TEST(ConfigJson, UnsupportedModelOrActivation) {
-  expect_refused(with_field("model_type", "\"llama\""), {"model_type 'llama'"});
+  expect_refused(with_field("model_type", "\"bert\""), {"'model_type'", "\"bert\""});
   expect_refused(with_field("activation_function", "\"relu\""), {"activation_function 'relu'"});
+}
+
+// A Llama-family config.json with `extra` fields appended (JSON text after a comma).
+std::string llama_json(const std::string& type, const std::string& extra = "") {
+  std::string text = "{\"model_type\": \"" + type +
+                     "\", \"hidden_size\": 64, \"intermediate_size\": 176, "
+                     "\"num_hidden_layers\": 2, \"num_attention_heads\": 4, "
+                     "\"num_key_value_heads\": 2, \"vocab_size\": 97, "
+                     "\"max_position_embeddings\": 32, \"rms_norm_eps\": 1e-5, "
+                     "\"hidden_act\": \"silu\"";
+  if (!extra.empty()) text += ", " + extra;
+  return text + "}";
+}
+
+TEST(ConfigJson, LlamaFamilyArchitecture) {
+  Result<TransformerConfig> c = parse_config_json(llama_json("llama"), "x");
+  ASSERT_TRUE(c.is_ok()) << c.status().to_string();
+  EXPECT_EQ(c->norm, NormKind::kRmsNorm);
+  EXPECT_EQ(c->positions, PositionKind::kRope);
+  EXPECT_EQ(c->mlp, MlpKind::kSwiGlu);
+  EXPECT_EQ(c->kv_heads(), 2);
+  EXPECT_EQ(c->mlp_width(), 176);
+  EXPECT_EQ(c->qkv_width(), (4 + 2 * 2) * 16);
+  EXPECT_FALSE(c->tied_head);  // transformers' default for Llama
+  EXPECT_FALSE(c->qkv_bias);
+  EXPECT_FLOAT_EQ(c->rope_theta, 10000.0f);
+  // Qwen2 has q, k, v biases; Mistral's sliding window caps the context.
+  Result<TransformerConfig> q = parse_config_json(llama_json("qwen2"), "x");
+  ASSERT_TRUE(q.is_ok()) << q.status().to_string();
+  EXPECT_TRUE(q->qkv_bias);
+  Result<TransformerConfig> m =
+      parse_config_json(llama_json("mistral", "\"sliding_window\": 16"), "x");
+  ASSERT_TRUE(m.is_ok()) << m.status().to_string();
+  EXPECT_EQ(m->n_positions, 16);
+  Result<TransformerConfig> m2 =
+      parse_config_json(llama_json("mistral", "\"sliding_window\": null"), "x");
+  ASSERT_TRUE(m2.is_ok());
+  EXPECT_EQ(m2->n_positions, 32);
+  // The parameter count the config gives is the table's.
+  for (const TransformerConfig& cfg : {*c, *q, *m}) {
+    EXPECT_EQ(gpt2_param_table(cfg).num_parameters, cfg.num_parameters());
+  }
+  EXPECT_EQ(gpt2_param_table(*preset_config("gpt2")).num_parameters,
+            preset_config("gpt2")->num_parameters());
+}
+
+TEST(ConfigJson, LlamaRopeScalingAndRoundTrip) {
+  const std::string rs =
+      "\"rope_theta\": 500000.0, \"tie_word_embeddings\": true, \"rope_scaling\": "
+      "{\"rope_type\": \"llama3\", \"factor\": 8.0, \"low_freq_factor\": 1.0, "
+      "\"high_freq_factor\": 4.0, \"original_max_position_embeddings\": 16}";
+  Result<TransformerConfig> c = parse_config_json(llama_json("llama", rs), "x");
+  ASSERT_TRUE(c.is_ok()) << c.status().to_string();
+  EXPECT_EQ(c->rope_scaling.kind, RopeScalingConfig::Kind::kLlama3);
+  EXPECT_FLOAT_EQ(c->rope_scaling.factor, 8.0f);
+  EXPECT_EQ(c->rope_scaling.original_max_position_embeddings, 16);
+  EXPECT_TRUE(c->tied_head);
+  Result<TransformerConfig> back = parse_config_json(c->to_json(), "written");
+  ASSERT_TRUE(back.is_ok()) << back.status().to_string();
+  EXPECT_TRUE(*back == *c);
+  // Every shipped Llama-family config parses.
+  for (const char* name : {"llama-3.2-1b", "llama-3.1-8b", "mistral-7b", "smollm-135m"}) {
+    Result<TransformerConfig> r =
+        load_config_file(std::string(HEADROOM_SOURCE_DIR) + "/configs/" + name + ".json");
+    EXPECT_TRUE(r.is_ok()) << name << ": " << r.status().to_string();
+  }
+  EXPECT_EQ(load_config_file(std::string(HEADROOM_SOURCE_DIR) + "/configs/llama-3.1-8b.json")
+                ->num_parameters(),
+            8030261248);  // Llama 3.1 8B's published parameter count
+}
+
+TEST(ConfigJson, LlamaUnsupportedSettingsNameFieldAndValue) {
+  std::string gelu = llama_json("llama");
+  gelu.replace(gelu.find("\"silu\""), 6, "\"gelu\"");
+  expect_refused(gelu, {"'hidden_act'", "gelu"});
+  expect_refused(llama_json("llama", "\"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4}"),
+                 {"rope_scaling.rope_type", "yarn"});
+  expect_refused(llama_json("llama", "\"head_dim\": 32"), {"'head_dim'", "32"});
+  expect_refused(llama_json("llama", "\"mlp_bias\": true"), {"'mlp_bias'"});
+  expect_refused(llama_json("llama", "\"num_key_value_heads\": 3"), {"num_key_value_heads = 3"});
+  expect_refused(llama_json("llama", "\"tie_word_embeddings\": 1"), {"'tie_word_embeddings'"});
+  expect_refused(llama_json("llama", "\"rope_scaling\": {\"rope_type\": \"llama3\"}"),
+                 {"rope_scaling.factor"});
+}
+
+TEST(ParamTable, LlamaNamesGroupsAndSites) {
+  Result<TransformerConfig> c = parse_config_json(llama_json("llama"), "x");
+  ASSERT_TRUE(c.is_ok());
+  const ParamTable t = gpt2_param_table(*c);
+  ASSERT_NE(t.find("model.layers.1.self_attn.k_proj.weight"), nullptr);
+  EXPECT_EQ(t.find("model.layers.1.self_attn.k_proj.weight")->shape, (Shape{32, 64}));
+  ASSERT_NE(t.find("lm_head.weight"), nullptr);
+  EXPECT_EQ(t.find("lm_head.weight")->site, -1);
+  EXPECT_EQ(t.find("model.norm.weight")->site, 2);
+  EXPECT_EQ(t.find("model.layers.0.mlp.down_proj.weight")->site, 0);
+  // q|k|v and gate|up are one GEMM weight each: adjacent without padding.
+  for (const ParamTable::Layer& y : t.layers) {
+    const ParamDesc& q = t.params[y.qkv_w];
+    const ParamDesc& k = t.params[y.qkv_w + 1];
+    const ParamDesc& v = t.params[y.qkv_w + 2];
+    EXPECT_EQ(k.offset, q.offset + q.shape.numel());
+    EXPECT_EQ(v.offset, k.offset + k.shape.numel());
+    const ParamDesc& g = t.params[y.fc_w];
+    const ParamDesc& u = t.params[y.fc_w + 1];
+    EXPECT_EQ(u.offset, g.offset + g.shape.numel());
+    EXPECT_EQ(u.name.substr(u.name.size() - 14), "up_proj.weight");
+  }
+  // Tensors never overlap and the decayed ones come first.
+  std::vector<std::pair<int64_t, int64_t>> spans;
+  for (const ParamDesc& p : t.params) {
+    spans.push_back({p.offset, p.offset + p.shape.numel()});
+    EXPECT_EQ(p.decay, p.offset < t.decay_floats) << p.name;
+  }
+  std::sort(spans.begin(), spans.end());
+  for (size_t i = 1; i < spans.size(); i++) EXPECT_LE(spans[i - 1].second, spans[i].first);
 }
 
 }  // namespace

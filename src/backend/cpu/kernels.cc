@@ -180,8 +180,12 @@ void embedding_forward(float* out, const int32_t* tokens, const float* wte, cons
   for (int64_t bt = 0; bt < BT; ++bt) {
     const int64_t t = bt % T;
     const float* w = wte + int64_t{tokens[bt]} * C;
-    const float* p = wpe + t * C;
     float* o = out + bt * C;
+    if (!wpe) {  // rotary positions: no table
+      std::memcpy(o, w, size_t(C) * sizeof(float));
+      continue;
+    }
+    const float* p = wpe + t * C;
 #pragma omp simd
     for (int c = 0; c < C; ++c) o[c] = w[c] + p[c];
   }
@@ -202,7 +206,7 @@ void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32
 #pragma omp simd
         for (int64_t c = c0; c < c1; ++c) w[c] += d[c];
       }
-      for (int64_t t = 0; t < T; ++t) {
+      for (int64_t t = 0; dwpe && t < T; ++t) {
         // dwpe[t, c0:c1] += sum_b dout[b, t, c0:c1]
         add_column_sums(dwpe + t * C, dout + t * C, B, int64_t{T} * C, c0, c1);
       }
@@ -881,6 +885,13 @@ F16GemmStaging::F16GemmStaging(float* area, size_t floats)
 F16GemmStaging::~F16GemmStaging() {
   g_f16_staging = prev_;
   g_f16_staging_floats = prev_floats_;
+}
+
+void bind_f16_gemm_staging(float* area, size_t floats, float** prev, size_t* prev_floats) {
+  *prev = g_f16_staging;
+  *prev_floats = g_f16_staging_floats;
+  g_f16_staging = area;
+  g_f16_staging_floats = floats;
 }
 
 size_t f16_matmul_staging_floats(int64_t N, int64_t IC, int64_t OC) {

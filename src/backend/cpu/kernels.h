@@ -21,10 +21,11 @@
 namespace headroom::cpu {
 
 // ---- embedding -----------------------------------------------------------------------------
-// out[B,T,C] = wte[tokens[b,t], :] + wpe[t, :]. tokens in [0, V).
+// out[B,T,C] = wte[tokens[b,t], :] + wpe[t, :] (wpe null: no position table). tokens in [0, V).
 void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B,
                        int T, int C);
-// dwte[tokens[b,t], :] += dout[b,t,:]; dwpe[t,:] += sum_b dout[b,t,:]. Deterministic (no atomics).
+// dwte[tokens[b,t], :] += dout[b,t,:]; dwpe[t,:] += sum_b dout[b,t,:] (skipped if dwpe is null).
+// Deterministic (no atomics).
 void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B,
                         int T, int C);
 
@@ -269,6 +270,9 @@ class F16GemmStaging {
   float* prev_;
   size_t prev_floats_;
 };
+// The binding F16GemmStaging makes, as a call: binds `area` and returns the previous binding
+// (for the backend op table, whose callers scope it themselves).
+void bind_f16_gemm_staging(float* area, size_t floats, float** prev, size_t* prev_floats);
 
 // ---- optimizer -----------------------------------------------------------------------------
 struct AdamWParams {
