@@ -180,6 +180,103 @@ void BM_AttentionBf16(benchmark::State& state) {
   state.counters["new_GFLOP/s"] = pairs * 12 * HS * n / (nf + nb) * 1e-9;
 }
 
+// ---- grouped-query attention: NKV kv heads vs multi-head on expanded K/V -----------------------
+// Args: B, T, C, NH, NKV. Each iteration runs the tiled kernels forward and backward on a GQA qkv
+// [B, T, (NH + 2 NKV) HS] and the multi-head kernels on the same K/V expanded to every query head
+// ([B, T, 3C]: the same FLOPs, what a model without GQA kernels would run), in fp32 and in bf16
+// (the kernel kAuto picks). gqa/mha: the time ratio (the backward's tasks are (b, kv head) pairs,
+// B NKV of them). FLOPs as BM_Attention.
+void BM_AttentionGqa(benchmark::State& state) {
+  const int B = state.range(0), T = state.range(1), C = state.range(2), NH = state.range(3);
+  const int NKV = state.range(4), HS = C / NH, G = NH / NKV;
+  const int64_t W = int64_t{NH + 2 * NKV} * HS;
+  const size_t ng = size_t(B) * T * W, n3 = size_t{3} * B * T * C, nout = size_t{1} * B * T * C;
+  std::vector<float> qkv = rand_vec(ng, 1), dout = rand_vec(nout, 2, -0.01f, 0.01f);
+  for (float& x : qkv) x = to_f32(from_f32<bf16_t>(x));  // bf16 values: the same inputs in both
+  std::vector<float> qkv3(n3);
+  for (size_t r = 0; r < size_t(B) * T; ++r) {
+    for (int h = 0; h < NH; ++h) {
+      for (int d = 0; d < HS; ++d) {
+        qkv3[r * 3 * C + h * HS + d] = qkv[r * W + h * HS + d];
+        qkv3[r * 3 * C + C + h * HS + d] = qkv[r * W + (NH + h / G) * HS + d];
+        qkv3[r * 3 * C + 2 * C + h * HS + d] = qkv[r * W + (NH + NKV + h / G) * HS + d];
+      }
+    }
+  }
+  std::vector<bf16_t> qkvb(ng), qkv3b(n3), doutb(nout);
+  for (size_t i = 0; i < ng; ++i) qkvb[i] = from_f32<bf16_t>(qkv[i]);
+  for (size_t i = 0; i < n3; ++i) qkv3b[i] = from_f32<bf16_t>(qkv3[i]);
+  for (size_t i = 0; i < nout; ++i) doutb[i] = from_f32<bf16_t>(dout[i]);
+  std::vector<float> out(nout), out3(nout), dqkv(ng), dqkv3(n3), lse(size_t{1} * B * NH * T),
+      lse3(lse.size());
+  std::vector<bf16_t> outb(nout), out3b(nout), dqkvb(ng), dqkv3b(n3);
+  // One scratch for the four runs: the largest of their sizes.
+  const size_t fsz = std::max({attention_tiled_scratch_floats(B, T, C, NH, NKV, DType::kBF16),
+                               attention_tiled_scratch_floats(B, T, C, NH, NKV),
+                               attention_tiled_scratch_floats(B, T, C, NH, DType::kBF16),
+                               attention_tiled_scratch_floats(B, T, C, NH)});
+  const size_t bsz =
+      std::max({attention_tiled_backward_scratch_floats(B, T, C, NH, NKV, DType::kBF16),
+                attention_tiled_backward_scratch_floats(B, T, C, NH, NKV),
+                attention_tiled_backward_scratch_floats(B, T, C, NH, DType::kBF16),
+                attention_tiled_backward_scratch_floats(B, T, C, NH)});
+  std::vector<float> fs(fsz), bs(bsz);
+  double gf = 0, gb = 0, mf = 0, mb = 0, gfb = 0, gbb = 0, mfb = 0, mbb = 0;
+  for (auto _ : state) {
+    gf += seconds([&] {
+      attention_tiled_forward(out.data(), lse.data(), qkv.data(), B, T, C, NH, NKV, fs.data());
+    });
+    gb += seconds([&] {
+      attention_tiled_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), B, T,
+                               C, NH, NKV, bs.data());
+    });
+    mf += seconds([&] {
+      attention_tiled_forward(out3.data(), lse3.data(), qkv3.data(), B, T, C, NH, fs.data());
+    });
+    mb += seconds([&] {
+      attention_tiled_backward(dqkv3.data(), dout.data(), qkv3.data(), out3.data(), lse3.data(), B,
+                               T, C, NH, bs.data());
+    });
+    gfb += seconds([&] {
+      attention_tiled_forward(outb.data(), lse.data(), qkvb.data(), B, T, C, NH, NKV, fs.data());
+    });
+    gbb += seconds([&] {
+      attention_tiled_backward(dqkvb.data(), doutb.data(), qkvb.data(), outb.data(), lse.data(), B,
+                               T, C, NH, NKV, bs.data());
+    });
+    mfb += seconds([&] {
+      attention_tiled_forward(out3b.data(), lse3.data(), qkv3b.data(), B, T, C, NH, fs.data());
+    });
+    mbb += seconds([&] {
+      attention_tiled_backward(dqkv3b.data(), doutb.data(), qkv3b.data(), out3b.data(), lse3.data(),
+                               B, T, C, NH, bs.data());
+    });
+    benchmark::ClobberMemory();
+  }
+  // A wrong kernel fails the benchmark: each query head's output is the multi-head kernel's on
+  // its kv head, bit for bit (tests/backend/gqa_attention_test.cc).
+  bool same = out == out3;
+  for (size_t i = 0; i < nout; ++i) same = same && outb[i].bits == out3b[i].bits;
+  if (!same) {
+    state.SkipWithError("GQA out != multi-head out on expanded K/V");
+    return;
+  }
+  const double n = static_cast<double>(state.iterations());
+  const double pairs = double{1} * B * NH * T * (T + 1) / 2;
+  state.SetLabel(attention_bf16_kernel() == AttentionBf16Kernel::kAmx          ? "amx"
+                 : attention_bf16_kernel() == AttentionBf16Kernel::kAvx512Bf16 ? "avx512bf16"
+                                                                               : "fallback only");
+  state.counters["fp32_fwd_ms"] = 1e3 * gf / n;
+  state.counters["fp32_bwd_ms"] = 1e3 * gb / n;
+  state.counters["bf16_fwd_ms"] = 1e3 * gfb / n;
+  state.counters["bf16_bwd_ms"] = 1e3 * gbb / n;
+  state.counters["fp32_gqa/mha"] = (gf + gb) / (mf + mb);
+  state.counters["bf16_gqa/mha"] = (gfb + gbb) / (mfb + mbb);
+  state.counters["fp32_GFLOP/s"] = pairs * 12 * HS * n / (gf + gb) * 1e-9;
+  state.counters["bf16_GFLOP/s"] = pairs * 12 * HS * n / (gfb + gbb) * 1e-9;
+  state.counters["kv_MiB_saved"] = double(n3 - ng) * 4.0 / (1 << 20);  // fp32 qkv
+}
+
 // ---- LM head + cross-entropy: chunked vs unfused ---------------------------------------------
 // Args: N, C, V, chunk. Each iteration runs forward + backward three ways: unfused (full N x V
 // logits, matmul + cross_entropy), fused (forward, then backward with the recompute) and fused
@@ -257,6 +354,14 @@ BENCHMARK(BM_AttentionBf16)
     ->ArgNames({"B", "T", "C", "NH"})
     ->Args({8, 256, 768, 12})
     ->Args({2, 1024, 768, 12})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
+BENCHMARK(BM_AttentionGqa)
+    ->Name("attention/gqa_vs_expanded_mha")
+    ->ArgNames({"B", "T", "C", "NH", "NKV"})
+    ->Args({1, 512, 512, 8, 8})
+    ->Args({1, 512, 512, 8, 2})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 

@@ -22,6 +22,7 @@
 #include "backend/cpu/bf16.h"
 #include "backend/cpu/fast_math.h"
 #include "backend/cpu/kernels.h"
+#include "backend/cpu/llama_kernels.h"
 #include "memory/host_resource.h"
 
 namespace headroom::cpu {
@@ -668,6 +669,85 @@ void BM_CrossEntropyStepBf16PaddedPaired(benchmark::State& s) {
   ce_step_bench(s, DType::kBF16, true, true, true);
 }
 
+// ---- Llama kernels (llama_kernels.h), paired with the triad ------------------------------------
+// Llama 3.2 1B's shapes: C = 2048, I = 8192, NH = 32 q heads and NKV = 8 kv heads of 64. Every
+// buffer at least 192 MiB in fp32, as above.
+
+// RMSNorm over 24576 rows of 2048 (192 MiB fp32 input). Forward: inp read, out written;
+// backward: inp, dout and dinp read, dinp written (dweight summed in the same pass).
+constexpr int kRmsRows = 24576, kRmsC = 2048;
+template <typename T>
+void BM_RmsNormForwardPaired(benchmark::State& state) {
+  Buf<float> inp(size_t(kRmsRows) * kRmsC), w = buffer(kRmsC, 1), rstd = buffer(kRmsRows, 0);
+  for (size_t i = 0; i < inp.size(); ++i) inp[i] = float(int(i * 2654435761u % 2000u)) * 0.001f;
+  Buf<T> out = buffer<T>(inp.size(), 0);
+  timed<true>(state, double(inp.size()) * (4 + sizeof(T)), [&] {
+    rmsnorm_forward(out.data(), rstd.data(), inp.data(), w.data(), kRmsRows, kRmsC, 1e-5f);
+  });
+}
+template <typename T>
+void BM_RmsNormBackwardPaired(benchmark::State& state) {
+  Buf<float> inp = buffer(size_t(kRmsRows) * kRmsC, 0.5f), dinp = buffer(inp.size(), 0),
+             w = buffer(kRmsC, 1), dw = buffer(kRmsC, 0), rstd = buffer(kRmsRows, 1);
+  Buf<T> dout = buffer<T>(inp.size(), 0.1f);
+  timed<true>(state, double(inp.size()) * (12 + sizeof(T)), [&] {
+    rmsnorm_backward(dinp.data(), dw.data(), dout.data(), inp.data(), w.data(), rstd.data(),
+                     kRmsRows, kRmsC);
+  });
+}
+
+// SwiGLU over 4096 rows of I = 8192 (gu: 256 MiB fp32). Forward: gu read, out written; the
+// backward in place, as the model runs it: gu and dout read, dgu written over gu (restored from a
+// copy before each iteration, untimed, as BM_GeluBackwardInPlacePaired does).
+constexpr int64_t kGluRows = 4096, kGluI = 8192;
+template <typename T>
+Buf<T> swiglu_input() {
+  Buf<T> v(size_t(kGluRows * 2 * kGluI));
+  for (size_t i = 0; i < v.size(); ++i) {
+    v[i] = from_f32<T>(float((uint32_t(i) * 2654435761u) >> 8) * (8.0f / 16777216.0f) - 4.0f);
+  }
+  return v;
+}
+template <typename T>
+void BM_SwiGluForwardPaired(benchmark::State& state) {
+  Buf<T> gu = swiglu_input<T>(), out = buffer<T>(size_t(kGluRows * kGluI), 0);
+  timed<true>(state, double(kGluRows * kGluI) * 3 * sizeof(T),
+              [&] { swiglu_forward(out.data(), gu.data(), kGluRows, kGluI, kGluI, 2 * kGluI); });
+}
+template <typename T>
+void BM_SwiGluBackwardInPlacePaired(benchmark::State& state) {
+  Buf<T> gu0 = swiglu_input<T>(), gu = buffer<T>(gu0.size(), 0);
+  Buf<T> dout = buffer<T>(size_t(kGluRows * kGluI), 0.1f);
+  paired_with_triad(
+      state, double(kGluRows * kGluI) * 5 * sizeof(T),
+      [&] { std::memcpy(gu.data(), gu0.data(), gu0.size() * sizeof(T)); },
+      [&] {
+        swiglu_backward(gu.data(), gu.data(), dout.data(), kGluRows, kGluI, 2 * kGluI, kGluI);
+      });
+}
+
+// RoPE in place on qkv[8, 2048, (32 + 2 * 8) * 64] (192 MiB fp32): the q and k heads (5/6 of each
+// row) read and written, the v heads untouched; the cos / sin tables (512 KiB) from the caches.
+// Repeated in place: a rotation keeps the values' size.
+constexpr int kRopeB = 8, kRopeT = 2048, kRopeNH = 32, kRopeNKV = 8, kRopeHS = 64;
+template <typename T, bool kBackward>
+void BM_RopePaired(benchmark::State& state) {
+  const size_t width = size_t(kRopeNH + 2 * kRopeNKV) * kRopeHS;
+  Buf<T> qkv = buffer<T>(size_t(kRopeB) * kRopeT * width, 0.5f);
+  Buf<float> inv_freq = buffer(kRopeHS / 2, 0), cos = buffer(size_t(kRopeT) * kRopeHS / 2, 0),
+             sin = buffer(cos.size(), 0);
+  rope_inv_freq(inv_freq.data(), kRopeHS, 500000.0f, RopeScaling{});
+  rope_table(cos.data(), sin.data(), inv_freq.data(), kRopeHS, 0, kRopeT);
+  const double moved = double(kRopeB) * kRopeT * (kRopeNH + kRopeNKV) * kRopeHS * 2 * sizeof(T);
+  timed<true>(state, moved, [&] {
+    if constexpr (kBackward) {
+      rope_backward(qkv.data(), cos.data(), sin.data(), kRopeB, kRopeT, kRopeNH, kRopeNKV, kRopeHS);
+    } else {
+      rope_forward(qkv.data(), cos.data(), sin.data(), kRopeB, kRopeT, kRopeNH, kRopeNKV, kRopeHS);
+    }
+  });
+}
+
 #define HR_BENCH(...) BENCHMARK(__VA_ARGS__)->Unit(benchmark::kMillisecond)->UseRealTime()
 HR_BENCH(BM_Triad);
 HR_BENCH(BM_LayerNormForward<float, true>)
@@ -804,6 +884,18 @@ HR_PAIRED(BM_AdamW<true>)->Name("BM_AdamWPaired");
 HR_PAIRED(BM_AdamWWithBf16Copy<true>)->Name("BM_AdamWWithBf16CopyPaired");
 HR_PAIRED(BM_AdamWAndZeroWithBf16Copy<true>)->Name("BM_AdamWAndZeroWithBf16CopyPaired");
 HR_PAIRED(BM_SumSquares<true>)->Name("BM_SumSquaresPaired");
+HR_PAIRED(BM_RmsNormForwardPaired<float>)->Name("BM_RmsNormForwardPaired<float>");
+HR_PAIRED(BM_RmsNormForwardPaired<bf16_t>)->Name("BM_RmsNormForwardPaired<bf16_t>");
+HR_PAIRED(BM_RmsNormBackwardPaired<float>)->Name("BM_RmsNormBackwardPaired<float>");
+HR_PAIRED(BM_RmsNormBackwardPaired<bf16_t>)->Name("BM_RmsNormBackwardPaired<bf16_t>");
+HR_PAIRED(BM_SwiGluForwardPaired<float>)->Name("BM_SwiGluForwardPaired<float>");
+HR_PAIRED(BM_SwiGluForwardPaired<bf16_t>)->Name("BM_SwiGluForwardPaired<bf16_t>");
+HR_PAIRED(BM_SwiGluBackwardInPlacePaired<float>)->Name("BM_SwiGluBackwardInPlacePaired<float>");
+HR_PAIRED(BM_SwiGluBackwardInPlacePaired<bf16_t>)->Name("BM_SwiGluBackwardInPlacePaired<bf16_t>");
+HR_PAIRED(BM_RopePaired<float, false>)->Name("BM_RopeForwardPaired<float>");
+HR_PAIRED(BM_RopePaired<bf16_t, false>)->Name("BM_RopeForwardPaired<bf16_t>");
+HR_PAIRED(BM_RopePaired<float, true>)->Name("BM_RopeBackwardPaired<float>");
+HR_PAIRED(BM_RopePaired<bf16_t, true>)->Name("BM_RopeBackwardPaired<bf16_t>");
 
 }  // namespace
 }  // namespace headroom::cpu

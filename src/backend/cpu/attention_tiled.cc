@@ -363,40 +363,55 @@ void forward_head(float* o, float* L, const float* q, const float* k, const floa
   }
 }
 
-// One (b, h) of the backward, all tiles in a fixed order: query blocks outer, key blocks inner.
-//   q, k, v: the (b, h) rows of qkv; dq, dk, dv: the same rows of dqkv (stride C3), each
-//   overwritten by its first product (dQ's block at key block 0, dK's and dV's at the diagonal,
-//   the first query block that sees them), so they need no zeroing;
-//   dy, y: dout and out rows (stride C); L: lse[b, h, :].
-void backward_head(float* dq, float* dk, float* dv, const float* q, const float* k, const float* v,
-                   const float* dy, const float* y, const float* L, int64_t C3, int64_t C, int T,
-                   int HS, float scale, float* slot) {
+// The backward's per-(b, kv head) packing: each key block of the kv head's keys and values
+// transposed ([HS, kB] per block) and its keys as rows [T, HS], once for all the query heads of
+// its group (grouped-query attention; one query head with NKV == NH).
+//   k, v: the kv head's rows (stride ld).
+void backward_pack_kv(const float* k, const float* v, int64_t ld, int T, int HS, float* slot) {
   const int nb = num_blocks(T);
   const int64_t TH = int64_t{nb} * kB * HS;
-  float* kt = slot;                    // per key block [HS, kB]
-  float* vt = kt + TH;                 // per key block [HS, kB]
-  float* kr = vt + TH;                 // [T, HS]
-  float* qb = kr + TH;                 // [kB, HS] the query block's q rows
+  float* kt = slot;     // per key block [HS, kB]
+  float* vt = kt + TH;  // per key block [HS, kB]
+  float* kr = vt + TH;  // [T, HS]
+  for (int blk = 0; blk < nb; ++blk) {
+    const int64_t j0 = int64_t{blk} * kB;
+    const int n = std::min<int64_t>(kB, T - j0);
+    pack_transposed(kt + j0 * HS, k + j0 * ld, ld, n, HS);
+    pack_transposed(vt + j0 * HS, v + j0 * ld, ld, n, HS);
+    pack_rows(kr + j0 * HS, k + j0 * ld, ld, n, HS);
+  }
+}
+
+// One query head of the backward, all tiles in a fixed order: query blocks outer, key blocks
+// inner, on the kv head packed by backward_pack_kv.
+//   q: the query head's rows, dq: the same rows of dqkv, dk, dv: its kv head's rows of dqkv (all
+//   stride ld3). dQ's block is overwritten by its first product (key block 0); dK's and dV's
+//   blocks by theirs (the diagonal tile, the first query block that sees them) unless acc_kv,
+//   when every product adds to them (the group's later query heads: dk and dv are summed over
+//   the group in fp32, in query-head order), so they need no zeroing;
+//   dy, y: dout and out rows (stride ld1); L: lse[b, h, :].
+void backward_query_head(float* dq, float* dk, float* dv, const float* q, const float* dy,
+                         const float* y, const float* L, int64_t ld3, int64_t ld1, int T, int HS,
+                         float scale, bool acc_kv, float* slot) {
+  const int nb = num_blocks(T);
+  const int64_t TH = int64_t{nb} * kB * HS;
+  const float* kt = slot;              // per key block [HS, kB]
+  const float* vt = kt + TH;           // per key block [HS, kB]
+  const float* kr = vt + TH;           // [T, HS]
+  float* qb = slot + 3 * TH;           // [kB, HS] the query block's q rows
   float* dyb = qb + int64_t{kB} * HS;  // [kB, HS] and dout rows
   float* p = dyb + int64_t{kB} * HS;   // [kB, kB] probabilities
   float* ds = p + kB * kB;             // [kB, kB] dP, then dS
   float* D = ds + kB * kB;             // [kB] rowsum(dy * y)
-  for (int blk = 0; blk < nb; ++blk) {
-    const int64_t j0 = int64_t{blk} * kB;
-    const int n = std::min<int64_t>(kB, T - j0);
-    pack_transposed(kt + j0 * HS, k + j0 * C3, C3, n, HS);
-    pack_transposed(vt + j0 * HS, v + j0 * C3, C3, n, HS);
-    pack_rows(kr + j0 * HS, k + j0 * C3, C3, n, HS);
-  }
   for (int ib = 0; ib < nb; ++ib) {
     const int64_t i0 = int64_t{ib} * kB;
     const int nq = std::min<int64_t>(kB, T - i0);
     const float* Li = L + i0;
-    pack_rows(qb, q + i0 * C3, C3, nq, HS);
-    pack_rows(dyb, dy + i0 * C, C, nq, HS);
+    pack_rows(qb, q + i0 * ld3, ld3, nq, HS);
+    pack_rows(dyb, dy + i0 * ld1, ld1, nq, HS);
     for (int r = 0; r < nq; ++r) {
       const float* a = dyb + r * HS;
-      const float* b = y + (i0 + r) * C;
+      const float* b = y + (i0 + r) * ld1;
       float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
       for (int d = 0; d < HS; ++d) sum += a[d] * b[d];
@@ -440,9 +455,10 @@ void backward_head(float* dq, float* dk, float* dv, const float* q, const float*
         for (int c = ncols; c < nk; ++c) prow[c] = drow[c] = 0.0f;
 #endif
       }
-      small_gemm(nk, HS, nq, p, 1, kB, dyb, HS, dv + j0 * C3, C3, !diag, k_from);  // dV += P^T dy
-      small_gemm(nk, HS, nq, ds, 1, kB, qb, HS, dk + j0 * C3, C3, !diag, k_from);  // dK += dS^T q
-      small_gemm(nq, HS, nk, ds, kB, 1, kr + j0 * HS, HS, dq + i0 * C3, C3, jb > 0,
+      const bool acc = acc_kv || !diag;
+      small_gemm(nk, HS, nq, p, 1, kB, dyb, HS, dv + j0 * ld3, ld3, acc, k_from);  // dV += P^T dy
+      small_gemm(nk, HS, nq, ds, 1, kB, qb, HS, dk + j0 * ld3, ld3, acc, k_from);  // dK += dS^T q
+      small_gemm(nq, HS, nk, ds, kB, 1, kr + j0 * HS, HS, dq + i0 * ld3, ld3, jb > 0,
                  k_to);  // dQ += dS k
     }
   }
@@ -963,12 +979,19 @@ HR_BF16_TARGET void forward_head_bf16(bf16_t* out, float* lse, const bf16_t* q, 
 // Every element sums the same products in the same order as the untransposed tiles (AMX and
 // vdpbf16ps take a pair's two products in order, and a*b = b*a), so the bits are those of the
 // untransposed kernel; no accumulator needs transposing at the end (see Note [Tiled attention]).
+// Grouped-query attention: the task is one (b, kv head), and this runs once per query head of
+// its group, in order: `first` ingests the kv head's rows too (with the first query head's, in
+// the same pass, as for NKV == NH) and overwrites dK and dV as above; later query heads ingest
+// their q, dout and out rows only, and every product adds to dK and dV (fp32, in the slot);
+// `last` rounds dk and dv out (dq is each query head's own, rounded after it).
+//   dq, q: the query head's rows, dk, dv, k, v: the kv head's (row stride ld3); dy, y: the
+//   query head's dout and out rows (stride C).
 template <bool kAmx>
 HR_BF16_TARGET void backward_head_bf16(bf16_t* dq, bf16_t* dk, bf16_t* dv, const bf16_t* q,
                                        const bf16_t* k, const bf16_t* v, const bf16_t* dy,
                                        const bf16_t* y, const float* L, int64_t C3, int64_t C,
                                        int T, int HS, float scale, float* slot,
-                                       const NextRows& next) {
+                                       const NextRows& next, bool first, bool last) {
   const int HSp = padded_head(HS), nb = num_blocks(T), Tp = nb * kB;
   const int64_t TH = int64_t{Tp} * HSp;
   auto* kh = reinterpret_cast<bf16_t*>(slot);  // [Tp, HSp] each: A of S^T, dP^T
@@ -992,13 +1015,17 @@ HR_BF16_TARGET void backward_head_bf16(bf16_t* dq, bf16_t* dk, bf16_t* dv, const
   // Ingest: 16 rows of q, k, v, dout and out at a time (zeros past T), packed from registers:
   // q^T, dout^T pairs (B of S^T, dP^T), q, dout, k pairs (B of dK, dV, dQ), k, v rows (A of S^T,
   // dP^T), and D = rowsum(dout * out) while dout's and out's rows are in L1.
-  const bf16_t* const streams[5] = {q, k, v, dy, y};
-  const int64_t lds[5] = {C3, C3, C3, C, C};
+  // (Later query heads of a group: the first three streams only, the kv head's packed rows kept.)
+  const bf16_t* const streams[5] = {q, dy, y, k, v};
+  const int64_t lds[5] = {C3, C, C, C3, C3};
+  const int nstreams = first ? 5 : 3;
   for (int t0 = 0; t0 < kIngestAhead; t0 += 16) {
-    for (int i = 0; i < 5; ++i) prefetch_rows16(streams[i], lds[i], t0, T, HS);
+    for (int i = 0; i < nstreams; ++i) prefetch_rows16(streams[i], lds[i], t0, T, HS);
   }
   for (int t0 = 0; t0 < Tp; t0 += 16) {
-    for (int i = 0; i < 5; ++i) prefetch_rows16(streams[i], lds[i], t0 + kIngestAhead, T, HS);
+    for (int i = 0; i < nstreams; ++i) {
+      prefetch_rows16(streams[i], lds[i], t0 + kIngestAhead, T, HS);
+    }
     const int64_t blk = int64_t{t0 / kB} * kB * HSp / 2;
     const int n0 = t0 % kB;
     for (int c = 0; c < HSp; c += 32) {
@@ -1009,6 +1036,7 @@ HR_BF16_TARGET void backward_head_bf16(bf16_t* dq, bf16_t* dk, bf16_t* dv, const
       load_rows16(x, dy, C, t0, T, c, HS);
       store_row_pairs(dy2 + blk, n0 / 2, HSp, c, x);
       store_pairs_transposed(dyt2 + blk, n0, c, x);
+      if (!first) continue;
       load_rows16(x, k, C3, t0, T, c, HS);
       store_rows(kh + int64_t{t0} * HSp, HSp, c, x);
       store_row_pairs(k2 + blk, n0 / 2, HSp, c, x);
@@ -1040,7 +1068,10 @@ HR_BF16_TARGET void backward_head_bf16(bf16_t* dq, bf16_t* dk, bf16_t* dv, const
       {
         const int r0 = static_cast<int>(int64_t{tile} * T / tiles);
         const int r1 = static_cast<int>(int64_t{tile + 1} * T / tiles);
-        for (bf16_t* d : {dq, dk, dv}) prefetch_rows_for_write(d + r0 * C3, C3, r1 - r0, HS);
+        prefetch_rows_for_write(dq + r0 * C3, C3, r1 - r0, HS);
+        if (last) {
+          for (bf16_t* d : {dk, dv}) prefetch_rows_for_write(d + r0 * C3, C3, r1 - r0, HS);
+        }
       }
       prefetch_slice(next, tile++, tiles);
       const bool diag = jb == ib;
@@ -1088,11 +1119,13 @@ HR_BF16_TARGET void backward_head_bf16(bf16_t* dq, bf16_t* dk, bf16_t* dv, const
         }
       }
       // dV, dK rows [j0, j0 + 64) start at the diagonal tile (the first query block that sees
-      // them), dQ's rows at key block 0: overwritten there, so no zeroing.
+      // them) of the group's first query head, dQ's rows at key block 0: overwritten there, so
+      // no zeroing.
       const DiagSkip from = diag ? DiagSkip::kKFromRow : DiagSkip::kNone;
-      mm<kAmx>(kB, HSp, kB / 2, pT, kB, dy2 + ioff / 2, HSp, dV + joff, HSp, !diag,
+      const bool acc_kv = !first || !diag;
+      mm<kAmx>(kB, HSp, kB / 2, pT, kB, dy2 + ioff / 2, HSp, dV + joff, HSp, acc_kv,
                from);  // P^T dy
-      mm<kAmx>(kB, HSp, kB / 2, dsr, kB, q2 + ioff / 2, HSp, dK + joff, HSp, !diag,
+      mm<kAmx>(kB, HSp, kB / 2, dsr, kB, q2 + ioff / 2, HSp, dK + joff, HSp, acc_kv,
                from);  // dS^T q
       // dS rows: dsr32[i][p] = ds2[p][i] = (dS[i][2p], dS[i][2p + 1]).
       transpose32(reinterpret_cast<uint32_t*>(dsr), kB / 2, ds2, kB, kB / 2, kB);
@@ -1103,8 +1136,10 @@ HR_BF16_TARGET void backward_head_bf16(bf16_t* dq, bf16_t* dk, bf16_t* dv, const
   for (int t = 0; t < T; ++t) {
     const int64_t o = int64_t{t} * HSp;
     narrow_row(dq + t * C3, dQ + o, HS, 1.0f);
-    narrow_row(dk + t * C3, dK + o, HS, 1.0f);
-    narrow_row(dv + t * C3, dV + o, HS, 1.0f);
+    if (last) {
+      narrow_row(dk + t * C3, dK + o, HS, 1.0f);
+      narrow_row(dv + t * C3, dV + o, HS, 1.0f);
+    }
   }
 }
 #endif  // x86-64
@@ -1119,8 +1154,10 @@ bool use_bf16_products(int HS) {
 
 }  // namespace
 
-size_t attention_tiled_scratch_floats(int B, int T, int C, int NH, DType storage) {
-  // Tasks are heads on every path.
+size_t attention_tiled_scratch_floats(int B, int T, int C, int NH, int NKV, DType storage) {
+  // Tasks are query heads on every path (each packs its kv head's rows: O(T HS) against the
+  // head's O(T^2 HS) products), so the slots do not depend on NKV.
+  (void)NKV;
   const int64_t slots = std::min<int64_t>(int64_t{B} * NH, kAttentionMaxWorkers);
   if (storage == DType::kBF16 && use_bf16_products(C / NH)) {
     return static_cast<size_t>(slots) * forward_bf16_slot_floats(T, C / NH);
@@ -1129,9 +1166,15 @@ size_t attention_tiled_scratch_floats(int B, int T, int C, int NH, DType storage
   if (storage != DType::kF32) slot += forward_widen_floats(T, C / NH);
   return static_cast<size_t>(slots) * slot;
 }
+size_t attention_tiled_scratch_floats(int B, int T, int C, int NH, DType storage) {
+  return attention_tiled_scratch_floats(B, T, C, NH, NH, storage);
+}
 
-size_t attention_tiled_backward_scratch_floats(int B, int T, int C, int NH, DType storage) {
-  const int64_t slots = std::min<int64_t>(int64_t{B} * NH, kAttentionMaxWorkers);
+size_t attention_tiled_backward_scratch_floats(int B, int T, int C, int NH, int NKV,
+                                               DType storage) {
+  // Tasks are (b, kv head) pairs on every path: the group's query heads run inside the task, one
+  // after another, so that dk and dv are summed without a race (Note [Tiled attention]).
+  const int64_t slots = std::min<int64_t>(int64_t{B} * NKV, kAttentionMaxWorkers);
   size_t slot = backward_slot_floats(T, C / NH);
   if (storage == DType::kBF16 && use_bf16_products(C / NH)) {
     slot = backward_bf16_slot_floats(T, C / NH);
@@ -1140,14 +1183,34 @@ size_t attention_tiled_backward_scratch_floats(int B, int T, int C, int NH, DTyp
   }
   return static_cast<size_t>(slots) * slot;
 }
+size_t attention_tiled_backward_scratch_floats(int B, int T, int C, int NH, DType storage) {
+  return attention_tiled_backward_scratch_floats(B, T, C, NH, NH, storage);
+}
 
 namespace {
+// Grouped-query attention's layout (fused_kernels.h): a qkv row holds the NH q heads, then the NKV
+// k heads, then the NKV v heads, HS channels each; query head h reads kv head h / group. With
+// NKV == NH, the [q | k | v] rows of 3C of multi-head attention.
+struct Gqa {
+  int NH, NKV, HS, group;
+  int64_t W;  // qkv's row stride, (NH + 2 NKV) HS
+  int64_t q(int h) const { return int64_t{h} * HS; }
+  int64_t k(int j) const { return int64_t{NH + j} * HS; }
+  int64_t v(int j) const { return int64_t{NH + NKV + j} * HS; }
+};
+Gqa gqa_shape(int C, int NH, int NKV) {
+  HR_CHECK(NH > 0 && NKV > 0 && NH % NKV == 0 && C % NH == 0);
+  const int HS = C / NH;
+  return Gqa{NH, NKV, HS, NH / NKV, int64_t{NH + 2 * NKV} * HS};
+}
+
 template <typename TS>
 void attention_tiled_forward_low(TS* out, float* lse, const TS* qkv, int B, int T, int C, int NH,
-                                 float* scratch) {
-  HR_CHECK(NH > 0 && C % NH == 0 && T >= 1);
-  const int HS = C / NH;
-  const int64_t C3 = int64_t{3} * C, H3 = int64_t{3} * HS;
+                                 int NKV, float* scratch) {
+  HR_CHECK(T >= 1);
+  const Gqa g = gqa_shape(C, NH, NKV);
+  const int HS = g.HS;
+  const int64_t H3 = int64_t{3} * HS;
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
   const int BH = B * NH;
   const int slots = std::min(BH, kAttentionMaxWorkers);
@@ -1159,11 +1222,11 @@ void attention_tiled_forward_low(TS* out, float* lse, const TS* qkv, int B, int 
     float* o = rows + int64_t{T} * H3;                // [T, HS]
 #pragma omp for schedule(dynamic, 1)
     for (int bh = 0; bh < BH; ++bh) {
-      const int b = bh / NH, h = bh % NH;
-      const TS* base = qkv + int64_t{b} * T * C3 + int64_t{h} * HS;
-      for (int part = 0; part < 3; ++part) {
-        widen(rows + part * HS, H3, base + part * C, C3, T, HS);
-      }
+      const int b = bh / NH, h = bh % NH, j = h / g.group;
+      const TS* base = qkv + int64_t{b} * T * g.W;
+      widen(rows, H3, base + g.q(h), g.W, T, HS);
+      widen(rows + HS, H3, base + g.k(j), g.W, T, HS);
+      widen(rows + 2 * HS, H3, base + g.v(j), g.W, T, HS);
       forward_head(o, lse + int64_t{bh} * T, rows, rows + HS, rows + 2 * HS, H3, HS, T, HS, scale,
                    slot);
       narrow(out + int64_t{b} * T * C + int64_t{h} * HS, C, o, HS, T, HS);
@@ -1173,13 +1236,15 @@ void attention_tiled_forward_low(TS* out, float* lse, const TS* qkv, int B, int 
 
 template <typename TS>
 void attention_tiled_backward_low(TS* dqkv, const TS* dout, const TS* qkv, const TS* out,
-                                  const float* lse, int B, int T, int C, int NH, float* scratch) {
-  HR_CHECK(NH > 0 && C % NH == 0 && T >= 1);
-  const int HS = C / NH;
-  const int64_t C3 = int64_t{3} * C, H3 = int64_t{3} * HS, H2 = int64_t{2} * HS;
+                                  const float* lse, int B, int T, int C, int NH, int NKV,
+                                  float* scratch) {
+  HR_CHECK(T >= 1);
+  const Gqa g = gqa_shape(C, NH, NKV);
+  const int HS = g.HS;
+  const int64_t H3 = int64_t{3} * HS, H2 = int64_t{2} * HS;
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
-  const int BH = B * NH;
-  const int slots = std::min(BH, kAttentionMaxWorkers);
+  const int BK = B * NKV;
+  const int slots = std::min(BK, kAttentionMaxWorkers);
   const size_t slot_floats = backward_slot_floats(T, HS) + backward_widen_floats(T, HS);
 #pragma omp parallel num_threads(workers_for(slots))
   {
@@ -1188,105 +1253,117 @@ void attention_tiled_backward_low(TS* dqkv, const TS* dout, const TS* qkv, const
     float* ys = rows + int64_t{T} * H3;                // [T, 2 HS]: dout | out
     float* drows = ys + int64_t{T} * H2;               // [T, 3 HS]: dq | dk | dv
 #pragma omp for schedule(dynamic, 1)
-    for (int bh = 0; bh < BH; ++bh) {
-      const int b = bh / NH, h = bh % NH;
-      const int64_t off3 = int64_t{b} * T * C3 + int64_t{h} * HS;
-      const int64_t off1 = int64_t{b} * T * C + int64_t{h} * HS;
-      for (int part = 0; part < 3; ++part) {
-        widen(rows + part * HS, H3, qkv + off3 + part * C, C3, T, HS);
+    for (int bk = 0; bk < BK; ++bk) {
+      const int b = bk / NKV, j = bk % NKV;
+      const int64_t row0 = int64_t{b} * T * g.W;
+      widen(rows + HS, H3, qkv + row0 + g.k(j), g.W, T, HS);
+      widen(rows + 2 * HS, H3, qkv + row0 + g.v(j), g.W, T, HS);
+      backward_pack_kv(rows + HS, rows + 2 * HS, H3, T, HS, slot);
+      for (int i = 0; i < g.group; ++i) {  // dk, dv summed in fp32 in drows, in this order
+        const int h = j * g.group + i;
+        const int64_t off1 = int64_t{b} * T * C + int64_t{h} * HS;
+        widen(rows, H3, qkv + row0 + g.q(h), g.W, T, HS);
+        widen(ys, H2, dout + off1, C, T, HS);
+        widen(ys + HS, H2, out + off1, C, T, HS);
+        backward_query_head(drows, drows + HS, drows + 2 * HS, rows, ys, ys + HS,
+                            lse + (int64_t{b} * NH + h) * T, H3, H2, T, HS, scale, i > 0, slot);
+        narrow(dqkv + row0 + g.q(h), g.W, drows, H3, T, HS);
       }
-      widen(ys, H2, dout + off1, C, T, HS);
-      widen(ys + HS, H2, out + off1, C, T, HS);
-      backward_head(drows, drows + HS, drows + 2 * HS, rows, rows + HS, rows + 2 * HS, ys, ys + HS,
-                    lse + int64_t{bh} * T, H3, H2, T, HS, scale, slot);
-      for (int part = 0; part < 3; ++part) {
-        narrow(dqkv + off3 + part * C, C3, drows + part * HS, H3, T, HS);
-      }
+      narrow(dqkv + row0 + g.k(j), g.W, drows + HS, H3, T, HS);
+      narrow(dqkv + row0 + g.v(j), g.W, drows + 2 * HS, H3, T, HS);
     }
   }
 }
 
 #if defined(__x86_64__) && defined(__GNUC__)
-// The bf16 kernels with AMX or AVX512-BF16 tile products: heads as tasks, each in a fixed order,
-// so the results are bit-identical for any thread count.
-
-// One (b, h) of the work: its indices (bh = b * NH + h), the head size, the softmax scale, and
-// the running worker's slot of scratch.
-struct HeadTask {
-  int b, h, bh;
-  int next;  // the head this thread runs next (bh + 1 under the static schedule), or -1
-  int HS;
-  float scale;
-  float* slot;
-};
-
-// What the bf16 forward and backward share: the shape check, one slot of slot_floats(T, HS)
-// floats per worker, the (b, h) pairs in contiguous equal chunks per thread (static: all heads
-// cost the same, and each task knows the next one, whose rows it prefetches), and on AMX the
-// tile configuration loaded on each worker (it is per thread). head(task) runs one pair.
-template <bool kAmx, typename Head>
-void for_each_head_bf16(int B, int T, int C, int NH, size_t (*slot_floats)(int T, int HS),
-                        float* scratch, const Head& head) {
-  HR_CHECK(NH > 0 && C % NH == 0 && T >= 1);
-  const int HS = C / NH;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
-  const int BH = B * NH;
-  const int slots = std::min(BH, kAttentionMaxWorkers);
-  const size_t slot_size = slot_floats(T, HS);
+// The bf16 kernels with AMX or AVX512-BF16 tile products: `tasks` tasks (query heads forward,
+// (b, kv head) pairs backward), each in a fixed order, so the results are bit-identical for any
+// thread count. One slot of slot_size floats per worker; the tasks in contiguous equal chunks per
+// thread (static: all cost the same, and each task knows the next one, whose rows it
+// prefetches); on AMX the tile configuration loaded on each worker (it is per thread).
+// task(i, next, slot): next is the task this thread runs after i (i + 1 under the static
+// schedule), or -1.
+template <bool kAmx, typename Task>
+void for_each_task_bf16(int tasks, size_t slot_size, float* scratch, const Task& task) {
+  const int slots = std::min(tasks, kAttentionMaxWorkers);
 #pragma omp parallel num_threads(workers_for(slots))
   {
     float* slot = scratch + omp_get_thread_num() * slot_size;
     if constexpr (kAmx) amx_tiles_begin();
 #pragma omp for schedule(static)
-    for (int bh = 0; bh < BH; ++bh) {
-      head(HeadTask{bh / NH, bh % NH, bh, bh + 1 < BH ? bh + 1 : -1, HS, scale, slot});
-    }
+    for (int i = 0; i < tasks; ++i) task(i, i + 1 < tasks ? i + 1 : -1, slot);
     if constexpr (kAmx) amx_tiles_end();
   }
 }
 
 template <bool kAmx>
 void attention_tiled_forward_dp(bf16_t* out, float* lse, const bf16_t* qkv, int B, int T, int C,
-                                int NH, float* scratch) {
-  const int64_t C3 = int64_t{3} * C;
-  for_each_head_bf16<kAmx>(B, T, C, NH, forward_bf16_slot_floats, scratch, [&](const HeadTask& t) {
-    const bf16_t* base = qkv + int64_t{t.b} * T * C3 + int64_t{t.h} * t.HS;
-    NextRows next;
-    if (t.next >= 0) {
-      const bf16_t* nbase = qkv + int64_t{t.next / NH} * T * C3 + int64_t{t.next % NH} * t.HS;
-      next = {{nbase, nbase + C, nbase + 2 * C}, {C3, C3, C3}, 3, T, 2 * t.HS};
-    }
-    forward_head_bf16<kAmx>(out + int64_t{t.b} * T * C + int64_t{t.h} * t.HS,
-                            lse + int64_t{t.bh} * T, base, base + C, base + 2 * C, C3, C, T, t.HS,
-                            t.scale, t.slot, next);
-  });
+                                int NH, int NKV, float* scratch) {
+  HR_CHECK(T >= 1);
+  const Gqa g = gqa_shape(C, NH, NKV);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(g.HS));
+  // The q, k and v rows of query head bh = b * NH + h.
+  auto rows_of = [&](int bh, const bf16_t*(&r)[3]) {
+    const int h = bh % NH, j = h / g.group;
+    const bf16_t* base = qkv + int64_t{bh / NH} * T * g.W;
+    r[0] = base + g.q(h);
+    r[1] = base + g.k(j);
+    r[2] = base + g.v(j);
+  };
+  for_each_task_bf16<kAmx>(
+      B * NH, forward_bf16_slot_floats(T, g.HS), scratch, [&](int bh, int next_bh, float* slot) {
+        const bf16_t* r[3];
+        rows_of(bh, r);
+        NextRows next;
+        if (next_bh >= 0) {
+          const bf16_t* n[3];
+          rows_of(next_bh, n);
+          next = {{n[0], n[1], n[2]}, {g.W, g.W, g.W}, 3, T, 2 * g.HS};
+        }
+        const int b = bh / NH, h = bh % NH;
+        forward_head_bf16<kAmx>(out + int64_t{b} * T * C + int64_t{h} * g.HS, lse + int64_t{bh} * T,
+                                r[0], r[1], r[2], g.W, C, T, g.HS, scale, slot, next);
+      });
 }
 
 template <bool kAmx>
 void attention_tiled_backward_dp(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qkv,
                                  const bf16_t* out, const float* lse, int B, int T, int C, int NH,
-                                 float* scratch) {
-  const int64_t C3 = int64_t{3} * C;
-  for_each_head_bf16<kAmx>(B, T, C, NH, backward_bf16_slot_floats, scratch, [&](const HeadTask& t) {
-    const int64_t off3 = int64_t{t.b} * T * C3 + int64_t{t.h} * t.HS;
-    const int64_t off1 = int64_t{t.b} * T * C + int64_t{t.h} * t.HS;
-    const bf16_t* base = qkv + off3;
-    bf16_t* dbase = dqkv + off3;
-    NextRows next;
-    if (t.next >= 0) {
-      const int64_t n3 = int64_t{t.next / NH} * T * C3 + int64_t{t.next % NH} * t.HS;
-      const int64_t n1 = int64_t{t.next / NH} * T * C + int64_t{t.next % NH} * t.HS;
-      const bf16_t* nbase = qkv + n3;
-      next = {{nbase, nbase + C, nbase + 2 * C, dout + n1, out + n1},
-              {C3, C3, C3, C, C},
-              5,
-              T,
-              2 * t.HS};
-    }
-    backward_head_bf16<kAmx>(dbase, dbase + C, dbase + 2 * C, base, base + C, base + 2 * C,
-                             dout + off1, out + off1, lse + int64_t{t.bh} * T, C3, C, T, t.HS,
-                             t.scale, t.slot, next);
-  });
+                                 int NKV, float* scratch) {
+  HR_CHECK(T >= 1);
+  const Gqa g = gqa_shape(C, NH, NKV);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(g.HS));
+  const int64_t W = g.W;
+  // Task bk = b * NKV + j: kv head j of batch element b, and its group's query heads in order.
+  for_each_task_bf16<kAmx>(
+      B * NKV, backward_bf16_slot_floats(T, g.HS), scratch, [&](int bk, int next_bk, float* slot) {
+        const int b = bk / NKV, j = bk % NKV;
+        const int64_t row0 = int64_t{b} * T * W;
+        for (int i = 0; i < g.group; ++i) {
+          const int h = j * g.group + i;
+          const int64_t off1 = int64_t{b} * T * C + int64_t{h} * g.HS;
+          // The rows read next: the group's next query head's, or the next task's (its kv head's
+          // and its first query head's).
+          NextRows next;
+          if (i + 1 < g.group) {
+            const int64_t n1 = off1 + g.HS;
+            next = {{qkv + row0 + g.q(h + 1), dout + n1, out + n1}, {W, C, C}, 3, T, 2 * g.HS};
+          } else if (next_bk >= 0) {
+            const int nb = next_bk / NKV, nj = next_bk % NKV, nh = nj * g.group;
+            const bf16_t* nbase = qkv + int64_t{nb} * T * W;
+            const int64_t n1 = int64_t{nb} * T * C + int64_t{nh} * g.HS;
+            next = {{nbase + g.q(nh), nbase + g.k(nj), nbase + g.v(nj), dout + n1, out + n1},
+                    {W, W, W, C, C},
+                    5,
+                    T,
+                    2 * g.HS};
+          }
+          backward_head_bf16<kAmx>(dqkv + row0 + g.q(h), dqkv + row0 + g.k(j), dqkv + row0 + g.v(j),
+                                   qkv + row0 + g.q(h), qkv + row0 + g.k(j), qkv + row0 + g.v(j),
+                                   dout + off1, out + off1, lse + (int64_t{b} * NH + h) * T, W, C,
+                                   T, g.HS, scale, slot, next, i == 0, i + 1 == g.group);
+        }
+      });
 }
 #endif
 
@@ -1299,50 +1376,51 @@ void set_attention_bf16_kernel(AttentionBf16Kernel kernel) {
 AttentionBf16Kernel attention_bf16_kernel() { return resolved_kernel(); }
 
 void attention_tiled_forward(bf16_t* out, float* lse, const bf16_t* qkv, int B, int T, int C,
-                             int NH, float* scratch) {
+                             int NH, int NKV, float* scratch) {
 #if defined(__x86_64__) && defined(__GNUC__)
   const AttentionBf16Kernel kernel = resolved_kernel();
-  if (NH > 0 && C % NH == 0 && use_bf16_products(C / NH)) {  // for_each_head_bf16 checks T
+  if (NH > 0 && C % NH == 0 && use_bf16_products(C / NH)) {  // the kernels check the rest
     if (kernel == AttentionBf16Kernel::kAmx) {
-      attention_tiled_forward_dp<true>(out, lse, qkv, B, T, C, NH, scratch);
+      attention_tiled_forward_dp<true>(out, lse, qkv, B, T, C, NH, NKV, scratch);
     } else {
-      attention_tiled_forward_dp<false>(out, lse, qkv, B, T, C, NH, scratch);
+      attention_tiled_forward_dp<false>(out, lse, qkv, B, T, C, NH, NKV, scratch);
     }
     return;
   }
 #endif
-  attention_tiled_forward_low(out, lse, qkv, B, T, C, NH, scratch);
+  attention_tiled_forward_low(out, lse, qkv, B, T, C, NH, NKV, scratch);
 }
 void attention_tiled_backward(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qkv,
                               const bf16_t* out, const float* lse, int B, int T, int C, int NH,
-                              float* scratch) {
+                              int NKV, float* scratch) {
 #if defined(__x86_64__) && defined(__GNUC__)
   const AttentionBf16Kernel kernel = resolved_kernel();
-  if (NH > 0 && C % NH == 0 && use_bf16_products(C / NH)) {  // for_each_head_bf16 checks T
+  if (NH > 0 && C % NH == 0 && use_bf16_products(C / NH)) {  // the kernels check the rest
     if (kernel == AttentionBf16Kernel::kAmx) {
-      attention_tiled_backward_dp<true>(dqkv, dout, qkv, out, lse, B, T, C, NH, scratch);
+      attention_tiled_backward_dp<true>(dqkv, dout, qkv, out, lse, B, T, C, NH, NKV, scratch);
     } else {
-      attention_tiled_backward_dp<false>(dqkv, dout, qkv, out, lse, B, T, C, NH, scratch);
+      attention_tiled_backward_dp<false>(dqkv, dout, qkv, out, lse, B, T, C, NH, NKV, scratch);
     }
     return;
   }
 #endif
-  attention_tiled_backward_low(dqkv, dout, qkv, out, lse, B, T, C, NH, scratch);
+  attention_tiled_backward_low(dqkv, dout, qkv, out, lse, B, T, C, NH, NKV, scratch);
 }
 void attention_tiled_forward(f16_t* out, float* lse, const f16_t* qkv, int B, int T, int C, int NH,
-                             float* scratch) {
-  attention_tiled_forward_low(out, lse, qkv, B, T, C, NH, scratch);
+                             int NKV, float* scratch) {
+  attention_tiled_forward_low(out, lse, qkv, B, T, C, NH, NKV, scratch);
 }
 void attention_tiled_backward(f16_t* dqkv, const f16_t* dout, const f16_t* qkv, const f16_t* out,
-                              const float* lse, int B, int T, int C, int NH, float* scratch) {
-  attention_tiled_backward_low(dqkv, dout, qkv, out, lse, B, T, C, NH, scratch);
+                              const float* lse, int B, int T, int C, int NH, int NKV,
+                              float* scratch) {
+  attention_tiled_backward_low(dqkv, dout, qkv, out, lse, B, T, C, NH, NKV, scratch);
 }
 
 void attention_tiled_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH,
-                             float* scratch) {
-  HR_CHECK(NH > 0 && C % NH == 0 && T >= 1);
-  const int HS = C / NH;
-  const int64_t C3 = int64_t{3} * C;
+                             int NKV, float* scratch) {
+  HR_CHECK(T >= 1);
+  const Gqa g = gqa_shape(C, NH, NKV);
+  const int HS = g.HS;
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
   const int BH = B * NH;
   const int slots = std::min(BH, kAttentionMaxWorkers);
@@ -1352,37 +1430,70 @@ void attention_tiled_forward(float* out, float* lse, const float* qkv, int B, in
     float* slot = scratch + omp_get_thread_num() * slot_floats;
 #pragma omp for schedule(dynamic, 1)
     for (int bh = 0; bh < BH; ++bh) {
-      const int b = bh / NH, h = bh % NH;
-      const float* base = qkv + int64_t{b} * T * C3 + int64_t{h} * HS;
-      forward_head(out + int64_t{b} * T * C + int64_t{h} * HS, lse + int64_t{bh} * T, base,
-                   base + C, base + 2 * C, C3, C, T, HS, scale, slot);
+      const int b = bh / NH, h = bh % NH, j = h / g.group;
+      const float* base = qkv + int64_t{b} * T * g.W;
+      forward_head(out + int64_t{b} * T * C + int64_t{h} * HS, lse + int64_t{bh} * T, base + g.q(h),
+                   base + g.k(j), base + g.v(j), g.W, C, T, HS, scale, slot);
     }
   }
 }
 
 void attention_tiled_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
-                              const float* lse, int B, int T, int C, int NH, float* scratch) {
-  HR_CHECK(NH > 0 && C % NH == 0 && T >= 1);
-  const int HS = C / NH;
-  const int64_t C3 = int64_t{3} * C;
+                              const float* lse, int B, int T, int C, int NH, int NKV,
+                              float* scratch) {
+  HR_CHECK(T >= 1);
+  const Gqa g = gqa_shape(C, NH, NKV);
+  const int HS = g.HS;
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
-  const int BH = B * NH;
-  const int slots = std::min(BH, kAttentionMaxWorkers);
+  const int BK = B * NKV;
+  const int slots = std::min(BK, kAttentionMaxWorkers);
   const size_t slot_floats = backward_slot_floats(T, HS);
 #pragma omp parallel num_threads(workers_for(slots))
   {
     float* slot = scratch + omp_get_thread_num() * slot_floats;
 #pragma omp for schedule(dynamic, 1)
-    for (int bh = 0; bh < BH; ++bh) {
-      const int b = bh / NH, h = bh % NH;
-      const int64_t off3 = int64_t{b} * T * C3 + int64_t{h} * HS;
-      const int64_t off1 = int64_t{b} * T * C + int64_t{h} * HS;
-      const float* base = qkv + off3;
-      float* dbase = dqkv + off3;
-      backward_head(dbase, dbase + C, dbase + 2 * C, base, base + C, base + 2 * C, dout + off1,
-                    out + off1, lse + int64_t{bh} * T, C3, C, T, HS, scale, slot);
+    for (int bk = 0; bk < BK; ++bk) {
+      const int b = bk / NKV, j = bk % NKV;
+      const int64_t row0 = int64_t{b} * T * g.W;
+      backward_pack_kv(qkv + row0 + g.k(j), qkv + row0 + g.v(j), g.W, T, HS, slot);
+      // The group's query heads in order: dk and dv of kv head j summed over them in fp32, in
+      // place in dqkv (overwritten by the first).
+      for (int i = 0; i < g.group; ++i) {
+        const int h = j * g.group + i;
+        const int64_t off1 = int64_t{b} * T * C + int64_t{h} * HS;
+        backward_query_head(dqkv + row0 + g.q(h), dqkv + row0 + g.k(j), dqkv + row0 + g.v(j),
+                            qkv + row0 + g.q(h), dout + off1, out + off1,
+                            lse + (int64_t{b} * NH + h) * T, g.W, C, T, HS, scale, i > 0, slot);
+      }
     }
   }
+}
+
+// Multi-head attention: the same kernels with one query head per kv head.
+void attention_tiled_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH,
+                             float* scratch) {
+  attention_tiled_forward(out, lse, qkv, B, T, C, NH, NH, scratch);
+}
+void attention_tiled_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+                              const float* lse, int B, int T, int C, int NH, float* scratch) {
+  attention_tiled_backward(dqkv, dout, qkv, out, lse, B, T, C, NH, NH, scratch);
+}
+void attention_tiled_forward(bf16_t* out, float* lse, const bf16_t* qkv, int B, int T, int C,
+                             int NH, float* scratch) {
+  attention_tiled_forward(out, lse, qkv, B, T, C, NH, NH, scratch);
+}
+void attention_tiled_backward(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qkv,
+                              const bf16_t* out, const float* lse, int B, int T, int C, int NH,
+                              float* scratch) {
+  attention_tiled_backward(dqkv, dout, qkv, out, lse, B, T, C, NH, NH, scratch);
+}
+void attention_tiled_forward(f16_t* out, float* lse, const f16_t* qkv, int B, int T, int C, int NH,
+                             float* scratch) {
+  attention_tiled_forward(out, lse, qkv, B, T, C, NH, NH, scratch);
+}
+void attention_tiled_backward(f16_t* dqkv, const f16_t* dout, const f16_t* qkv, const f16_t* out,
+                              const float* lse, int B, int T, int C, int NH, float* scratch) {
+  attention_tiled_backward(dqkv, dout, qkv, out, lse, B, T, C, NH, NH, scratch);
 }
 
 }  // namespace headroom::cpu

@@ -83,6 +83,36 @@ void attention_tiled_forward(f16_t* out, float* lse, const f16_t* qkv, int B, in
 void attention_tiled_backward(f16_t* dqkv, const f16_t* dout, const f16_t* qkv, const f16_t* out,
                               const float* lse, int B, int T, int C, int NH, float* scratch);
 
+// ---- grouped-query attention (Llama): the functions above with NKV kv heads ------------------
+// qkv[B, T, (NH + 2 NKV) HS] holds the NH q heads, then the NKV k heads, then the NKV v heads,
+// HS = C / NH channels each; query head h reads kv head h / (NH / NKV); out[B, T, C] and lse[B,
+// NH, T] as above. dqkv[B, T, (NH + 2 NKV) HS] is overwritten; each kv head's dk and dv are
+// summed over its group's query heads (in fp32, in query-head order, inside one task: no K/V
+// heads are expanded in memory). With NKV == NH these are the functions above, bit for bit (they
+// call these). REQUIRES: NKV > 0, NH % NKV == 0, C % NH == 0, T >= 1. Bit-identical for any
+// thread count on each path.
+// The forward's tasks are query heads (scratch as above, whatever NKV); the backward's are (b, kv
+// head) pairs: min(B * NKV, 64) slots of the sizes above.
+size_t attention_tiled_scratch_floats(int B, int T, int C, int NH, int NKV,
+                                      DType storage = DType::kF32);
+size_t attention_tiled_backward_scratch_floats(int B, int T, int C, int NH, int NKV,
+                                               DType storage = DType::kF32);
+void attention_tiled_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH,
+                             int NKV, float* scratch);
+void attention_tiled_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+                              const float* lse, int B, int T, int C, int NH, int NKV,
+                              float* scratch);
+void attention_tiled_forward(bf16_t* out, float* lse, const bf16_t* qkv, int B, int T, int C,
+                             int NH, int NKV, float* scratch);
+void attention_tiled_backward(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qkv,
+                              const bf16_t* out, const float* lse, int B, int T, int C, int NH,
+                              int NKV, float* scratch);
+void attention_tiled_forward(f16_t* out, float* lse, const f16_t* qkv, int B, int T, int C, int NH,
+                             int NKV, float* scratch);
+void attention_tiled_backward(f16_t* dqkv, const f16_t* dout, const f16_t* qkv, const f16_t* out,
+                              const float* lse, int B, int T, int C, int NH, int NKV,
+                              float* scratch);
+
 // ---- LM head fused with cross-entropy, chunked over tokens ----------------------------------
 // logits[n,:] = x[n,:] x wte^T (wte[V,C], the tied embedding, kOutIn layout) are computed for
 // `chunk` rows at a time into scratch and reduced at once, so the N x V logits never exist.

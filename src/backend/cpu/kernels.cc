@@ -932,26 +932,32 @@ void gemm_f16(bool trans_a, bool trans_b, int M, int N, int K, const float* A, i
 }
 
 // ---- attention -----------------------------------------------------------------------------
-// Layout: qkv[b, t, 0:C] = q, [C:2C] = k, [2C:3C] = v; head h uses [h*HS, (h+1)*HS) of each.
-// Every (b, h) pair is independent and owns its slices of out / att / dqkv / scratch, so the
-// loops over (b, h) run in parallel without races.
+// Layout: a qkv row holds the NH q heads, then the NKV k heads, then the NKV v heads, HS each
+// (with NKV == NH: q, k, v of C each); query head h reads kv head j = h / (NH / NKV). The
+// forward's (b, h) pairs are independent and own their slices of out / att; the backward's tasks
+// are (b, j) pairs, which own kv head j's dk / dv and their query heads' dq and scratch rows, so
+// the loops run in parallel without races.
 
-void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) {
-  HR_CHECK(C % NH == 0);
-  const int HS = C / NH;
-  const int64_t C3 = int64_t{3} * C;
+void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH,
+                       int NKV) {
+  HR_CHECK(NH > 0 && NKV > 0 && NH % NKV == 0 && C % NH == 0);
+  const int HS = C / NH, group = NH / NKV;
+  const int64_t W = int64_t{NH + 2 * NKV} * HS;
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
 #pragma omp parallel for collapse(2) schedule(static)
   for (int b = 0; b < B; ++b) {
     for (int h = 0; h < NH; ++h) {
-      const float* base = qkv + int64_t{b} * T * C3 + int64_t{h} * HS;
+      const int j = h / group;
+      const float* q0 = qkv + int64_t{b} * T * W + int64_t{h} * HS;
+      const float* k0 = qkv + int64_t{b} * T * W + int64_t{NH + j} * HS;
+      const float* v0 = k0 + int64_t{NKV} * HS;
       float* att_bh = att + (int64_t{b} * NH + h) * T * T;
       for (int t = 0; t < T; ++t) {
-        const float* q = base + t * C3;
+        const float* q = q0 + t * W;
         float* row = att_bh + int64_t{t} * T;
         float maxv = -INFINITY;
         for (int s = 0; s <= t; ++s) {
-          const float v = dot(q, base + s * C3 + C, HS) * scale;
+          const float v = dot(q, k0 + s * W, HS) * scale;
           row[s] = v;
           maxv = std::max(maxv, v);
         }
@@ -968,59 +974,79 @@ void attention_forward(float* out, float* att, const float* qkv, int B, int T, i
         for (int s = t + 1; s < T; ++s) row[s] = 0.0f;
         float* o = out + (int64_t{b} * T + t) * C + int64_t{h} * HS;
         std::fill(o, o + HS, 0.0f);
-        for (int s = 0; s <= t; ++s) axpy(o, row[s], base + s * C3 + 2 * C, HS);
+        for (int s = 0; s <= t; ++s) axpy(o, row[s], v0 + s * W, HS);
       }
     }
   }
 }
 
-size_t attention_backward_scratch_floats(int B, int T, int NH) {
-  // One row of dL/d(probabilities) per (b, h): independent of the thread count, so the planner
-  // can size it from the shapes alone.
+void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) {
+  attention_forward(out, att, qkv, B, T, C, NH, NH);
+}
+
+size_t attention_backward_scratch_floats(int B, int T, int NH, int NKV) {
+  // One row of dL/d(probabilities) per (b, query head): independent of the thread count, so the
+  // planner can size it from the shapes alone.
+  (void)NKV;
   return static_cast<size_t>(B) * NH * T;
+}
+size_t attention_backward_scratch_floats(int B, int T, int NH) {
+  return attention_backward_scratch_floats(B, T, NH, NH);
+}
+
+void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
+                        const float* att, int B, int T, int C, int NH, int NKV) {
+  HR_CHECK(NH > 0 && NKV > 0 && NH % NKV == 0 && C % NH == 0);
+  const int HS = C / NH, group = NH / NKV;
+  const int64_t W = int64_t{NH + 2 * NKV} * HS;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int b = 0; b < B; ++b) {
+    for (int j = 0; j < NKV; ++j) {
+      const int64_t row0 = int64_t{b} * T * W;
+      const float* k0 = qkv + row0 + int64_t{NH + j} * HS;
+      const float* v0 = k0 + int64_t{NKV} * HS;
+      float* dk0 = dqkv + row0 + int64_t{NH + j} * HS;
+      float* dv0 = dk0 + int64_t{NKV} * HS;
+      for (int t = 0; t < T; ++t) {
+        std::fill(dk0 + t * W, dk0 + t * W + HS, 0.0f);
+        std::fill(dv0 + t * W, dv0 + t * W + HS, 0.0f);
+      }
+      for (int i = 0; i < group; ++i) {  // dk, dv summed over the group in this order
+        const int h = j * group + i;
+        const float* q0 = qkv + row0 + int64_t{h} * HS;
+        float* dq0 = dqkv + row0 + int64_t{h} * HS;
+        const float* att_bh = att + (int64_t{b} * NH + h) * T * T;
+        float* datt = scratch + (int64_t{b} * NH + h) * T;
+        for (int t = 0; t < T; ++t) std::fill(dq0 + t * W, dq0 + t * W + HS, 0.0f);
+        for (int t = 0; t < T; ++t) {
+          const float* row = att_bh + int64_t{t} * T;
+          const float* dy = dout + (int64_t{b} * T + t) * C + int64_t{h} * HS;
+          // out_t = sum_s p_s v_s  =>  dp_s = dy . v_s,  dv_s += p_s dy
+          float sum_pdp = 0.0f;
+          for (int s = 0; s <= t; ++s) {
+            const float dp = dot(dy, v0 + s * W, HS);
+            datt[s] = dp;
+            sum_pdp += row[s] * dp;
+            axpy(dv0 + s * W, row[s], dy, HS);
+          }
+          // softmax: dscore_s = p_s (dp_s - sum_u p_u dp_u); score = scale * q . k
+          const float* q = q0 + t * W;
+          float* dq = dq0 + t * W;
+          for (int s = 0; s <= t; ++s) {
+            const float ds = row[s] * (datt[s] - sum_pdp) * scale;
+            axpy(dq, ds, k0 + s * W, HS);
+            axpy(dk0 + s * W, ds, q, HS);
+          }
+        }
+      }
+    }
+  }
 }
 
 void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
                         const float* att, int B, int T, int C, int NH) {
-  HR_CHECK(C % NH == 0);
-  const int HS = C / NH;
-  const int64_t C3 = int64_t{3} * C;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
-#pragma omp parallel for collapse(2) schedule(static)
-  for (int b = 0; b < B; ++b) {
-    for (int h = 0; h < NH; ++h) {
-      const float* base = qkv + int64_t{b} * T * C3 + int64_t{h} * HS;
-      float* dbase = dqkv + int64_t{b} * T * C3 + int64_t{h} * HS;
-      const float* att_bh = att + (int64_t{b} * NH + h) * T * T;
-      float* datt = scratch + (int64_t{b} * NH + h) * T;
-      for (int t = 0; t < T; ++t) {
-        for (int part = 0; part < 3; ++part) {
-          float* d = dbase + t * C3 + part * C;
-          std::fill(d, d + HS, 0.0f);
-        }
-      }
-      for (int t = 0; t < T; ++t) {
-        const float* row = att_bh + int64_t{t} * T;
-        const float* dy = dout + (int64_t{b} * T + t) * C + int64_t{h} * HS;
-        // out_t = sum_s p_s v_s  =>  dp_s = dy . v_s,  dv_s += p_s dy
-        float sum_pdp = 0.0f;
-        for (int s = 0; s <= t; ++s) {
-          const float dp = dot(dy, base + s * C3 + 2 * C, HS);
-          datt[s] = dp;
-          sum_pdp += row[s] * dp;
-          axpy(dbase + s * C3 + 2 * C, row[s], dy, HS);
-        }
-        // softmax: dscore_s = p_s (dp_s - sum_u p_u dp_u); score = scale * q . k
-        const float* q = base + t * C3;
-        float* dq = dbase + t * C3;
-        for (int s = 0; s <= t; ++s) {
-          const float ds = row[s] * (datt[s] - sum_pdp) * scale;
-          axpy(dq, ds, base + s * C3 + C, HS);
-          axpy(dbase + s * C3 + C, ds, q, HS);
-        }
-      }
-    }
-  }
+  attention_backward(dqkv, scratch, dout, qkv, att, B, T, C, NH, NH);
 }
 
 // ---- GELU ----------------------------------------------------------------------------------

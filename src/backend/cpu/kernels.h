@@ -79,6 +79,17 @@ void attention_forward(float* out, float* att, const float* qkv, int B, int T, i
 void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
                         const float* att, int B, int T, int C, int NH);
 size_t attention_backward_scratch_floats(int B, int T, int NH);
+// Grouped-query attention (Llama): qkv[B,T,(NH + 2 NKV) HS] holds the NH q heads, then the NKV k
+// heads, then the NKV v heads (HS = C/NH each); query head h reads kv head h / (NH/NKV). out and
+// att as above; dqkv[B,T,(NH + 2 NKV) HS] overwritten, each kv head's dk and dv summed over its
+// group's query heads (in query-head order, one task per (b, kv head)). With NKV == NH, the
+// functions above, bit for bit (they call these). REQUIRES: NKV > 0, NH % NKV == 0.
+void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH,
+                       int NKV);
+void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
+                        const float* att, int B, int T, int C, int NH, int NKV);
+// B*NH*T floats: one row of dL/d(probabilities) per (b, query head), whatever NKV.
+size_t attention_backward_scratch_floats(int B, int T, int NH, int NKV);
 
 // ---- GELU, tanh approximation (torch.nn.functional.gelu(x, approximate="tanh")) -------------
 void gelu_forward(float* out, const float* inp, int64_t n);
