@@ -25,6 +25,8 @@ TEST(JsonText, TrainerStateJsonParsesWithArbitraryBytesInTheDataPath) {
   const model::ParamTable table = model::gpt2_param_table(cfg);
   const std::vector<float> zeros(size_t(table.total_floats), 0.0f);
   for (const std::string& s : test::json_text_cases(20)) {
+    // Each checkpoint is fsync'ed: of the single bytes, only a few (the other tests take all).
+    if (s.size() == 1 && s != "\x80" && s != "\xC3" && s != "\xFF" && s != "a") continue;
     train::CheckpointView v{&cfg, &table, zeros.data(), zeros.data(), zeros.data(), {}};
     v.state.step = 1;
     v.state.total_steps = 2;
