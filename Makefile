@@ -5,23 +5,31 @@ HEADROOM := $(BUILD)/headroom
 ARGS ?=
 FUZZ_SECONDS ?= 30
 
-.PHONY: setup build run test bench fuzz format clean reference
+.PHONY: setup configure build run test bench fuzz format clean reference
 
 setup:
 	@scripts/setup
 
-build: setup
+configure: setup
 	@cmake --preset $(PRESET) >/dev/null
+
+# Everything: the executable, every test and every benchmark.
+build: configure
 	@cmake --build --preset $(PRESET)
 
-# Trains the default model (gpt2-tiny) on the default corpus (Debian's fortunes).
-run: build
+# Trains the default model (gpt2-tiny) on the default corpus (Debian's fortunes). Builds the
+# headroom executable only (about 70 of the build's steps), not the tests and benchmarks.
+run: configure
+	@cmake --build --preset $(PRESET) --target headroom
 	$(HEADROOM) train $(ARGS)
 
-test: build
+# Builds what ctest runs (all_tests: the test programs and the executable, no benchmarks).
+test: configure
+	@cmake --build --preset $(PRESET) --target all_tests
 	ctest --preset $(PRESET)
 
-bench: build
+bench: configure
+	@cmake --build --preset $(PRESET) --target gemm_bench
 	$(BUILD)/gemm_bench
 
 # Builds the libFuzzer targets of the file readers with clang (build/fuzz) and runs each for

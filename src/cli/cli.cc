@@ -20,11 +20,14 @@
 #include <fmt/format.h>
 
 #include "backend/cpu/amx_gemm.h"
+#include "backend/cpu/build_info.h"
 #include "backend/cpu/device.h"
 #include "backend/cpu/fused_kernels.h"
 #include "backend/cpu/kernels.h"
+#include "cli/flag_rules.h"
 #include "core/log.h"
 #include "core/units.h"
+#include "core/utf8.h"
 #include "data/prepare.h"
 #include "data/token_file.h"
 #include "data/tokenizer.h"
@@ -42,6 +45,9 @@
 
 #ifndef HEADROOM_VERSION
 #define HEADROOM_VERSION "0.1.0"
+#endif
+#ifndef HEADROOM_BUILD_TYPE
+#define HEADROOM_BUILD_TYPE "unknown"
 #endif
 
 namespace headroom::cli {
@@ -95,13 +101,13 @@ Result<std::string> default_corpus(const std::string& vocab_dir) {
 }
 
 Result<uint64_t> device_budget(const std::string& flag) {
-  if (flag.empty() || flag == "auto") {
+  HR_ASSIGN_OR_RETURN(const std::optional<uint64_t> b,
+                      parse_size_flag("--device-memory", flag, true));
+  if (!b) {
     cpu::CpuDeviceInfo info = cpu::query_cpu_device();
     return cpu::default_device_budget(info);
   }
-  HR_ASSIGN_OR_RETURN(uint64_t b, parse_bytes(flag));
-  if (b == 0) return Status::invalid_argument("--device-memory must be positive");
-  return b;
+  return *b;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -148,6 +154,24 @@ struct TrainFlags {
   std::vector<int> inject_overflow;    // train: --inject-overflow-at STEP (tests; hidden)
 };
 
+// The integer flags' rules (cli/flag_rules.h, docs/notes/flags.md): counts start at 1 and "auto"
+// stands for the default where there is one; 0 is accepted only where it means something, said
+// in --help. The upper bounds keep products such as micro-batch x seq x ranks inside int.
+constexpr uint64_t kMaxCount = uint64_t(1) << 20;
+constexpr IntRule kSeqRule{.max = kMaxCount,
+                           .what = "the sequence length in tokens",
+                           .auto_means = "min(128, n_positions)"};
+constexpr IntRule kBatchRule{
+    .max = kMaxCount, .what = "the micro-batch in sequences", .auto_means = "the planner's choice"};
+constexpr IntRule kGlobalBatchRule{.max = kMaxCount,
+                                   .what = "sequences per optimizer step",
+                                   .auto_means = "--batch times the ranks, or 8"};
+constexpr IntRule kStepsRule{.what = "optimizer steps"};
+constexpr IntRule kSeedRule{
+    .min = 0, .max = std::numeric_limits<uint64_t>::max(), .what = "the random seed"};
+constexpr IntRule kThreadsRule{
+    .max = 1 << 16, .what = "OpenMP threads", .auto_means = "the cores available"};
+
 void add_train_flags(CLI::App* app, TrainFlags& f) {
   f.model_option = app->add_option("--model", f.model,
                                    "preset (gpt2-tiny, gpt2, gpt2-medium, gpt2-large, gpt2-xl), "
@@ -155,11 +179,15 @@ void add_train_flags(CLI::App* app, TrainFlags& f) {
                        ->capture_default_str();
   app->add_option("--data", f.data,
                   "token file from `headroom prepare` (default: Debian's fortunes, prepared once)");
-  app->add_option("--seq", f.seq, "sequence length T (default: min(128, n_positions))");
-  app->add_option("--batch", f.batch, "micro-batch in sequences (default: the planner's choice)");
-  app->add_option("--global-batch", f.global_batch,
-                  "sequences per optimizer step; a multiple of --batch (default: --batch, or 8)");
-  app->add_option("--steps", f.steps, "optimizer steps")->capture_default_str();
+  // Integer and size flags go through one parser with one set of rules (cli/flag_rules.h).
+  add_int_flag(app, "--seq", f.seq, kSeqRule,
+               "sequence length T in tokens (default, or auto: min(128, n_positions))");
+  add_int_flag(app, "--batch", f.batch, kBatchRule,
+               "micro-batch in sequences, at least 1 (default, or auto: the planner's choice)");
+  add_int_flag(app, "--global-batch", f.global_batch, kGlobalBatchRule,
+               "sequences per optimizer step; a multiple of --batch (default, or auto: --batch "
+               "times the ranks, or 8)");
+  add_int_flag(app, "--steps", f.steps, kStepsRule, "optimizer steps", true);
   app->add_option("--precision", f.precision,
                   "auto (the planner chooses fp32 or bf16), fp32, bf16 (mixed: bf16 GEMMs and "
                   "activations, fp32 master weights and optimizer state), or fp16 (the same with "
@@ -175,30 +203,34 @@ void add_train_flags(CLI::App* app, TrainFlags& f) {
       ->capture_default_str();
   app->add_option("--device", f.device, "cpu or a GPU name for `plan` (H100-80GB, L4, ...)")
       ->capture_default_str();
-  app->add_option("--device-memory", f.device_memory,
-                  "device memory budget, e.g. 4GiB (default: available memory less a margin, "
-                  "cgroup limits respected)")
-      ->capture_default_str();
-  app->add_option("--seed", f.seed, "seed for initialisation")->capture_default_str();
+  add_size_flag(app, "--device-memory", f.device_memory, true,
+                "device memory budget, e.g. 4GiB (default, or auto: available memory less a "
+                "margin, cgroup limits respected)",
+                true);
+  add_int_flag(app, "--seed", f.seed, kSeedRule, "seed for initialisation", true);
   app->add_option("--plan", f.plan,
                   "auto (the planner chooses micro-batch and accumulation) or the JSON file of "
                   "`headroom plan --json`")
       ->capture_default_str();
   app->add_option("--lr", f.lr,
                   "peak learning rate (default: 1e-3 below 50M parameters, else 6e-4)");
-  app->add_option("--warmup", f.warmup, "warmup steps (default: 10% of --steps, at most 100)");
-  app->add_option("--threads", f.threads, "OpenMP threads (default: the cores available)");
+  add_int_flag(app, "--warmup", f.warmup,
+               {.min = 0, .what = "warmup steps", .auto_means = "10% of --steps, at most 100"},
+               "warmup steps, 0 for none (default, or auto: 10% of --steps, at most 100)", false,
+               -1);
+  add_int_flag(app, "--threads", f.threads, kThreadsRule,
+               "OpenMP threads (default, or auto: the cores available)");
   app->add_option("--vocab", f.vocab, "directory with the GPT-2 vocabulary (default: set-up's)");
   app->add_option("--offload-optimizer", f.offload_optimizer,
                   "optimizer offload: auto (the planner chooses: on only where it fits and no "
                   "offload does not, or is faster), on (fp32 master weights and AdamW m, v in the "
                   "offload tier, where AdamW runs), or off")
       ->capture_default_str();
-  app->add_option("--offload-memory", f.offload_memory,
-                  "the offload tier's budget (host memory), e.g. 64GiB, for the offloaded "
-                  "optimizer state and activations together (default: the host's available "
-                  "memory, MemAvailable; `plan` for a named GPU: not limited)")
-      ->capture_default_str();
+  add_size_flag(app, "--offload-memory", f.offload_memory, true,
+                "the offload tier's budget (host memory), e.g. 64GiB, for the offloaded "
+                "optimizer state and activations together (default, or auto: the host's "
+                "available memory, MemAvailable; `plan` for a named GPU: not limited)",
+                true);
 }
 
 // --offload-optimizer, --offload-activations (`name`): auto (unset: the planner chooses), on, off.
@@ -212,20 +244,9 @@ Result<std::optional<bool>> parse_offload(const std::string& flag, const char* n
 // --offload-memory: a size, or auto: the host's available memory (MemAvailable, cgroup limits
 // respected) when the offload tier is this host's, or not limited (0) for a named GPU's host.
 Result<uint64_t> offload_budget(const std::string& flag, bool this_host) {
-  if (flag.empty() || flag == "auto") {
-    return this_host ? cpu::query_cpu_device().available_bytes : uint64_t(0);
-  }
-  Result<uint64_t> b = parse_bytes(flag);
-  if (!b.is_ok()) {
-    return Status::invalid_argument(
-        fmt::format("--offload-memory {}: {} (give a size such as 64GiB, or auto)", flag,
-                    b.status().message()));
-  }
-  if (*b == 0) {
-    return Status::invalid_argument(
-        "--offload-memory 0: the offload tier's budget must be positive (or auto: the host's "
-        "available memory)");
-  }
+  HR_ASSIGN_OR_RETURN(const std::optional<uint64_t> b,
+                      parse_size_flag("--offload-memory", flag, true));
+  if (!b) return this_host ? cpu::query_cpu_device().available_bytes : uint64_t(0);
   return *b;
 }
 
@@ -416,13 +437,13 @@ Status resolve_train_options(TrainFlags& f, train::TrainOptions* o) {
         return Status::invalid_argument(
             fmt::format("--plan {}: field 'chosen.precision' is {}; expected \"fp32\", \"bf16\" "
                         "or \"fp16\"",
-                        f.plan, ch["precision"].dump()));
+                        f.plan, dump_json(ch["precision"])));
       }
       o->exec.precision = precision_of(ch["precision"].get<std::string>());
       if (f.precision != "auto" && f.precision != ch["precision"].get<std::string>()) {
         return Status::invalid_argument(
             fmt::format("--precision {} contradicts the plan's {} in {}", f.precision,
-                        ch["precision"].dump(), f.plan));
+                        dump_json(ch["precision"]), f.plan));
       }
     } else if (f.precision == "bf16" || f.precision == "fp16") {
       o->exec.precision = precision_of(f.precision);
@@ -435,21 +456,21 @@ Status resolve_train_options(TrainFlags& f, train::TrainOptions* o) {
             fmt::format("--plan {}: field 'chosen.offload' is {}; expected \"none\", "
                         "\"optimizer\", \"activations\" or \"all\" (offload_per_block says which "
                         "blocks)",
-                        f.plan, ch["offload"].dump()));
+                        f.plan, dump_json(ch["offload"])));
       }
       o->offload_optimizer = ch["offload"] == "optimizer" || ch["offload"] == "all";
     }
     if (offload && *offload != o->offload_optimizer) {
       return Status::invalid_argument(fmt::format(
           "--offload-optimizer {} contradicts the plan's offload {} in {}", f.offload_optimizer,
-          ch.contains("offload") ? ch["offload"].dump() : std::string("\"none\""), f.plan));
+          ch.contains("offload") ? dump_json(ch["offload"]) : std::string("\"none\""), f.plan));
     }
     if (ch.contains("bf16_weights")) {
       if (ch["bf16_weights"] != "copy" && ch["bf16_weights"] != "cast per layer") {
         return Status::invalid_argument(fmt::format(
             "--plan {}: field 'chosen.bf16_weights' is {}; expected \"copy\" or \"cast per "
             "layer\"",
-            f.plan, ch["bf16_weights"].dump()));
+            f.plan, dump_json(ch["bf16_weights"])));
       }
       o->exec.bf16_weight_copy = ch["bf16_weights"] == "copy";
     }
@@ -476,7 +497,7 @@ Status resolve_train_options(TrainFlags& f, train::TrainOptions* o) {
         if (!r) {
           return Status::invalid_argument(fmt::format(
               "--plan {}: 'chosen.recompute_per_block' has {}; use none, selective or full", f.plan,
-              v.dump()));
+              dump_json(v)));
         }
         o->exec.recompute.push_back(*r);
       }
@@ -490,8 +511,9 @@ Status resolve_train_options(TrainFlags& f, train::TrainOptions* o) {
       }
       for (const json& v : op) {
         if (!v.is_boolean()) {
-          return Status::invalid_argument(fmt::format(
-              "--plan {}: 'chosen.offload_per_block' has {}; use true or false", f.plan, v.dump()));
+          return Status::invalid_argument(
+              fmt::format("--plan {}: 'chosen.offload_per_block' has {}; use true or false", f.plan,
+                          dump_json(v)));
         }
         o->exec.offload.push_back(v.get<bool>());
       }
@@ -580,9 +602,9 @@ Result<plan::DeviceSpec> resolve_device(const std::string& device, const std::st
     return plan::cpu_device_spec(cal, budget);
   }
   HR_ASSIGN_OR_RETURN(plan::DeviceSpec spec, plan::named_device(device));
-  if (!memory_flag.empty() && memory_flag != "auto") {
-    HR_ASSIGN_OR_RETURN(spec.memory_bytes, parse_bytes(memory_flag));
-  }
+  HR_ASSIGN_OR_RETURN(const std::optional<uint64_t> memory,
+                      parse_size_flag("--device-memory", memory_flag, true));
+  if (memory) spec.memory_bytes = *memory;
   return spec;
 }
 
@@ -964,7 +986,7 @@ int run_train(TrainFlags& f) {
   };
   cb.on_step = [&](const train::StepStats& s) {
     if (rank != 0) return;  // every rank's step is the same step
-    if (log.is_open()) log << step_json(s).dump() << "\n" << std::flush;
+    if (log.is_open()) log << dump_json(step_json(s)) << "\n" << std::flush;
     // Re-plans, recoveries and their memory reports are logged in every mode (stderr).
     for (const std::string& e : s.events) {
       f.json ? (void)std::fprintf(stderr, "%s\n", e.c_str()) : bar.println(e);
@@ -1058,8 +1080,8 @@ int run_train(TrainFlags& f) {
       j["per_rank"] = per_rank;
     }
     if (r->final_val_loss) j["final_val_loss"] = *r->final_val_loss;
-    // The sample may end inside a multi-byte character: replace invalid UTF-8, never throw.
-    std::printf("%s\n", j.dump(2, ' ', false, json::error_handler_t::replace).c_str());
+    // The sample may end inside a multi-byte character: U+FFFD for invalid UTF-8, never throw.
+    std::printf("%s\n", dump_json(j, 2).c_str());
     return 0;
   }
   std::fprintf(stderr, "done: loss %.4f", r->final_loss);
@@ -1148,10 +1170,19 @@ int run_generate(GenerateFlags& f) {
       });
   if (!ids.is_ok()) return fail(ids.status());
   if (f.json) {
+    // A byte-level BPE completion may stop inside a multi-byte character, and a prompt may be any
+    // bytes: the text fields are lossy where they are not UTF-8 (U+FFFD; docs/notes/json-text.md),
+    // the token ids exact. `tokens` are the completion's ids (the end-of-text token included when
+    // sampling stopped on it), `prompt_tokens` the prompt's as the model saw them.
     std::vector<int32_t> out = *ids;
     if (!out.empty() && out.back() == tok->eot_token()) out.pop_back();
-    json j = {{"prompt", f.prompt}, {"completion", tok->decode(out)}, {"tokens", *ids}};
-    std::printf("%s\n", j.dump(2).c_str());
+    const std::string completion = tok->decode(out);
+    json j = {{"prompt", f.prompt},
+              {"completion", completion},
+              {"tokens", *ids},
+              {"prompt_tokens", prompt},
+              {"text_is_exact", is_valid_utf8(f.prompt) && is_valid_utf8(completion)}};
+    std::printf("%s\n", dump_json(j, 2).c_str());
   } else {
     std::printf("\n");
   }
@@ -1178,7 +1209,7 @@ int run_prepare(PrepareFlags& f) {
   if (f.json) {
     json j = {{"out", f.out},         {"files", st->files}, {"documents", st->documents},
               {"tokens", st->tokens}, {"bytes", st->bytes}, {"seconds", st->seconds}};
-    std::printf("%s\n", j.dump(2).c_str());
+    std::printf("%s\n", dump_json(j, 2).c_str());
   } else {
     std::printf(
         "%s: %llu documents, %llu tokens from %llu files (%s of text) in %.1f s\n", f.out.c_str(),
@@ -1277,7 +1308,7 @@ int run_plan(PlanFlags& pf) {
     }
     if (!r->advice.empty()) j["advice"] = r->advice;
     j["planning_ms"] = r->planning_ms;
-    std::printf("%s\n", j.dump(2).c_str());
+    std::printf("%s\n", dump_json(j, 2).c_str());
     return r->chosen ? 0 : 3;
   }
 
@@ -1730,7 +1761,7 @@ int run_bench(BenchFlags& bf) {
       // Process CPU time (every thread's) of the same ops: what a busy host does not inflate.
       j["breakdown_cpu_ms_per_step"] = c;
     }
-    std::printf("%s\n", j.dump(2).c_str());
+    std::printf("%s\n", dump_json(j, 2).c_str());
   } else {
     std::printf(
         "%s, micro-batch %d x seq %d, %s, %s, %d threads: median step %.1f ms over %zu steps\n"
@@ -1800,6 +1831,58 @@ int run_bench(BenchFlags& bf) {
   return 0;
 }
 
+// `headroom --version` and `headroom version [--json]`: the version, what it was built with and
+// what this machine offers of it (the first lines of a bug report).
+json version_json() {
+  const cpu::BuildInfo b = cpu::build_info();
+#ifdef HEADROOM_HAVE_MPI
+  const bool mpi = true;
+#else
+  const bool mpi = false;
+#endif
+  return {{"version", HEADROOM_VERSION},
+          {"compiler", b.compiler},
+          {"build_type", HEADROOM_BUILD_TYPE},
+          {"avx512_kernels_compiled", b.avx512_kernels_compiled},
+          {"avx512_detected", b.avx512_detected},
+          {"avx512_bf16_detected", b.avx512_bf16_detected},
+          {"amx_kernels_compiled", b.amx_kernels_compiled},
+          {"amx_detected", b.amx_detected},
+          {"onednn_version", b.onednn_version},
+          {"openmp_version", b.openmp_version},
+          {"openmp_threads", b.openmp_threads},
+          {"mpi", mpi},
+          {"cuda", false}};
+}
+
+std::string version_text() {
+  const json j = version_json();
+  auto yes = [&](const char* key) { return j[key].get<bool>() ? "yes" : "no"; };
+  return fmt::format(
+      "headroom {}\n"
+      "  built with {} ({} build)\n"
+      "  AVX-512 kernels: compiled {}, this CPU {} (AVX512-BF16 {})\n"
+      "  AMX kernels: compiled {}, usable on this CPU {}\n"
+      "  oneDNN {}\n"
+      "  OpenMP {}, {} threads\n"
+      "  MPI: {}\n"
+      "  CUDA: {}",
+      j["version"].get<std::string>(), j["compiler"].get<std::string>(),
+      j["build_type"].get<std::string>(), yes("avx512_kernels_compiled"), yes("avx512_detected"),
+      yes("avx512_bf16_detected"), yes("amx_kernels_compiled"), yes("amx_detected"),
+      j["onednn_version"].get<std::string>(), j["openmp_version"].get<std::string>(),
+      j["openmp_threads"].get<int>(), yes("mpi"), yes("cuda"));
+}
+
+int run_version(bool as_json) {
+  if (as_json) {
+    std::printf("%s\n", dump_json(version_json(), 2).c_str());
+  } else {
+    std::printf("%s\n", version_text().c_str());
+  }
+  return 0;
+}
+
 // A fresh calibration's figure below this fraction of the cached one is warned about.
 constexpr double kCalibrationDropWarning = 0.6;
 
@@ -1835,7 +1918,7 @@ int run_calibrate(bool as_json) {
               {"date", c->date},
               {"path", path},
               {"drops", drops}};
-    std::printf("%s\n", j.dump(2).c_str());
+    std::printf("%s\n", dump_json(j, 2).c_str());
   } else {
     std::printf("%s\nsaved to %s\n", plan::describe_calibration(*c).c_str(), path.c_str());
   }
@@ -1845,8 +1928,15 @@ int run_calibrate(bool as_json) {
 
 int run(int argc, char** argv) {
   CLI::App app{"headroom: trains transformer language models in the memory you have"};
-  app.set_version_flag("--version", std::string("headroom ") + HEADROOM_VERSION);
+  app.set_version_flag("--version", version_text,
+                       "print the version and what it was built with, and exit");
   app.require_subcommand(1);
+  app.footer(
+      "JSON output (--json, --log-json, --profile's files, plan files, checkpoints): text that is "
+      "not valid UTF-8 (a path, a prompt, a completion ending inside a character) has U+FFFD for "
+      "its bad bytes; token ids are exact (docs/notes/json-text.md).\n"
+      "Integer flags take whole numbers; counts start at 1, and auto stands for the default where "
+      "--help says so; sizes are e.g. 4GiB, 512MiB, 24GB (docs/notes/flags.md).");
   bool verbose = false;
   app.add_flag("-v,--verbose", verbose, "more log output");
 
@@ -1854,26 +1944,26 @@ int run(int argc, char** argv) {
   CLI::App* train_cmd = app.add_subcommand("train", "train a GPT-2 model on a token file");
   add_train_flags(train_cmd, tf);
   train_cmd->add_option("--out", tf.out, "directory for the trained model")->capture_default_str();
-  train_cmd->add_option("--log-json", tf.log_json, "write one JSON object per step to FILE");
+  train_cmd->add_option("--log-json", tf.log_json,
+                        "write one JSON object per step to FILE (text as in --json: invalid "
+                        "UTF-8 as U+FFFD)");
   train_cmd->add_option("--device-memory-file", tf.device_memory_file,
                         "read the device budget (e.g. 2GiB) from FILE before every step; "
                         "editing it re-plans micro-batch, accumulation and recomputation "
                         "with the same global batch (instead of --device-memory)");
-  train_cmd->add_option("--eval-every", tf.eval_every,
-                        "steps between validation runs (default: only at the end)");
+  add_int_flag(train_cmd, "--eval-every", tf.eval_every, {.min = 0, .what = "steps"},
+               "steps between validation runs (default 0: only at the end)");
   train_cmd->add_option("--val-fraction", tf.val_fraction, "share of documents held out")
       ->capture_default_str();
-  train_cmd
-      ->add_option("--sample-tokens", tf.sample_tokens, "tokens to sample at the end (0: none)")
-      ->capture_default_str();
-  train_cmd
-      ->add_option("--save-every", tf.save_every,
-                   "write a checkpoint to OUT/checkpoints/step-NNNNNN every N steps and at "
-                   "the end (0: none)")
-      ->capture_default_str();
-  train_cmd
-      ->add_option("--keep-checkpoints", tf.keep_checkpoints, "newest checkpoints kept (0: all)")
-      ->capture_default_str();
+  add_int_flag(train_cmd, "--sample-tokens", tf.sample_tokens,
+               {.min = 0, .max = kMaxCount, .what = "tokens"},
+               "tokens to sample at the end (0: none)", true);
+  add_int_flag(train_cmd, "--save-every", tf.save_every, {.min = 0, .what = "steps"},
+               "write a checkpoint to OUT/checkpoints/step-NNNNNN every N steps and at the end "
+               "(0: none)",
+               true);
+  add_int_flag(train_cmd, "--keep-checkpoints", tf.keep_checkpoints,
+               {.min = 0, .what = "checkpoints"}, "newest checkpoints kept (0: all)", true);
   train_cmd
       ->add_option("--zero", tf.zero,
                    "ZeRO stage with several ranks (mpirun -np N headroom train ...): 0 all-reduces "
@@ -1891,21 +1981,21 @@ int run(int argc, char** argv) {
                    "fp16: dynamic (start at 2^16, halve on an overflow and skip that step, double "
                    "after --loss-scale-window good steps) or a fixed scale >= 1")
       ->capture_default_str();
-  train_cmd
-      ->add_option("--loss-scale-window", tf.loss_scale_window,
-                   "fp16, dynamic loss scale: good steps in a row before the scale doubles")
-      ->capture_default_str();
+  add_int_flag(train_cmd, "--loss-scale-window", tf.loss_scale_window, {.what = "steps"},
+               "fp16, dynamic loss scale: good steps in a row before the scale doubles", true);
   train_cmd
       ->add_option("--inject-overflow-at", tf.inject_overflow,
                    "tests: put an infinity into the gradients at these 1-based steps")
       ->group("");  // hidden
-  train_cmd->add_flag("--json", tf.json, "print the result as JSON instead of the progress bar");
+  train_cmd->add_flag("--json", tf.json,
+                      "print the result as JSON instead of the progress bar (the sample's and "
+                      "paths' bytes that are not UTF-8 as U+FFFD)");
   train_cmd->add_option("--batching", tf.batching,
                         "packed (default: T-token windows of the concatenated documents) or "
                         "bucketed (one document per row, rows of one length bucket per step, "
                         "padding masked out of the loss; docs/notes/batching.md)");
-  tf.bucket_option = train_cmd->add_option(
-      "--bucket", tf.bucket,
+  tf.bucket_option = add_int_flag(
+      train_cmd, "--bucket", tf.bucket, {.max = kMaxCount, .what = "tokens"},
       "--batching bucketed: bucket lengths are multiples of N tokens (default 32), up to --seq");
 
   GenerateFlags gf;
@@ -1914,16 +2004,20 @@ int run(int argc, char** argv) {
       ->add_option("--model-dir", gf.model_dir, "directory with config.json and model.safetensors")
       ->required();
   gen_cmd->add_option("--prompt", gf.prompt, "text to continue (default: a new document)");
-  gen_cmd->add_option("--max-new-tokens", gf.max_new_tokens, "tokens to generate")
-      ->capture_default_str();
+  add_int_flag(gen_cmd, "--max-new-tokens", gf.max_new_tokens, {.max = kMaxCount, .what = "tokens"},
+               "tokens to generate", true);
   gen_cmd->add_option("--temperature", gf.temperature, "sampling temperature; 0 = greedy")
       ->capture_default_str();
-  gen_cmd->add_option("--top-k", gf.top_k, "sample among the k most likely tokens; 0 = all")
-      ->capture_default_str();
-  gen_cmd->add_option("--seed", gf.seed, "sampling seed")->capture_default_str();
+  add_int_flag(gen_cmd, "--top-k", gf.top_k, {.min = 0, .what = "tokens"},
+               "sample among the k most likely tokens; 0 = all", true);
+  add_int_flag(gen_cmd, "--seed", gf.seed, kSeedRule, "sampling seed", true);
   gen_cmd->add_option("--vocab", gf.vocab, "directory with the GPT-2 vocabulary");
-  gen_cmd->add_option("--threads", gf.threads, "OpenMP threads (default: the cores available)");
-  gen_cmd->add_flag("--json", gf.json, "print prompt, completion and token ids as JSON");
+  add_int_flag(gen_cmd, "--threads", gf.threads, kThreadsRule,
+               "OpenMP threads (default, or auto: the cores available)");
+  gen_cmd->add_flag("--json", gf.json,
+                    "print prompt, completion, the completion's token ids (tokens) and the "
+                    "prompt's (prompt_tokens) as JSON; text that is not valid UTF-8 (a completion "
+                    "ending inside a character) has U+FFFD for its bad bytes, the ids are exact");
 
   PrepareFlags pf;
   CLI::App* prep_cmd =
@@ -1940,7 +2034,8 @@ int run(int argc, char** argv) {
   CLI::App* plan_cmd = app.add_subcommand(
       "plan", "plan the memory of a training configuration and choose the fastest that fits");
   add_train_flags(plan_cmd, plf.t);
-  plan_cmd->add_option("--devices", plf.devices, "data-parallel devices")->capture_default_str();
+  add_int_flag(plan_cmd, "--devices", plf.devices, {.max = 1 << 16, .what = "devices"},
+               "data-parallel devices", true);
   if (!plan_cmd->get_option_no_throw("--zero")) {
     plan_cmd
         ->add_option("--zero", plf.zero,
@@ -1955,16 +2050,23 @@ int run(int argc, char** argv) {
   CLI::App* bench_cmd = app.add_subcommand(
       "bench", "time whole training steps on random tokens (median after warm-up)");
   bench_cmd->add_option("--model", bnf.t.model, "preset or config.json")->capture_default_str();
-  bench_cmd->add_option("--batch", bnf.t.batch, "micro-batch in sequences (default: 8)");
-  bench_cmd->add_option("--seq", bnf.t.seq, "sequence length (default: min(256, n_positions))");
+  add_int_flag(bench_cmd, "--batch", bnf.t.batch,
+               {.max = kMaxCount, .what = "the micro-batch in sequences", .auto_means = "8"},
+               "micro-batch in sequences (default, or auto: 8)");
+  add_int_flag(bench_cmd, "--seq", bnf.t.seq,
+               {.max = kMaxCount,
+                .what = "the sequence length in tokens",
+                .auto_means = "min(256, n_positions)"},
+               "sequence length (default, or auto: min(256, n_positions))");
   bench_cmd->add_option("--precision", bnf.t.precision, "fp32, bf16 or fp16 (auto: fp32)")
       ->capture_default_str();
-  bench_cmd->add_option("--steps", bnf.t.steps, "timed steps")->capture_default_str();
-  bench_cmd->add_option("--warmup", bnf.warmup, "untimed steps first")->capture_default_str();
-  bench_cmd->add_option("--device-memory", bnf.t.device_memory, "device memory budget")
-      ->capture_default_str();
-  bench_cmd->add_option("--threads", bnf.t.threads,
-                        "OpenMP threads (default: the cores available)");
+  add_int_flag(bench_cmd, "--steps", bnf.t.steps, {.what = "timed steps"}, "timed steps", true);
+  add_int_flag(bench_cmd, "--warmup", bnf.warmup, {.min = 0, .what = "steps"},
+               "untimed steps first (0: none)", true);
+  add_size_flag(bench_cmd, "--device-memory", bnf.t.device_memory, true,
+                "device memory budget (default, or auto: available memory less a margin)", true);
+  add_int_flag(bench_cmd, "--threads", bnf.t.threads, kThreadsRule,
+               "OpenMP threads (default, or auto: the cores available)");
   bench_cmd->add_option("--recompute", bnf.t.recompute, "none, selective or full (every block)")
       ->capture_default_str();
   bench_cmd
@@ -1972,13 +2074,11 @@ int run(int argc, char** argv) {
                    "on: offload every block's saved activations to the offload tier; off (auto: "
                    "off)")
       ->capture_default_str();
-  bench_cmd->add_option("--offload-memory", bnf.t.offload_memory,
-                        "offload tier budget (default: the host's available memory)");
+  add_size_flag(bench_cmd, "--offload-memory", bnf.t.offload_memory, true,
+                "offload tier budget (default, or auto: the host's available memory)");
   bench_cmd->add_option("--attention", bnf.attention, "tiled or plain")->capture_default_str();
-  bench_cmd
-      ->add_option("--head-chunk", bnf.head_chunk,
-                   "tokens per chunk of the fused LM head; 0 = full logits")
-      ->capture_default_str();
+  add_int_flag(bench_cmd, "--head-chunk", bnf.head_chunk, {.min = 0, .what = "tokens"},
+               "tokens per chunk of the fused LM head; 0 = full logits", true);
   bench_cmd
       ->add_option("--bf16-weights", bnf.bf16_weights,
                    "bf16: keep a bf16 copy of the weights (copy) or cast each layer's before use "
@@ -2015,8 +2115,17 @@ int run(int argc, char** argv) {
       "calibrate", "measure this machine's GEMM speed and memory bandwidth for the cost model");
   cal_cmd->add_flag("--json", calib_json, "print the figures as JSON");
 
+  bool version_json_flag = false;
+  CLI::App* version_cmd = app.add_subcommand(
+      "version",
+      "print the version, the compiler, the kernels compiled and usable here, oneDNN, "
+      "OpenMP, MPI and CUDA");
+  version_cmd->add_flag("--json", version_json_flag, "print the same as one JSON object");
+
   try {
     app.parse(argc, argv);
+  } catch (const FlagValueError& e) {
+    return fail(Status::invalid_argument(e.what()));
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
@@ -2030,12 +2139,22 @@ int run(int argc, char** argv) {
   } catch (const std::invalid_argument& e) {
     return fail(Status::invalid_argument(std::string(e.what()) + " (unset it for the default)"));
   }
-  if (train_cmd->parsed()) return run_train(tf);
-  if (gen_cmd->parsed()) return run_generate(gf);
-  if (prep_cmd->parsed()) return run_prepare(pf);
-  if (plan_cmd->parsed()) return run_plan(plf);
-  if (cal_cmd->parsed()) return run_calibrate(calib_json);
-  if (bench_cmd->parsed()) return run_bench(bnf);
+  // JSON output never throws on text (dump_json: U+FFFD for invalid UTF-8); anything else a JSON
+  // value throws is a bug, reported here rather than as an abort.
+  try {
+    if (train_cmd->parsed()) return run_train(tf);
+    if (gen_cmd->parsed()) return run_generate(gf);
+    if (prep_cmd->parsed()) return run_prepare(pf);
+    if (plan_cmd->parsed()) return run_plan(plf);
+    if (cal_cmd->parsed()) return run_calibrate(calib_json);
+    if (bench_cmd->parsed()) return run_bench(bnf);
+    if (version_cmd->parsed()) return run_version(version_json_flag);
+  } catch (const nlohmann::json::exception& e) {
+    return fail(Status::internal(fmt::format(
+        "could not build the JSON output: {} (a bug in headroom: please report it with the "
+        "command line)",
+        e.what())));
+  }
   return 2;
 }
 

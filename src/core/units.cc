@@ -54,8 +54,9 @@ Result<uint64_t> parse_bytes(std::string_view text) {
   else
     return bad("has an unknown unit");
   double bytes = value * mult;
-  if (!std::isfinite(bytes) || bytes >= 1.8e19) return bad("is too large");
-  return static_cast<uint64_t>(std::llround(bytes));
+  // Below 2^64 after rounding: llround would overflow above 2^63, the cast above 2^64.
+  if (!std::isfinite(bytes) || std::round(bytes) >= 0x1p64) return bad("is too large");
+  return static_cast<uint64_t>(std::round(bytes));
 }
 
 std::string format_bytes(uint64_t bytes) {

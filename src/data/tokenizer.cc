@@ -16,6 +16,7 @@
 
 #include "core/check.h"
 #include "core/log.h"
+#include "core/utf8.h"
 
 // The CMake layer defines this for the library; without it the vocabulary is looked up relative to
 // the working directory.
@@ -254,7 +255,7 @@ Result<Gpt2Tokenizer> Gpt2Tokenizer::load(const std::string& dir) {
       if (!it.value().is_number_integer() || it.value().get<int64_t>() < 0 ||
           it.value().get<int64_t>() > (1 << 30)) {
         return Status::corrupt(vocab_path + ": token '" + it.key() + "' has id " +
-                               it.value().dump() + ", expected a non-negative integer");
+                               dump_json(it.value()) + ", expected a non-negative integer");
       }
       auto id = static_cast<int32_t>(it.value().get<int64_t>());
       encoder.emplace(it.key(), id);

@@ -9,6 +9,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "core/utf8.h"
+
 namespace headroom::model {
 
 namespace {
@@ -24,7 +26,7 @@ constexpr int64_t kMaxParameters = int64_t(1) << 40;
 std::string describe(const nlohmann::json& v) {
   if (v.is_array()) return fmt::format("an array of {} elements", v.size());
   if (v.is_object()) return fmt::format("an object of {} fields", v.size());
-  std::string text = v.dump();
+  std::string text = dump_json(v);
   if (text.size() <= 40) return text;
   size_t n = 37;  // cut at a UTF-8 character boundary: the message may be written as JSON
   while (n > 0 && (static_cast<unsigned char>(text[n]) & 0xC0) == 0x80) n--;
@@ -142,7 +144,7 @@ std::string TransformerConfig::to_json() const {
     j["layer_norm_epsilon"] = layer_norm_epsilon;
     j["activation_function"] = "gelu_new";
     j["tie_word_embeddings"] = true;
-    return j.dump(2) + "\n";
+    return dump_json(j, 2) + "\n";
   }
   const char* arch = model_type == "mistral" ? "MistralForCausalLM"
                      : model_type == "qwen2" ? "Qwen2ForCausalLM"
@@ -175,7 +177,7 @@ std::string TransformerConfig::to_json() const {
     j["mlp_bias"] = false;
   }
   j["torch_dtype"] = "float32";
-  return j.dump(2) + "\n";
+  return dump_json(j, 2) + "\n";
 }
 
 namespace {

@@ -19,6 +19,8 @@
 #include <tuple>
 #include <utility>
 
+#include "core/utf8.h"
+
 namespace headroom::model {
 namespace {
 
@@ -56,7 +58,7 @@ std::string shape_json_text(const json& value) {
     if (v.is_array()) return "[...]";
     if (v.is_object()) return "{...}";
     try {
-      std::string text = v.dump();
+      std::string text = dump_json(v);
       if (text.size() <= 24) return text;
       size_t n = 21;  // cut at a UTF-8 character boundary: the message may be written as JSON
       while (n > 0 && (static_cast<unsigned char>(text[n]) & 0xC0) == 0x80) n--;

@@ -29,6 +29,7 @@
 #include "core/check.h"
 #include "core/dtype.h"
 #include "core/units.h"
+#include "core/utf8.h"
 #include "memory/host_resource.h"
 
 namespace headroom::plan {
@@ -613,7 +614,7 @@ Status save_calibration(const Calibration& cal, const std::string& path) {
   std::string tmp = path + ".tmp." + std::to_string(::getpid());
   {
     std::ofstream out(tmp, std::ios::trunc);
-    out << j.dump(2) << "\n";
+    out << dump_json(j, 2) << "\n";
     out.close();
     if (!out) {
       fs::remove(tmp, ec);
@@ -669,7 +670,7 @@ Result<Calibration> load_calibration(const std::string& path) {
   HR_ASSIGN_OR_RETURN(int64_t threads, get_int(j, path, "threads"));
   if (threads < 1 || threads > 1 << 20) {
     return field_error(path, "threads",
-                       "must be between 1 and 1048576, got " + j["threads"].dump());
+                       "must be between 1 and 1048576, got " + dump_json(j["threads"]));
   }
   cal.threads = static_cast<int>(threads);
   HR_ASSIGN_OR_RETURN(cal.cpu_model, get_string(j, path, "cpu_model"));

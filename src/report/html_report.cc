@@ -9,6 +9,7 @@
 #include <iterator>
 #include <sstream>
 
+#include "core/utf8.h"
 #include "report/profile.h"
 
 #ifndef HEADROOM_SOURCE_DIR
@@ -739,7 +740,9 @@ std::string render(const std::string& tmpl,
   return out;
 }
 
-std::string html_escape(const std::string& s) {
+// The page is UTF-8 (<meta charset>): ill-formed bytes become U+FFFD here too (core/utf8.h).
+std::string html_escape(const std::string& text) {
+  const std::string s = valid_utf8(text);
   std::string out;
   for (char c : s) {
     switch (c) {

@@ -224,6 +224,7 @@ namespace detail {
 
 // Appends `s` as a JSON string literal (quoted, escaped). `<` and `>` become \u003c / \u003e so
 // the text is also safe inside an HTML <script> element.
+// Ill-formed UTF-8 in `s` becomes U+FFFD (core/utf8.h), as in every JSON the engine writes.
 void append_json_string(std::string& out, const std::string& s);
 // A JSON number: finite values as the shortest round-trip text, NaN and infinities as null.
 void append_json_number(std::string& out, double v);

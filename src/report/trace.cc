@@ -13,6 +13,7 @@
 #include <tuple>
 #include <unordered_map>
 
+#include "core/utf8.h"
 #include "report/json_writer.h"
 #include "report/profile.h"
 
@@ -21,6 +22,12 @@ namespace headroom::report {
 namespace detail {
 
 void append_json_string(std::string& out, const std::string& s) {
+  // JSON text is UTF-8: ill-formed bytes (a path, a prompt, a byte-level token) become U+FFFD
+  // (core/utf8.h, docs/notes/json-text.md).
+  if (!is_valid_utf8(s)) {
+    append_json_string(out, valid_utf8(s));
+    return;
+  }
   out.push_back('"');
   for (unsigned char c : s) {
     switch (c) {

@@ -14,6 +14,7 @@
 
 #include <fmt/format.h>
 
+#include "core/utf8.h"
 #include "model/safetensors.h"
 #include "model/weights.h"
 
@@ -74,7 +75,7 @@ json state_json(const TrainerState& s) {
 std::string describe(const json& v) {
   if (v.is_array()) return fmt::format("an array of {} elements", v.size());
   if (v.is_object()) return fmt::format("an object of {} fields", v.size());
-  std::string text = v.dump();
+  std::string text = dump_json(v);
   if (text.size() <= 40) return text;
   size_t n = 37;  // cut at a UTF-8 character boundary: the message may be written as JSON
   while (n > 0 && (static_cast<unsigned char>(text[n]) & 0xC0) == 0x80) n--;
@@ -229,7 +230,7 @@ Result<std::string> save_checkpoint(const std::string& root, const CheckpointVie
   if (!s.is_ok()) return fail(s.with_context("writing checkpoint " + final_dir.string()));
   {
     std::ofstream f(tmp / "trainer_state.json");
-    f << state_json(c.state).dump(2) << "\n";
+    f << dump_json(state_json(c.state), 2) << "\n";
     f.flush();
     if (!f) return fail(Status::io_error("writing trainer_state.json failed (disk full?)"));
   }

@@ -50,7 +50,7 @@ TEST_F(BatchingCli, BadValuesAreRefusedNamingTheFlag) {
   Outcome zero =
       run("train --model gpt2-tiny --steps 1 --batching bucketed --bucket 0 --out " + path("o"));
   EXPECT_EQ(zero.code, 1) << zero.out;
-  EXPECT_NE(zero.out.find("--bucket 0 must be positive"), std::string::npos) << zero.out;
+  EXPECT_NE(zero.out.find("--bucket 0: must be at least 1"), std::string::npos) << zero.out;
   Outcome packed = run("train --model gpt2-tiny --steps 1 --bucket 16 --out " + path("o"));
   EXPECT_EQ(packed.code, 1) << packed.out;
   EXPECT_NE(packed.out.find("--bucket 16 applies to --batching bucketed only"), std::string::npos)
