@@ -1179,9 +1179,15 @@ int run_prepare(PrepareFlags& f) {
   Result<data::PrepareStats> st = data::prepare_token_file(po);
   if (!st.is_ok()) return fail(st.status());
   if (f.json) {
-    json j = {{"out", f.out},         {"files", st->files}, {"documents", st->documents},
-              {"tokens", st->tokens}, {"bytes", st->bytes}, {"seconds", st->seconds},
-              {"tokenizer", st->tokenizer}, {"vocab_size", st->vocab_size}, {"eot", st->eot}};
+    json j = {{"out", f.out},
+              {"files", st->files},
+              {"documents", st->documents},
+              {"tokens", st->tokens},
+              {"bytes", st->bytes},
+              {"seconds", st->seconds},
+              {"tokenizer", st->tokenizer},
+              {"vocab_size", st->vocab_size},
+              {"eot", st->eot}};
     std::printf("%s\n", j.dump(2).c_str());
   } else {
     std::printf(

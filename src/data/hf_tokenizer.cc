@@ -184,8 +184,9 @@ class Fields {
     const json& v = obj_[key];
     if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(hi)) ||
         v.get<int64_t>() < lo || v.get<int64_t>() > hi) {
-      return Status::corrupt(at(key) + " is " + v.dump().substr(0, 80) + ", expected an integer in [" +
-                             std::to_string(lo) + ", " + std::to_string(hi) + "]");
+      return Status::corrupt(at(key) + " is " + v.dump().substr(0, 80) +
+                             ", expected an integer in [" + std::to_string(lo) + ", " +
+                             std::to_string(hi) + "]");
     }
     *out = v.get<int64_t>();
     return Status::ok();
@@ -442,7 +443,9 @@ int byte_token_value(std::string_view t) {
   return v;
 }
 
-bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
+bool is_space(char c) {
+  return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
+}
 
 }  // namespace
 
@@ -450,8 +453,8 @@ struct HfTokenizer::Impl {
   std::string name;
   std::string path;
   std::vector<std::string> id_token;  // id -> token string as in the file ("" for holes)
-  Vocab vocab;        // the model's vocabulary
-  Vocab added_index;  // added token text -> id
+  Vocab vocab;                        // the model's vocabulary
+  Vocab added_index;                  // added token text -> id
   MergeTable merges;
   std::vector<NormStep> normalizer;
   std::vector<PreStep> pre;
@@ -461,8 +464,8 @@ struct HfTokenizer::Impl {
   bool byte_fallback = false, fuse_unk = false, ignore_merges = false;
   bool parse_special = false;
   int32_t unk = -1, bos = -1, eos = -1;
-  std::array<int32_t, 256> byte_symbol{};  // byte-level: id of each byte's character
-  std::array<int32_t, 256> byte_token{};   // byte fallback: id of <0xNN>
+  std::array<int32_t, 256> byte_symbol{};   // byte-level: id of each byte's character
+  std::array<int32_t, 256> byte_token{};    // byte fallback: id of <0xNN>
   std::array<std::string, 256> byte_chars;  // byte-level: each byte's character, UTF-8
   std::unordered_map<uint32_t, unsigned char> char_byte;  // byte-level decoding
 
@@ -766,10 +769,9 @@ Result<HfTokenizer> HfTokenizer::load(const std::string& path, const std::string
       impl->added.push_back(std::move(t));
     }
   }
-  std::stable_sort(impl->added.begin(), impl->added.end(),
-                   [](const AddedToken& a, const AddedToken& b) {
-                     return a.content.size() > b.content.size();
-                   });
+  std::stable_sort(
+      impl->added.begin(), impl->added.end(),
+      [](const AddedToken& a, const AddedToken& b) { return a.content.size() > b.content.size(); });
   impl->id_token.assign(static_cast<size_t>(max_id + 1), std::string());
   for (const auto& [tok, id] : impl->vocab) impl->id_token[id] = tok;
   for (const AddedToken& t : impl->added) impl->id_token[t.id] = t.content;
@@ -797,20 +799,19 @@ Result<HfTokenizer> HfTokenizer::load(const std::string& path, const std::string
   }
 
   // The pipeline.
-  HR_RETURN_IF_ERROR(read_normalizer(path, "normalizer", top.has("normalizer") ? j["normalizer"] : json(),
-                                     0, &impl->normalizer));
+  HR_RETURN_IF_ERROR(read_normalizer(
+      path, "normalizer", top.has("normalizer") ? j["normalizer"] : json(), 0, &impl->normalizer));
   HR_RETURN_IF_ERROR(read_pre_tokenizer(path, "pre_tokenizer",
                                         top.has("pre_tokenizer") ? j["pre_tokenizer"] : json(), 0,
                                         &impl->pre));
-  HR_RETURN_IF_ERROR(read_decoder(path, "decoder", top.has("decoder") ? j["decoder"] : json(), 0,
-                                  &impl->decoder));
+  HR_RETURN_IF_ERROR(
+      read_decoder(path, "decoder", top.has("decoder") ? j["decoder"] : json(), 0, &impl->decoder));
   for (size_t i = 0; i < impl->pre.size(); ++i) {
     if (impl->pre[i].kind == PreKind::kByteLevel) {
       if (i + 1 != impl->pre.size()) {
-        return Status::unsupported(path + ": pre_tokenizer: ByteLevel is step " +
-                                   std::to_string(i + 1) + " of " +
-                                   std::to_string(impl->pre.size()) +
-                                   "; headroom supports it only as the last step");
+        return Status::unsupported(
+            path + ": pre_tokenizer: ByteLevel is step " + std::to_string(i + 1) + " of " +
+            std::to_string(impl->pre.size()) + "; headroom supports it only as the last step");
       }
       impl->byte_level = true;
     }
@@ -848,8 +849,7 @@ Result<HfTokenizer> HfTokenizer::load(const std::string& path, const std::string
       b = m[1].get<std::string>();
     } else {
       return Status::corrupt(model.at("merges") + "[" + std::to_string(i) + "] is " +
-                             m.dump().substr(0, 80) +
-                             ", expected \"a b\" or [\"a\", \"b\"]");
+                             m.dump().substr(0, 80) + ", expected \"a b\" or [\"a\", \"b\"]");
     }
     auto ia = impl->vocab.find(a), ib = impl->vocab.find(b), im = impl->vocab.find(a + b);
     const std::string* missing = ia == impl->vocab.end()   ? &a
@@ -858,9 +858,8 @@ Result<HfTokenizer> HfTokenizer::load(const std::string& path, const std::string
     if (missing || im == impl->vocab.end()) {
       const std::string what = missing ? *missing : a + b;
       return Status::corrupt(model.at("merges") + "[" + std::to_string(i) + "] ('" + printable(a) +
-                             "' + '" + printable(b) + "') " +
-                             (missing ? "names" : "makes") + " token '" + printable(what) +
-                             "', which is not in model.vocab");
+                             "' + '" + printable(b) + "') " + (missing ? "names" : "makes") +
+                             " token '" + printable(what) + "', which is not in model.vocab");
     }
     // A pair listed twice keeps its last rank, as the Rust library's map does.
     impl->merges.insert_or_assign(pair_key(ia->second, ib->second),
@@ -890,7 +889,8 @@ Result<HfTokenizer> HfTokenizer::load(const std::string& path, const std::string
     }
     return int32_t{-1};
   };
-  impl->bos = pick(bos_name, {"<|begin_of_text|>", "<s>", "<bos>", "<|startoftext|>", "<|endoftext|>"});
+  impl->bos =
+      pick(bos_name, {"<|begin_of_text|>", "<s>", "<bos>", "<|startoftext|>", "<|endoftext|>"});
   impl->eos = pick(eos_name, {"<|end_of_text|>", "</s>", "<eos>", "<|endoftext|>", "<|im_end|>"});
   return HfTokenizer(std::move(impl));
 }
@@ -989,7 +989,8 @@ std::string HfTokenizer::decode(std::span<const int32_t> ids) const {
       }
       case DecKind::kStrip:
         for (std::string& t : toks) {
-          for (int64_t k = 0; k < d.start && t.starts_with(d.strip); ++k) t.erase(0, d.strip.size());
+          for (int64_t k = 0; k < d.start && t.starts_with(d.strip); ++k)
+            t.erase(0, d.strip.size());
           for (int64_t k = 0; k < d.stop && t.ends_with(d.strip); ++k) {
             t.erase(t.size() - d.strip.size());
           }
@@ -1018,9 +1019,8 @@ bool HfTokenizer::byte_level() const { return impl_->byte_level; }
 
 std::string HfTokenizer::description() const {
   return impl_->path + ": " + (impl_->byte_level ? "byte-level BPE" : "SentencePiece-style BPE") +
-         (impl_->byte_fallback ? " with byte fallback" : "") + ", " +
-         std::to_string(vocab_size()) + " tokens, " + std::to_string(impl_->merges.size()) +
-         " merges";
+         (impl_->byte_fallback ? " with byte fallback" : "") + ", " + std::to_string(vocab_size()) +
+         " tokens, " + std::to_string(impl_->merges.size()) + " merges";
 }
 
 int32_t HfTokenizer::token_id(std::string_view token) const {

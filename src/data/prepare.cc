@@ -227,10 +227,10 @@ Result<PrepareStats> prepare_token_file(const PrepareOptions& options) {
   std::unique_ptr<Tokenizer> owned;
   if (!options.tokenizer_dir.empty()) {
     if (!options.vocab_dir.empty()) {
-      return Status::invalid_argument("prepare: give a tokenizer directory or a GPT-2 vocabulary "
-                                      "directory, not both (--tokenizer " +
-                                      options.tokenizer_dir + ", --vocab " + options.vocab_dir +
-                                      ")");
+      return Status::invalid_argument(
+          "prepare: give a tokenizer directory or a GPT-2 vocabulary "
+          "directory, not both (--tokenizer " +
+          options.tokenizer_dir + ", --vocab " + options.vocab_dir + ")");
     }
     HR_ASSIGN_OR_RETURN(owned, load_tokenizer(options.tokenizer_dir));
   } else {

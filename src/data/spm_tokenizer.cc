@@ -39,7 +39,8 @@ class Wire {
     const size_t start = pos_;
     for (int shift = 0; shift < 64; shift += 7) {
       if (pos_ >= data_.size()) {
-        return Status::corrupt(where(field, start) + ": truncated varint (the file ends inside it)");
+        return Status::corrupt(where(field, start) +
+                               ": truncated varint (the file ends inside it)");
       }
       auto b = static_cast<unsigned char>(data_[pos_++]);
       v |= static_cast<uint64_t>(b & 0x7F) << shift;
@@ -151,9 +152,9 @@ struct SpmTokenizer::Impl {
   std::string unk_surface = " \xE2\x81\x87 ";  // " ⁇ "
 
   void encode_text(std::string_view text, std::vector<int32_t>* out) const;
-  void emit(std::string_view piece, std::vector<int32_t>* out, bool* prev_unk,
-            const std::unordered_map<std::string, std::pair<std::string, std::string>>& split)
-      const;
+  void emit(
+      std::string_view piece, std::vector<int32_t>* out, bool* prev_unk,
+      const std::unordered_map<std::string, std::pair<std::string, std::string>>& split) const;
 };
 
 namespace {
@@ -217,8 +218,8 @@ Result<SpmTokenizer> SpmTokenizer::load(const std::string& model_path,
   HR_RETURN_IF_ERROR(read_config_special_tokens(config_path, &bos, &eos));
   if (bos.empty() && eos.empty()) return t;
   auto impl = std::make_shared<Impl>(*t.impl_);
-  for (auto [named, dst, key] : {std::tuple{&bos, &impl->bos, "bos_token"},
-                                 std::tuple{&eos, &impl->eos, "eos_token"}}) {
+  for (auto [named, dst, key] :
+       {std::tuple{&bos, &impl->bos, "bos_token"}, std::tuple{&eos, &impl->eos, "eos_token"}}) {
     if (named->empty()) continue;
     auto it = std::find_if(impl->pieces.begin(), impl->pieces.end(),
                            [&](const Piece& p) { return p.piece == *named; });
@@ -232,8 +233,7 @@ Result<SpmTokenizer> SpmTokenizer::load(const std::string& model_path,
 }
 
 Result<SpmTokenizer> SpmTokenizer::parse(std::string_view bytes, const std::string& path,
-                                         const std::string& name,
-                                         const TokenizerOptions& options) {
+                                         const std::string& name, const TokenizerOptions& options) {
   auto impl = std::make_shared<Impl>();
   impl->name = name;
   impl->path = path;
@@ -252,7 +252,8 @@ Result<SpmTokenizer> SpmTokenizer::parse(std::string_view bytes, const std::stri
       HR_RETURN_IF_ERROR(top.expect(wt, 2, "pieces"));
       std::string_view msg;
       size_t at = 0;
-      HR_RETURN_IF_ERROR(top.bytes(&msg, &at, "pieces[" + std::to_string(impl->pieces.size()) + "]"));
+      HR_RETURN_IF_ERROR(
+          top.bytes(&msg, &at, "pieces[" + std::to_string(impl->pieces.size()) + "]"));
       if (impl->pieces.size() >= (size_t{1} << 24)) {
         return Status::corrupt(top.where("pieces", 0) + ": more than 2^24 pieces");
       }
@@ -327,8 +328,9 @@ Result<SpmTokenizer> SpmTokenizer::parse(std::string_view bytes, const std::stri
   }
 
   if (impl->pieces.empty()) {
-    return Status::corrupt(path + ": no pieces (ModelProto field 1); not a SentencePiece model, "
-                                  "or an empty one");
+    return Status::corrupt(path +
+                           ": no pieces (ModelProto field 1); not a SentencePiece model, "
+                           "or an empty one");
   }
   if (!have_trainer || model_type != kModelTypeBpe) {
     static const char* kTypes[] = {"?", "UNIGRAM", "BPE", "WORD", "CHAR"};
@@ -339,13 +341,13 @@ Result<SpmTokenizer> SpmTokenizer::parse(std::string_view bytes, const std::stri
                                "; headroom reads BPE SentencePiece models only");
   }
   if (suffix) {
-    return Status::unsupported(path + ": trainer_spec.treat_whitespace_as_suffix is true; "
-                                      "not supported");
+    return Status::unsupported(path +
+                               ": trainer_spec.treat_whitespace_as_suffix is true; "
+                               "not supported");
   }
   if (charsmap_bytes > 0) {
     return Status::unsupported(path + ": normalizer_spec '" + printable(normalizer_name) +
-                               "' has a precompiled_charsmap of " +
-                               std::to_string(charsmap_bytes) +
+                               "' has a precompiled_charsmap of " + std::to_string(charsmap_bytes) +
                                " bytes; headroom supports identity normalization only");
   }
 
@@ -612,9 +614,8 @@ const std::string& SpmTokenizer::name() const { return impl_->name; }
 const std::vector<SpmTokenizer::Piece>& SpmTokenizer::pieces() const { return impl_->pieces; }
 
 std::string SpmTokenizer::description() const {
-  return impl_->path + ": SentencePiece BPE" +
-         (impl_->byte_fallback ? " with byte fallback" : "") + ", " +
-         std::to_string(vocab_size()) + " pieces";
+  return impl_->path + ": SentencePiece BPE" + (impl_->byte_fallback ? " with byte fallback" : "") +
+         ", " + std::to_string(vocab_size()) + " pieces";
 }
 
 }  // namespace headroom::data

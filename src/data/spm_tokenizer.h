@@ -40,7 +40,14 @@ namespace headroom::data {
 // Thread safety: const methods may be called from several threads at once.
 class SpmTokenizer final : public Tokenizer {
  public:
-  enum PieceType : int { kNormal = 1, kUnknown = 2, kControl = 3, kUserDefined = 4, kUnused = 5, kByte = 6 };
+  enum PieceType : int {
+    kNormal = 1,
+    kUnknown = 2,
+    kControl = 3,
+    kUserDefined = 4,
+    kUnused = 5,
+    kByte = 6
+  };
   struct Piece {
     std::string piece;
     float score = 0;

@@ -53,14 +53,14 @@ const Tokenizer* real_tokenizer(const std::string& name, std::string* why,
 // Declares `tok` (const Tokenizer&) from third_party/tokenizers/<name>, or skips the test with
 // the reason (CI runs scripts/setup, which fetches them). A directory that is present but does
 // not load fails the test.
-#define HR_REAL_TOKENIZER(tok, name, ...)                                                 \
-  std::string tok##_why_;                                                                 \
-  const ::headroom::data::Tokenizer* tok##_ptr_ =                                         \
-      real_tokenizer(name, &tok##_why_ __VA_OPT__(, ) __VA_ARGS__);                       \
-  if (tok##_ptr_ == nullptr) {                                                            \
-    ASSERT_EQ(tok##_why_.find("loading"), std::string::npos) << tok##_why_;               \
-    GTEST_SKIP() << tok##_why_;                                                           \
-  }                                                                                       \
+#define HR_REAL_TOKENIZER(tok, name, ...)                                   \
+  std::string tok##_why_;                                                   \
+  const ::headroom::data::Tokenizer* tok##_ptr_ =                           \
+      real_tokenizer(name, &tok##_why_ __VA_OPT__(, ) __VA_ARGS__);         \
+  if (tok##_ptr_ == nullptr) {                                              \
+    ASSERT_EQ(tok##_why_.find("loading"), std::string::npos) << tok##_why_; \
+    GTEST_SKIP() << tok##_why_;                                             \
+  }                                                                         \
   const ::headroom::data::Tokenizer& tok = *tok##_ptr_
 
 void expect_same_ids(const Tokenizer& tok, const std::vector<int32_t>& got,
@@ -229,8 +229,8 @@ TEST(SpmTokenizer, TruncatedRealModelNamesTheFieldAndOffset) {
   }
   const std::string bytes = read_file(kTokenizers + "llama2-spm/tokenizer.model");
   for (size_t cut : {bytes.size() / 2, bytes.size() - 1, size_t{1}, size_t{3}}) {
-    Result<SpmTokenizer> t = SpmTokenizer::parse(std::string_view(bytes).substr(0, cut),
-                                                 "cut.model", "cut");
+    Result<SpmTokenizer> t =
+        SpmTokenizer::parse(std::string_view(bytes).substr(0, cut), "cut.model", "cut");
     ASSERT_FALSE(t.is_ok()) << cut;
     EXPECT_EQ(t.status().code(), StatusCode::kCorrupt) << t.status().to_string();
     EXPECT_NE(t.status().message().find("cut.model"), std::string::npos);
@@ -260,19 +260,25 @@ json gpt2_tokenizer_json(bool merges_as_pairs) {
       merges.push_back(line);
     }
   }
-  return json{
-      {"version", "1.0"},
-      {"added_tokens",
-       json::array({{{"id", 50256}, {"content", "<|endoftext|>"}, {"special", true}}})},
-      {"normalizer", nullptr},
-      {"pre_tokenizer",
-       {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true},
-        {"use_regex", true}}},
-      {"post_processor", nullptr},
-      {"decoder", {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"use_regex", true}}},
-      {"model",
-       {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr}, {"fuse_unk", false},
-        {"byte_fallback", false}, {"vocab", vocab}, {"merges", merges}}}};
+  return json{{"version", "1.0"},
+              {"added_tokens",
+               json::array({{{"id", 50256}, {"content", "<|endoftext|>"}, {"special", true}}})},
+              {"normalizer", nullptr},
+              {"pre_tokenizer",
+               {{"type", "ByteLevel"},
+                {"add_prefix_space", false},
+                {"trim_offsets", true},
+                {"use_regex", true}}},
+              {"post_processor", nullptr},
+              {"decoder", {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"use_regex", true}}},
+              {"model",
+               {{"type", "BPE"},
+                {"dropout", nullptr},
+                {"unk_token", nullptr},
+                {"fuse_unk", false},
+                {"byte_fallback", false},
+                {"vocab", vocab},
+                {"merges", merges}}}};
 }
 
 TEST(HfTokenizer, Gpt2TokenizerJsonMatchesGpt2ReaderWithBothMergeSpellings) {
@@ -316,21 +322,22 @@ json tiny_sentencepiece_json() {
                                     {{"id", 2}, {"content", "</s>"}, {"special", true}}})},
       {"normalizer",
        {{"type", "Sequence"},
-        {"normalizers", json::array({{{"type", "Prepend"}, {"prepend", kSp}},
-                                     {{"type", "Replace"},
-                                      {"pattern", {{"String", " "}}},
-                                      {"content", kSp}}})}}},
+        {"normalizers",
+         json::array({{{"type", "Prepend"}, {"prepend", kSp}},
+                      {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", kSp}}})}}},
       {"pre_tokenizer", nullptr},
       {"decoder",
        {{"type", "Sequence"},
-        {"decoders", json::array({{{"type", "Replace"},
-                                   {"pattern", {{"String", kSp}}},
-                                   {"content", " "}},
-                                  {{"type", "ByteFallback"}},
-                                  {{"type", "Fuse"}},
-                                  {{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}}})}}},
+        {"decoders",
+         json::array({{{"type", "Replace"}, {"pattern", {{"String", kSp}}}, {"content", " "}},
+                      {{"type", "ByteFallback"}},
+                      {{"type", "Fuse"}},
+                      {{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}}})}}},
       {"model",
-       {{"type", "BPE"}, {"unk_token", "<unk>"}, {"fuse_unk", true}, {"byte_fallback", true},
+       {{"type", "BPE"},
+        {"unk_token", "<unk>"},
+        {"fuse_unk", true},
+        {"byte_fallback", true},
         {"vocab", vocab},
         {"merges", json::array({"a b", json::array({kSp, "ab"})})}}}};
 }
@@ -374,13 +381,13 @@ TEST(HfTokenizer, MetaspacePreTokenizer) {
   TempDir dir;
   json j = tiny_sentencepiece_json();
   j["normalizer"] = nullptr;
-  j["pre_tokenizer"] = {{"type", "Metaspace"}, {"replacement", kSp},
-                        {"prepend_scheme", "first"}, {"split", false}};
-  j["decoder"] = {{"type", "Sequence"},
-                  {"decoders", json::array({{{"type", "ByteFallback"}},
-                                            {{"type", "Metaspace"},
-                                             {"replacement", kSp},
-                                             {"prepend_scheme", "first"}}})}};
+  j["pre_tokenizer"] = {
+      {"type", "Metaspace"}, {"replacement", kSp}, {"prepend_scheme", "first"}, {"split", false}};
+  j["decoder"] = {
+      {"type", "Sequence"},
+      {"decoders",
+       json::array({{{"type", "ByteFallback"}},
+                    {{"type", "Metaspace"}, {"replacement", kSp}, {"prepend_scheme", "first"}}})}};
   TokenizerOptions o;
   o.parse_special_tokens = true;
   Result<HfTokenizer> t = load_json(dir, j, o);
@@ -422,15 +429,15 @@ TEST(HfTokenizer, SplitBehaviours) {
   auto make = [&](const std::string& behavior) {
     return json{{"pre_tokenizer",
                  {{"type", "Sequence"},
-                  {"pretokenizers",
-                   json::array({{{"type", "Split"},
-                                 {"pattern", {{"String", "-"}}},
-                                 {"behavior", behavior},
-                                 {"invert", false}},
-                                {{"type", "ByteLevel"}, {"use_regex", false}}})}}},
+                  {"pretokenizers", json::array({{{"type", "Split"},
+                                                  {"pattern", {{"String", "-"}}},
+                                                  {"behavior", behavior},
+                                                  {"invert", false}},
+                                                 {{"type", "ByteLevel"}, {"use_regex", false}}})}}},
                 {"decoder", {{"type", "ByteLevel"}}},
                 {"model",
-                 {{"type", "BPE"}, {"vocab", vocab},
+                 {{"type", "BPE"},
+                  {"vocab", vocab},
                   {"merges", json::array({"a b", json::array({"-", "a"})})}}}};
   };
   auto ids = [&](const std::string& behavior, const std::string& text) {
@@ -505,14 +512,14 @@ TEST(HfTokenizer, BadFilesGiveClearErrors) {
   expect_error(load_json(dir, j), StatusCode::kUnsupported, {"normalizer.type", "NFKC"});
 
   j = tiny_sentencepiece_json();
-  j["pre_tokenizer"] = {{"type", "Split"}, {"pattern", {{"Regex", "(unclosed"}}},
-                        {"behavior", "Isolated"}};
+  j["pre_tokenizer"] = {
+      {"type", "Split"}, {"pattern", {{"Regex", "(unclosed"}}}, {"behavior", "Isolated"}};
   expect_error(load_json(dir, j), StatusCode::kUnsupported, {"pre_tokenizer.pattern.Regex"});
 
   j = tiny_sentencepiece_json();
-  j["pre_tokenizer"] = {{"type", "Sequence"},
-                        {"pretokenizers", json::array({{{"type", "ByteLevel"}},
-                                                       {{"type", "Digits"}}})}};
+  j["pre_tokenizer"] = {
+      {"type", "Sequence"},
+      {"pretokenizers", json::array({{{"type", "ByteLevel"}}, {{"type", "Digits"}}})}};
   expect_error(load_json(dir, j), StatusCode::kUnsupported, {"ByteLevel", "last"});
 
   j = tiny_sentencepiece_json();
@@ -530,8 +537,9 @@ TEST(HfTokenizer, BadFilesGiveClearErrors) {
   // tokenizer_config.json naming a token that does not exist.
   write_file(dir.file("tokenizer.json"), good);
   write_file(dir.file("tokenizer_config.json"), R"({"bos_token": "<nope>"})");
-  expect_error(HfTokenizer::load(dir.file("tokenizer.json"), dir.file("tokenizer_config.json"), "x"),
-               StatusCode::kCorrupt, {"tokenizer_config.json", "bos_token", "<nope>"});
+  expect_error(
+      HfTokenizer::load(dir.file("tokenizer.json"), dir.file("tokenizer_config.json"), "x"),
+      StatusCode::kCorrupt, {"tokenizer_config.json", "bos_token", "<nope>"});
   write_file(dir.file("tokenizer_config.json"), R"({"eos_token": {"content": "</s>"}})");
   Result<HfTokenizer> ok =
       HfTokenizer::load(dir.file("tokenizer.json"), dir.file("tokenizer_config.json"), "x");
@@ -549,7 +557,9 @@ void put_varint(uint64_t v, std::string* out) {
   }
   out->push_back(static_cast<char>(v));
 }
-void put_tag(int field, int wire, std::string* out) { put_varint(uint64_t(field) << 3 | wire, out); }
+void put_tag(int field, int wire, std::string* out) {
+  put_varint(uint64_t(field) << 3 | wire, out);
+}
 void put_bytes(int field, const std::string& s, std::string* out) {
   put_tag(field, 2, out);
   put_varint(s.size(), out);
@@ -657,7 +667,8 @@ TEST(SpmTokenizer, BadModelsGiveClearErrors) {
   // Every truncation is refused or parses as a shorter valid model; never a crash.
   int refused = 0;
   for (size_t cut = 0; cut < good.size(); ++cut) {
-    Result<SpmTokenizer> t = SpmTokenizer::parse(std::string_view(good).substr(0, cut), "t.model", "t");
+    Result<SpmTokenizer> t =
+        SpmTokenizer::parse(std::string_view(good).substr(0, cut), "t.model", "t");
     if (!t.is_ok()) {
       ++refused;
       EXPECT_NE(t.status().message().find("t.model"), std::string::npos) << t.status().message();
