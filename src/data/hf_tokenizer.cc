@@ -459,7 +459,8 @@ struct HfTokenizer::Impl {
   std::vector<NormStep> normalizer;
   std::vector<PreStep> pre;
   std::vector<DecStep> decoder;
-  std::vector<AddedToken> added;  // longest first, for matching
+  std::vector<AddedToken> added;        // longest first, for matching
+  std::array<bool, 256> added_first{};  // bytes that start an added token
   bool byte_level = false;
   bool byte_fallback = false, fuse_unk = false, ignore_merges = false;
   bool parse_special = false;
@@ -668,17 +669,13 @@ void HfTokenizer::Impl::encode_segment(std::string_view text, bool at_start,
   if (text.empty()) return;
   Piece p{std::string(text), at_start};
   normalize(&p.text);
-  thread_local std::vector<Piece> pieces;
-  pieces.clear();
+  std::vector<Piece> pieces;
   if (pre.empty()) {
     if (!p.text.empty()) pieces.push_back(std::move(p));
   } else {
     pre_tokenize(std::move(p), &pieces);
   }
-  std::vector<Piece> mine;
-  mine.swap(pieces);  // model_encode does not re-enter, but keep the buffer ours
-  for (const Piece& q : mine) model_encode(q.text, out);
-  mine.swap(pieces);
+  for (const Piece& q : pieces) model_encode(q.text, out);
 }
 
 Result<HfTokenizer> HfTokenizer::load(const std::string& path, const std::string& config_path,
@@ -772,9 +769,20 @@ Result<HfTokenizer> HfTokenizer::load(const std::string& path, const std::string
   std::stable_sort(
       impl->added.begin(), impl->added.end(),
       [](const AddedToken& a, const AddedToken& b) { return a.content.size() > b.content.size(); });
+  // Ids are dense in every real file; a few holes are fine, but an id far beyond the number of
+  // tokens would make the id table absurdly large.
+  const int64_t count = static_cast<int64_t>(impl->vocab.size() + impl->added.size());
+  if (max_id >= count + 65536) {
+    return Status::corrupt(path + ": the largest id is " + std::to_string(max_id) + " for " +
+                           std::to_string(count) +
+                           " tokens (model.vocab and added_tokens); ids must be nearly dense");
+  }
   impl->id_token.assign(static_cast<size_t>(max_id + 1), std::string());
   for (const auto& [tok, id] : impl->vocab) impl->id_token[id] = tok;
-  for (const AddedToken& t : impl->added) impl->id_token[t.id] = t.content;
+  for (const AddedToken& t : impl->added) {
+    impl->id_token[t.id] = t.content;
+    impl->added_first[static_cast<unsigned char>(t.content[0])] = true;
+  }
 
   // unk, byte fallback and the byte alphabet.
   std::string unk;
@@ -906,6 +914,10 @@ void HfTokenizer::encode_append(std::string_view text, std::vector<int32_t>* out
   size_t seg = 0, pos = 0;
   while (pos < text.size()) {
     const AddedToken* hit = nullptr;
+    if (!m.added_first[static_cast<unsigned char>(text[pos])]) {
+      ++pos;
+      continue;
+    }
     for (const AddedToken& t : m.added) {
       if (text.compare(pos, t.content.size(), t.content) == 0) {
         hit = &t;

@@ -221,8 +221,9 @@ Result<SpmTokenizer> SpmTokenizer::load(const std::string& model_path,
   for (auto [named, dst, key] :
        {std::tuple{&bos, &impl->bos, "bos_token"}, std::tuple{&eos, &impl->eos, "eos_token"}}) {
     if (named->empty()) continue;
+    const std::string& want = *named;  // (clang 14 cannot capture a structured binding)
     auto it = std::find_if(impl->pieces.begin(), impl->pieces.end(),
-                           [&](const Piece& p) { return p.piece == *named; });
+                           [&want](const Piece& p) { return p.piece == want; });
     if (it == impl->pieces.end()) {
       return Status::corrupt(config_path + ": " + key + " is '" + printable(*named) +
                              "', which is not a piece of " + model_path);

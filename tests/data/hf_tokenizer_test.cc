@@ -500,6 +500,10 @@ TEST(HfTokenizer, BadFilesGiveClearErrors) {
   expect_error(load_json(dir, j), StatusCode::kCorrupt, {"model.vocab", "'a'", "-4"});
 
   j = tiny_sentencepiece_json();
+  j["model"]["vocab"]["a"] = 200000000;  // would make a table of 2e8 entries
+  expect_error(load_json(dir, j), StatusCode::kCorrupt, {"200000000", "nearly dense"});
+
+  j = tiny_sentencepiece_json();
   j["model"]["vocab"]["a"] = "one";
   expect_error(load_json(dir, j), StatusCode::kCorrupt, {"model.vocab", "'a'"});
 
