@@ -4,12 +4,16 @@
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
+#include <unicode/bytestream.h>
+#include <unicode/normalizer2.h>
+#include <unicode/utypes.h>
 
 #include <algorithm>
 #include <array>
 #include <filesystem>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <unordered_map>
 
 #include "core/check.h"
@@ -105,12 +109,38 @@ struct Piece {
   bool at_start = false;
 };
 
-enum class NormKind { kPrepend, kReplace };
+enum class NormKind { kPrepend, kReplace, kUnicode };
 struct NormStep {
   NormKind kind;
-  std::string text;                  // Prepend: the prefix; Replace: the replacement
-  std::unique_ptr<Pattern> pattern;  // Replace
+  std::string text;                           // Prepend: the prefix; Replace: the replacement
+  std::unique_ptr<Pattern> pattern;           // Replace
+  const icu::Normalizer2* unicode = nullptr;  // NFC, NFD, NFKC, NFKD (ICU's, never freed)
 };
+
+// Applies a Unicode normalization form to the well-formed UTF-8 runs of `s`; bytes that are not
+// UTF-8 stay where they are. ASCII is invariant under every form, so it is not copied.
+void unicode_normalize(const icu::Normalizer2& form, std::string* s) {
+  if (std::all_of(s->begin(), s->end(), [](char c) { return (c & 0x80) == 0; })) return;
+  constexpr size_t kMaxRun = size_t{1} << 28;  // ICU takes int32 lengths
+  std::string out;
+  out.reserve(s->size());
+  icu::StringByteSink<std::string> sink(&out);
+  size_t i = 0;
+  while (i < s->size()) {
+    size_t j = i;
+    int len;
+    while (j < s->size() && j - i < kMaxRun && (len = utf8_char_len(*s, j)) > 0) j += len;
+    if (j > i) {
+      UErrorCode err = U_ZERO_ERROR;
+      form.normalizeUTF8(0, icu::StringPiece(s->data() + i, static_cast<int32_t>(j - i)), sink,
+                         nullptr, err);
+      if (U_FAILURE(err)) out.append(*s, i, j - i);  // cannot happen for valid UTF-8
+    }
+    while (j < s->size() && utf8_char_len(*s, j) == 0) out.push_back((*s)[j++]);
+    i = j;
+  }
+  *s = std::move(out);
+}
 
 enum class Behavior {
   kIsolated,
@@ -278,9 +308,22 @@ Status read_normalizer(const std::string& file, const std::string& where, const 
     HR_RETURN_IF_ERROR(read_pattern(file, f, "pattern", &s.pattern));
     HR_RETURN_IF_ERROR(f.string("content", &s.text, true));
     out->push_back(std::move(s));
+  } else if (type == "NFC" || type == "NFD" || type == "NFKC" || type == "NFKD") {
+    UErrorCode err = U_ZERO_ERROR;
+    NormStep s{NormKind::kUnicode, "", nullptr};
+    s.unicode = type == "NFC"    ? icu::Normalizer2::getNFCInstance(err)
+                : type == "NFD"  ? icu::Normalizer2::getNFDInstance(err)
+                : type == "NFKC" ? icu::Normalizer2::getNFKCInstance(err)
+                                 : icu::Normalizer2::getNFKDInstance(err);
+    if (U_FAILURE(err) || s.unicode == nullptr) {
+      return Status::internal(f.at("type") + ": ICU cannot provide " + type + " (" +
+                              u_errorName(err) + ")");
+    }
+    out->push_back(std::move(s));
   } else {
     return Status::unsupported(f.at("type") + " is '" + printable(type) +
-                               "'; supported normalizers: Prepend, Replace, Sequence");
+                               "'; supported normalizers: NFC, NFD, NFKC, NFKD, Prepend, Replace, "
+                               "Sequence");
   }
   return Status::ok();
 }
@@ -480,6 +523,8 @@ void HfTokenizer::Impl::normalize(std::string* s) const {
   for (const NormStep& n : normalizer) {
     if (n.kind == NormKind::kPrepend) {
       if (!s->empty()) s->insert(0, n.text);
+    } else if (n.kind == NormKind::kUnicode) {
+      unicode_normalize(*n.unicode, s);
     } else {
       std::string out;
       size_t last = 0;
@@ -881,17 +926,18 @@ Result<HfTokenizer> HfTokenizer::load(const std::string& path, const std::string
     auto v = impl->vocab.find(t);
     return v == impl->vocab.end() ? -1 : v->second;
   };
-  std::string bos_name, eos_name;
+  std::optional<std::string> bos_name, eos_name;
   HR_RETURN_IF_ERROR(read_config_special_tokens(config_path, &bos_name, &eos_name));
-  for (const std::string* n : {&bos_name, &eos_name}) {
-    if (!n->empty() && find_id(*n) < 0) {
+  for (const std::optional<std::string>* n : {&bos_name, &eos_name}) {
+    if (n->has_value() && !(*n)->empty() && find_id(**n) < 0) {
       return Status::corrupt(config_path + ": " + (n == &bos_name ? "bos_token" : "eos_token") +
-                             " is '" + printable(*n) +
+                             " is '" + printable(**n) +
                              "', which is neither an added token nor in the vocabulary of " + path);
     }
   }
-  auto pick = [&](const std::string& named, std::initializer_list<const char*> known) {
-    if (!named.empty()) return find_id(named);
+  auto pick = [&](const std::optional<std::string>& named,
+                  std::initializer_list<const char*> known) {
+    if (named.has_value()) return named->empty() ? int32_t{-1} : find_id(*named);
     for (const char* k : known) {
       if (int32_t id = find_id(k); id >= 0) return id;
     }

@@ -19,7 +19,8 @@ namespace headroom::data {
 //   model        BPE: vocab, merges as "a b" strings or ["a", "b"] pairs, unk_token, fuse_unk,
 //                byte_fallback (<0xNN> tokens), ignore_merges. Not: dropout > 0,
 //                continuing_subword_prefix, end_of_word_suffix; not WordPiece, Unigram, WordLevel.
-//   normalizer   null, Prepend, Replace (String or Regex pattern), Sequence of these.
+//   normalizer   null, NFC, NFD, NFKC, NFKD (ICU), Prepend, Replace (String or Regex pattern),
+//                Sequence of these.
 //   pre_tokenizer null, ByteLevel (add_prefix_space, use_regex: GPT-2's pattern), Split (Regex or
 //                String pattern; behaviours Isolated, Removed, MergedWithPrevious, MergedWithNext,
 //                Contiguous; not inverted), Metaspace (replacement, prepend_scheme or

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <optional>
 #include <unordered_map>
 
 #include "data/tokenizer_util.h"
@@ -214,18 +215,22 @@ Result<SpmTokenizer> SpmTokenizer::load(const std::string& model_path,
                                         const TokenizerOptions& options) {
   HR_ASSIGN_OR_RETURN(std::string bytes, read_whole_file(model_path));
   HR_ASSIGN_OR_RETURN(SpmTokenizer t, parse(bytes, model_path, name, options));
-  std::string bos, eos;
+  std::optional<std::string> bos, eos;
   HR_RETURN_IF_ERROR(read_config_special_tokens(config_path, &bos, &eos));
-  if (bos.empty() && eos.empty()) return t;
+  if (!bos.has_value() && !eos.has_value()) return t;
   auto impl = std::make_shared<Impl>(*t.impl_);
   for (auto [named, dst, key] :
        {std::tuple{&bos, &impl->bos, "bos_token"}, std::tuple{&eos, &impl->eos, "eos_token"}}) {
-    if (named->empty()) continue;
-    const std::string& want = *named;  // (clang 14 cannot capture a structured binding)
+    if (!named->has_value()) continue;
+    if ((*named)->empty()) {  // null: the model has none
+      *dst = -1;
+      continue;
+    }
+    const std::string& want = **named;  // (clang 14 cannot capture a structured binding)
     auto it = std::find_if(impl->pieces.begin(), impl->pieces.end(),
                            [&want](const Piece& p) { return p.piece == want; });
     if (it == impl->pieces.end()) {
-      return Status::corrupt(config_path + ": " + key + " is '" + printable(*named) +
+      return Status::corrupt(config_path + ": " + key + " is '" + printable(want) +
                              "', which is not a piece of " + model_path);
     }
     *dst = static_cast<int32_t>(it - impl->pieces.begin());

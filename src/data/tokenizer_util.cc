@@ -20,7 +20,8 @@ struct Candidate {
 
 }  // namespace
 
-Status read_config_special_tokens(const std::string& path, std::string* bos, std::string* eos) {
+Status read_config_special_tokens(const std::string& path, std::optional<std::string>* bos,
+                                  std::optional<std::string>* eos) {
   if (path.empty() || !file_exists(path)) return Status::ok();
   HR_ASSIGN_OR_RETURN(std::string text, read_whole_file(path));
   nlohmann::json c;
@@ -31,8 +32,12 @@ Status read_config_special_tokens(const std::string& path, std::string* bos, std
   }
   if (!c.is_object()) return Status::corrupt(path + ": expected a JSON object at the top level");
   for (auto [key, dst] : {std::pair{"bos_token", bos}, std::pair{"eos_token", eos}}) {
-    if (!c.contains(key) || c[key].is_null()) continue;
+    if (!c.contains(key)) continue;
     const nlohmann::json& v = c[key];
+    if (v.is_null()) {
+      *dst = "";
+      continue;
+    }
     if (v.is_string()) {
       *dst = v.get<std::string>();
     } else if (v.is_object() && v.contains("content") && v["content"].is_string()) {

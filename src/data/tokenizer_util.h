@@ -6,6 +6,7 @@
 #include <array>
 #include <cstdint>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -130,9 +131,11 @@ inline uint64_t pair_key(int32_t a, int32_t b) {
   return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b);
 }
 
-// Reads bos_token and eos_token (a string or {"content": ...}) from a tokenizer_config.json;
-// leaves them empty when `path` is empty, the file is missing or the field is absent or null.
-Status read_config_special_tokens(const std::string& path, std::string* bos, std::string* eos);
+// Reads bos_token and eos_token (a string or {"content": ...}) from a tokenizer_config.json.
+// Each is left unset when `path` is empty, the file is missing or the field absent, and set to ""
+// when the field is null (the model has no such token, as Qwen's bos).
+Status read_config_special_tokens(const std::string& path, std::optional<std::string>* bos,
+                                  std::optional<std::string>* eos);
 
 struct Merge {
   int32_t rank;

@@ -198,6 +198,36 @@ TEST(HfTokenizer, MistralRecognisesSpecialTokensWhenAsked) {
   EXPECT_EQ(std::count(text_s.begin(), text_s.end(), 1), 0);
 }
 
+TEST(HfTokenizer, Qwen3MatchesTokenizersJs) {
+  // NFC normalizer, merges written as ["a", "b"] pairs, single-digit pre-tokens.
+  HR_REAL_TOKENIZER(tok, "qwen3");
+  check_fixture(tok, "qwen3");
+}
+
+TEST(HfTokenizer, Qwen3RoundTripsNormalizedText) {
+  // NFC changes text that is not already NFC (the fixture's "e" + U+0301 becomes U+00E9), so
+  // the round trip gives back the NFC form; everything else comes back byte for byte.
+  HR_REAL_TOKENIZER(tok, "qwen3");
+  const std::string input = read_file(kFixtures + "hf_tokenizer_input.txt");
+  std::string nfc = input;
+  for (auto [from, to] :
+       {std::pair<std::string, std::string>{"e\xCC\x81", "\xC3\xA9"}, {"n\xCC\x83", "\xC3\xB1"}}) {
+    for (size_t p; (p = nfc.find(from)) != std::string::npos;) nfc.replace(p, from.size(), to);
+  }
+  ASSERT_NE(nfc, input);
+  EXPECT_EQ(tok.decode(tok.encode(input)), nfc);
+  const std::string bytes = "caf\xE9 \xFF\xFE ok \xE2\x82 cut \xF0\x9F\x98\x80";
+  EXPECT_EQ(tok.decode(tok.encode(bytes)), bytes);
+}
+
+TEST(HfTokenizer, Qwen3VocabularyAndSpecialTokens) {
+  HR_REAL_TOKENIZER(tok, "qwen3");
+  EXPECT_EQ(tok.vocab_size(), 151669);
+  EXPECT_EQ(tok.eos_token(), 151645);  // <|im_end|>, from tokenizer_config.json
+  EXPECT_EQ(tok.bos_token(), -1);      // tokenizer_config.json says bos_token: null
+  EXPECT_EQ(dynamic_cast<const HfTokenizer&>(tok).token_id("<|endoftext|>"), 151643);
+}
+
 TEST(SpmTokenizer, Llama2ModelMatchesSentencePiece) {
   HR_REAL_TOKENIZER(tok, "llama2-spm");
   check_fixture(tok, "llama2-spm");
@@ -362,6 +392,36 @@ TEST(HfTokenizer, SentencePieceStyleMergesByteFallbackAndDecode) {
   EXPECT_TRUE(t->encode("").empty());
 }
 
+TEST(HfTokenizer, UnicodeNormalizers) {
+  TempDir dir;
+  json j = tiny_sentencepiece_json();
+  auto with = [&](const char* form) {
+    json n = j;
+    n["normalizer"]["normalizers"].insert(n["normalizer"]["normalizers"].begin(),
+                                          json{{"type", form}});
+    Result<HfTokenizer> t = load_json(dir, n);
+    EXPECT_TRUE(t.is_ok()) << t.status().to_string();
+    return t;
+  };
+  Result<HfTokenizer> plain = load_json(dir, j);
+  ASSERT_TRUE(plain.is_ok());
+  Result<HfTokenizer> nfc = with("NFC"), nfd = with("NFD"), nfkc = with("NFKC");
+  ASSERT_TRUE(nfc.is_ok() && nfd.is_ok() && nfkc.is_ok());
+  // e + COMBINING ACUTE composes to U+00E9 under NFC, and U+00E9 decomposes under NFD.
+  EXPECT_EQ(nfc->encode("caf"
+                        "e\xCC\x81"),
+            plain->encode("caf\xC3\xA9"));
+  EXPECT_EQ(nfd->encode("caf\xC3\xA9"), plain->encode("caf"
+                                                      "e\xCC\x81"));
+  // The ligature U+FB01 is "fi" under NFKC only.
+  EXPECT_EQ(nfkc->encode("\xEF\xAC\x81"), plain->encode("fi"));
+  EXPECT_EQ(nfc->encode("\xEF\xAC\x81"), plain->encode("\xEF\xAC\x81"));
+  // Bytes that are not UTF-8 pass through, and what is around them is still normalized.
+  EXPECT_EQ(nfc->encode("e\xCC\x81\xFF"
+                        "e\xCC\x81"),
+            plain->encode("\xC3\xA9\xFF\xC3\xA9"));
+}
+
 TEST(HfTokenizer, UnknownCharactersFuseIntoOneUnkWithoutByteFallback) {
   TempDir dir;
   json j = tiny_sentencepiece_json();
@@ -512,8 +572,8 @@ TEST(HfTokenizer, BadFilesGiveClearErrors) {
   expect_error(load_json(dir, j), StatusCode::kCorrupt, {"model.unk_token", "<nope>"});
 
   j = tiny_sentencepiece_json();
-  j["normalizer"] = {{"type", "NFKC"}};
-  expect_error(load_json(dir, j), StatusCode::kUnsupported, {"normalizer.type", "NFKC"});
+  j["normalizer"] = {{"type", "Lowercase"}};
+  expect_error(load_json(dir, j), StatusCode::kUnsupported, {"normalizer.type", "Lowercase"});
 
   j = tiny_sentencepiece_json();
   j["pre_tokenizer"] = {

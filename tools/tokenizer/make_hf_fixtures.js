@@ -4,6 +4,7 @@
 // JavaScript encoders, which tests/data/hf_tokenizer_test.cc compares headroom's readers to:
 //   llama3      tokenizer.json, byte-level BPE       -> @huggingface/tokenizers (tokenizers.js)
 //   mistral     tokenizer.json, SentencePiece BPE    -> @huggingface/tokenizers (tokenizers.js)
+//   qwen3       tokenizer.json, byte-level BPE, NFC  -> @huggingface/tokenizers (tokenizers.js)
 //   llama2-spm  tokenizer.model (SentencePiece BPE)  -> @sctg/sentencepiece-js (SentencePiece's C++
 //               compiled to WebAssembly)
 // No special tokens are added (no <s>), and added tokens in the text are not recognised (the
@@ -59,7 +60,7 @@ function write(name, generator, encode) {
 async function main() {
   const { Tokenizer } = await import(path.join(nm, '@huggingface/tokenizers', 'dist', 'tokenizers.mjs'));
   const hfVersion = '@huggingface/tokenizers ' + version('@huggingface/tokenizers');
-  for (const name of ['llama3', 'mistral']) {
+  for (const name of ['llama3', 'mistral', 'qwen3']) {
     const dir = path.join(tp, name);
     const json = JSON.parse(fs.readFileSync(path.join(dir, 'tokenizer.json'), 'utf-8'));
     const config = JSON.parse(fs.readFileSync(path.join(dir, 'tokenizer_config.json'), 'utf-8'));
