@@ -1,5 +1,5 @@
 // A reader and encoder for Hugging Face `tokenizer.json` files with a BPE model, so that text
-// can be prepared with the vocabulary of Llama 3, Llama 2, Mistral, GPT-2 and the like.
+// can be prepared with the vocabulary of Llama 3, Llama 2, Mistral, Qwen, GPT-2 and the like.
 #pragma once
 
 #include <cstdint>
