@@ -84,7 +84,12 @@ class Pattern {
     size_t pos = 0;
     while (pos < s.size()) {
       int rc = pcre2_match(re_, subject, s.size(), pos, 0, md.get(), nullptr);
-      if (rc < 0) return;  // no match (or a resource limit): the rest is one gap
+      if (rc == PCRE2_ERROR_NOMATCH) return;  // the rest is one gap
+      if (rc < 0) {  // a resource limit (not expected): this character joins the gap
+        int len = utf8_char_len(s, pos);
+        pos += static_cast<size_t>(std::max(len, 1));
+        continue;
+      }
       const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md.get());
       size_t b = ov[0], e = ov[1];
       if (e <= b) {  // an empty match splits nothing: look again one character on

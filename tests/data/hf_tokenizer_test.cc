@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -458,31 +459,34 @@ TEST(HfTokenizer, MetaspacePreTokenizer) {
   EXPECT_EQ(t->decode(t->encode("ab ab")), "ab ab");
 }
 
+// GPT-2's byte alphabet: the character (UTF-8) that stands for each byte.
+std::vector<std::string> byte_alphabet() {
+  std::vector<std::string> v(256);
+  std::array<bool, 256> printable{};
+  for (int b = '!'; b <= '~'; ++b) printable[b] = true;
+  for (int b = 0xA1; b <= 0xAC; ++b) printable[b] = true;
+  for (int b = 0xAE; b <= 0xFF; ++b) printable[b] = true;
+  uint32_t n = 0;
+  for (int b = 0; b < 256; ++b) {
+    uint32_t cp = printable[b] ? b : 256 + n++;
+    std::string s;
+    if (cp < 0x80) {
+      s.push_back(static_cast<char>(cp));
+    } else {
+      s.push_back(static_cast<char>(0xC0 | (cp >> 6)));
+      s.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+    }
+    v[b] = s;
+  }
+  return v;
+}
+
 TEST(HfTokenizer, SplitBehaviours) {
   // A tiny byte-level vocabulary: every byte, no merges; the pieces show in the ids only through
   // a Split with Removed (the '-' disappears).
   TempDir dir;
   json vocab = json::object();
-  const auto b2u = [] {
-    std::vector<std::string> v(256);
-    std::array<bool, 256> printable{};
-    for (int b = '!'; b <= '~'; ++b) printable[b] = true;
-    for (int b = 0xA1; b <= 0xAC; ++b) printable[b] = true;
-    for (int b = 0xAE; b <= 0xFF; ++b) printable[b] = true;
-    uint32_t n = 0;
-    for (int b = 0; b < 256; ++b) {
-      uint32_t cp = printable[b] ? b : 256 + n++;
-      std::string s;
-      if (cp < 0x80) {
-        s.push_back(static_cast<char>(cp));
-      } else {
-        s.push_back(static_cast<char>(0xC0 | (cp >> 6)));
-        s.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-      }
-      v[b] = s;
-    }
-    return v;
-  }();
+  const std::vector<std::string> b2u = byte_alphabet();
   for (int b = 0; b < 256; ++b) vocab[b2u[b]] = b;
   vocab["ab"] = 256;
   vocab["-a"] = 257;
@@ -513,6 +517,42 @@ TEST(HfTokenizer, SplitBehaviours) {
   EXPECT_EQ(ids("MergedWithNext", "ab-a"), (std::vector<int32_t>{256, 257}));
   EXPECT_EQ(ids("MergedWithPrevious", "ab-a"), (std::vector<int32_t>{256, '-', 'a'}));
   EXPECT_EQ(ids("Contiguous", "a--a"), (std::vector<int32_t>{'a', '-', '-', 'a'}));
+}
+
+TEST(HfTokenizer, DigitsAndByteLevelPrefixSpace) {
+  // SmolLM's shape: Digits, then ByteLevel with GPT-2's regex.
+  TempDir dir;
+  const std::vector<std::string> b2u = byte_alphabet();
+  json vocab = json::object();
+  for (int b = 0; b < 256; ++b) vocab[b2u[b]] = b;
+  vocab["12"] = 256;
+  vocab["ab"] = 257;
+  vocab[b2u[' '] + "ab"] = 258;
+  auto make = [&](bool individual, bool prefix) {
+    return json{
+        {"pre_tokenizer",
+         {{"type", "Sequence"},
+          {"pretokenizers",
+           json::array(
+               {{{"type", "Digits"}, {"individual_digits", individual}},
+                {{"type", "ByteLevel"}, {"add_prefix_space", prefix}, {"use_regex", true}}})}}},
+        {"decoder", {{"type", "ByteLevel"}}},
+        {"model",
+         {{"type", "BPE"},
+          {"vocab", vocab},
+          {"merges", json::array({"1 2", "a b", json::array({b2u[' '], "ab"})})}}}};
+  };
+  Result<HfTokenizer> joined = load_json(dir, make(false, false));
+  ASSERT_TRUE(joined.is_ok()) << joined.status().to_string();
+  EXPECT_EQ(joined->encode("12ab"), (std::vector<int32_t>{256, 257}));
+  Result<HfTokenizer> single = load_json(dir, make(true, false));
+  ASSERT_TRUE(single.is_ok());
+  EXPECT_EQ(single->encode("12ab"), (std::vector<int32_t>{'1', '2', 257}));
+  // add_prefix_space: each piece that does not start with a space gets one.
+  Result<HfTokenizer> prefixed = load_json(dir, make(false, true));
+  ASSERT_TRUE(prefixed.is_ok());
+  EXPECT_EQ(prefixed->encode("ab"), (std::vector<int32_t>{258}));
+  EXPECT_EQ(prefixed->decode(prefixed->encode("ab")), " ab");
 }
 
 void expect_error(const Result<HfTokenizer>& t, StatusCode code,
