@@ -1938,8 +1938,8 @@ int run(int argc, char** argv) {
   gen_cmd->add_flag("--json", gf.json, "print prompt, completion and token ids as JSON");
 
   PrepareFlags pf;
-  CLI::App* prep_cmd =
-      app.add_subcommand("prepare", "tokenise text files (GPT-2 BPE) into a token file");
+  CLI::App* prep_cmd = app.add_subcommand(
+      "prepare", "tokenise text files (GPT-2 BPE, or --tokenizer) into a token file");
   prep_cmd->add_option("inputs", pf.inputs, "text files or directories")->required();
   prep_cmd->add_option("--out", pf.out, "the token file to write")->required();
   prep_cmd->add_option("--doc-separator", pf.separator,
