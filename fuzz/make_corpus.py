@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Writes the seed corpora under fuzz/corpus/<target>/: small valid files of each format, the
-layouts mirroring src/model/safetensors.cc, src/data/token_file.cc and src/train/checkpoint.cc.
+layouts mirroring src/model/safetensors.cc, src/data/token_file.cc, src/train/checkpoint.cc,
+src/data/hf_tokenizer.cc and src/data/spm_tokenizer.cc.
 Deterministic; run it again after a format change (tests/*/fuzz_regression_test.cc check that
 the seeds are still accepted). Usage: fuzz/make_corpus.py"""
 import json
@@ -97,6 +98,97 @@ def trainer_state(**over):
     return (json.dumps(s, indent=2) + "\n").encode()
 
 
+def varint(v):
+    v &= (1 << 64) - 1
+    out = b""
+    while v >= 0x80:
+        out += bytes([(v & 0x7F) | 0x80])
+        v >>= 7
+    return out + bytes([v])
+
+
+def pb_bytes(field, data):
+    return varint(field << 3 | 2) + varint(len(data)) + data
+
+
+def pb_int(field, v):
+    return varint(field << 3) + varint(v)
+
+
+def spm_model(pieces, byte_fallback=True):
+    """A SentencePiece ModelProto (BPE): pieces as (piece, score, type)."""
+    out = b""
+    for piece, score, typ in pieces:
+        m = pb_bytes(1, piece.encode()) + varint(2 << 3 | 5) + struct.pack("<f", score)
+        if typ != 1:
+            m += pb_int(3, typ)
+        out += pb_bytes(1, m)
+    trainer = (pb_int(3, 2) + pb_int(35, int(byte_fallback)) + pb_int(40, 0) + pb_int(41, 1) +
+               pb_int(42, 2) + pb_int(43, -1))
+    norm = pb_bytes(1, b"identity") + pb_int(3, 1) + pb_int(4, 0)
+    return out + pb_bytes(2, trainer) + pb_bytes(3, norm)
+
+
+SP = "\u2581"
+
+
+def sentencepiece_tokens(with_bytes):
+    """Small SentencePiece-style pieces: unk, bos, eos, some bytes, then merged pieces."""
+    toks = [("<unk>", 0.0, 2), ("<s>", 0.0, 3), ("</s>", 0.0, 3)]
+    if with_bytes:
+        toks += [("<0x%02X>" % b, 0.0, 6) for b in (0x0A, 0x20, 0x41, 0xC3, 0xE2, 0xFF)]
+    toks += [(SP + SP, -100.0, 1), (SP + "t", -1.0, 1), ("he", -2.0, 1), (SP + "the", -3.0, 1),
+             (SP, -4.0, 1), ("t", -5.0, 1), ("h", -5.0, 1), ("e", -5.0, 1), ("<user>", 0.0, 4)]
+    return toks
+
+
+def hf_sentencepiece_json():
+    vocab = {t: i for i, (t, _, _) in enumerate(sentencepiece_tokens(True)[:-1])}
+    return json.dumps({
+        "version": "1.0",
+        "added_tokens": [{"id": 0, "content": "<unk>", "special": True},
+                         {"id": 1, "content": "<s>", "special": True},
+                         {"id": 2, "content": "</s>", "special": True, "lstrip": True}],
+        "normalizer": {"type": "Sequence", "normalizers": [
+            {"type": "Prepend", "prepend": SP},
+            {"type": "Replace", "pattern": {"String": " "}, "content": SP}]},
+        "pre_tokenizer": None,
+        "decoder": {"type": "Sequence", "decoders": [
+            {"type": "Replace", "pattern": {"String": SP}, "content": " "},
+            {"type": "ByteFallback"}, {"type": "Fuse"},
+            {"type": "Strip", "content": " ", "start": 1, "stop": 0}]},
+        "model": {"type": "BPE", "dropout": None, "unk_token": "<unk>", "fuse_unk": True,
+                  "byte_fallback": True, "vocab": vocab,
+                  "merges": [SP + " t", "h e", [SP + "t", "he"]]}}, indent=1).encode()
+
+
+def hf_bytelevel_json():
+    """A byte-level vocabulary (GPT-2's alphabet) with Llama 3's pre-tokenizer shape."""
+    printable = set(range(0x21, 0x7F)) | set(range(0xA1, 0xAD)) | set(range(0xAE, 0x100))
+    n, alphabet = 0, []
+    for b in range(256):
+        if b in printable:
+            alphabet.append(chr(b))
+        else:
+            alphabet.append(chr(256 + n))
+            n += 1
+    vocab = {c: i for i, c in enumerate(alphabet)}
+    for t in ["he", "ll", "hell", "hello", "\u0120w", "or", "\u0120wor"]:
+        vocab[t] = len(vocab)
+    return json.dumps({
+        "added_tokens": [{"id": len(vocab), "content": "<|end_of_text|>", "special": True}],
+        "normalizer": None,
+        "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": "(?i:'s|'t|'re)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|"
+                                                   "\\p{N}{1,3}|\\s+(?!\\S)|\\s+"},
+             "behavior": "Isolated", "invert": False},
+            {"type": "ByteLevel", "add_prefix_space": False, "use_regex": False}]},
+        "decoder": {"type": "ByteLevel"},
+        "model": {"type": "BPE", "ignore_merges": True, "vocab": vocab,
+                  "merges": ["h e", "l l", ["he", "ll"], "hell o", "\u0120 w", "o r",
+                             "\u0120w or"]}}, indent=1).encode()
+
+
 def main():
     shutil.rmtree(ROOT, ignore_errors=True)
     files = {}
@@ -132,6 +224,14 @@ def main():
                                               50256, 2)
     files["token_file/wide.tok"] = token_file([1, 99999, 65536, 0, 70000], 100000, 0, 2)
     files["token_file/empty.tok"] = token_file([], 16, 15, 0)
+
+    # tokenizer.json: SentencePiece style (Mistral's shape) and byte-level (Llama 3's shape).
+    files["hf_tokenizer/sentencepiece.json"] = hf_sentencepiece_json()
+    files["hf_tokenizer/bytelevel.json"] = hf_bytelevel_json()
+
+    # tokenizer.model: BPE with byte fallback, and without byte pieces.
+    files["spm_model/bytes.model"] = spm_model(sentencepiece_tokens(True))
+    files["spm_model/nobytes.model"] = spm_model(sentencepiece_tokens(False), byte_fallback=False)
 
     # checkpoint: a complete checkpoint of the tiny model, and one in the bf16 HF layout.
     _, total = param_table(TINY)

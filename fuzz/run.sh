@@ -3,14 +3,14 @@
 # committed regression inputs; fails on the first crash, sanitizer report, timeout or OOM.
 # New corpus entries go to a scratch directory, never into the committed corpus; crashing inputs
 # go to $FUZZ_BUILD/fuzz-artifacts/<target>/. See docs/notes/fuzzing.md.
-# Usage: fuzz/run.sh [config safetensors token_file checkpoint]
+# Usage: fuzz/run.sh [config safetensors token_file checkpoint hf_tokenizer spm_model]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 seconds=${FUZZ_SECONDS:-30}
 build=${FUZZ_BUILD:-build/fuzz}
 targets=("$@")
-((${#targets[@]})) || targets=(config safetensors token_file checkpoint)
+((${#targets[@]})) || targets=(config safetensors token_file checkpoint hf_tokenizer spm_model)
 
 scratch=$(mktemp -d "${TMPDIR:-/tmp}/headroom-fuzz-run.XXXXXX")
 # The targets' own scratch files (fuzz_checkpoint's directory), on a tmpfs where there is one.
@@ -23,7 +23,9 @@ for t in "${targets[@]}"; do
     safetensors) max_len=8192 dicts=(json safetensors) ;;
     token_file) max_len=4096 dicts=(token_file) ;;
     checkpoint) max_len=16384 dicts=(json config safetensors checkpoint) ;;
-    *) echo "fuzz: unknown target '$t' (config, safetensors, token_file, checkpoint)" >&2; exit 2 ;;
+    hf_tokenizer) max_len=8192 dicts=(json hf_tokenizer) ;;
+    spm_model) max_len=8192 dicts=(spm_model) ;;
+    *) echo "fuzz: unknown target '$t' (config, safetensors, token_file, checkpoint, hf_tokenizer, spm_model)" >&2; exit 2 ;;
   esac
   bin=$build/fuzz/fuzz_$t
   [[ -x $bin ]] || { echo "fuzz: $bin is missing; build it with 'make fuzz'" >&2; exit 2; }

@@ -1195,6 +1195,7 @@ struct PrepareFlags {
   std::string out;
   std::string separator;
   std::string vocab;
+  std::string tokenizer;
   bool json = false;
 };
 
@@ -1204,17 +1205,27 @@ int run_prepare(PrepareFlags& f) {
   po.out = f.out;
   po.doc_separator = f.separator;
   po.vocab_dir = f.vocab;
+  po.tokenizer_dir = f.tokenizer;
   Result<data::PrepareStats> st = data::prepare_token_file(po);
   if (!st.is_ok()) return fail(st.status());
   if (f.json) {
-    json j = {{"out", f.out},         {"files", st->files}, {"documents", st->documents},
-              {"tokens", st->tokens}, {"bytes", st->bytes}, {"seconds", st->seconds}};
+    json j = {{"out", f.out},
+              {"files", st->files},
+              {"documents", st->documents},
+              {"tokens", st->tokens},
+              {"bytes", st->bytes},
+              {"seconds", st->seconds},
+              {"tokenizer", st->tokenizer},
+              {"vocab_size", st->vocab_size},
+              {"eot", st->eot}};
     std::printf("%s\n", dump_json(j, 2).c_str());
   } else {
     std::printf(
-        "%s: %llu documents, %llu tokens from %llu files (%s of text) in %.1f s\n", f.out.c_str(),
-        static_cast<unsigned long long>(st->documents), static_cast<unsigned long long>(st->tokens),
-        static_cast<unsigned long long>(st->files), format_bytes(st->bytes).c_str(), st->seconds);
+        "%s: %llu documents, %llu tokens from %llu files (%s of text) in %.1f s (tokenizer %s, "
+        "vocab %d)\n",
+        f.out.c_str(), static_cast<unsigned long long>(st->documents),
+        static_cast<unsigned long long>(st->tokens), static_cast<unsigned long long>(st->files),
+        format_bytes(st->bytes).c_str(), st->seconds, st->tokenizer.c_str(), st->vocab_size);
   }
   return 0;
 }
@@ -2020,14 +2031,17 @@ int run(int argc, char** argv) {
                     "ending inside a character) has U+FFFD for its bad bytes, the ids are exact");
 
   PrepareFlags pf;
-  CLI::App* prep_cmd =
-      app.add_subcommand("prepare", "tokenise text files (GPT-2 BPE) into a token file");
+  CLI::App* prep_cmd = app.add_subcommand(
+      "prepare", "tokenise text files (GPT-2 BPE, or --tokenizer) into a token file");
   prep_cmd->add_option("inputs", pf.inputs, "text files or directories")->required();
   prep_cmd->add_option("--out", pf.out, "the token file to write")->required();
   prep_cmd->add_option("--doc-separator", pf.separator,
                        "a line that separates documents inside a file (\"%\" for fortune files); "
                        "default: each file is one document");
   prep_cmd->add_option("--vocab", pf.vocab, "directory with the GPT-2 vocabulary");
+  prep_cmd->add_option("--tokenizer", pf.tokenizer,
+                       "directory with tokenizer.json, tokenizer.model or GPT-2's files "
+                       "(default: GPT-2)");
   prep_cmd->add_flag("--json", pf.json, "print the statistics as JSON");
 
   PlanFlags plf;

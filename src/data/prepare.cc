@@ -224,9 +224,29 @@ Result<PrepareStats> prepare_token_file(const PrepareOptions& options) {
              invalid_total);
   }
 
-  const std::string vocab_dir = options.vocab_dir.empty() ? default_vocab_dir() : options.vocab_dir;
-  HR_ASSIGN_OR_RETURN(Gpt2Tokenizer tokenizer, Gpt2Tokenizer::load(vocab_dir));
-  const int32_t eot = tokenizer.eot_token();
+  std::unique_ptr<Tokenizer> owned;
+  if (!options.tokenizer_dir.empty()) {
+    if (!options.vocab_dir.empty()) {
+      return Status::invalid_argument(
+          "prepare: give a tokenizer directory or a GPT-2 vocabulary "
+          "directory, not both (--tokenizer " +
+          options.tokenizer_dir + ", --vocab " + options.vocab_dir + ")");
+    }
+    HR_ASSIGN_OR_RETURN(owned, load_tokenizer(options.tokenizer_dir));
+  } else {
+    const std::string vocab_dir =
+        options.vocab_dir.empty() ? default_vocab_dir() : options.vocab_dir;
+    HR_ASSIGN_OR_RETURN(Gpt2Tokenizer gpt2, Gpt2Tokenizer::load(vocab_dir));
+    owned = std::make_unique<Gpt2Tokenizer>(std::move(gpt2));
+  }
+  const Tokenizer& tokenizer = *owned;
+  const int32_t eot = tokenizer.eos_token();
+  if (eot < 0 || eot >= tokenizer.vocab_size()) {
+    return Status::invalid_argument(
+        "prepare: tokenizer '" + tokenizer.name() + "' (" + tokenizer.description() +
+        ") has no end-of-text token to separate documents; name one as eos_token in "
+        "tokenizer_config.json beside it");
+  }
 
   // Contiguous runs of documents per thread, balanced by bytes; joined in order afterwards, so
   // the output does not depend on the number of threads.
@@ -265,6 +285,9 @@ Result<PrepareStats> prepare_token_file(const PrepareOptions& options) {
 
   HR_RETURN_IF_ERROR(
       write_token_file(options.out, tokens, tokenizer.vocab_size(), eot, docs.size()));
+  stats.tokenizer = tokenizer.name();
+  stats.vocab_size = tokenizer.vocab_size();
+  stats.eot = eot;
   stats.documents = docs.size();
   stats.tokens = tokens.size();
   stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -16,6 +16,9 @@ struct PrepareOptions {
   std::vector<std::string> inputs;
   std::string out;        // the token file to write (atomically)
   std::string vocab_dir;  // GPT-2 vocabulary; empty = default_vocab_dir()
+  // A directory for load_tokenizer() (tokenizer.json, tokenizer.model or GPT-2's files); empty =
+  // GPT-2 from vocab_dir. Not both. Documents are then separated by the tokenizer's eos token.
+  std::string tokenizer_dir;
   // A line that separates documents inside a file, e.g. "%" for fortune files (compared without
   // its line ending). Empty = each file is one document.
   std::string doc_separator;
@@ -27,15 +30,21 @@ struct PrepareStats {
   uint64_t tokens = 0;     // tokens written, eot tokens included
   uint64_t bytes = 0;      // bytes of text read
   double seconds = 0;      // wall time of the whole call
+  std::string tokenizer;   // the tokenizer's name() ("gpt2", "llama3", ...)
+  int32_t vocab_size = 0;  // recorded in the token file's header
+  int32_t eot = 0;         // the document separator, recorded in the header
 };
 
-// Reads, tokenises (GPT-2 BPE, on all cores) and writes `options.out`. Documents that hold only
+// Reads, tokenises (GPT-2 BPE or options.tokenizer_dir's tokenizer, on all cores) and writes
+// `options.out`; the header records the tokenizer's vocab_size and eos id (the format has no
+// field for its name). Documents that hold only
 // whitespace are dropped. Every input is checked before the tokenizer runs, and the output is
 // written atomically, so on error nothing is left behind at `out`.
 // Errors: InvalidArgument for no inputs or no --out, an empty input ("INPUT is empty"), a binary
 // input ("INPUT looks binary, not text": a NUL byte, or over 10% of bytes not valid UTF-8), or an
-// output path that is a directory / in a missing or read-only directory; NotFound for a missing
-// input or vocabulary; IoError if reading or writing fails.
+// output path that is a directory / in a missing or read-only directory, both vocab_dir and
+// tokenizer_dir, or a tokenizer without an eos token; NotFound for a missing input or vocabulary;
+// IoError if reading or writing fails.
 // Text that is not valid UTF-8 in a few places (e.g. Latin-1 accents) is kept byte for byte.
 Result<PrepareStats> prepare_token_file(const PrepareOptions& options);
 

@@ -17,6 +17,7 @@
 #include "core/check.h"
 #include "core/log.h"
 #include "core/utf8.h"
+#include "data/tokenizer_util.h"
 
 // The CMake layer defines this for the library; without it the vocabulary is looked up relative to
 // the working directory.
@@ -26,6 +27,8 @@
 
 namespace headroom::data {
 namespace {
+
+using namespace tok_util;
 
 // GPT-2's pre-tokenisation pattern, verbatim from OpenAI's encoder.py.
 constexpr const char* kPattern =
@@ -37,37 +40,6 @@ constexpr const char* kEndOfText = "<|endoftext|>";
 constexpr size_t kMaxCachedWordBytes = 48;
 constexpr size_t kCacheShards = 16;
 constexpr size_t kMaxEntriesPerShard = 1 << 15;
-
-// GPT-2's bytes_to_unicode(): the printable Latin-1 bytes map to themselves, the other 68 bytes
-// to code points 256, 257, ... in byte order, so that every token is a printable string.
-std::array<uint32_t, 256> bytes_to_unicode() {
-  std::array<uint32_t, 256> table{};
-  std::array<bool, 256> printable{};
-  for (int b = '!'; b <= '~'; ++b) printable[b] = true;
-  for (int b = 0xA1; b <= 0xAC; ++b) printable[b] = true;
-  for (int b = 0xAE; b <= 0xFF; ++b) printable[b] = true;
-  uint32_t n = 0;
-  for (int b = 0; b < 256; ++b) table[b] = printable[b] ? b : 256 + n++;
-  return table;
-}
-
-void append_utf8(uint32_t cp, std::string* out) {
-  if (cp < 0x80) {
-    out->push_back(static_cast<char>(cp));
-  } else if (cp < 0x800) {
-    out->push_back(static_cast<char>(0xC0 | (cp >> 6)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else if (cp < 0x10000) {
-    out->push_back(static_cast<char>(0xE0 | (cp >> 12)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else {
-    out->push_back(static_cast<char>(0xF0 | (cp >> 18)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  }
-}
 
 // Decodes one code point of a vocabulary string (which the JSON parser produced, so it is valid
 // UTF-8). Returns false on a malformed sequence.
@@ -86,30 +58,10 @@ bool next_code_point(std::string_view s, size_t* i, uint32_t* cp) {
   return true;
 }
 
-Result<std::string> read_whole_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return Status::not_found(path + ": cannot open for reading");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) return Status::io_error(path + ": read failed");
-  return ss.str();
-}
-
-bool file_exists(const std::string& path) { return std::ifstream(path).good(); }
-
-uint64_t pair_key(int32_t a, int32_t b) {
-  return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b);
-}
-
 // Lets the word cache be searched with a string_view, without building a std::string per lookup.
 struct WordHash {
   using is_transparent = void;
   size_t operator()(std::string_view s) const { return std::hash<std::string_view>()(s); }
-};
-
-struct Merge {
-  int32_t rank;
-  int32_t merged;  // id of the concatenation
 };
 
 // A candidate merge of the symbol at `pos` with its right neighbour. Ordered by rank, then by
@@ -355,12 +307,6 @@ Result<Gpt2Tokenizer> Gpt2Tokenizer::load(const std::string& dir) {
   return Gpt2Tokenizer(std::move(impl));
 }
 
-std::vector<int32_t> Gpt2Tokenizer::encode(std::string_view utf8) const {
-  std::vector<int32_t> out;
-  encode_append(utf8, &out);
-  return out;
-}
-
 void Gpt2Tokenizer::encode_append(std::string_view text, std::vector<int32_t>* out) const {
   if (text.empty()) return;
   out->reserve(out->size() + text.size() / 4 + 16);
@@ -410,5 +356,14 @@ std::string Gpt2Tokenizer::decode(std::span<const int32_t> ids) const {
 int32_t Gpt2Tokenizer::eot_token() const { return impl_->eot; }
 
 int32_t Gpt2Tokenizer::vocab_size() const { return static_cast<int32_t>(impl_->id_bytes.size()); }
+
+const std::string& Gpt2Tokenizer::name() const {
+  static const std::string kName = "gpt2";
+  return kName;
+}
+
+std::string Gpt2Tokenizer::description() const {
+  return "GPT-2 byte-level BPE, " + std::to_string(vocab_size()) + " tokens";
+}
 
 }  // namespace headroom::data

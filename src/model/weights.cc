@@ -12,6 +12,7 @@
 
 #include <fmt/format.h>
 
+#include "core/utf8.h"
 #include "model/safetensors.h"
 
 namespace headroom::model {
@@ -125,7 +126,7 @@ Status save_pretrained(const std::string& dir, const Gpt2Config& config, const P
       for (const SafetensorsTensor& t : shards[i]) map[t.name] = name;
     }
     index["weight_map"] = std::move(map);
-    HR_RETURN_IF_ERROR(write_text_atomically(index_path, index.dump(2) + "\n"));
+    HR_RETURN_IF_ERROR(write_text_atomically(index_path, dump_json(index, 2) + "\n"));
     std::filesystem::remove(dir + "/model.safetensors", ec);
   }
   return write_text_atomically(dir + "/config.json", config.to_json());

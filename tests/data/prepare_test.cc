@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <filesystem>
 
+#include "data/hf_tokenizer.h"
 #include "data/token_file.h"
 #include "test_util.h"
 
@@ -204,6 +205,58 @@ TEST(Prepare, DefaultCorpusIsTheFortuneTextFiles) {
     std::string name = std::filesystem::path(f).filename().string();
     EXPECT_EQ(name.find('.'), std::string::npos) << f;
   }
+}
+
+// --tokenizer: a tokenizer.json (here Llama 3's, from scripts/get-tokenizers) instead of GPT-2;
+// documents end with its eos, and the header records its vocabulary size.
+TEST(Prepare, TokenizerDirectoryReplacesGpt2) {
+  const std::string dir = HEADROOM_SOURCE_DIR "/third_party/tokenizers/llama3";
+  if (!std::filesystem::exists(dir + "/tokenizer.json")) {
+    GTEST_SKIP() << dir << " is missing; run scripts/get-tokenizers (needs npm)";
+  }
+  TempDir in, out;
+  const std::vector<std::string> docs = {"Hello there, 你好!\n", "Second document: 12345.\n"};
+  write_file(in.file("a.txt"), docs[0] + "%\n" + docs[1]);
+  PrepareOptions o = options(out, {in.file("a.txt")});
+  o.vocab_dir.clear();
+  o.tokenizer_dir = dir;
+  o.doc_separator = "%";
+  Result<PrepareStats> s = prepare_token_file(o);
+  ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+  EXPECT_EQ(s->tokenizer, "llama3");
+  EXPECT_EQ(s->vocab_size, 128256);
+  EXPECT_EQ(s->eot, 128001);
+  Result<TokenFile> f = TokenFile::open(out.file("out.bin"));
+  ASSERT_TRUE(f.is_ok()) << f.status().to_string();
+  EXPECT_EQ(f->vocab_size(), 128256);
+  EXPECT_EQ(f->token_bytes(), 4);
+  EXPECT_EQ(f->eot(), 128001);
+  EXPECT_EQ(f->document_count(), 2u);
+  Result<HfTokenizer> tok = HfTokenizer::load(dir + "/tokenizer.json", "", "llama3");
+  ASSERT_TRUE(tok.is_ok());
+  std::vector<int32_t> want;
+  for (const std::string& d : docs) {
+    for (int32_t id : tok->encode(d)) want.push_back(id);
+    want.push_back(128001);
+  }
+  EXPECT_EQ(all_tokens(*f), want);
+}
+
+TEST(Prepare, TokenizerAndVocabTogetherAreRefused) {
+  TempDir in, out;
+  write_file(in.file("a.txt"), "text\n");
+  PrepareOptions o = options(out, {in.file("a.txt")});
+  o.tokenizer_dir = in.path();
+  Result<PrepareStats> s = prepare_token_file(o);
+  ASSERT_FALSE(s.is_ok());
+  EXPECT_EQ(s.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.status().message().find("not both"), std::string::npos);
+  o.vocab_dir.clear();
+  s = prepare_token_file(o);  // the directory holds no tokenizer
+  ASSERT_FALSE(s.is_ok());
+  EXPECT_EQ(s.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(s.status().message().find(in.path()), std::string::npos);
+  EXPECT_TRUE(list_dir(out.path()).empty());
 }
 
 }  // namespace
