@@ -362,17 +362,21 @@ void rope_t(T* qkv, const float* cos, const float* sin, int B, int T_, int NH, i
     const float* sr = sin + t * H;
     T* row = qkv + r * W;
 #if HR_AVX512_KERNELS
-    for_each16(0, H, [&](int64_t i, __mmask16 k) {
+    // Private copies of the shapes: the parallel region's shared ones are read through pointers
+    // that the stores through `row` might alias (GCC reloaded them for every head).
+    const int64_t hs = HS, half = H;
+    const int nheads = heads;
+    for_each16(0, half, [&](int64_t i, __mmask16 k) {
       const __m512 c = _mm512_maskz_loadu_ps(k, cr + i), s = _mm512_maskz_loadu_ps(k, sr + i);
-      for (int h = 0; h < heads; ++h) {
-        T* x = row + int64_t{h} * HS + i;
-        const __m512 x1 = load16(x, k), x2 = load16(x + H, k);
+      for (int h = 0; h < nheads; ++h) {
+        T* x = row + h * hs + i;
+        const __m512 x1 = load16(x, k), x2 = load16(x + half, k);
         if constexpr (kInverse) {
           store16(x, k, _mm512_fmadd_ps(x1, c, _mm512_mul_ps(x2, s)));
-          store16(x + H, k, _mm512_fmsub_ps(x2, c, _mm512_mul_ps(x1, s)));
+          store16(x + half, k, _mm512_fmsub_ps(x2, c, _mm512_mul_ps(x1, s)));
         } else {
           store16(x, k, _mm512_fmsub_ps(x1, c, _mm512_mul_ps(x2, s)));
-          store16(x + H, k, _mm512_fmadd_ps(x2, c, _mm512_mul_ps(x1, s)));
+          store16(x + half, k, _mm512_fmadd_ps(x2, c, _mm512_mul_ps(x1, s)));
         }
       }
     });
