@@ -74,9 +74,42 @@ std::string cache_dir() {
   return ".headroom-cache";
 }
 
-// The default corpus: Debian's fortunes, tokenised once into the cache.
-Result<std::string> default_corpus(const std::string& vocab_dir) {
+// The tokenizer directory a model directory carries (tokenizer.json or tokenizer.model), or "".
+std::string model_dir_tokenizer(const std::string& model) {
+  std::error_code ec;
+  if (!fs::is_directory(model, ec)) return "";
+  for (const char* f : {"tokenizer.json", "tokenizer.model"}) {
+    if (fs::exists(fs::path(model) / f, ec)) return model;
+  }
+  return "";
+}
+
+// The tokenizer of a run: `dir` (tokenizer.json, tokenizer.model or GPT-2's files), or GPT-2's
+// from the vocabulary directory.
+Result<std::unique_ptr<data::Tokenizer>> run_tokenizer(const std::string& dir,
+                                                       const std::string& vocab) {
+  if (!dir.empty()) return data::load_tokenizer(dir);
+  HR_ASSIGN_OR_RETURN(data::Gpt2Tokenizer t,
+                      data::Gpt2Tokenizer::load(vocab.empty() ? data::default_vocab_dir() : vocab));
+  return std::unique_ptr<data::Tokenizer>(std::make_unique<data::Gpt2Tokenizer>(std::move(t)));
+}
+
+// The default corpus: Debian's fortunes, tokenised once into the cache (per tokenizer: GPT-2's
+// into fortunes.tokens, another's into fortunes.<name>-<hash of its directory>.tokens).
+Result<std::string> default_corpus(const std::string& vocab_dir,
+                                   const std::string& tokenizer_dir = "") {
   std::string path = cache_dir() + "/fortunes.tokens";
+  if (!tokenizer_dir.empty()) {
+    std::error_code ec;
+    const std::string abs = fs::weakly_canonical(tokenizer_dir, ec).string();
+    std::string name = fs::path(abs).filename().string();
+    for (char& ch : name) {
+      if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+    }
+    path = cache_dir() +
+           fmt::format("/fortunes.{}-{:08x}.tokens", name,
+                       uint32_t(std::hash<std::string>{}(abs) & 0xffffffffu));
+  }
   if (fs::exists(path)) return path;
   std::vector<std::string> inputs = data::default_corpus_inputs();
   if (inputs.empty()) {
@@ -93,7 +126,8 @@ Result<std::string> default_corpus(const std::string& vocab_dir) {
   data::PrepareOptions po;
   po.inputs = inputs;
   po.out = path;
-  po.vocab_dir = vocab_dir;
+  po.vocab_dir = tokenizer_dir.empty() ? vocab_dir : "";
+  po.tokenizer_dir = tokenizer_dir;
   po.doc_separator = "%";
   HR_ASSIGN_OR_RETURN(data::PrepareStats st, data::prepare_token_file(po));
   log_info("  {} documents, {} tokens in {:.1f} s", st.documents, st.tokens, st.seconds);
@@ -114,6 +148,7 @@ Result<uint64_t> device_budget(const std::string& flag) {
 struct TrainFlags {
   std::string model = "gpt2-tiny";
   std::string data;
+  std::string tokenizer;  // --tokenizer, or the model directory's own
   int seq = 0;
   int batch = 0;
   int global_batch = 0;
@@ -221,6 +256,10 @@ void add_train_flags(CLI::App* app, TrainFlags& f) {
   add_int_flag(app, "--threads", f.threads, kThreadsRule,
                "OpenMP threads (default, or auto: the cores available)");
   app->add_option("--vocab", f.vocab, "directory with the GPT-2 vocabulary (default: set-up's)");
+  app->add_option("--tokenizer", f.tokenizer,
+                  "directory with tokenizer.json, tokenizer.model or GPT-2's files: the default "
+                  "corpus is tokenised with it, samples decoded, and its files saved with the "
+                  "model (default: the --model directory's own, else GPT-2's)");
   app->add_option("--offload-optimizer", f.offload_optimizer,
                   "optimizer offload: auto (the planner chooses: on only where it fits and no "
                   "offload does not, or is faster), on (fp32 master weights and AdamW m, v in the "
@@ -319,6 +358,7 @@ Status resolve_train_options(TrainFlags& f, train::TrainOptions* o) {
   o->bucket = f.bucket;
   HR_ASSIGN_OR_RETURN(o->config, model::resolve_model(f.model));
   o->model_name = f.model;
+  if (f.tokenizer.empty()) f.tokenizer = model_dir_tokenizer(f.model);
   if (f.device != "cpu") {
     return Status::unsupported(fmt::format("--device {}: only the cpu device is built", f.device));
   }
@@ -581,7 +621,7 @@ Status resolve_train_options(TrainFlags& f, train::TrainOptions* o) {
     o->inject_overflow_steps.push_back(k - 1);
   }
   if (f.data.empty()) {
-    HR_ASSIGN_OR_RETURN(o->data, default_corpus(f.vocab));
+    HR_ASSIGN_OR_RETURN(o->data, default_corpus(f.vocab, f.tokenizer));
   } else {
     o->data = f.data;
   }
@@ -927,11 +967,10 @@ int run_train(TrainFlags& f) {
     }
   }
   if (!prepared.is_ok()) return rank == 0 ? fail(prepared) : 1;
-  std::optional<data::Gpt2Tokenizer> tok;
+  std::unique_ptr<data::Tokenizer> tok;
   {
-    std::string vd = f.vocab.empty() ? data::default_vocab_dir() : f.vocab;
-    Result<data::Gpt2Tokenizer> t = data::Gpt2Tokenizer::load(vd);
-    if (t.is_ok()) tok.emplace(std::move(t).value());
+    Result<std::unique_ptr<data::Tokenizer>> t = run_tokenizer(f.tokenizer, f.vocab);
+    if (t.is_ok()) tok = std::move(t).value();
   }
 
   report::ProgressBar bar;
@@ -1022,10 +1061,11 @@ int run_train(TrainFlags& f) {
     so.temperature = 0.8f;
     so.top_k = 40;
     so.seed = f.seed;
-    so.stop_token = tok->eot_token();
+    so.stop_token = tok->eos_token();
     HR_ASSIGN_OR_RETURN(std::vector<int32_t> ids,
-                        train::sample_tokens(cfg, params, {tok->eot_token()}, so, device));
-    if (!ids.empty() && ids.back() == tok->eot_token()) ids.pop_back();
+                        train::sample_tokens(cfg, params, {std::max(tok->eos_token(), 0)}, so,
+                                             device));
+    if (!ids.empty() && ids.back() == tok->eos_token()) ids.pop_back();
     sample_text = tok->decode(ids);
     return Status::ok();
   };
@@ -1111,7 +1151,19 @@ int run_train(TrainFlags& f) {
                  format_bytes(uint64_t(peaks[size_t(2 * i)])).c_str(),
                  format_bytes(uint64_t(peaks[size_t(2 * i + 1)])).c_str());
   }
-  std::fprintf(stderr, "model saved to %s/ (config.json, model.safetensors)\n", o.out_dir.c_str());
+  // The tokenizer travels with the model, so that generate (and any HF program) finds it.
+  if (!f.tokenizer.empty()) {
+    for (const char* name : {"tokenizer.json", "tokenizer_config.json", "tokenizer.model",
+                             "special_tokens_map.json", "encoder.json", "vocab.bpe"}) {
+      std::error_code ec;
+      const fs::path src = fs::path(f.tokenizer) / name;
+      if (!fs::exists(src, ec) || fs::equivalent(f.tokenizer, o.out_dir, ec)) continue;
+      fs::copy_file(src, fs::path(o.out_dir) / name, fs::copy_options::overwrite_existing, ec);
+      if (ec) log_warn("could not copy {} into {}: {}", src.string(), o.out_dir, ec.message());
+    }
+  }
+  std::fprintf(stderr, "model saved to %s/ (config.json, model.safetensors%s)\n", o.out_dir.c_str(),
+               f.tokenizer.empty() ? "" : ", the tokenizer");
   if (!sample_text.empty()) std::printf("sample:\n%s\n", sample_text.c_str());
   return 0;
 }
@@ -1133,9 +1185,10 @@ int run_generate(GenerateFlags& f) {
   set_threads(f.threads);
   Result<model::Gpt2Config> cfg = model::load_config_file(f.model_dir + "/config.json");
   if (!cfg.is_ok()) return fail(cfg.status());
-  std::string vd = f.vocab.empty() ? data::default_vocab_dir() : f.vocab;
-  Result<data::Gpt2Tokenizer> tok = data::Gpt2Tokenizer::load(vd);
-  if (!tok.is_ok()) return fail(tok.status());
+  Result<std::unique_ptr<data::Tokenizer>> loaded =
+      run_tokenizer(model_dir_tokenizer(f.model_dir), f.vocab);
+  if (!loaded.is_ok()) return fail(loaded.status());
+  const std::unique_ptr<data::Tokenizer>& tok = *loaded;
   if (tok->vocab_size() > cfg->vocab_size) {
     return fail(Status::invalid_argument(
         fmt::format("{}/config.json: vocab_size {} is smaller than the tokenizer's {}", f.model_dir,
@@ -1153,17 +1206,18 @@ int run_generate(GenerateFlags& f) {
     return fail(s);
   }
   std::vector<int32_t> prompt = tok->encode(f.prompt);
-  if (prompt.empty()) prompt.push_back(tok->eot_token());
+  // An empty prompt starts a new document: after the end-of-document token, or the bos token.
+  if (prompt.empty()) prompt.push_back(tok->eos_token() >= 0 ? tok->eos_token() : std::max(tok->bos_token(), 0));
   train::SampleOptions so;
   so.max_new_tokens = f.max_new_tokens;
   so.temperature = f.temperature;
   so.top_k = f.top_k;
   so.seed = f.seed;
-  so.stop_token = tok->eot_token();
+  so.stop_token = tok->eos_token();
   if (!f.json) std::printf("%s", f.prompt.c_str());
   Result<std::vector<int32_t>> ids =
       train::sample_tokens(*cfg, params->f32(0), prompt, so, &host, [&](int32_t t) {
-        if (!f.json && t != tok->eot_token()) {
+        if (!f.json && t != tok->eos_token()) {
           std::printf("%s", tok->decode(std::span<const int32_t>(&t, 1)).c_str());
           std::fflush(stdout);
         }
@@ -1175,7 +1229,7 @@ int run_generate(GenerateFlags& f) {
     // the token ids exact. `tokens` are the completion's ids (the end-of-text token included when
     // sampling stopped on it), `prompt_tokens` the prompt's as the model saw them.
     std::vector<int32_t> out = *ids;
-    if (!out.empty() && out.back() == tok->eot_token()) out.pop_back();
+    if (!out.empty() && out.back() == tok->eos_token()) out.pop_back();
     const std::string completion = tok->decode(out);
     json j = {{"prompt", f.prompt},
               {"completion", completion},

@@ -142,6 +142,25 @@ TEST_F(DataParallelTrainer, RanksEqualOneProcessWithTheSameGlobalBatchForStages0
   }
 }
 
+// The Llama family under ZeRO: grouped-query attention, RoPE, SwiGLU and an untied head (which
+// shares the embedding's unit, model/gpt2.h ParamDesc::site) train on the ranks as in one process,
+// every stage, with the measured peak the planned one on every rank.
+TEST_F(DataParallelTrainer, LlamaWithUntiedHeadRanksEqualOneProcessForStages0To3) {
+  auto llama = [&](bool distributed, int stage) {
+    TrainOptions o = options(distributed, stage);
+    o.config = test::llama_config(2, 64, 4, 2, 211, 32, false);
+    return o;
+  };
+  const RunOutput ref = run(llama(false, 0));
+  ASSERT_TRUE(ref.result.is_ok()) << ref.result.status().to_string();
+  for (int stage = 0; stage <= 3; stage++) {
+    const RunOutput dp = run(llama(true, stage));
+    ASSERT_TRUE(dp.result.is_ok()) << "stage " << stage << ": " << dp.result.status().to_string();
+    EXPECT_LE(max_abs_diff(dp.params, ref.params), kWeightTol) << "stage " << stage;
+    EXPECT_EQ(dp.result->device_bytes_peak, dp.result->planned_peak_bytes) << "stage " << stage;
+  }
+}
+
 // Accumulation over micro-batches on R ranks: stages 0-1 accumulate in the full buffer and reduce
 // it in buckets during the last micro-batch's backward only; stages 2-3 reduce-scatter every
 // micro-batch's windows with the shard so far added by its owner. 2 micro-batches of 1 per rank

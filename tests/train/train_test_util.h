@@ -38,6 +38,22 @@ inline model::Gpt2Config gpt2_config(int L, int C, int NH, int V, int P) {
   return c;
 }
 
+// A Llama-family configuration (RMSNorm, RoPE, SwiGLU of width 11 C / 4) with NKV key/value
+// heads and a tied or untied head.
+inline model::TransformerConfig llama_config(int L, int C, int NH, int NKV, int V, int P,
+                                             bool tied) {
+  model::TransformerConfig c = gpt2_config(L, C, NH, V, P);
+  c.model_type = "llama";
+  c.norm = model::NormKind::kRmsNorm;
+  c.positions = model::PositionKind::kRope;
+  c.mlp = model::MlpKind::kSwiGlu;
+  c.n_kv_head = NKV;
+  c.intermediate_size = 11 * C / 4;
+  c.qkv_bias = c.other_bias = false;
+  c.tied_head = tied;
+  return c;
+}
+
 // 3 layers, 64 wide, 4 heads, a 300-token vocabulary, 64 positions: the mixed-precision tests'.
 inline model::Gpt2Config small_config() { return gpt2_config(3, 64, 4, 300, 64); }
 
