@@ -65,6 +65,11 @@ struct TransformerConfig {
   int64_t position_parameters() const {
     return positions == PositionKind::kLearned ? int64_t(n_positions) * n_embd : 0;
   }
+  // Parameters that a token only looks up (no FLOPs): the position table, and the token table
+  // when the head is untied (tied, its FLOPs are the head's).
+  int64_t lookup_parameters() const {
+    return position_parameters() + (tied_head ? 0 : int64_t(vocab_size) * n_embd);
+  }
 
   // Checks the fields against each other; names the field and value that is wrong.
   Status validate() const;

@@ -74,7 +74,7 @@ StepCost estimate_step(const model::Gpt2Config& c, const MemoryPlan& plan, const
   s.gemm_flops += full_blocks * (2.0 * G + 4.0 * T * C) * tokens;
   // The fused LM head recomputes each chunk's logits in the backward: one more head GEMM.
   if (plan.policy.exec.head_chunk > 0) s.gemm_flops += 2.0 * V * C * tokens;
-  const double non_embedding = double(plan.params.num_parameters) - double(c.position_parameters());
+  const double non_embedding = double(plan.params.num_parameters) - double(c.lookup_parameters());
   s.model_flops = (6.0 * non_embedding + 12.0 * L * T * C) * tokens;
 
   // fp16 runs at the device's fp16 rate where it has fp16 GEMMs (a GPU's tensor cores); the CPU
