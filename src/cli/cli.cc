@@ -106,9 +106,8 @@ Result<std::string> default_corpus(const std::string& vocab_dir,
     for (char& ch : name) {
       if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
     }
-    path = cache_dir() +
-           fmt::format("/fortunes.{}-{:08x}.tokens", name,
-                       uint32_t(std::hash<std::string>{}(abs) & 0xffffffffu));
+    path = cache_dir() + fmt::format("/fortunes.{}-{:08x}.tokens", name,
+                                     uint32_t(std::hash<std::string>{}(abs)&0xffffffffu));
   }
   if (fs::exists(path)) return path;
   std::vector<std::string> inputs = data::default_corpus_inputs();
@@ -1062,9 +1061,9 @@ int run_train(TrainFlags& f) {
     so.top_k = 40;
     so.seed = f.seed;
     so.stop_token = tok->eos_token();
-    HR_ASSIGN_OR_RETURN(std::vector<int32_t> ids,
-                        train::sample_tokens(cfg, params, {std::max(tok->eos_token(), 0)}, so,
-                                             device));
+    HR_ASSIGN_OR_RETURN(
+        std::vector<int32_t> ids,
+        train::sample_tokens(cfg, params, {std::max(tok->eos_token(), 0)}, so, device));
     if (!ids.empty() && ids.back() == tok->eos_token()) ids.pop_back();
     sample_text = tok->decode(ids);
     return Status::ok();
@@ -1207,7 +1206,8 @@ int run_generate(GenerateFlags& f) {
   }
   std::vector<int32_t> prompt = tok->encode(f.prompt);
   // An empty prompt starts a new document: after the end-of-document token, or the bos token.
-  if (prompt.empty()) prompt.push_back(tok->eos_token() >= 0 ? tok->eos_token() : std::max(tok->bos_token(), 0));
+  if (prompt.empty())
+    prompt.push_back(tok->eos_token() >= 0 ? tok->eos_token() : std::max(tok->bos_token(), 0));
   train::SampleOptions so;
   so.max_new_tokens = f.max_new_tokens;
   so.temperature = f.temperature;

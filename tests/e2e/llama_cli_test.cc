@@ -38,8 +38,9 @@ TEST_F(LlamaCli, TrainsWithItsOwnTokenizerOnTheDefaultCorpusAndGenerates) {
   fs::create_directories(path("model"));
   write("model/config.json", kTinyLlama3);
   fs::copy_file(tok + "/tokenizer.json", path("model/tokenizer.json"));
-  Outcome r = run("train --model " + path("model") + " --steps 3 --seq 32 --batch 2 --eval-every 0" +
-                  " --sample-tokens 0 --out " + path("out"));
+  Outcome r =
+      run("train --model " + path("model") + " --steps 3 --seq 32 --batch 2 --eval-every 0" +
+          " --sample-tokens 0 --out " + path("out"));
   ASSERT_EQ(r.code, 0) << r.out;
   // The corpus was tokenised with Llama 3's vocabulary (ids past GPT-2's 50257 occur).
   EXPECT_NE(r.out.find("fortunes.model-"), std::string::npos) << r.out;
@@ -55,7 +56,8 @@ TEST_F(LlamaCli, TrainsWithItsOwnTokenizerOnTheDefaultCorpusAndGenerates) {
   ASSERT_EQ(g.code, 0) << g.out;
   nlohmann::json j = nlohmann::json::parse(g.out.substr(g.out.find('{')));
   ASSERT_TRUE(j["prompt_tokens"].is_array());
-  // Llama 3's ids of "The meaning of" (tokenizers.js and headroom's reader agree: the parity tests).
+  // Llama 3's ids of "The meaning of" (tokenizers.js and headroom's reader agree: the parity
+  // tests).
   EXPECT_EQ(j["prompt_tokens"], nlohmann::json({791, 7438, 315}));
   EXPECT_GE(j["tokens"].size(), 1u);
   EXPECT_LE(j["tokens"].size(), 5u);

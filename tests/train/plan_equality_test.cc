@@ -71,24 +71,23 @@ TEST(PlanEquality, MeasuredPeakEqualsPlannedPeak) {
        model::Precision::kFp16},
       {3, 64, 4, 500, 64, 3, 32, 2, true, 16, model::Recompute::kFull, model::Precision::kFp16},
       // Llama: GQA, RoPE, SwiGLU, RMSNorm; tied and untied heads, every precision.
-      {2, 64, 4, 257, 64, 2, 16, 2, true, 0, model::Recompute::kNone, model::Precision::kFp32,
-       true, 2, false},
+      {2, 64, 4, 257, 64, 2, 16, 2, true, 0, model::Recompute::kNone, model::Precision::kFp32, true,
+       2, false},
       {2, 64, 4, 257, 64, 2, 16, 1, false, 0, model::Recompute::kNone, model::Precision::kFp32,
        true, 1, true},
-      {3, 64, 4, 500, 64, 2, 32, 2, true, 24, model::Recompute::kSelective,
-       model::Precision::kBf16, true, 2, false},
+      {3, 64, 4, 500, 64, 2, 32, 2, true, 24, model::Recompute::kSelective, model::Precision::kBf16,
+       true, 2, false},
       {3, 64, 4, 500, 64, 3, 32, 1, true, 16, model::Recompute::kFull, model::Precision::kBf16,
        false, 2, true},
-      {2, 64, 4, 257, 64, 2, 16, 2, true, 0, model::Recompute::kSelective,
-       model::Precision::kFp16, true, 2, false},
+      {2, 64, 4, 257, 64, 2, 16, 2, true, 0, model::Recompute::kSelective, model::Precision::kFp16,
+       true, 2, false},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(::testing::Message()
                  << "L=" << c.L << " C=" << c.C << " B=" << c.B << " T=" << c.T << " K=" << c.K
                  << " tiled=" << c.tiled << " chunk=" << c.head_chunk
-                 << " recompute=" << model::recompute_name(c.recompute)
-                 << " precision=" << model::precision_name(c.precision) << " nkv=" << c.nkv
-                 << " tied=" << c.tied);
+                 << " recompute=" << model::recompute_name(c.recompute) << " precision="
+                 << model::precision_name(c.precision) << " nkv=" << c.nkv << " tied=" << c.tied);
     train::TrainOptions o;
     o.config = c.nkv > 0 ? train::test::llama_config(c.L, c.C, c.NH, c.nkv, c.V, c.P, c.tied)
                          : gpt2_config(c.L, c.C, c.NH, c.V, c.P);
@@ -138,8 +137,8 @@ TEST(PlanEquality, OptimizerOffloadMeasuredEqualsPlannedOnBothTiers) {
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(::testing::Message() << "L=" << c.L << " C=" << c.C << " B=" << c.B << " K=" << c.K
-                                      << " precision=" << model::precision_name(c.precision) << " nkv=" << c.nkv
-                 << " tied=" << c.tied);
+                                      << " precision=" << model::precision_name(c.precision)
+                                      << " nkv=" << c.nkv << " tied=" << c.tied);
     train::TrainOptions o;
     o.config = c.nkv > 0 ? train::test::llama_config(c.L, c.C, c.NH, c.nkv, c.V, c.P, c.tied)
                          : gpt2_config(c.L, c.C, c.NH, c.V, c.P);
