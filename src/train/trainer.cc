@@ -706,6 +706,8 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     return c > elastic.persistent_bytes() ? c - elastic.persistent_bytes() : 0;
   };
   int budget_rank = 0;  // the rank whose room bounds the agreed plan
+  // Set when every rank already holds the agreed failure of the step (settle agrees no more).
+  bool failure_agreed = false;
   // The smallest room over the ranks and the (lowest) rank that has it, from values[r] = room_r.
   auto smallest_room = [&](const std::vector<double>& rooms, int stride, int at) {
     int bind = 0;
@@ -749,12 +751,13 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
       other = other || v[size_t(2 * r)] < 0;
     }
     if (failed < 0) return Status::ok();
-    if (other) {
-      // Not a memory failure: every rank stops with the failing rank's status.
-      const Status local = a->is_ok() ? Status::ok() : a->status();
+    // Every rank stops with the failing rank's status (the lowest one's), said by that rank.
+    auto stop_all = [&](const Status& local) -> Status {
       Status agreed = in_order([&] { return dist::agree(comm, local); });
+      failure_agreed = true;
       return agreed.is_ok() ? Status::internal("the ranks disagree on a failure") : agreed;
-    }
+    };
+    if (other) return stop_all(a->is_ok() ? Status::ok() : a->status());
     const Status cause = a->is_ok() ? Status::ok() : a->status();
     *a = Status::out_of_memory("released for the re-plan");  // every rank's region back to the pool
     const auto [room, bind] = smallest_room(v, 2, 1);
@@ -773,7 +776,7 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
                             format_bytes(elastic.persistent_bytes() + room), bound,
                             rp.status().message());
       if (oom) save_report(step + 1, report);
-      return Status::out_of_memory(report);
+      return stop_all(oom ? Status::out_of_memory(report) : Status::ok());
     }
     HR_RETURN_IF_ERROR(check_same_plan());
     report += fmt::format("  alternatives computed by the planner (under {}; {}):\n{}",
@@ -1020,7 +1023,8 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
   // the step boundary, before the step's collectives. One process recovers inside acquire()
   // (and checkpoints there when it cannot); several ranks stop here, checkpointing first.
   auto settle = [&](const Status& local) -> Status {
-    Status agreed = dist::agree(comm, local);
+    Status agreed = failure_agreed ? local : dist::agree(comm, local);
+    failure_agreed = false;
     if (agreed.is_ok() || R == 1) return agreed;
     if (agreed.code() == StatusCode::kOutOfMemory) return fail_out_of_memory(agreed.message());
     return agreed;

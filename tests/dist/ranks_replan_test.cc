@@ -8,6 +8,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -111,7 +112,8 @@ std::vector<int64_t> plans_of(const RunOutput& r) {
   return v;
 }
 
-void expect_equal_to_undisturbed(const RunOutput& r, const RunOutput& ref, int first_replanned) {
+void expect_equal_to_undisturbed(const RunOutput& r, const RunOutput& ref, int first_replanned,
+                                 int stage) {
   ASSERT_EQ(r.steps.size(), ref.steps.size());
   for (size_t i = 0; i < r.steps.size(); i++) {
     if (int(i) + 1 < first_replanned) {
@@ -125,8 +127,15 @@ void expect_equal_to_undisturbed(const RunOutput& r, const RunOutput& ref, int f
   EXPECT_NEAR(*r.result->final_val_loss, *ref.result->final_val_loss,
               kLossTol * *ref.result->final_val_loss);
   EXPECT_LE(max_abs_diff(r.params, ref.params), kWeightTol);
-  ::testing::Test::RecordProperty("max_weight_diff",
-                                  std::to_string(max_abs_diff(r.params, ref.params)));
+  double worst_loss = 0;
+  for (size_t i = 0; i < r.steps.size(); i++) {
+    worst_loss = std::max(worst_loss, std::fabs(r.steps[i].loss / ref.steps[i].loss - 1));
+  }
+  std::ostringstream figures;
+  figures << "max weight diff " << max_abs_diff(r.params, ref.params) << ", max rel loss diff "
+          << worst_loss << "; plan at the end " << r.steps.back().micro_batch << " x "
+          << r.steps.back().accumulation << " (recompute " << r.steps.back().recompute << ")";
+  ::testing::Test::RecordProperty("figures_stage" + std::to_string(stage), figures.str());
 }
 
 // Rank 1's budget file is halved after step 2; rank 0's stays. Both ranks read their own file
@@ -175,7 +184,7 @@ TEST_F(RanksReplanTogether, BudgetHalvedOnOneRankReplansEveryRankAlike) {
     // Principle 1 on every rank: the measured peak is the re-planned one.
     EXPECT_EQ(r.steps[3].device_bytes_peak, r.steps[3].planned_peak_bytes);
     EXPECT_LE(r.steps[3].device_bytes_peak, world().rank() == 1 ? half : budget);
-    expect_equal_to_undisturbed(r, ref, 3);
+    expect_equal_to_undisturbed(r, ref, 3, stage);
   }
 }
 
@@ -192,24 +201,26 @@ TEST_F(RanksReplanTogether, AllocationFailureOnOneRankMidStepIsRedoneOnEveryRank
     ASSERT_TRUE(ref.result.is_ok()) << ref.result.status().to_string();
     TrainOptions o = ref_o;
     o.out_dir = (dir_ / ("oom" + std::to_string(stage))).string();
-    if (world().rank() == 1) o.fail_step_allocations = {3};
+    // Twice: the first re-plan keeps micro-batch 2 with recomputation, the retry of the same
+    // micro-batch fails again, and the second re-plan cuts the rest of the step smaller.
+    if (world().rank() == 1) o.fail_step_allocations = {3, 4};
     const RunOutput r = test::run_collecting(o);
     const bool same = same_on_every_rank(plans_of(r));
     ASSERT_TRUE(r.result.is_ok()) << r.result.status().to_string();
     EXPECT_TRUE(same) << "the ranks ran different plans";
     ASSERT_EQ(r.steps.size(), 4u);
     EXPECT_EQ(r.steps[0].micro_batch, 2);
-    EXPECT_EQ(r.steps[1].oom_recoveries, 1);
-    EXPECT_EQ(r.result->oom_recoveries, 1);
+    EXPECT_EQ(r.steps[1].oom_recoveries, 2);
+    EXPECT_EQ(r.result->oom_recoveries, 2);
     EXPECT_EQ(r.steps[1].budget_rank, 1);
-    EXPECT_EQ(r.steps[1].replans, 1);
+    EXPECT_EQ(r.steps[1].replans, 2);
     // The first micro-batch (2 sequences) under the old plan, the other 2 under the new one.
     const int b = r.steps[1].micro_batch;
     ASSERT_TRUE(b == 1 || b == 2) << b;
     EXPECT_EQ(r.steps[1].micro_batches, 1 + 2 / b);
     EXPECT_LT(r.steps[1].planned_peak_bytes, r.steps[0].planned_peak_bytes);
     EXPECT_EQ(r.steps[3].micro_batch, b);  // the lowered room stays (as on one process)
-    ASSERT_EQ(r.steps[1].events.size(), 1u);
+    ASSERT_EQ(r.steps[1].events.size(), 2u);
     const std::string& e = r.steps[1].events[0];
     EXPECT_NE(e.find("out of memory on rank 1 at micro-batch 2"), std::string::npos) << e;
     EXPECT_NE(e.find("on every rank; redoing it"), std::string::npos) << e;
@@ -218,13 +229,13 @@ TEST_F(RanksReplanTogether, AllocationFailureOnOneRankMidStepIsRedoneOnEveryRank
     if (world().rank() == 1) {
       EXPECT_TRUE(fs::exists(report)) << report;
       EXPECT_NE(e.find("(report: " + report + ")"), std::string::npos) << e;
-      ASSERT_EQ(r.steps[1].oom_reports.size(), 1u);
+      ASSERT_EQ(r.steps[1].oom_reports.size(), 2u);
       EXPECT_NE(r.steps[1].oom_reports[0].find("injected failure"), std::string::npos);
     } else {
       EXPECT_TRUE(r.steps[1].oom_reports.empty());
     }
     EXPECT_EQ(r.steps[3].device_bytes_peak, r.steps[3].planned_peak_bytes);
-    expect_equal_to_undisturbed(r, ref, 2);
+    expect_equal_to_undisturbed(r, ref, 2, stage);
   }
 }
 
