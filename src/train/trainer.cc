@@ -762,11 +762,18 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     *a = Status::out_of_memory("released for the re-plan");  // every rank's region back to the pool
     const auto [room, bind] = smallest_room(v, 2, 1);
     budget_rank = bind;
-    const std::string at = fmt::format("at step {}, {}", step + 1, where);
+    // Where the (lowest) failing rank was, in its own sequence numbers: said by that rank.
+    const Status said = in_order([&] {
+      return dist::agree(comm, rank == failed ? Status::out_of_memory(where) : Status::ok());
+    });
+    const std::string prefix = fmt::format("rank {}: ", failed);
+    const std::string failed_where =
+        said.message().rfind(prefix, 0) == 0 ? said.message().substr(prefix.size()) : where;
     std::string report =
-        oom ? elastic.oom_report(cause, at, limit.budget(), tracking.stats())
-            : fmt::format("out of memory on rank {} {}; rank {} re-plans with it\n", failed, at,
-                          rank);
+        oom ? elastic.oom_report(cause, fmt::format("at step {}, {}", step + 1, where),
+                                 limit.budget(), tracking.stats())
+            : fmt::format("out of memory on rank {} at step {}, {}; rank {} re-plans with it\n",
+                          failed, step + 1, failed_where, rank);
     const std::string bound = fmt::format(
         "rank {}'s room of {} for the step region bounds the plan", bind, format_bytes(room));
     Result<ElasticStep::Replan> rp = elastic.replan(elastic.persistent_bytes() + room, remaining);
@@ -786,7 +793,8 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     const std::string path = oom ? save_report(step + 1, report) : "";
     cur.events.push_back(fmt::format(
         "step {}: out of memory on rank {} {}: {}: re-planned {} on every rank; redoing it{}",
-        step + 1, failed, where, bound, rp->change, path.empty() ? "" : " (report: " + path + ")"));
+        step + 1, failed, failed_where, bound, rp->change,
+        path.empty() ? "" : " (report: " + path + ")"));
     if (rec) {
       note_replan(&rec->events, ReplanCause::kOutOfMemory, true, cur.events.back(), step,
                   us_since_start(Clock::now()));

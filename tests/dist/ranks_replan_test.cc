@@ -135,6 +135,7 @@ void expect_equal_to_undisturbed(const RunOutput& r, const RunOutput& ref, int f
   figures << "max weight diff " << max_abs_diff(r.params, ref.params) << ", max rel loss diff "
           << worst_loss << "; plan at the end " << r.steps.back().micro_batch << " x "
           << r.steps.back().accumulation << " (recompute " << r.steps.back().recompute << ")";
+  for (const std::string& e : r.steps[size_t(first_replanned - 1)].events) figures << "; " << e;
   ::testing::Test::RecordProperty("figures_stage" + std::to_string(stage), figures.str());
 }
 
@@ -222,7 +223,10 @@ TEST_F(RanksReplanTogether, AllocationFailureOnOneRankMidStepIsRedoneOnEveryRank
     EXPECT_EQ(r.steps[3].micro_batch, b);  // the lowered room stays (as on one process)
     ASSERT_EQ(r.steps[1].events.size(), 2u);
     const std::string& e = r.steps[1].events[0];
-    EXPECT_NE(e.find("out of memory on rank 1 at micro-batch 2"), std::string::npos) << e;
+    // Rank 1's own sequence numbers (its share is sequences 5-8 of the step), on every rank.
+    EXPECT_NE(e.find("out of memory on rank 1 at micro-batch 2 (sequence 7 of 8)"),
+              std::string::npos)
+        << e;
     EXPECT_NE(e.find("on every rank; redoing it"), std::string::npos) << e;
     // The failing rank wrote its report, the other none.
     const std::string report = o.out_dir + "/oom-report-step-000002-rank-1.txt";
