@@ -8,11 +8,13 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "../train/train_test_util.h"
+#include "data/token_file.h"
 #include "model/gpt2.h"
 #include "plan/memory_plan.h"
 #include "test_env.h"
@@ -240,6 +242,52 @@ TEST_F(RanksReplanTogether, AllocationFailureOnOneRankMidStepIsRedoneOnEveryRank
     }
     EXPECT_EQ(r.steps[3].device_bytes_peak, r.steps[3].planned_peak_bytes);
     expect_equal_to_undisturbed(r, ref, 2, stage);
+  }
+}
+
+// Bucketed batching: the ranks take turns over a step's micro-batches (of varying shapes), so a
+// rank that does not run a micro-batch only joins its agreement; when its owner's acquisition
+// fails, both re-plan and the owner redoes it. (The failure here is of a smaller shape's region:
+// the lowered ceiling is the largest shape's peak less one byte, under which the run's policy
+// still fits, so the re-plan keeps it, as one process would; the point is the agreement.)
+TEST_F(RanksReplanTogether, BucketedFailureOnOneRankIsRedoneOnEveryRank) {
+  if (world().size() != 2) GTEST_SKIP() << "needs 2 ranks (mpirun -np 2)";
+  const std::string docs = (dir_ / "docs.tok").string();
+  std::mt19937 rng(23);
+  std::vector<int32_t> toks;
+  for (int d = 0; d < 300; d++) {
+    const int len = 1 + int(rng() % 40);
+    for (int i = 0; i < len; i++) toks.push_back(int32_t(rng() % 210u));
+    toks.push_back(210);
+  }
+  ASSERT_TRUE(data::write_token_file(docs, toks, 211, 210, 300).is_ok());
+  for (int stage : {0, 3}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    TrainOptions ref_o = options(stage, 2, 1);
+    ref_o.data = docs;
+    ref_o.batching = data::Batching::kBucketed;
+    ref_o.bucket = 6;
+    const RunOutput ref = test::run_collecting(ref_o);
+    ASSERT_TRUE(ref.result.is_ok()) << ref.result.status().to_string();
+    TrainOptions o = ref_o;
+    if (world().rank() == 1) o.fail_step_allocations = {2};
+    const RunOutput r = test::run_collecting(o);
+    const bool same = same_on_every_rank(plans_of(r));
+    ASSERT_TRUE(r.result.is_ok()) << r.result.status().to_string();
+    EXPECT_TRUE(same) << "the ranks ran different plans";
+    EXPECT_EQ(r.result->oom_recoveries, 1);
+    EXPECT_EQ(r.result->replans, 1);  // the same on both ranks (plans_of: the same plans)
+    std::string events;
+    for (const StepStats& st : r.steps) {
+      for (const std::string& e : st.events) events += e + "\n";
+    }
+    RecordProperty("events_stage" + std::to_string(stage), events);
+    ASSERT_EQ(r.steps.size(), ref.steps.size());
+    for (size_t i = 0; i < r.steps.size(); i++) {
+      EXPECT_NEAR(r.steps[i].loss, ref.steps[i].loss, kLossTol * std::fabs(ref.steps[i].loss))
+          << "step " << i + 1;
+    }
+    EXPECT_LE(max_abs_diff(r.params, ref.params), kWeightTol);
   }
 }
 
