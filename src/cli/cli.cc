@@ -378,7 +378,9 @@ Status resolve_train_options(TrainFlags& f, train::TrainOptions* o) {
           "and may change while training runs)",
           f.device_memory, f.device_memory_file));
     }
-    HR_ASSIGN_OR_RETURN(o->device_memory, train::read_budget_file(f.device_memory_file));
+    // With several ranks, each reads its own file ({rank} in the path) or the one shared file.
+    HR_ASSIGN_OR_RETURN(o->device_memory, train::read_budget_file(train::budget_file_for_rank(
+                                              f.device_memory_file, dist::launcher_rank())));
     o->device_memory_file = f.device_memory_file;
   }
   HR_ASSIGN_OR_RETURN(o->offload_memory, offload_budget(f.offload_memory, true));
@@ -745,6 +747,7 @@ json step_json(const train::StepStats& s) {
             {"predicted_step_ms", s.predicted_step_ms},
             {"replans", s.replans},
             {"oom_recoveries", s.oom_recoveries},
+            {"budget_rank", s.budget_rank},
             {"padding", s.padding},
             {"micro_batches", s.micro_batches},
             {"loss_scale", s.loss_scale},
@@ -2039,7 +2042,9 @@ int run(int argc, char** argv) {
   train_cmd->add_option("--device-memory-file", tf.device_memory_file,
                         "read the device budget (e.g. 2GiB) from FILE before every step; "
                         "editing it re-plans micro-batch, accumulation and recomputation "
-                        "with the same global batch (instead of --device-memory)");
+                        "with the same global batch (instead of --device-memory); with several "
+                        "ranks, {rank} in FILE is replaced by each rank's number (no {rank}: "
+                        "one file for all) and the ranks re-plan together under the smallest");
   add_int_flag(train_cmd, "--eval-every", tf.eval_every, {.min = 0, .what = "steps"},
                "steps between validation runs (default 0: only at the end)");
   train_cmd->add_option("--val-fraction", tf.val_fraction, "share of documents held out")
