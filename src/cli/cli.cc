@@ -186,6 +186,7 @@ struct TrainFlags {
   std::string loss_scale = "dynamic";  // train, fp16: --loss-scale dynamic|VALUE
   int loss_scale_window = 2000;        // train, fp16: --loss-scale-window (growth interval)
   std::vector<int> inject_overflow;    // train: --inject-overflow-at STEP (tests; hidden)
+  bool self_correct = true;            // train: --no-self-correct (docs/notes/cost-model.md)
 };
 
 // The integer flags' rules (cli/flag_rules.h, docs/notes/flags.md): counts start at 1 and "auto"
@@ -583,6 +584,17 @@ Status resolve_train_options(TrainFlags& f, train::TrainOptions* o) {
     // The calibrated speeds price re-plans and the expected step time (nominal ones otherwise).
     Result<plan::DeviceSpec> dev = resolve_device("cpu", f.device_memory, f.json);
     if (dev.is_ok()) o->device = *dev;
+  }
+  // Note [Self-correction]: with this machine's measured terms, the run corrects the model by its
+  // own op times (the correction kept next to the calibration), and with the micro-batch and
+  // recomputation left to the planner re-plans by the corrected model.
+  if (f.self_correct && o->device.terms.fitted) {
+    o->self_correct.enabled = true;
+    o->self_correct.cache_path = plan::corrections_path(plan::default_calibration_path());
+    o->self_correct.machine_key =
+        plan::correction_machine_key(plan::current_cpu_model(), plan::calibration_threads());
+    o->self_correct.replan = f.plan == "auto" && f.batch == 0 && f.recompute == "auto" &&
+                             f.ranks == 1 && f.device_memory_file.empty();
   }
   o->steps = f.steps;
   o->seed = f.seed;
@@ -2012,6 +2024,9 @@ int run(int argc, char** argv) {
   train_cmd->add_option("--log-json", tf.log_json,
                         "write one JSON object per step to FILE (text as in --json: invalid "
                         "UTF-8 as U+FFFD)");
+  train_cmd->add_flag("!--no-self-correct", tf.self_correct,
+                      "do not correct the cost model by this run's measured op times (nor "
+                      "re-plan by it, nor keep the correction for the next run)");
   train_cmd->add_option("--device-memory-file", tf.device_memory_file,
                         "read the device budget (e.g. 2GiB) from FILE before every step; "
                         "editing it re-plans micro-batch, accumulation and recomputation "
