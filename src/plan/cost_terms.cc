@@ -94,7 +94,11 @@ GemmTerm fit_gemm(const std::vector<GemmSample>& samples) {
 
 KernelTerm fit_kernel(const std::vector<std::pair<double, double>>& units_seconds) {
   LineFit f = fit_line(units_seconds);
-  if (!(f.slope > 0)) {
+  // Whether the seconds grow with the units at all (the unconstrained slope's sign).
+  double sx = 0, sy = 0, sxy = 0, sxx = 0;
+  for (const auto& [x, y] : units_seconds) sx += x, sy += y, sxy += x * y, sxx += x * x;
+  const double n = double(units_seconds.size());
+  if (!(f.slope > 0) || (n >= 2 && n * sxy - sx * sy <= 0)) {
     // Larger sizes timed no slower than small ones (noise on a shared machine): the largest
     // sample's seconds per unit, no per-call term.
     double x = 0, y = 0;
