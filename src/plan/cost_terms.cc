@@ -145,10 +145,11 @@ CostCorrection correction_from(const std::array<double, kCostKinds>& predicted,
       const double own = predicted[k] - fused_head_gemm;
       const double rest = measured[k] - fused_head_gemm * c.scale[gemm];
       c.scale[k] = own > 0 && rest > 0 ? std::clamp(rest / own, 0.05, 20.0) : 1.0;
-      covered += measured[k];
+      covered += std::max(own, 0.0) * c.scale[k] + fused_head_gemm * c.scale[gemm];
     } else if (predicted[k] > 0 && measured[k] > 0) {
+      // What a clamped scale leaves unexplained goes to the per-token rest below.
       c.scale[k] = std::clamp(measured[k] / predicted[k], 0.05, 20.0);
-      covered += measured[k];
+      covered += predicted[k] * c.scale[k];
     } else if (predicted[k] > 0) {
       c.scale[k] = 1.0;  // not timed: keep the model's figure
       covered += predicted[k];
