@@ -35,6 +35,7 @@
 #include "model/config.h"
 #include "model/weights.h"
 #include "plan/calibrate.h"
+#include "plan/cost_model.h"
 #include "plan/search.h"
 #include "report/profile.h"
 #include "report/progress.h"
@@ -861,6 +862,12 @@ Status write_profile(const std::string& dir, const TrainFlags& f, const train::T
     by_kind[kind] += k.dur_us / 1e3;
   }
   for (auto& [k, ms] : by_kind) p.time_by_category_ms[k] = ms / double(o.steps);
+  // The cost model's figure for each of the kinds (docs/notes/cost-model.md), per step.
+  const plan::StepCost predicted = plan::estimate_step(o.config, mp, o.device);
+  for (size_t k = 0; k < plan::kCostKinds; k++) {
+    p.predicted_time_by_category_ms[std::string(plan::cost_kind_name(plan::CostKind(k)))] =
+        predicted.by_kind[k] * 1e3;
+  }
 
   // Memory: the recorded allocations and releases (persistent regions at the start, each step
   // buffer from its first op's begin to its last op's end, every micro-batch).
@@ -905,6 +912,7 @@ Status write_profile(const std::string& dir, const TrainFlags& f, const train::T
       row.planned_peak = c.peak_bytes;
       row.predicted_tokens_per_s = c.cost.tokens_per_s;
       row.fits = c.fits;
+      row.techniques = plan::describe_exec(c.policy.exec);
       if (c.policy.micro_batch == o.micro_batch) {
         row.measured_peak = r.device_bytes_peak;
         row.measured_tokens_per_s = r.tokens_per_s;
