@@ -48,8 +48,9 @@ struct StepCost {
 };
 
 // GEMMs with few rows run below peak; rows / (rows + kGemmHalfRows) is the fraction of the
-// large-GEMM speed a micro-batch of `rows` tokens reaches (a fit to this machine's oneDNN:
-// see docs/notes/cost-model.md).
+// large-GEMM speed a micro-batch of `rows` tokens reaches on a device without measured terms (an
+// assumption; a calibrated CPU uses its fitted GemmTerm::half_rows per shape class instead: see
+// docs/notes/cost-model.md, "Measured terms").
 constexpr double kGemmHalfRows = 64;
 
 // `zero`, when given with ranks > 1, adds the step's collectives (zero_traffic) at
