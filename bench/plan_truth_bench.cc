@@ -70,7 +70,7 @@ struct Cell {
   // Per round: the uncorrected prediction and the measurement (ms), and per kind (seconds).
   std::vector<double> predicted_ms, measured_ms;
   std::vector<std::array<double, hr::plan::kCostKinds>> measured_kinds;
-  hr::plan::StepCost cost;  // uncorrected
+  hr::plan::StepCost cost;       // uncorrected
   hr::plan::CostCorrection own;  // learned on this cell in round 1
   std::string group() const { return model + " " + precision; }
 };
@@ -89,7 +89,8 @@ hr::train::TrainOptions options_for(const Cell& c, const std::string& data, int 
   o.val_fraction = 0;
   o.eval_batches = 0;
   o.breakdown = true;
-  o.exec.precision = c.precision == "bf16" ? hr::model::Precision::kBf16 : hr::model::Precision::kFp32;
+  o.exec.precision =
+      c.precision == "bf16" ? hr::model::Precision::kBf16 : hr::model::Precision::kFp32;
   if (c.recompute == "full")
     o.exec.recompute.assign(size_t(c.config.n_layer), hr::model::Recompute::kFull);
   o.device_memory = uint64_t(64) << 30;
@@ -99,10 +100,15 @@ hr::train::TrainOptions options_for(const Cell& c, const std::string& data, int 
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::map<std::string, std::string> a = {
-      {"--models", "gpt2-tiny,gpt2"}, {"--precisions", "fp32,bf16"}, {"--batches", "1,8,32"},
-      {"--recompute", "none,full"},   {"--rounds", "3"},             {"--steps", "2"},
-      {"--seq-tiny", "256"},          {"--seq-large", "32"},         {"--json", ""}};
+  std::map<std::string, std::string> a = {{"--models", "gpt2-tiny,gpt2"},
+                                          {"--precisions", "fp32,bf16"},
+                                          {"--batches", "1,8,32"},
+                                          {"--recompute", "none,full"},
+                                          {"--rounds", "3"},
+                                          {"--steps", "2"},
+                                          {"--seq-tiny", "256"},
+                                          {"--seq-large", "32"},
+                                          {"--json", ""}};
   for (int i = 1; i < argc; i++) {
     const std::string k = argv[i];
     if (!a.count(k) || i + 1 >= argc) {
@@ -213,9 +219,9 @@ int main(int argc, char** argv) {
                    round + 1, c.group().c_str(), c.batch, c.recompute.c_str(),
                    c.cost.step_seconds * 1e3, median(ms), c.cost.step_seconds * 1e3 / median(ms));
       if (round == 0) {
-        c.own = hr::plan::correction_from(c.cost.uncorrected_by_kind, kinds, median(ms) / 1e3,
-                                          double(c.batch) * c.seq, 1,
-                                          c.cost.fused_head_gemm_seconds);
+        c.own =
+            hr::plan::correction_from(c.cost.uncorrected_by_kind, kinds, median(ms) / 1e3,
+                                      double(c.batch) * c.seq, 1, c.cost.fused_head_gemm_seconds);
       }
     }
   }
@@ -233,8 +239,9 @@ int main(int argc, char** argv) {
               {"steps", steps},
               {"cells", json::array()}};
   std::vector<double> dev_before, dev_after, dev_own;
-  std::printf("| model | precision | micro-batch x seq | recompute | predicted ms | measured ms | "
-              "ratio before | ratio after (mb-8 correction) | ratio after (own) |\n");
+  std::printf(
+      "| model | precision | micro-batch x seq | recompute | predicted ms | measured ms | "
+      "ratio before | ratio after (mb-8 correction) | ratio after (own) |\n");
   std::printf("|---|---|---|---|---|---|---|---|---|\n");
   std::map<std::string, std::vector<std::pair<const Cell*, std::array<double, 3>>>> by_group;
   for (const Cell& c : cells) {
@@ -254,8 +261,8 @@ int main(int argc, char** argv) {
     dev_own.push_back(std::abs(ro - 1));
     std::printf("| %s | %s | %d x %d | %s | %.1f | %.1f | %.3f | %.3f | %.3f |\n", c.model.c_str(),
                 c.precision.c_str(), c.batch, c.seq, c.recompute.c_str(), p, m, rb, ra, ro);
-    by_group[c.group()].push_back({&c, {p / (c.batch * c.seq), after_ms / (c.batch * c.seq),
-                                        m / (c.batch * c.seq)}});
+    by_group[c.group()].push_back(
+        {&c, {p / (c.batch * c.seq), after_ms / (c.batch * c.seq), m / (c.batch * c.seq)}});
     json kinds_pred = json::object(), kinds_meas = json::object();
     std::array<double, hr::plan::kCostKinds> mk{};
     for (size_t r = 1; r < c.measured_kinds.size(); r++)
@@ -285,10 +292,11 @@ int main(int argc, char** argv) {
   auto worst = [](const std::vector<double>& v) {
     return v.empty() ? 0.0 : *std::max_element(v.begin(), v.end());
   };
-  std::printf("\nmedian |predicted/measured - 1|: before %.1f%% (worst %.1f%%), after the mb-8 "
-              "correction %.1f%% (worst %.1f%%), after each cell's own %.1f%% (worst %.1f%%)\n",
-              100 * median(dev_before), 100 * worst(dev_before), 100 * median(dev_after),
-              100 * worst(dev_after), 100 * median(dev_own), 100 * worst(dev_own));
+  std::printf(
+      "\nmedian |predicted/measured - 1|: before %.1f%% (worst %.1f%%), after the mb-8 "
+      "correction %.1f%% (worst %.1f%%), after each cell's own %.1f%% (worst %.1f%%)\n",
+      100 * median(dev_before), 100 * worst(dev_before), 100 * median(dev_after),
+      100 * worst(dev_after), 100 * median(dev_own), 100 * worst(dev_own));
   out["median_abs_error_before"] = median(dev_before);
   out["median_abs_error_after"] = median(dev_after);
   out["median_abs_error_own"] = median(dev_own);
@@ -318,7 +326,8 @@ int main(int argc, char** argv) {
       auto name = [](const Cell* c) { return fmt::format("b{} {}", c->batch, c->recompute); };
       std::printf("  %s, budget %s: before %s, corrected %s, measured %s%s\n", group.c_str(),
                   hr::format_bytes(budget).c_str(), name(best[0]).c_str(), name(best[1]).c_str(),
-                  name(best[2]).c_str(), best[0] != best[1] ? "  <- the correction changes it" : "");
+                  name(best[2]).c_str(),
+                  best[0] != best[1] ? "  <- the correction changes it" : "");
       out["choices"].push_back({{"group", group},
                                 {"budget_bytes", budget},
                                 {"before", name(best[0])},
