@@ -51,8 +51,11 @@ std::string model_dir_tokenizer(const std::string& model) {
 Result<std::unique_ptr<data::Tokenizer>> run_tokenizer(const std::string& dir,
                                                        const std::string& vocab) {
   if (!dir.empty()) return data::load_tokenizer(dir);
-  HR_ASSIGN_OR_RETURN(data::Gpt2Tokenizer t,
-                      data::Gpt2Tokenizer::load(vocab.empty() ? data::default_vocab_dir() : vocab));
+  std::string vocab_dir = vocab;
+  if (vocab_dir.empty()) {
+    HR_ASSIGN_OR_RETURN(vocab_dir, data::find_vocab_dir());
+  }
+  HR_ASSIGN_OR_RETURN(data::Gpt2Tokenizer t, data::Gpt2Tokenizer::load(vocab_dir));
   return std::unique_ptr<data::Tokenizer>(std::make_unique<data::Gpt2Tokenizer>(std::move(t)));
 }
 
