@@ -29,23 +29,6 @@ void set_threads(int threads) {
   omp_set_num_threads(n);
 }
 
-std::string cache_dir() {
-  if (const char* d = std::getenv("HEADROOM_CACHE_DIR"); d && *d) return d;
-  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return std::string(x) + "/headroom";
-  if (const char* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.cache/headroom";
-  return ".headroom-cache";
-}
-
-// The tokenizer directory a model directory carries (tokenizer.json or tokenizer.model), or "".
-std::string model_dir_tokenizer(const std::string& model) {
-  std::error_code ec;
-  if (!fs::is_directory(model, ec)) return "";
-  for (const char* f : {"tokenizer.json", "tokenizer.model"}) {
-    if (fs::exists(fs::path(model) / f, ec)) return model;
-  }
-  return "";
-}
-
 // The tokenizer of a run: `dir` (tokenizer.json, tokenizer.model or GPT-2's files), or GPT-2's
 // from the vocabulary directory.
 Result<std::unique_ptr<data::Tokenizer>> run_tokenizer(const std::string& dir,
@@ -59,52 +42,10 @@ Result<std::unique_ptr<data::Tokenizer>> run_tokenizer(const std::string& dir,
   return std::unique_ptr<data::Tokenizer>(std::make_unique<data::Gpt2Tokenizer>(std::move(t)));
 }
 
-// The default corpus: Debian's fortunes, tokenised once into the cache (per tokenizer: GPT-2's
-// into fortunes.tokens, another's into fortunes.<name>-<hash of its directory>.tokens).
-Result<std::string> default_corpus(const std::string& vocab_dir, const std::string& tokenizer_dir) {
-  std::string path = cache_dir() + "/fortunes.tokens";
-  if (!tokenizer_dir.empty()) {
-    std::error_code ec;
-    const std::string abs = fs::weakly_canonical(tokenizer_dir, ec).string();
-    std::string name = fs::path(abs).filename().string();
-    for (char& ch : name) {
-      if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
-    }
-    path = cache_dir() + fmt::format("/fortunes.{}-{:08x}.tokens", name,
-                                     uint32_t(std::hash<std::string>{}(abs)&0xffffffffu));
-  }
-  if (fs::exists(path)) return path;
-  std::vector<std::string> inputs = data::default_corpus_inputs();
-  if (inputs.empty()) {
-    return Status::not_found(
-        "no --data given and the default corpus (Debian's fortunes package, "
-        "/usr/share/games/fortunes) is not installed: run `make setup` or pass --data FILE");
-  }
-  std::error_code ec;
-  fs::create_directories(cache_dir(), ec);
-  if (ec)
-    return Status::io_error(
-        fmt::format("cannot create cache directory '{}': {}", cache_dir(), ec.message()));
-  log_info("preparing the default corpus ({} fortune files) into {}", inputs.size(), path);
-  data::PrepareOptions po;
-  po.inputs = inputs;
-  po.out = path;
-  po.vocab_dir = tokenizer_dir.empty() ? vocab_dir : "";
-  po.tokenizer_dir = tokenizer_dir;
-  po.doc_separator = "%";
-  HR_ASSIGN_OR_RETURN(data::PrepareStats st, data::prepare_token_file(po));
-  log_info("  {} documents, {} tokens in {:.1f} s", st.documents, st.tokens, st.seconds);
-  return path;
-}
-
 Result<uint64_t> device_budget(const std::string& flag) {
   HR_ASSIGN_OR_RETURN(const std::optional<uint64_t> b,
                       parse_size_flag("--device-memory", flag, true));
-  if (!b) {
-    cpu::CpuDeviceInfo info = cpu::query_cpu_device();
-    return cpu::default_device_budget(info);
-  }
-  return *b;
+  return train::device_budget(b);
 }
 
 void add_train_flags(CLI::App* app, TrainFlags& f) {
@@ -172,53 +113,12 @@ void add_train_flags(CLI::App* app, TrainFlags& f) {
                 true);
 }
 
-// --offload-optimizer, --offload-activations (`name`): auto (unset: the planner chooses), on, off.
-Result<std::optional<bool>> parse_offload(const std::string& flag, const char* name) {
-  if (flag == "auto") return std::optional<bool>();
-  if (flag == "on") return std::optional<bool>(true);
-  if (flag == "off") return std::optional<bool>(false);
-  return Status::invalid_argument(fmt::format("{} {}: use auto, on or off", name, flag));
-}
-
 // --offload-memory: a size, or auto: the host's available memory (MemAvailable, cgroup limits
 // respected) when the offload tier is this host's, or not limited (0) for a named GPU's host.
 Result<uint64_t> offload_budget(const std::string& flag, bool this_host) {
   HR_ASSIGN_OR_RETURN(const std::optional<uint64_t> b,
                       parse_size_flag("--offload-memory", flag, true));
-  if (!b) return this_host ? cpu::query_cpu_device().available_bytes : uint64_t(0);
-  return *b;
-}
-
-Result<std::optional<model::Recompute>> parse_recompute(const std::string& flag) {
-  if (flag == "auto") return std::optional<model::Recompute>();
-  for (model::Recompute r :
-       {model::Recompute::kNone, model::Recompute::kSelective, model::Recompute::kFull}) {
-    if (flag == model::recompute_name(r)) return std::optional<model::Recompute>(r);
-  }
-  return Status::invalid_argument(
-      fmt::format("--recompute {}: use auto, none, selective or full", flag));
-}
-
-// --precision: auto, fp32, bf16 or fp16; bf16 only where this machine has bf16 GEMM kernels.
-// fp16 runs everywhere (its GEMMs widen to fp32 on a CPU without f16 ones: Note [fp16 GEMMs]).
-Status check_precision(const std::string& precision, const plan::DeviceSpec& dev) {
-  if (precision != "auto" && precision != "fp32" && precision != "bf16" && precision != "fp16") {
-    return Status::invalid_argument(
-        fmt::format("--precision {}: use auto, fp32, bf16 or fp16", precision));
-  }
-  if (precision == "bf16" && !(dev.flops_bf16 > 0)) {
-    return Status::unsupported(fmt::format(
-        "--precision bf16: {} has no bf16 GEMM kernels (calibration found none: oneDNN needs "
-        "AVX512-BF16 or AMX); use --precision fp32",
-        dev.name));
-  }
-  return Status::ok();
-}
-
-model::Precision precision_of(const std::string& name) {
-  if (name == "bf16") return model::Precision::kBf16;
-  if (name == "fp16") return model::Precision::kFp16;
-  return model::Precision::kFp32;
+  return train::offload_budget(b, this_host);
 }
 
 // The device to plan for: the CPU (measured by calibration, budget from --device-memory) or a
@@ -227,12 +127,7 @@ Result<plan::DeviceSpec> resolve_device(const std::string& device, const std::st
                                         bool quiet) {
   if (device == "cpu") {
     HR_ASSIGN_OR_RETURN(uint64_t budget, device_budget(memory_flag));
-    auto progress = [quiet](const std::string& line) {
-      if (!quiet) log_info("calibrate: {}", line);
-    };
-    HR_ASSIGN_OR_RETURN(plan::Calibration cal,
-                        plan::load_or_calibrate(plan::default_calibration_path(), progress));
-    return plan::cpu_device_spec(cal, budget);
+    return train::cpu_device(budget, quiet);
   }
   HR_ASSIGN_OR_RETURN(plan::DeviceSpec spec, plan::named_device(device));
   HR_ASSIGN_OR_RETURN(const std::optional<uint64_t> memory,

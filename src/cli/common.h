@@ -18,6 +18,7 @@
 #include "memory/resource.h"
 #include "model/config.h"
 #include "plan/search.h"
+#include "train/run_request.h"
 #include "train/trainer.h"
 
 namespace headroom::cli {
@@ -25,27 +26,25 @@ namespace headroom::cli {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
+// The resolvers the library has (train/run_request.h).
+using train::cache_dir;
+using train::check_precision;
+using train::default_corpus;
+using train::model_dir_tokenizer;
+using train::parse_offload;
+using train::parse_recompute;
+using train::precision_of;
+
 // Prints "headroom: error: <message>" to stderr; returns the exit code 1.
 int fail(const Status& s);
 
 // OpenMP threads: `threads`, or the cores available when 0.
 void set_threads(int threads);
 
-// HEADROOM_CACHE_DIR, else $XDG_CACHE_HOME/headroom, else ~/.cache/headroom.
-std::string cache_dir();
-
-// The tokenizer directory a model directory carries (tokenizer.json or tokenizer.model), or "".
-std::string model_dir_tokenizer(const std::string& model);
-
 // The tokenizer of a run: `dir` (tokenizer.json, tokenizer.model or GPT-2's files), or GPT-2's
 // from the vocabulary directory.
 Result<std::unique_ptr<data::Tokenizer>> run_tokenizer(const std::string& dir,
                                                        const std::string& vocab);
-
-// The default corpus: Debian's fortunes, tokenised once into the cache (per tokenizer: GPT-2's
-// into fortunes.tokens, another's into fortunes.<name>-<hash of its directory>.tokens).
-Result<std::string> default_corpus(const std::string& vocab_dir,
-                                   const std::string& tokenizer_dir = "");
 
 // --device-memory: a size, or auto: available memory less a margin (cgroup limits respected).
 Result<uint64_t> device_budget(const std::string& flag);
@@ -116,9 +115,6 @@ inline constexpr IntRule kThreadsRule{
 // The flags train, plan and bench share (the model, the batch shape, the techniques, the budget).
 void add_train_flags(CLI::App* app, TrainFlags& f);
 
-// --offload-optimizer, --offload-activations (`name`): auto (unset: the planner chooses), on, off.
-Result<std::optional<bool>> parse_offload(const std::string& flag, const char* name);
-
 // --offload-memory: a size, or auto: the host's available memory (MemAvailable, cgroup limits
 // respected) when the offload tier is this host's, or not limited (0) for a named GPU's host.
 Result<uint64_t> offload_budget(const std::string& flag, bool this_host);
@@ -128,18 +124,9 @@ Result<uint64_t> offload_budget(const std::string& flag, bool this_host);
 Result<plan::DeviceSpec> resolve_device(const std::string& device, const std::string& memory_flag,
                                         bool quiet);
 
-// --recompute: auto (unset: the planner chooses), none, selective or full.
-Result<std::optional<model::Recompute>> parse_recompute(const std::string& flag);
-
-// --precision: auto, fp32, bf16 or fp16; bf16 only where this machine has bf16 GEMM kernels.
-// fp16 runs everywhere (its GEMMs widen to fp32 on a CPU without f16 ones: Note [fp16 GEMMs]).
-Status check_precision(const std::string& precision, const plan::DeviceSpec& dev);
-
-// "bf16" and "fp16" to their precision; anything else is fp32.
-model::Precision precision_of(const std::string& name);
-
-// `headroom train`'s flags (and a --resume checkpoint's state) into the trainer's options: the
-// plan chosen by the planner or read from --plan, the schedule, loss scaling and the data.
+// `headroom train`'s flags into a train::RunRequest, resolved by train::resolve_run (the plan, the
+// schedule, loss scaling, the data; a --resume checkpoint's state); sets f.search and
+// f.tokenizer from the result.
 Status resolve_train_options(TrainFlags& f, train::TrainOptions* o);
 
 // The JSON of plans (plan --json, plan files) and of steps (--log-json).

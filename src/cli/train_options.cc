@@ -1,321 +1,60 @@
-// `headroom train`'s flags, a --resume checkpoint's state and a --plan file into the trainer's
-// options (resolve_train_options).
+// `headroom train`'s flags into the library's request (train/run_request.h): the CLI's thin layer.
 #include "cli/common.h"
 
-#include <algorithm>
-#include <cmath>
-#include <fstream>
-
 #include <fmt/format.h>
-
-#include "core/units.h"
-#include "core/utf8.h"
-#include "train/checkpoint.h"
-#include "train/elastic.h"
 
 namespace headroom::cli {
 
 Status resolve_train_options(TrainFlags& f, train::TrainOptions* o) {
-  if (!f.resume.empty()) {
-    // Continue with the checkpoint's model, data and batch shape unless flags say otherwise
-    // (the trainer refuses another global batch or seq; another micro-batch continues it within
-    // rounding).
-    HR_ASSIGN_OR_RETURN(train::LoadedCheckpoint ck, train::find_checkpoint(f.resume));
-    if (!f.model_option || f.model_option->count() == 0) f.model = ck.dir;  // its config
-    if (f.data.empty()) f.data = ck.state.data;
-    if (f.seq == 0) f.seq = ck.state.seq;
-    if (f.batch == 0) f.batch = ck.state.micro_batch;
-    if (f.global_batch == 0) f.global_batch = ck.state.micro_batch * ck.state.accumulation;
-    // The schedule too: its defaults depend on --steps, which a resume may raise.
-    if (f.lr == 0) f.lr = ck.state.lr;
-    if (f.warmup < 0) f.warmup = ck.state.warmup_steps;
-    if (f.batching.empty()) f.batching = ck.state.batching;
-    if ((!f.bucket_option || f.bucket_option->count() == 0) && ck.state.bucket > 0)
-      f.bucket = ck.state.bucket;
-  }
-  HR_ASSIGN_OR_RETURN(o->batching,
-                      data::parse_batching(f.batching.empty() ? "packed" : f.batching));
-  const bool bucket_given = f.bucket_option && f.bucket_option->count() > 0;
-  if (bucket_given && o->batching == data::Batching::kPacked) {
+  train::RunRequest r;
+  r.model = f.model;
+  r.model_given = f.model_option && f.model_option->count() > 0;
+  r.data = f.data;
+  r.tokenizer = f.tokenizer;
+  r.vocab = f.vocab;
+  r.resume = f.resume;
+  // 0 (the flags' default) is auto; a negative value goes through to the library's message.
+  auto count = [](int v) { return v != 0 ? std::optional<int>(v) : std::nullopt; };
+  r.seq = count(f.seq);
+  r.micro_batch = count(f.batch);
+  r.global_batch = count(f.global_batch);
+  r.steps = f.steps;
+  r.seed = f.seed;
+  r.precision = f.precision;
+  r.recompute = f.recompute;
+  r.offload_activations = f.offload_activations;
+  r.offload_optimizer = f.offload_optimizer;
+  HR_ASSIGN_OR_RETURN(r.device_memory, parse_size_flag("--device-memory", f.device_memory, true));
+  r.device_memory_file = f.device_memory_file;
+  if (!f.device_memory_file.empty() && f.device_memory != "auto") {
     return Status::invalid_argument(fmt::format(
-        "--bucket {} applies to --batching bucketed only (packed rows are all --seq long)",
-        f.bucket));
+        "--device-memory {} and --device-memory-file {}: give one (the file holds the budget "
+        "and may change while training runs)",
+        f.device_memory, f.device_memory_file));
   }
-  if (f.bucket <= 0) {
-    return Status::invalid_argument(fmt::format(
-        "--bucket {} must be positive: bucket lengths are its multiples (e.g. 32), up to --seq",
-        f.bucket));
-  }
-  o->bucket = f.bucket;
-  HR_ASSIGN_OR_RETURN(o->config, model::resolve_model(f.model));
-  o->model_name = f.model;
-  if (f.tokenizer.empty()) f.tokenizer = model_dir_tokenizer(f.model);
-  if (f.device != "cpu") {
-    return Status::unsupported(fmt::format("--device {}: only the cpu device is built", f.device));
-  }
-  if (f.seq < 0) return Status::invalid_argument(fmt::format("--seq {} must be positive", f.seq));
-  if (f.batch < 0)
-    return Status::invalid_argument(fmt::format("--batch {} must be positive", f.batch));
-  if (f.global_batch < 0) {
-    return Status::invalid_argument(
-        fmt::format("--global-batch {} must be positive", f.global_batch));
-  }
-  o->seq = f.seq > 0 ? f.seq : std::min(128, o->config.n_positions);
-  HR_ASSIGN_OR_RETURN(o->device_memory, device_budget(f.device_memory));
-  if (!f.device_memory_file.empty()) {
-    if (f.device_memory != "auto") {
-      return Status::invalid_argument(fmt::format(
-          "--device-memory {} and --device-memory-file {}: give one (the file holds the budget "
-          "and may change while training runs)",
-          f.device_memory, f.device_memory_file));
-    }
-    HR_ASSIGN_OR_RETURN(o->device_memory, train::read_budget_file(f.device_memory_file));
-    o->device_memory_file = f.device_memory_file;
-  }
-  HR_ASSIGN_OR_RETURN(o->offload_memory, offload_budget(f.offload_memory, true));
-  HR_ASSIGN_OR_RETURN(const std::optional<bool> offload_flag,
-                      parse_offload(f.offload_activations, "--offload-activations"));
-  const int global = f.global_batch > 0 ? f.global_batch : (f.batch > 0 ? f.batch * f.ranks : 8);
-  // Data parallel: the global batch splits evenly over the ranks; micro-batch and accumulation
-  // below are per rank (train/trainer.h).
-  if (global % f.ranks != 0) {
-    return Status::invalid_argument(fmt::format(
-        "--global-batch {} must be divisible by the {} ranks (each computes an equal share)",
-        global, f.ranks));
-  }
-  std::optional<int> zero;  // explicit --zero
-  HR_ASSIGN_OR_RETURN(const std::optional<bool> offload,
-                      parse_offload(f.offload_optimizer, "--offload-optimizer"));
-  if (f.zero == "auto") {
-    // With --plan auto the planner picks the stage (below); with a plan file, ZeRO-1: it sends
-    // what stage 0 sends (reduce-scatter + all-gather = all-reduce) and holds less.
-    o->zero_stage = f.ranks > 1 ? 1 : 0;
-  } else if (f.zero == "0" || f.zero == "1" || f.zero == "2" || f.zero == "3") {
-    zero = f.zero[0] - '0';
-    o->zero_stage = *zero;
-  } else {
-    return Status::invalid_argument(fmt::format("--zero {}: use auto, 0, 1, 2 or 3", f.zero));
-  }
-  if (f.plan == "auto") {
-    plan::SearchRequest req;
-    req.config = o->config;
-    HR_ASSIGN_OR_RETURN(req.device, resolve_device("cpu", f.device_memory, f.json));
-    o->device = req.device;  // prices re-plans and the expected step time
-    HR_RETURN_IF_ERROR(check_precision(f.precision, req.device));
-    req.precision = f.precision;
-    req.device_memory = o->device_memory;
-    req.seq = o->seq;
-    // With several ranks: the ZeRO-aware search over the job's ranks, each rank planned exactly
-    // as the trainer allocates it (stages 0-3 with the executor's windows), so the chosen plan's
-    // peak is the trainer's. An explicit --zero is a constraint; auto searches every stage.
-    req.global_batch = global;
-    req.devices = f.ranks;
-    req.executor_layout = true;
-    // Bucketed ranks run different numbers of micro-batches: no per-micro-batch windows (2-3).
-    req.max_zero_stage = o->batching == data::Batching::kBucketed ? 1 : 3;
-    if (f.ranks > 1) req.zero_stage = zero;
-    if (f.batch > 0) req.micro_batch = f.batch;
-    HR_ASSIGN_OR_RETURN(req.recompute, parse_recompute(f.recompute));
-    HR_ASSIGN_OR_RETURN(req.offload_optimizer,
-                        parse_offload(f.offload_optimizer, "--offload-optimizer"));
-    req.offload_activations = offload_flag;
-    req.offload_memory = o->offload_memory;
-    req.sweep = !f.profile.empty();  // the report shows memory versus micro-batch
-    HR_ASSIGN_OR_RETURN(plan::SearchResult res, plan::search_plan(req));
-    if (!res.chosen) {
-      return Status::out_of_memory(
-          fmt::format("no plan for {} at seq {} and global batch {} fits the {} device budget.\n{}",
-                      f.model, o->seq, global, format_bytes(o->device_memory), res.advice));
-    }
-    f.search = res;
-    o->micro_batch = res.chosen->policy.micro_batch;
-    o->exec = res.chosen->policy.exec;
-    o->accumulation = res.chosen->policy.accumulation;
-    if (f.ranks > 1) o->zero_stage = res.chosen->policy.zero_stage;
-    o->offload_optimizer = res.chosen->policy.offload_optimizer;
-    o->plan_note = fmt::format(
-        "chosen by the planner: fastest of {} that fit, {} rejected; the "
-        "largest micro-batch that fits is {}",
-        res.candidates.size(), res.rejected.size(), res.max_micro_batch);
-  } else {
-    std::ifstream in(f.plan);
-    if (!in) return Status::not_found(fmt::format("cannot open --plan '{}'", f.plan));
-    json j;
-    try {
-      j = json::parse(in);
-    } catch (const json::exception& e) {
-      return Status::invalid_argument(
-          fmt::format("--plan {}: not valid JSON: {}", f.plan, e.what()));
-    }
-    auto get_int = [&](const char* key, int* out) -> Status {
-      if (!j.contains("chosen") || !j["chosen"].is_object() || !j["chosen"].contains(key) ||
-          !j["chosen"][key].is_number_integer() || j["chosen"][key].get<int64_t>() <= 0) {
-        return Status::invalid_argument(fmt::format(
-            "--plan {}: field 'chosen.{}' is missing or not a positive integer (write the file "
-            "with `headroom plan --json`)",
-            f.plan, key));
-      }
-      *out = j["chosen"][key].get<int>();
-      return Status::ok();
-    };
-    HR_RETURN_IF_ERROR(get_int("micro_batch", &o->micro_batch));
-    HR_RETURN_IF_ERROR(get_int("accumulation", &o->accumulation));
-    // Techniques (absent in older plan files: the defaults).
-    const json& ch = j["chosen"];
-    if (ch.contains("precision")) {
-      if (!ch["precision"].is_string() ||
-          (ch["precision"] != "fp32" && ch["precision"] != "bf16" && ch["precision"] != "fp16")) {
-        return Status::invalid_argument(
-            fmt::format("--plan {}: field 'chosen.precision' is {}; expected \"fp32\", \"bf16\" "
-                        "or \"fp16\"",
-                        f.plan, dump_json(ch["precision"])));
-      }
-      o->exec.precision = precision_of(ch["precision"].get<std::string>());
-      if (f.precision != "auto" && f.precision != ch["precision"].get<std::string>()) {
-        return Status::invalid_argument(
-            fmt::format("--precision {} contradicts the plan's {} in {}", f.precision,
-                        dump_json(ch["precision"]), f.plan));
-      }
-    } else if (f.precision == "bf16" || f.precision == "fp16") {
-      o->exec.precision = precision_of(f.precision);
-    }
-    if (ch.contains("attention")) o->exec.tiled_attention = ch["attention"] != "plain";
-    if (ch.contains("offload")) {
-      if (ch["offload"] != "none" && ch["offload"] != "optimizer" &&
-          ch["offload"] != "activations" && ch["offload"] != "all") {
-        return Status::invalid_argument(
-            fmt::format("--plan {}: field 'chosen.offload' is {}; expected \"none\", "
-                        "\"optimizer\", \"activations\" or \"all\" (offload_per_block says which "
-                        "blocks)",
-                        f.plan, dump_json(ch["offload"])));
-      }
-      o->offload_optimizer = ch["offload"] == "optimizer" || ch["offload"] == "all";
-    }
-    if (offload && *offload != o->offload_optimizer) {
-      return Status::invalid_argument(fmt::format(
-          "--offload-optimizer {} contradicts the plan's offload {} in {}", f.offload_optimizer,
-          ch.contains("offload") ? dump_json(ch["offload"]) : std::string("\"none\""), f.plan));
-    }
-    if (ch.contains("bf16_weights")) {
-      if (ch["bf16_weights"] != "copy" && ch["bf16_weights"] != "cast per layer") {
-        return Status::invalid_argument(fmt::format(
-            "--plan {}: field 'chosen.bf16_weights' is {}; expected \"copy\" or \"cast per "
-            "layer\"",
-            f.plan, dump_json(ch["bf16_weights"])));
-      }
-      o->exec.bf16_weight_copy = ch["bf16_weights"] == "copy";
-    }
-    if (ch.contains("head_chunk")) {
-      if (!ch["head_chunk"].is_number_integer() || ch["head_chunk"].get<int64_t>() < 0) {
-        return Status::invalid_argument(fmt::format(
-            "--plan {}: field 'chosen.head_chunk' must be a non-negative integer", f.plan));
-      }
-      o->exec.head_chunk = ch["head_chunk"].get<int>();
-    }
-    if (ch.contains("recompute_per_block")) {
-      const json& rp = ch["recompute_per_block"];
-      if (!rp.is_array() || (!rp.empty() && int(rp.size()) != o->config.n_layer)) {
-        return Status::invalid_argument(fmt::format(
-            "--plan {}: field 'chosen.recompute_per_block' must list one choice per block ({})",
-            f.plan, o->config.n_layer));
-      }
-      for (const json& v : rp) {
-        std::optional<model::Recompute> r;
-        if (v.is_string()) {
-          Result<std::optional<model::Recompute>> pr = parse_recompute(v.get<std::string>());
-          if (pr.is_ok()) r = *pr;
-        }
-        if (!r) {
-          return Status::invalid_argument(fmt::format(
-              "--plan {}: 'chosen.recompute_per_block' has {}; use none, selective or full", f.plan,
-              dump_json(v)));
-        }
-        o->exec.recompute.push_back(*r);
-      }
-    }
-    if (ch.contains("offload_per_block")) {
-      const json& op = ch["offload_per_block"];
-      if (!op.is_array() || (!op.empty() && int(op.size()) != o->config.n_layer)) {
-        return Status::invalid_argument(fmt::format(
-            "--plan {}: field 'chosen.offload_per_block' must list one true/false per block ({})",
-            f.plan, o->config.n_layer));
-      }
-      for (const json& v : op) {
-        if (!v.is_boolean()) {
-          return Status::invalid_argument(
-              fmt::format("--plan {}: 'chosen.offload_per_block' has {}; use true or false", f.plan,
-                          dump_json(v)));
-        }
-        o->exec.offload.push_back(v.get<bool>());
-      }
-      if (std::find(o->exec.offload.begin(), o->exec.offload.end(), true) ==
-          o->exec.offload.end()) {
-        o->exec.offload.clear();
-      }
-    }
-    if (offload_flag && *offload_flag != !o->exec.offload.empty()) {
-      return Status::invalid_argument(
-          fmt::format("--offload-activations {} contradicts the plan in {}, which offloads {} "
-                      "blocks",
-                      f.offload_activations, f.plan, plan::offloaded_blocks(o->exec)));
-    }
-    int plan_seq = 0;
-    HR_RETURN_IF_ERROR(get_int("seq", &plan_seq));
-    if (f.seq > 0 && f.seq != plan_seq) {
-      return Status::invalid_argument(
-          fmt::format("--seq {} contradicts the plan's seq {} in {}", f.seq, plan_seq, f.plan));
-    }
-    o->seq = plan_seq;
-    if (f.batch > 0 && f.batch != o->micro_batch) {
-      return Status::invalid_argument(
-          fmt::format("--batch {} contradicts the plan's micro-batch {} in {}", f.batch,
-                      o->micro_batch, f.plan));
-    }
-    o->plan_note = "from " + f.plan;
-    // The calibrated speeds price re-plans and the expected step time (nominal ones otherwise).
-    Result<plan::DeviceSpec> dev = resolve_device("cpu", f.device_memory, f.json);
-    if (dev.is_ok()) o->device = *dev;
-  }
-  o->steps = f.steps;
-  o->seed = f.seed;
-  const int64_t nparams = model::gpt2_param_table(o->config).num_parameters;
-  o->adamw.lr = f.lr > 0 ? f.lr : (nparams < 50'000'000 ? 1e-3f : 6e-4f);
-  if (f.lr < 0 || !std::isfinite(f.lr)) {
-    return Status::invalid_argument(fmt::format("--lr {} must be positive", f.lr));
-  }
-  o->warmup_steps = f.warmup >= 0 ? f.warmup : std::min(100, std::max(1, f.steps / 10));
-  o->val_fraction = f.val_fraction;
-  if (!(f.val_fraction >= 0 && f.val_fraction < 0.5)) {
-    return Status::invalid_argument(
-        fmt::format("--val-fraction {} must be in [0, 0.5)", f.val_fraction));
-  }
-  o->eval_every = f.eval_every;
-  // Loss scaling (fp16 only; Note [Loss scaling]).
-  HR_ASSIGN_OR_RETURN(o->loss_scale, train::parse_loss_scale(f.loss_scale));
-  if (f.loss_scale_window <= 0) {
-    return Status::invalid_argument(fmt::format(
-        "--loss-scale-window {}: the good steps before the loss scale grows must be positive",
-        f.loss_scale_window));
-  }
-  o->loss_scale.growth_interval = f.loss_scale_window;
-  if (o->exec.precision != model::Precision::kFp16 &&
-      (f.loss_scale != "dynamic" || f.loss_scale_window != 2000)) {
-    return Status::invalid_argument(fmt::format(
-        "--loss-scale {} / --loss-scale-window {}: loss scaling applies to --precision fp16 only "
-        "(this run is {}, whose gradients need no scaling); drop the flag or use --precision fp16",
-        f.loss_scale, f.loss_scale_window, model::precision_name(o->exec.precision)));
-  }
-  for (int k : f.inject_overflow) {
-    if (k < 1) {
-      return Status::invalid_argument(fmt::format("--inject-overflow-at {}: steps are 1-based", k));
-    }
-    o->inject_overflow_steps.push_back(k - 1);
-  }
-  if (f.data.empty()) {
-    HR_ASSIGN_OR_RETURN(o->data, default_corpus(f.vocab, f.tokenizer));
-  } else {
-    o->data = f.data;
-  }
+  HR_ASSIGN_OR_RETURN(r.offload_memory,
+                      parse_size_flag("--offload-memory", f.offload_memory, true));
+  r.device = f.device;
+  r.plan_file = f.plan == "auto" ? "" : f.plan;
+  r.zero = f.zero;
+  r.batching = f.batching;
+  if (f.bucket_option && f.bucket_option->count() > 0) r.bucket = f.bucket;
+  if (f.lr != 0) r.lr = f.lr;  // 0: auto (NaN and negatives get the library's message)
+  if (f.warmup >= 0) r.warmup = f.warmup;
+  r.val_fraction = f.val_fraction;
+  r.eval_every = f.eval_every;
+  r.loss_scale = f.loss_scale;
+  r.loss_scale_window = f.loss_scale_window;
+  r.inject_overflow = f.inject_overflow;
+  r.ranks = f.ranks;
+  r.sweep = !f.profile.empty();  // the report shows memory versus micro-batch
+  r.quiet = f.json;
+  HR_ASSIGN_OR_RETURN(train::ResolvedRun run, train::resolve_run(r));
+  dist::Communicator* comm = o->comm;  // the caller's
+  *o = std::move(run.options);
+  o->comm = comm;
+  f.search = std::move(run.search);
+  f.tokenizer = run.tokenizer;
   return Status::ok();
 }
 
