@@ -39,7 +39,9 @@ int run(int argc, char** argv) {
   train_cmd->add_option("--device-memory-file", tf.device_memory_file,
                         "read the device budget (e.g. 2GiB) from FILE before every step; "
                         "editing it re-plans micro-batch, accumulation and recomputation "
-                        "with the same global batch (instead of --device-memory)");
+                        "with the same global batch (instead of --device-memory); with several "
+                        "ranks, {rank} in FILE is replaced by each rank's number (no {rank}: "
+                        "one file for all) and the ranks re-plan together under the smallest");
   add_int_flag(train_cmd, "--eval-every", tf.eval_every, {.min = 0, .what = "steps"},
                "steps between validation runs (default 0: only at the end)");
   train_cmd->add_option("--val-fraction", tf.val_fraction, "share of documents held out")

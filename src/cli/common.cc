@@ -233,6 +233,7 @@ json step_json(const train::StepStats& s) {
             {"predicted_step_ms", s.predicted_step_ms},
             {"replans", s.replans},
             {"oom_recoveries", s.oom_recoveries},
+            {"budget_rank", s.budget_rank},
             {"padding", s.padding},
             {"micro_batches", s.micro_batches},
             {"loss_scale", s.loss_scale},

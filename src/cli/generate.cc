@@ -7,9 +7,12 @@
 
 #include <fmt/format.h>
 
+#include "core/units.h"
 #include "core/utf8.h"
+#include "memory/adaptors.h"
 #include "memory/host_resource.h"
 #include "model/weights.h"
+#include "plan/generation_plan.h"
 #include "train/generate.h"
 
 namespace headroom::cli {
@@ -28,7 +31,8 @@ int run_generate(GenerateFlags& f) {
                     cfg->vocab_size, tok->vocab_size())));
   }
   const model::ParamTable table = model::gpt2_param_table(*cfg);
-  memory::HostResource host;
+  memory::HostResource host_upstream;
+  memory::TrackingResource host(&host_upstream);  // measured against the generation plan
   Result<memory::Arena> params = memory::Arena::create(
       &host, {{"parameters", DType::kF32, Shape{table.total_floats}, memory::Category::kWeights}},
       memory::sequential_layout(
@@ -48,7 +52,20 @@ int run_generate(GenerateFlags& f) {
   so.top_k = f.top_k;
   so.seed = f.seed;
   so.stop_token = tok->eos_token();
-  if (!f.json) std::printf("%s", f.prompt.c_str());
+  // The plan sample_tokens allocates by (docs/notes/generation.md): printed before the first
+  // token, on stderr so that stdout is the text.
+  const plan::GenerationPlan gp = plan::plan_generation(
+      *cfg, int(std::min<size_t>(prompt.size(), size_t(cfg->n_positions))), f.max_new_tokens);
+  if (!f.json) {
+    std::fprintf(stderr,
+                 "memory (planned): weights %s, KV cache %s (%d positions x %d layers x %d kv "
+                 "heads), activations and logits %s (a pass of up to %d tokens); peak %s\n",
+                 format_bytes(gp.weights_bytes).c_str(), format_bytes(gp.cache_layout.size).c_str(),
+                 gp.shape.context, cfg->n_layer, cfg->kv_heads(),
+                 format_bytes(gp.work_layout.size).c_str(), gp.shape.rows,
+                 format_bytes(gp.peak_bytes).c_str());
+    std::printf("%s", f.prompt.c_str());
+  }
   Result<std::vector<int32_t>> ids =
       train::sample_tokens(*cfg, params->f32(0), prompt, so, &host, [&](int32_t t) {
         if (!f.json && t != tok->eos_token()) {
@@ -69,10 +86,19 @@ int run_generate(GenerateFlags& f) {
               {"completion", completion},
               {"tokens", *ids},
               {"prompt_tokens", prompt},
-              {"text_is_exact", is_valid_utf8(f.prompt) && is_valid_utf8(completion)}};
+              {"text_is_exact", is_valid_utf8(f.prompt) && is_valid_utf8(completion)},
+              {"memory",
+               {{"weights_bytes", gp.weights_bytes},
+                {"kv_cache_bytes", gp.cache_layout.size},
+                {"activations_bytes", gp.work_layout.size},
+                {"context", gp.shape.context},
+                {"planned_peak_bytes", gp.peak_bytes},
+                {"measured_peak_bytes", host.stats().peak}}}};
     std::printf("%s\n", dump_json(j, 2).c_str());
   } else {
     std::printf("\n");
+    std::fprintf(stderr, "measured peak %s (planned %s)\n", format_bytes(host.stats().peak).c_str(),
+                 format_bytes(gp.peak_bytes).c_str());
   }
   return 0;
 }

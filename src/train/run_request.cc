@@ -201,7 +201,9 @@ Result<ResolvedRun> resolve_run(const RunRequest& request) {
           "and may change while training runs)",
           format_bytes(*f.device_memory), f.device_memory_file));
     }
-    HR_ASSIGN_OR_RETURN(o->device_memory, read_budget_file(f.device_memory_file));
+    // With several ranks, each reads its own file ({rank} in the path) or the one shared file.
+    HR_ASSIGN_OR_RETURN(o->device_memory, read_budget_file(budget_file_for_rank(
+                                              f.device_memory_file, dist::launcher_rank())));
     o->device_memory_file = f.device_memory_file;
   }
   o->offload_memory = offload_budget(f.offload_memory, true);
