@@ -4,8 +4,9 @@ BUILD := build/$(PRESET)
 HEADROOM := $(BUILD)/headroom
 ARGS ?=
 FUZZ_SECONDS ?= 30
+PREFIX ?= /usr/local
 
-.PHONY: setup configure build run test bench fuzz format clean reference
+.PHONY: setup configure build run test bench fuzz format clean reference install
 
 setup:
 	@scripts/setup
@@ -27,6 +28,12 @@ run: configure
 test: configure
 	@cmake --build --preset $(PRESET) --target all_tests
 	ctest --preset $(PRESET)
+
+# Installs the executable, the engine (static libraries, headers, a CMake package for
+# find_package(headroom)) and the data files into PREFIX (docs/notes/install.md).
+install: configure
+	@cmake --build --preset $(PRESET) --target headroom
+	cmake --install $(BUILD) --prefix $(PREFIX)
 
 bench: configure
 	@cmake --build --preset $(PRESET) --target gemm_bench

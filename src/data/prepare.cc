@@ -234,8 +234,10 @@ Result<PrepareStats> prepare_token_file(const PrepareOptions& options) {
     }
     HR_ASSIGN_OR_RETURN(owned, load_tokenizer(options.tokenizer_dir));
   } else {
-    const std::string vocab_dir =
-        options.vocab_dir.empty() ? default_vocab_dir() : options.vocab_dir;
+    std::string vocab_dir = options.vocab_dir;
+    if (vocab_dir.empty()) {
+      HR_ASSIGN_OR_RETURN(vocab_dir, find_vocab_dir());
+    }
     HR_ASSIGN_OR_RETURN(Gpt2Tokenizer gpt2, Gpt2Tokenizer::load(vocab_dir));
     owned = std::make_unique<Gpt2Tokenizer>(std::move(gpt2));
   }

@@ -15,7 +15,7 @@ struct PrepareOptions {
   // and links) are skipped.
   std::vector<std::string> inputs;
   std::string out;        // the token file to write (atomically)
-  std::string vocab_dir;  // GPT-2 vocabulary; empty = default_vocab_dir()
+  std::string vocab_dir;  // GPT-2 vocabulary; empty = find_vocab_dir()
   // A directory for load_tokenizer() (tokenizer.json, tokenizer.model or GPT-2's files); empty =
   // GPT-2 from vocab_dir. Not both. Documents are then separated by the tokenizer's eos token.
   std::string tokenizer_dir;

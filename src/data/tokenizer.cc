@@ -15,15 +15,10 @@
 #include <unordered_map>
 
 #include "core/check.h"
+#include "core/data_dir.h"
 #include "core/log.h"
 #include "core/utf8.h"
 #include "data/tokenizer_util.h"
-
-// The CMake layer defines this for the library; without it the vocabulary is looked up relative to
-// the working directory.
-#ifndef HEADROOM_SOURCE_DIR
-#define HEADROOM_SOURCE_DIR "."
-#endif
 
 namespace headroom::data {
 namespace {
@@ -166,10 +161,16 @@ void Gpt2Tokenizer::Impl::encode_word(std::string_view word, std::vector<int32_t
   shard.words.emplace(std::string(word), std::move(ids));
 }
 
-std::string default_vocab_dir() {
+Result<std::string> find_vocab_dir() {
   const char* env = std::getenv("HEADROOM_VOCAB_DIR");
-  if (env && *env) return env;
-  return std::string(HEADROOM_SOURCE_DIR) + "/third_party/gpt2";
+  if (env && *env) return std::string(env);
+  HR_ASSIGN_OR_RETURN(DataCandidate found, find_data(DataItem::kGpt2Vocab));
+  return found.path;
+}
+
+std::string default_vocab_dir() {
+  Result<std::string> dir = find_vocab_dir();
+  return dir.is_ok() ? *dir : std::string();
 }
 
 Result<Gpt2Tokenizer> Gpt2Tokenizer::load(const std::string& dir) {

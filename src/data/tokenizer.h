@@ -62,8 +62,13 @@ struct TokenizerOptions {
 Result<std::unique_ptr<Tokenizer>> load_tokenizer(const std::string& dir,
                                                   const TokenizerOptions& options = {});
 
-// The directory that holds GPT-2's vocabulary: $HEADROOM_VOCAB_DIR if set and non-empty, else
-// <HEADROOM_SOURCE_DIR>/third_party/gpt2 (filled by scripts/get-gpt2-vocab).
+// The directory that holds GPT-2's vocabulary: $HEADROOM_VOCAB_DIR if set and non-empty, else the
+// data directory's gpt2/ (core/data_dir.h: $HEADROOM_DATA_DIR, the installed share/headroom, the
+// source tree's third_party/gpt2 that scripts/get-gpt2-vocab fills). Errors: NotFound listing
+// every place looked at and how to get the vocabulary.
+Result<std::string> find_vocab_dir();
+
+// find_vocab_dir()'s directory, or "" where there is none.
 std::string default_vocab_dir();
 
 // Byte-level BPE as in GPT-2: the text is split into pre-tokens by GPT-2's regular expression

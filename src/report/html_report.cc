@@ -9,12 +9,9 @@
 #include <iterator>
 #include <sstream>
 
+#include "core/data_dir.h"
 #include "core/utf8.h"
 #include "report/profile.h"
-
-#ifndef HEADROOM_SOURCE_DIR
-#define HEADROOM_SOURCE_DIR "."
-#endif
 
 namespace headroom::report {
 
@@ -979,8 +976,13 @@ std::string timeline_json(const Profile& p) {
 }  // namespace
 
 std::string default_chart_lib_path() {
-  return std::string(HEADROOM_SOURCE_DIR) +
-         "/third_party/chartlib/node_modules/chart.js/dist/chart.umd.min.js";
+  Result<DataCandidate> found = find_data(DataItem::kChartLib);
+  return found.is_ok() ? found->path : std::string();
+}
+
+Result<ChartLib> load_chart_lib() {
+  HR_ASSIGN_OR_RETURN(DataCandidate found, find_data(DataItem::kChartLib));
+  return load_chart_lib(found.path);
 }
 
 Result<ChartLib> load_chart_lib(const std::string& js_path) {

@@ -165,12 +165,16 @@ struct ChartLib {
   std::string js;
 };
 
-// <source dir>/third_party/chartlib/node_modules/chart.js/dist/chart.umd.min.js, where
-// scripts/get-chart-lib installs it. Without HEADROOM_SOURCE_DIR at build time, relative to ".".
+// The data directory's chartlib/chart.umd.min.js (core/data_dir.h: $HEADROOM_DATA_DIR, the
+// installed share/headroom, the source tree's third_party/chartlib/node_modules/chart.js/dist/,
+// where scripts/get-chart-lib installs it), or "" where there is none.
 std::string default_chart_lib_path();
 
 // Reads the library. Errors: NotFound naming the path and "run scripts/get-chart-lib".
-Result<ChartLib> load_chart_lib(const std::string& js_path = default_chart_lib_path());
+Result<ChartLib> load_chart_lib(const std::string& js_path);
+
+// Reads the data directory's library. Errors: NotFound listing every place looked at.
+Result<ChartLib> load_chart_lib();
 
 // Writes one self-contained HTML file (no network, no other files): the library inlined, the data
 // as an inline JSON blob, and charts: the memory timeline stacked by category with the peak

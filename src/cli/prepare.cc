@@ -1,0 +1,43 @@
+// `headroom prepare`: tokenises text files into a token file.
+#include "cli/common.h"
+
+#include <cstdio>
+
+#include "core/units.h"
+#include "core/utf8.h"
+#include "data/prepare.h"
+
+namespace headroom::cli {
+
+int run_prepare(PrepareFlags& f) {
+  data::PrepareOptions po;
+  po.inputs = f.inputs;
+  po.out = f.out;
+  po.doc_separator = f.separator;
+  po.vocab_dir = f.vocab;
+  po.tokenizer_dir = f.tokenizer;
+  Result<data::PrepareStats> st = data::prepare_token_file(po);
+  if (!st.is_ok()) return fail(st.status());
+  if (f.json) {
+    json j = {{"out", f.out},
+              {"files", st->files},
+              {"documents", st->documents},
+              {"tokens", st->tokens},
+              {"bytes", st->bytes},
+              {"seconds", st->seconds},
+              {"tokenizer", st->tokenizer},
+              {"vocab_size", st->vocab_size},
+              {"eot", st->eot}};
+    std::printf("%s\n", dump_json(j, 2).c_str());
+  } else {
+    std::printf(
+        "%s: %llu documents, %llu tokens from %llu files (%s of text) in %.1f s (tokenizer %s, "
+        "vocab %d)\n",
+        f.out.c_str(), static_cast<unsigned long long>(st->documents),
+        static_cast<unsigned long long>(st->tokens), static_cast<unsigned long long>(st->files),
+        format_bytes(st->bytes).c_str(), st->seconds, st->tokenizer.c_str(), st->vocab_size);
+  }
+  return 0;
+}
+
+}  // namespace headroom::cli

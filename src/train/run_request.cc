@@ -1,0 +1,471 @@
+// A training run's choices, as `headroom train`'s flags give them, resolved into the trainer's
+// options: the planner's plan (or a plan file's), the schedule, loss scaling, the data.
+#include "train/run_request.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+
+#include <fmt/format.h>
+
+#include "backend/cpu/device.h"
+#include "core/log.h"
+#include "core/units.h"
+#include "core/utf8.h"
+#include "data/prepare.h"
+#include "plan/calibrate.h"
+#include "plan/cost_model.h"
+#include "train/checkpoint.h"
+#include "train/elastic.h"
+
+namespace headroom::train {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+std::string cache_dir() {
+  if (const char* d = std::getenv("HEADROOM_CACHE_DIR"); d && *d) return d;
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return std::string(x) + "/headroom";
+  if (const char* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.cache/headroom";
+  return ".headroom-cache";
+}
+
+// The tokenizer directory a model directory carries (tokenizer.json or tokenizer.model), or "".
+std::string model_dir_tokenizer(const std::string& model) {
+  std::error_code ec;
+  if (!fs::is_directory(model, ec)) return "";
+  for (const char* f : {"tokenizer.json", "tokenizer.model"}) {
+    if (fs::exists(fs::path(model) / f, ec)) return model;
+  }
+  return "";
+}
+
+// The default corpus: Debian's fortunes, tokenised once into the cache (per tokenizer: GPT-2's
+// into fortunes.tokens, another's into fortunes.<name>-<hash of its directory>.tokens).
+Result<std::string> default_corpus(const std::string& vocab_dir, const std::string& tokenizer_dir) {
+  std::string path = cache_dir() + "/fortunes.tokens";
+  if (!tokenizer_dir.empty()) {
+    std::error_code ec;
+    const std::string abs = fs::weakly_canonical(tokenizer_dir, ec).string();
+    std::string name = fs::path(abs).filename().string();
+    for (char& ch : name) {
+      if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+    }
+    path = cache_dir() + fmt::format("/fortunes.{}-{:08x}.tokens", name,
+                                     uint32_t(std::hash<std::string>{}(abs)&0xffffffffu));
+  }
+  if (fs::exists(path)) return path;
+  std::vector<std::string> inputs = data::default_corpus_inputs();
+  if (inputs.empty()) {
+    return Status::not_found(
+        "no --data given and the default corpus (Debian's fortunes package, "
+        "/usr/share/games/fortunes) is not installed: run `make setup` or pass --data FILE");
+  }
+  std::error_code ec;
+  fs::create_directories(cache_dir(), ec);
+  if (ec)
+    return Status::io_error(
+        fmt::format("cannot create cache directory '{}': {}", cache_dir(), ec.message()));
+  log_info("preparing the default corpus ({} fortune files) into {}", inputs.size(), path);
+  data::PrepareOptions po;
+  po.inputs = inputs;
+  po.out = path;
+  po.vocab_dir = tokenizer_dir.empty() ? vocab_dir : "";
+  po.tokenizer_dir = tokenizer_dir;
+  po.doc_separator = "%";
+  HR_ASSIGN_OR_RETURN(data::PrepareStats st, data::prepare_token_file(po));
+  log_info("  {} documents, {} tokens in {:.1f} s", st.documents, st.tokens, st.seconds);
+  return path;
+}
+
+uint64_t device_budget(std::optional<uint64_t> bytes) {
+  return bytes ? *bytes : cpu::default_device_budget(cpu::query_cpu_device());
+}
+
+uint64_t offload_budget(std::optional<uint64_t> bytes, bool this_host) {
+  if (bytes) return *bytes;
+  return this_host ? cpu::query_cpu_device().available_bytes : uint64_t(0);
+}
+
+Result<plan::DeviceSpec> cpu_device(uint64_t budget, bool quiet) {
+  auto progress = [quiet](const std::string& line) {
+    if (!quiet) log_info("calibrate: {}", line);
+  };
+  HR_ASSIGN_OR_RETURN(plan::Calibration cal,
+                      plan::load_or_calibrate(plan::default_calibration_path(), progress));
+  return plan::cpu_device_spec(cal, budget);
+}
+
+// --offload-optimizer, --offload-activations (`name`): auto (unset: the planner chooses), on, off.
+Result<std::optional<bool>> parse_offload(const std::string& flag, const char* name) {
+  if (flag == "auto") return std::optional<bool>();
+  if (flag == "on") return std::optional<bool>(true);
+  if (flag == "off") return std::optional<bool>(false);
+  return Status::invalid_argument(fmt::format("{} {}: use auto, on or off", name, flag));
+}
+
+Result<std::optional<model::Recompute>> parse_recompute(const std::string& flag) {
+  if (flag == "auto") return std::optional<model::Recompute>();
+  for (model::Recompute r :
+       {model::Recompute::kNone, model::Recompute::kSelective, model::Recompute::kFull}) {
+    if (flag == model::recompute_name(r)) return std::optional<model::Recompute>(r);
+  }
+  return Status::invalid_argument(
+      fmt::format("--recompute {}: use auto, none, selective or full", flag));
+}
+
+// --precision: auto, fp32, bf16 or fp16; bf16 only where this machine has bf16 GEMM kernels.
+// fp16 runs everywhere (its GEMMs widen to fp32 on a CPU without f16 ones: Note [fp16 GEMMs]).
+Status check_precision(const std::string& precision, const plan::DeviceSpec& dev) {
+  if (precision != "auto" && precision != "fp32" && precision != "bf16" && precision != "fp16") {
+    return Status::invalid_argument(
+        fmt::format("--precision {}: use auto, fp32, bf16 or fp16", precision));
+  }
+  if (precision == "bf16" && !(dev.flops_bf16 > 0)) {
+    return Status::unsupported(fmt::format(
+        "--precision bf16: {} has no bf16 GEMM kernels (calibration found none: oneDNN needs "
+        "AVX512-BF16 or AMX); use --precision fp32",
+        dev.name));
+  }
+  return Status::ok();
+}
+
+model::Precision precision_of(const std::string& name) {
+  if (name == "bf16") return model::Precision::kBf16;
+  if (name == "fp16") return model::Precision::kFp16;
+  return model::Precision::kFp32;
+}
+
+Result<ResolvedRun> resolve_run(const RunRequest& request) {
+  RunRequest f = request;  // a --resume fills what is unset from the checkpoint
+  ResolvedRun run;
+  TrainOptions* o = &run.options;
+  // 0 (and -1 for warmup) stand for unset below; a resume fills them from the checkpoint.
+  int seq = f.seq.value_or(0);
+  int batch = f.micro_batch.value_or(0);
+  int global_batch = f.global_batch.value_or(0);
+  int warmup = f.warmup.value_or(-1);
+  float lr = f.lr.value_or(0);
+  const bool bucket_given = f.bucket.has_value();
+  int bucket = f.bucket.value_or(32);
+  if (!f.resume.empty()) {
+    // Continue with the checkpoint's model, data and batch shape unless flags say otherwise
+    // (the trainer refuses another global batch or seq; another micro-batch continues it within
+    // rounding).
+    HR_ASSIGN_OR_RETURN(LoadedCheckpoint ck, find_checkpoint(f.resume));
+    if (!f.model_given) f.model = ck.dir;  // its config
+    if (f.data.empty()) f.data = ck.state.data;
+    if (seq == 0) seq = ck.state.seq;
+    if (batch == 0) batch = ck.state.micro_batch;
+    if (global_batch == 0) global_batch = ck.state.micro_batch * ck.state.accumulation;
+    // The schedule too: its defaults depend on --steps, which a resume may raise.
+    if (lr == 0) lr = ck.state.lr;
+    if (warmup < 0) warmup = ck.state.warmup_steps;
+    if (f.batching.empty()) f.batching = ck.state.batching;
+    if (!bucket_given && ck.state.bucket > 0) bucket = ck.state.bucket;
+  }
+  HR_ASSIGN_OR_RETURN(o->batching,
+                      data::parse_batching(f.batching.empty() ? "packed" : f.batching));
+  if (bucket_given && o->batching == data::Batching::kPacked) {
+    return Status::invalid_argument(fmt::format(
+        "--bucket {} applies to --batching bucketed only (packed rows are all --seq long)",
+        bucket));
+  }
+  if (bucket <= 0) {
+    return Status::invalid_argument(fmt::format(
+        "--bucket {} must be positive: bucket lengths are its multiples (e.g. 32), up to --seq",
+        bucket));
+  }
+  o->bucket = bucket;
+  HR_ASSIGN_OR_RETURN(o->config, model::resolve_model(f.model));
+  o->model_name = f.model;
+  if (f.tokenizer.empty()) f.tokenizer = model_dir_tokenizer(f.model);
+  if (f.device != "cpu") {
+    return Status::unsupported(fmt::format("--device {}: only the cpu device is built", f.device));
+  }
+  if (seq < 0) return Status::invalid_argument(fmt::format("--seq {} must be positive", seq));
+  if (batch < 0) return Status::invalid_argument(fmt::format("--batch {} must be positive", batch));
+  if (global_batch < 0) {
+    return Status::invalid_argument(
+        fmt::format("--global-batch {} must be positive", global_batch));
+  }
+  o->seq = seq > 0 ? seq : std::min(128, o->config.n_positions);
+  o->device_memory = device_budget(f.device_memory);
+  if (!f.device_memory_file.empty()) {
+    if (f.device_memory) {
+      return Status::invalid_argument(fmt::format(
+          "--device-memory {} and --device-memory-file {}: give one (the file holds the budget "
+          "and may change while training runs)",
+          format_bytes(*f.device_memory), f.device_memory_file));
+    }
+    // With several ranks, each reads its own file ({rank} in the path) or the one shared file.
+    HR_ASSIGN_OR_RETURN(o->device_memory, read_budget_file(budget_file_for_rank(
+                                              f.device_memory_file, dist::launcher_rank())));
+    o->device_memory_file = f.device_memory_file;
+  }
+  o->offload_memory = offload_budget(f.offload_memory, true);
+  HR_ASSIGN_OR_RETURN(const std::optional<bool> offload_flag,
+                      parse_offload(f.offload_activations, "--offload-activations"));
+  const int global = global_batch > 0 ? global_batch : (batch > 0 ? batch * f.ranks : 8);
+  // Data parallel: the global batch splits evenly over the ranks; micro-batch and accumulation
+  // below are per rank (train/trainer.h).
+  if (global % f.ranks != 0) {
+    return Status::invalid_argument(fmt::format(
+        "--global-batch {} must be divisible by the {} ranks (each computes an equal share)",
+        global, f.ranks));
+  }
+  std::optional<int> zero;  // explicit --zero
+  HR_ASSIGN_OR_RETURN(const std::optional<bool> offload,
+                      parse_offload(f.offload_optimizer, "--offload-optimizer"));
+  if (f.zero == "auto") {
+    // With --plan auto the planner picks the stage (below); with a plan file, ZeRO-1: it sends
+    // what stage 0 sends (reduce-scatter + all-gather = all-reduce) and holds less.
+    o->zero_stage = f.ranks > 1 ? 1 : 0;
+  } else if (f.zero == "0" || f.zero == "1" || f.zero == "2" || f.zero == "3") {
+    zero = f.zero[0] - '0';
+    o->zero_stage = *zero;
+  } else {
+    return Status::invalid_argument(fmt::format("--zero {}: use auto, 0, 1, 2 or 3", f.zero));
+  }
+  if (f.plan_file.empty()) {
+    plan::SearchRequest req;
+    req.config = o->config;
+    HR_ASSIGN_OR_RETURN(req.device, cpu_device(device_budget(f.device_memory), f.quiet));
+    o->device = req.device;  // prices re-plans and the expected step time
+    HR_RETURN_IF_ERROR(check_precision(f.precision, req.device));
+    req.precision = f.precision;
+    req.device_memory = o->device_memory;
+    req.seq = o->seq;
+    // With several ranks: the ZeRO-aware search over the job's ranks, each rank planned exactly
+    // as the trainer allocates it (stages 0-3 with the executor's windows), so the chosen plan's
+    // peak is the trainer's. An explicit --zero is a constraint; auto searches every stage.
+    req.global_batch = global;
+    req.devices = f.ranks;
+    req.executor_layout = true;
+    // Bucketed ranks run different numbers of micro-batches: no per-micro-batch windows (2-3).
+    req.max_zero_stage = o->batching == data::Batching::kBucketed ? 1 : 3;
+    if (f.ranks > 1) req.zero_stage = zero;
+    if (batch > 0) req.micro_batch = batch;
+    HR_ASSIGN_OR_RETURN(req.recompute, parse_recompute(f.recompute));
+    HR_ASSIGN_OR_RETURN(req.offload_optimizer,
+                        parse_offload(f.offload_optimizer, "--offload-optimizer"));
+    req.offload_activations = offload_flag;
+    req.offload_memory = o->offload_memory;
+    req.sweep = f.sweep;  // the report shows memory versus micro-batch
+    HR_ASSIGN_OR_RETURN(plan::SearchResult res, plan::search_plan(req));
+    if (!res.chosen) {
+      return Status::out_of_memory(
+          fmt::format("no plan for {} at seq {} and global batch {} fits the {} device budget.\n{}",
+                      f.model, o->seq, global, format_bytes(o->device_memory), res.advice));
+    }
+    run.search = res;
+    o->micro_batch = res.chosen->policy.micro_batch;
+    o->exec = res.chosen->policy.exec;
+    o->accumulation = res.chosen->policy.accumulation;
+    if (f.ranks > 1) o->zero_stage = res.chosen->policy.zero_stage;
+    o->offload_optimizer = res.chosen->policy.offload_optimizer;
+    o->plan_note = fmt::format(
+        "chosen by the planner: fastest of {} that fit, {} rejected; the "
+        "largest micro-batch that fits is {}",
+        res.candidates.size(), res.rejected.size(), res.max_micro_batch);
+  } else {
+    std::ifstream in(f.plan_file);
+    if (!in) return Status::not_found(fmt::format("cannot open --plan '{}'", f.plan_file));
+    json j;
+    try {
+      j = json::parse(in);
+    } catch (const json::exception& e) {
+      return Status::invalid_argument(
+          fmt::format("--plan {}: not valid JSON: {}", f.plan_file, e.what()));
+    }
+    auto get_int = [&](const char* key, int* out) -> Status {
+      if (!j.contains("chosen") || !j["chosen"].is_object() || !j["chosen"].contains(key) ||
+          !j["chosen"][key].is_number_integer() || j["chosen"][key].get<int64_t>() <= 0) {
+        return Status::invalid_argument(fmt::format(
+            "--plan {}: field 'chosen.{}' is missing or not a positive integer (write the file "
+            "with `headroom plan --json`)",
+            f.plan_file, key));
+      }
+      *out = j["chosen"][key].get<int>();
+      return Status::ok();
+    };
+    HR_RETURN_IF_ERROR(get_int("micro_batch", &o->micro_batch));
+    HR_RETURN_IF_ERROR(get_int("accumulation", &o->accumulation));
+    // Techniques (absent in older plan files: the defaults).
+    const json& ch = j["chosen"];
+    if (ch.contains("precision")) {
+      if (!ch["precision"].is_string() ||
+          (ch["precision"] != "fp32" && ch["precision"] != "bf16" && ch["precision"] != "fp16")) {
+        return Status::invalid_argument(
+            fmt::format("--plan {}: field 'chosen.precision' is {}; expected \"fp32\", \"bf16\" "
+                        "or \"fp16\"",
+                        f.plan_file, dump_json(ch["precision"])));
+      }
+      o->exec.precision = precision_of(ch["precision"].get<std::string>());
+      if (f.precision != "auto" && f.precision != ch["precision"].get<std::string>()) {
+        return Status::invalid_argument(
+            fmt::format("--precision {} contradicts the plan's {} in {}", f.precision,
+                        dump_json(ch["precision"]), f.plan_file));
+      }
+    } else if (f.precision == "bf16" || f.precision == "fp16") {
+      o->exec.precision = precision_of(f.precision);
+    }
+    if (ch.contains("attention")) o->exec.tiled_attention = ch["attention"] != "plain";
+    if (ch.contains("offload")) {
+      if (ch["offload"] != "none" && ch["offload"] != "optimizer" &&
+          ch["offload"] != "activations" && ch["offload"] != "all") {
+        return Status::invalid_argument(
+            fmt::format("--plan {}: field 'chosen.offload' is {}; expected \"none\", "
+                        "\"optimizer\", \"activations\" or \"all\" (offload_per_block says which "
+                        "blocks)",
+                        f.plan_file, dump_json(ch["offload"])));
+      }
+      o->offload_optimizer = ch["offload"] == "optimizer" || ch["offload"] == "all";
+    }
+    if (offload && *offload != o->offload_optimizer) {
+      return Status::invalid_argument(fmt::format(
+          "--offload-optimizer {} contradicts the plan's offload {} in {}", f.offload_optimizer,
+          ch.contains("offload") ? dump_json(ch["offload"]) : std::string("\"none\""),
+          f.plan_file));
+    }
+    if (ch.contains("bf16_weights")) {
+      if (ch["bf16_weights"] != "copy" && ch["bf16_weights"] != "cast per layer") {
+        return Status::invalid_argument(fmt::format(
+            "--plan {}: field 'chosen.bf16_weights' is {}; expected \"copy\" or \"cast per "
+            "layer\"",
+            f.plan_file, dump_json(ch["bf16_weights"])));
+      }
+      o->exec.bf16_weight_copy = ch["bf16_weights"] == "copy";
+    }
+    if (ch.contains("head_chunk")) {
+      if (!ch["head_chunk"].is_number_integer() || ch["head_chunk"].get<int64_t>() < 0) {
+        return Status::invalid_argument(fmt::format(
+            "--plan {}: field 'chosen.head_chunk' must be a non-negative integer", f.plan_file));
+      }
+      o->exec.head_chunk = ch["head_chunk"].get<int>();
+    }
+    if (ch.contains("recompute_per_block")) {
+      const json& rp = ch["recompute_per_block"];
+      if (!rp.is_array() || (!rp.empty() && int(rp.size()) != o->config.n_layer)) {
+        return Status::invalid_argument(fmt::format(
+            "--plan {}: field 'chosen.recompute_per_block' must list one choice per block ({})",
+            f.plan_file, o->config.n_layer));
+      }
+      for (const json& v : rp) {
+        std::optional<model::Recompute> r;
+        if (v.is_string()) {
+          Result<std::optional<model::Recompute>> pr = parse_recompute(v.get<std::string>());
+          if (pr.is_ok()) r = *pr;
+        }
+        if (!r) {
+          return Status::invalid_argument(fmt::format(
+              "--plan {}: 'chosen.recompute_per_block' has {}; use none, selective or full",
+              f.plan_file, dump_json(v)));
+        }
+        o->exec.recompute.push_back(*r);
+      }
+    }
+    if (ch.contains("offload_per_block")) {
+      const json& op = ch["offload_per_block"];
+      if (!op.is_array() || (!op.empty() && int(op.size()) != o->config.n_layer)) {
+        return Status::invalid_argument(fmt::format(
+            "--plan {}: field 'chosen.offload_per_block' must list one true/false per block ({})",
+            f.plan_file, o->config.n_layer));
+      }
+      for (const json& v : op) {
+        if (!v.is_boolean()) {
+          return Status::invalid_argument(
+              fmt::format("--plan {}: 'chosen.offload_per_block' has {}; use true or false",
+                          f.plan_file, dump_json(v)));
+        }
+        o->exec.offload.push_back(v.get<bool>());
+      }
+      if (std::find(o->exec.offload.begin(), o->exec.offload.end(), true) ==
+          o->exec.offload.end()) {
+        o->exec.offload.clear();
+      }
+    }
+    if (offload_flag && *offload_flag != !o->exec.offload.empty()) {
+      return Status::invalid_argument(
+          fmt::format("--offload-activations {} contradicts the plan in {}, which offloads {} "
+                      "blocks",
+                      f.offload_activations, f.plan_file, plan::offloaded_blocks(o->exec)));
+    }
+    int plan_seq = 0;
+    HR_RETURN_IF_ERROR(get_int("seq", &plan_seq));
+    if (seq > 0 && seq != plan_seq) {
+      return Status::invalid_argument(
+          fmt::format("--seq {} contradicts the plan's seq {} in {}", seq, plan_seq, f.plan_file));
+    }
+    o->seq = plan_seq;
+    if (batch > 0 && batch != o->micro_batch) {
+      return Status::invalid_argument(
+          fmt::format("--batch {} contradicts the plan's micro-batch {} in {}", batch,
+                      o->micro_batch, f.plan_file));
+    }
+    o->plan_note = "from " + f.plan_file;
+    // The calibrated speeds price re-plans and the expected step time (nominal ones otherwise).
+    Result<plan::DeviceSpec> dev = cpu_device(device_budget(f.device_memory), f.quiet);
+    if (dev.is_ok()) o->device = *dev;
+  }
+  // Note [Self-correction]: with this machine's measured terms, the run corrects the model by its
+  // own op times (the correction kept next to the calibration), and with the micro-batch and
+  // recomputation left to the planner re-plans by the corrected model.
+  if (f.self_correct && o->device.terms.fitted) {
+    o->self_correct.enabled = true;
+    o->self_correct.cache_path = plan::corrections_path(plan::default_calibration_path());
+    o->self_correct.machine_key =
+        plan::correction_machine_key(plan::current_cpu_model(), plan::calibration_threads());
+    o->self_correct.replan = f.plan_file.empty() && !f.micro_batch && f.recompute == "auto" &&
+                             f.ranks == 1 && f.device_memory_file.empty();
+  }
+  o->steps = f.steps;
+  o->seed = f.seed;
+  const int64_t nparams = model::gpt2_param_table(o->config).num_parameters;
+  o->adamw.lr = lr > 0 ? lr : (nparams < 50'000'000 ? 1e-3f : 6e-4f);
+  if (lr < 0 || !std::isfinite(lr)) {
+    return Status::invalid_argument(fmt::format("--lr {} must be positive", lr));
+  }
+  o->warmup_steps = warmup >= 0 ? warmup : std::min(100, std::max(1, f.steps / 10));
+  o->val_fraction = f.val_fraction;
+  if (!(f.val_fraction >= 0 && f.val_fraction < 0.5)) {
+    return Status::invalid_argument(
+        fmt::format("--val-fraction {} must be in [0, 0.5)", f.val_fraction));
+  }
+  o->eval_every = f.eval_every;
+  // Loss scaling (fp16 only; Note [Loss scaling]).
+  HR_ASSIGN_OR_RETURN(o->loss_scale, parse_loss_scale(f.loss_scale));
+  if (f.loss_scale_window <= 0) {
+    return Status::invalid_argument(fmt::format(
+        "--loss-scale-window {}: the good steps before the loss scale grows must be positive",
+        f.loss_scale_window));
+  }
+  o->loss_scale.growth_interval = f.loss_scale_window;
+  if (o->exec.precision != model::Precision::kFp16 &&
+      (f.loss_scale != "dynamic" || f.loss_scale_window != 2000)) {
+    return Status::invalid_argument(fmt::format(
+        "--loss-scale {} / --loss-scale-window {}: loss scaling applies to --precision fp16 only "
+        "(this run is {}, whose gradients need no scaling); drop the flag or use --precision fp16",
+        f.loss_scale, f.loss_scale_window, model::precision_name(o->exec.precision)));
+  }
+  for (int k : f.inject_overflow) {
+    if (k < 1) {
+      return Status::invalid_argument(fmt::format("--inject-overflow-at {}: steps are 1-based", k));
+    }
+    o->inject_overflow_steps.push_back(k - 1);
+  }
+  if (f.data.empty()) {
+    HR_ASSIGN_OR_RETURN(o->data, default_corpus(f.vocab, f.tokenizer));
+  } else {
+    o->data = f.data;
+  }
+  run.model = f.model;
+  run.tokenizer = f.tokenizer;
+  return run;
+}
+
+}  // namespace headroom::train
