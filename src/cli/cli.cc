@@ -25,6 +25,7 @@
 #include "backend/cpu/fused_kernels.h"
 #include "backend/cpu/kernels.h"
 #include "cli/flag_rules.h"
+#include "cli/prune.h"
 #include "core/log.h"
 #include "core/units.h"
 #include "core/utf8.h"
@@ -186,6 +187,12 @@ struct TrainFlags {
   std::string loss_scale = "dynamic";  // train, fp16: --loss-scale dynamic|VALUE
   int loss_scale_window = 2000;        // train, fp16: --loss-scale-window (growth interval)
   std::vector<int> inject_overflow;    // train: --inject-overflow-at STEP (tests; hidden)
+  // train: training with a sparsity mask (docs/notes/pruning.md).
+  std::string sparsity_mask;         // --sparsity-mask DIR (a pruned model)
+  int prune_at = 0;                  // --prune-at STEP
+  std::string prune_method = "2:4";  // --prune-method magnitude|N:M
+  double prune_sparsity = 0.5;       // --prune-sparsity (magnitude)
+  bool prune_per_layer = false;      // --prune-per-layer (magnitude)
 };
 
 // The integer flags' rules (cli/flag_rules.h, docs/notes/flags.md): counts start at 1 and "auto"
@@ -934,7 +941,19 @@ int run_train(TrainFlags& f) {
   o.comm = &comm;
   std::ofstream log;
   auto prepare = [&]() -> Status {
+    // --sparsity-mask DIR: the pruned model is the model, unless --model says otherwise.
+    if (!f.sparsity_mask.empty() && (!f.model_option || f.model_option->count() == 0) &&
+        f.resume.empty()) {
+      f.model = f.sparsity_mask;
+    }
     HR_RETURN_IF_ERROR(resolve_train_options(f, &o));
+    o.sparsity_mask = f.sparsity_mask;
+    o.prune.at_step = f.prune_at;
+    if (f.prune_at > 0) {
+      HR_ASSIGN_OR_RETURN(o.prune.spec,
+                          model::parse_mask_spec(f.prune_method, f.prune_method, f.prune_sparsity,
+                                                 f.prune_per_layer, "--prune-method"));
+    }
     o.out_dir = f.out;
     o.save_every = f.save_every;
     o.keep_checkpoints = f.keep_checkpoints;
@@ -2063,6 +2082,30 @@ int run(int argc, char** argv) {
       train_cmd, "--bucket", tf.bucket, {.max = kMaxCount, .what = "tokens"},
       "--batching bucketed: bucket lengths are multiples of N tokens (default 32), up to --seq");
 
+  train_cmd->add_option("--sparsity-mask", tf.sparsity_mask,
+                        "train a pruned model (`headroom prune`) from DIR with its zeros held: "
+                        "pruned weights stay exactly zero through AdamW (the mask: 1 byte per "
+                        "weight, planned); --model defaults to DIR");
+  add_int_flag(train_cmd, "--prune-at", tf.prune_at, {.min = 0, .what = "steps"},
+               "prune after this optimizer step (--prune-method) and hold the mask from then on "
+               "(0: never)");
+  train_cmd
+      ->add_option("--prune-method", tf.prune_method,
+                   "--prune-at's mask: an N:M pattern such as 2:4, or magnitude "
+                   "(--prune-sparsity, --prune-per-layer)")
+      ->capture_default_str();
+  train_cmd
+      ->add_option("--prune-sparsity", tf.prune_sparsity,
+                   "--prune-method magnitude: the share of the prunable weights to prune")
+      ->capture_default_str();
+  train_cmd->add_flag("--prune-per-layer", tf.prune_per_layer,
+                      "--prune-method magnitude: rank each block's weights alone");
+
+  PruneFlags prf;
+  CLI::App* prune_cmd = app.add_subcommand(
+      "prune", "prune a saved model (magnitude, N:M, or structured MLP channels) into a new one");
+  add_prune_flags(prune_cmd, prf);
+
   GenerateFlags gf;
   CLI::App* gen_cmd = app.add_subcommand("generate", "sample text from a trained model");
   gen_cmd
@@ -2212,6 +2255,9 @@ int run(int argc, char** argv) {
   try {
     if (train_cmd->parsed()) return run_train(tf);
     if (gen_cmd->parsed()) return run_generate(gf);
+    if (prune_cmd->parsed()) {
+      return run_prune(prf, [&](const std::string& tok) { return default_corpus("", tok); });
+    }
     if (prep_cmd->parsed()) return run_prepare(pf);
     if (plan_cmd->parsed()) return run_plan(plf);
     if (cal_cmd->parsed()) return run_calibrate(calib_json);

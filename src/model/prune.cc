@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <numeric>
 
 #include <fmt/format.h>
@@ -120,14 +121,58 @@ SparsityMask mask_from_zeros(const ParamTable& table, const float* params) {
   return mask;
 }
 
-void apply_mask(const SparsityMask& mask, float* buffer, int64_t n) {
-  HR_CHECK_MSG(int64_t(mask.size()) >= n, "apply_mask: the mask is shorter than the buffer");
-  const uint8_t* k = mask.data();
+void apply_mask(const uint8_t* mask, float* buffer, int64_t n) {
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; i++) {
-    // A multiply would keep -0.0 and NaN * 0; pruned weights are +0.0 exactly.
-    if (!k[i]) buffer[i] = 0.0f;
+    // A multiply would keep -0.0 and turn NaN * 0 into NaN; pruned weights are +0.0 exactly.
+    if (!mask[i]) buffer[i] = 0.0f;
   }
+}
+
+std::string MaskSpec::describe() const {
+  if (kind == Kind::kNM) return fmt::format("{}:{}", n, m);
+  return fmt::format("magnitude {:g}% {}", 100 * sparsity, per_layer ? "per layer" : "global");
+}
+
+Result<MaskSpec> parse_mask_spec(const std::string& method, const std::string& nm, double sparsity,
+                                 bool per_layer, const std::string& flag) {
+  MaskSpec s;
+  s.sparsity = sparsity;
+  s.per_layer = per_layer;
+  std::string pattern = method == "n:m" || method == "N:M" ? nm : method;
+  if (method == "magnitude") {
+    s.kind = MaskSpec::Kind::kMagnitude;
+    if (!(sparsity >= 0 && sparsity < 1)) {
+      return Status::invalid_argument(fmt::format(
+          "--sparsity {}: use a share of the weights to prune in [0, 1), e.g. 0.5", sparsity));
+    }
+    return s;
+  }
+  const size_t colon = pattern.find(':');
+  int n = 0, m = 0;
+  char tail = 0;
+  if (colon == std::string::npos || std::sscanf(pattern.c_str(), "%d:%d%c", &n, &m, &tail) != 2) {
+    return Status::invalid_argument(
+        fmt::format("{} '{}': use magnitude, n:m (with --nm N:M), or an N:M pattern such as 2:4",
+                    flag, pattern));
+  }
+  if (!(n > 0 && m > n && m <= 64)) {
+    return Status::invalid_argument(fmt::format(
+        "{} {}:{}: N:M needs 0 < N < M <= 64 (2:4 keeps 2 of every 4 weights)", flag, n, m));
+  }
+  s.kind = MaskSpec::Kind::kNM;
+  s.n = n;
+  s.m = m;
+  return s;
+}
+
+Result<SparsityMask> make_mask(const TransformerConfig& config, const ParamTable& table,
+                               const float* params, const MaskSpec& spec) {
+  if (spec.kind == MaskSpec::Kind::kNM) return nm_mask(config, table, params, spec.n, spec.m);
+  if (!(spec.sparsity >= 0 && spec.sparsity < 1)) {
+    return Status::invalid_argument(fmt::format("sparsity {} is outside [0, 1)", spec.sparsity));
+  }
+  return magnitude_mask(table, params, spec.sparsity, spec.per_layer);
 }
 
 MaskCounts count_mask(const ParamTable& table, const SparsityMask& mask) {

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "core/check.h"
 #include "core/status.h"
 #include "model/config.h"
 #include "model/gpt2.h"
@@ -45,9 +46,31 @@ Result<SparsityMask> nm_mask(const TransformerConfig& config, const ParamTable& 
 // a prunable tensor's weight is 0.0f (either sign), 1 elsewhere.
 SparsityMask mask_from_zeros(const ParamTable& table, const float* params);
 
-// params[i] = 0 where mask[i] == 0 (and the same for any further buffers given, e.g. AdamW's
-// moments). n: the buffer's floats (table.total_floats). Returns nothing; one pass.
-void apply_mask(const SparsityMask& mask, float* buffer, int64_t n);
+// buffer[i] = +0.0f where mask[i] == 0, for i < n (a parameter-shaped buffer: the weights,
+// their gradients, AdamW's moments; n = table.total_floats). One pass, OpenMP.
+void apply_mask(const uint8_t* mask, float* buffer, int64_t n);
+inline void apply_mask(const SparsityMask& mask, float* buffer, int64_t n) {
+  HR_CHECK_MSG(int64_t(mask.size()) >= n, "apply_mask: the mask is shorter than the buffer");
+  apply_mask(mask.data(), buffer, n);
+}
+
+// An unstructured or N:M mask, as the command line names it: "magnitude" (with sparsity and
+// global / per layer) or "N:M" (e.g. "2:4").
+struct MaskSpec {
+  enum class Kind : uint8_t { kMagnitude, kNM } kind = Kind::kNM;
+  int n = 2, m = 4;
+  double sparsity = 0.5;   // magnitude only
+  bool per_layer = false;  // magnitude only
+  // "2:4", "magnitude 50% global", "magnitude 30% per layer".
+  std::string describe() const;
+};
+// Parses "magnitude", "n:m" (N:M from `nm`), or an "N:M" such as "2:4" given directly; `flag`
+// names the option in errors.
+Result<MaskSpec> parse_mask_spec(const std::string& method, const std::string& nm, double sparsity,
+                                 bool per_layer, const std::string& flag);
+// The spec's mask of `params`.
+Result<SparsityMask> make_mask(const TransformerConfig& config, const ParamTable& table,
+                               const float* params, const MaskSpec& spec);
 
 // The mask's pruned weights (zeros) and the prunable weights it covers.
 struct MaskCounts {
