@@ -142,23 +142,37 @@ TEST_F(DataParallelTrainer, RanksEqualOneProcessWithTheSameGlobalBatchForStages0
   }
 }
 
-// The Llama family under ZeRO: grouped-query attention, RoPE, SwiGLU and an untied head (which
-// shares the embedding's unit, model/gpt2.h ParamDesc::site) train on the ranks as in one process,
-// every stage, with the measured peak the planned one on every rank.
+// The Llama family under ZeRO: grouped-query attention, RoPE, SwiGLU and an untied head (a unit
+// of its own in the head's site, taking turns with the embedding's in one window: model/gpt2.h
+// ParamDesc::site, train/zero_windows.h) train on the ranks as in one process, every stage, also
+// over two accumulated micro-batches (the window's reductions then alternate between the head's
+// and the embedding's twice a step), with the measured peak the planned one on every rank.
 TEST_F(DataParallelTrainer, LlamaWithUntiedHeadRanksEqualOneProcessForStages0To3) {
-  auto llama = [&](bool distributed, int stage) {
+  auto llama = [&](bool distributed, int stage, int accumulation) {
     TrainOptions o = options(distributed, stage);
     o.config = test::llama_config(2, 64, 4, 2, 211, 32, false);
+    o.micro_batch = kMicroBatch / accumulation;
+    o.accumulation *= accumulation;
     return o;
   };
-  const RunOutput ref = run(llama(false, 0));
-  ASSERT_TRUE(ref.result.is_ok()) << ref.result.status().to_string();
-  for (int stage = 0; stage <= 3; stage++) {
-    const RunOutput dp = run(llama(true, stage));
-    ASSERT_TRUE(dp.result.is_ok()) << "stage " << stage << ": " << dp.result.status().to_string();
-    EXPECT_LE(max_abs_diff(dp.params, ref.params), kWeightTol) << "stage " << stage;
-    EXPECT_EQ(dp.result->device_bytes_peak, dp.result->planned_peak_bytes) << "stage " << stage;
+  for (int accumulation : {1, 2}) {
+    const RunOutput ref = run(llama(false, 0, accumulation));
+    ASSERT_TRUE(ref.result.is_ok()) << ref.result.status().to_string();
+    for (int stage = 0; stage <= 3; stage++) {
+      const RunOutput dp = run(llama(true, stage, accumulation));
+      ASSERT_TRUE(dp.result.is_ok()) << "stage " << stage << ": " << dp.result.status().to_string();
+      EXPECT_LE(max_abs_diff(dp.params, ref.params), kWeightTol)
+          << "stage " << stage << ", accumulation " << accumulation;
+      EXPECT_EQ(dp.result->device_bytes_peak, dp.result->planned_peak_bytes)
+          << "stage " << stage << ", accumulation " << accumulation;
+    }
   }
+  // The window holds the larger of the two tables, not both.
+  const model::ParamTable t =
+      model::gpt2_param_table(test::llama_config(2, 64, 4, 2, 211, 32, false));
+  const plan::ZeroWindowSizes w = plan::gpt2_zero_window_sizes(t, world().size());
+  EXPECT_EQ(w.embedding, model::ParamTable::end_of(t.params[t.wte]) - t.params[t.wte].offset);
+  EXPECT_EQ(w.final_norm, model::ParamTable::end_of(t.params[t.lnf_w]) - t.params[t.lnf_w].offset);
 }
 
 // Accumulation over micro-batches on R ranks: stages 0-1 accumulate in the full buffer and reduce
