@@ -11,6 +11,7 @@
 #include "backend/cpu/fused_kernels.h"
 #include "backend/cpu/kernels.h"
 #include "cli/common.h"
+#include "cli/prune.h"
 #include "core/log.h"
 
 namespace headroom::cli {
@@ -91,6 +92,30 @@ int run(int argc, char** argv) {
   tf.bucket_option = add_int_flag(
       train_cmd, "--bucket", tf.bucket, {.max = kMaxCount, .what = "tokens"},
       "--batching bucketed: bucket lengths are multiples of N tokens (default 32), up to --seq");
+
+  train_cmd->add_option("--sparsity-mask", tf.sparsity_mask,
+                        "train a pruned model (`headroom prune`) from DIR with its zeros held: "
+                        "pruned weights stay exactly zero through AdamW (the mask: 1 byte per "
+                        "weight, planned); --model defaults to DIR");
+  add_int_flag(train_cmd, "--prune-at", tf.prune_at, {.min = 0, .what = "steps"},
+               "prune after this optimizer step (--prune-method) and hold the mask from then on "
+               "(0: never)");
+  train_cmd
+      ->add_option("--prune-method", tf.prune_method,
+                   "--prune-at's mask: an N:M pattern such as 2:4, or magnitude "
+                   "(--prune-sparsity, --prune-per-layer)")
+      ->capture_default_str();
+  train_cmd
+      ->add_option("--prune-sparsity", tf.prune_sparsity,
+                   "--prune-method magnitude: the share of the prunable weights to prune")
+      ->capture_default_str();
+  train_cmd->add_flag("--prune-per-layer", tf.prune_per_layer,
+                      "--prune-method magnitude: rank each block's weights alone");
+
+  PruneFlags prf;
+  CLI::App* prune_cmd = app.add_subcommand(
+      "prune", "prune a saved model (magnitude, N:M, or structured MLP channels) into a new one");
+  add_prune_flags(prune_cmd, prf);
 
   GenerateFlags gf;
   CLI::App* gen_cmd = app.add_subcommand("generate", "sample text from a trained model");
@@ -241,6 +266,9 @@ int run(int argc, char** argv) {
   try {
     if (train_cmd->parsed()) return run_train(tf);
     if (gen_cmd->parsed()) return run_generate(gf);
+    if (prune_cmd->parsed()) {
+      return run_prune(prf, [&](const std::string& tok) { return default_corpus("", tok); });
+    }
     if (prep_cmd->parsed()) return run_prepare(pf);
     if (plan_cmd->parsed()) return run_plan(plf);
     if (cal_cmd->parsed()) return run_calibrate(calib_json);

@@ -93,6 +93,12 @@ struct TrainFlags {
   int loss_scale_window = 2000;        // train, fp16: --loss-scale-window (growth interval)
   std::vector<int> inject_overflow;    // train: --inject-overflow-at STEP (tests; hidden)
   bool self_correct = true;            // train: --no-self-correct (docs/notes/cost-model.md)
+  // train: training with a sparsity mask (docs/notes/pruning.md).
+  std::string sparsity_mask;         // --sparsity-mask DIR (a pruned model)
+  int prune_at = 0;                  // --prune-at STEP
+  std::string prune_method = "2:4";  // --prune-method magnitude|N:M
+  double prune_sparsity = 0.5;       // --prune-sparsity (magnitude)
+  bool prune_per_layer = false;      // --prune-per-layer (magnitude)
 };
 
 // The integer flags' rules (cli/flag_rules.h, docs/notes/flags.md): counts start at 1 and "auto"

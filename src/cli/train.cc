@@ -1,5 +1,6 @@
 // `headroom train`: one process per rank, progress or JSON, the --profile report, the sample.
 #include "cli/common.h"
+#include "model/prune.h"
 #include "plan/cost_model.h"
 
 #include <omp.h>
@@ -202,7 +203,19 @@ int run_train(TrainFlags& f) {
   o.comm = &comm;
   std::ofstream log;
   auto prepare = [&]() -> Status {
+    // --sparsity-mask DIR: the pruned model is the model, unless --model says otherwise.
+    if (!f.sparsity_mask.empty() && (!f.model_option || f.model_option->count() == 0) &&
+        f.resume.empty()) {
+      f.model = f.sparsity_mask;
+    }
     HR_RETURN_IF_ERROR(resolve_train_options(f, &o));
+    o.sparsity_mask = f.sparsity_mask;
+    o.prune.at_step = f.prune_at;
+    if (f.prune_at > 0) {
+      HR_ASSIGN_OR_RETURN(o.prune.spec,
+                          model::parse_mask_spec(f.prune_method, f.prune_method, f.prune_sparsity,
+                                                 f.prune_per_layer, "--prune-method"));
+    }
     o.out_dir = f.out;
     o.save_every = f.save_every;
     o.keep_checkpoints = f.keep_checkpoints;

@@ -19,6 +19,8 @@ std::string_view dtype_name(DType t) {
       return "u16";
     case DType::kI64:
       return "i64";
+    case DType::kU8:
+      return "u8";
   }
   return "?";
 }
@@ -37,6 +39,8 @@ std::string_view dtype_safetensors_name(DType t) {
       return "U16";
     case DType::kI64:
       return "I64";
+    case DType::kU8:
+      return "U8";
   }
   return "?";
 }

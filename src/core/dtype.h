@@ -11,7 +11,8 @@
 
 namespace headroom {
 
-enum class DType : uint8_t { kF32, kBF16, kF16, kI32, kU16, kI64 };
+// kU8: bytes (sparsity masks, one byte per weight); not a safetensors weight dtype here.
+enum class DType : uint8_t { kF32, kBF16, kF16, kI32, kU16, kI64, kU8 };
 
 constexpr size_t dtype_size(DType t) {
   switch (t) {
@@ -27,6 +28,8 @@ constexpr size_t dtype_size(DType t) {
       return 2;
     case DType::kI64:
       return 8;
+    case DType::kU8:
+      return 1;
   }
   return 0;
 }

@@ -142,6 +142,9 @@ std::string TransformerConfig::to_json() const {
     j["n_positions"] = n_positions;
     j["n_ctx"] = n_positions;
     j["layer_norm_epsilon"] = layer_norm_epsilon;
+    // Hugging Face's GPT-2 reads the MLP's width from n_inner (null: 4 n_embd); written only
+    // when it is not 4 n_embd (a pruned MLP), so that unpruned configs stay as they were.
+    if (mlp_width() != 4 * int64_t(n_embd)) j["n_inner"] = mlp_width();
     j["activation_function"] = "gelu_new";
     j["tie_word_embeddings"] = true;
     return dump_json(j, 2) + "\n";
@@ -282,6 +285,9 @@ Status parse_gpt2(const Fields& f, TransformerConfig* c) {
   HR_RETURN_IF_ERROR(f.integer("n_embd", "hidden_size", &c->n_embd));
   HR_RETURN_IF_ERROR(f.integer("vocab_size", nullptr, &c->vocab_size));
   HR_RETURN_IF_ERROR(f.integer("n_positions", "n_ctx", &c->n_positions));
+  // n_inner: the MLP's width (absent or null: 4 n_embd), as Hugging Face's GPT2Config.
+  HR_RETURN_IF_ERROR(f.integer("n_inner", nullptr, &c->intermediate_size, /*required=*/false));
+  if (c->intermediate_size == 4 * c->n_embd) c->intermediate_size = 0;  // the default, spelt out
   if (f.j.contains("layer_norm_epsilon")) {
     HR_RETURN_IF_ERROR(
         f.number(f.j["layer_norm_epsilon"], "layer_norm_epsilon", 0, 1, &c->layer_norm_epsilon));

@@ -88,9 +88,11 @@ ParamTable gpt2_param_table(const Gpt2Config& c) {
       y.attproj_b = add(p + "attn.c_proj.bias", {C}, l);
       y.ln2_w = add(p + "ln_2.weight", {C}, l);
       y.ln2_b = add(p + "ln_2.bias", {C}, l);
-      y.fc_w = add(p + "mlp.c_fc.weight", {C, 4 * C}, l);
-      y.fc_b = add(p + "mlp.c_fc.bias", {4 * C}, l);
-      y.fcproj_w = add(p + "mlp.c_proj.weight", {4 * C, C}, l);
+      // The MLP's width: 4C unless config.json's n_inner says otherwise (a pruned MLP).
+      const int64_t I = c.mlp_width();
+      y.fc_w = add(p + "mlp.c_fc.weight", {C, I}, l);
+      y.fc_b = add(p + "mlp.c_fc.bias", {I}, l);
+      y.fcproj_w = add(p + "mlp.c_proj.weight", {I, C}, l);
       y.fcproj_b = add(p + "mlp.c_proj.bias", {C}, l);
       t.layers.push_back(y);
     }

@@ -179,6 +179,18 @@ Result<MemoryPlan> plan_training_memory(const model::Gpt2Config& config, const P
         single_region("bf16 weights", Category::kWeights,
                       {{"parameters_bf16", DType::kBF16, Shape{P}, Category::kWeights}}));
   }
+  if (p.sparsity_mask) {
+    if (p.zero_stage != 0 || p.offload_optimizer) {
+      return Status::invalid_argument(
+          "a sparsity mask (--sparsity-mask, --prune-at) needs the full parameters and optimizer "
+          "state on the device: use --zero 0 without --offload-optimizer");
+    }
+    // One byte per weight (1 keep, 0 pruned): AdamW's pass masks the gradients before and the
+    // weights after the update (docs/notes/pruning.md). The optimizer's state, as m and v.
+    plan.persistent.push_back(
+        single_region(kSparsityMaskRegion, Category::kOptimizer,
+                      {{"sparsity_mask", DType::kU8, Shape{P}, Category::kOptimizer}}));
+  }
 
   if (same_shape && same_shape->policy.micro_batch == p.micro_batch &&
       same_shape->policy.seq == p.seq && same_shape->policy.exec == plan.policy.exec &&

@@ -37,6 +37,10 @@ struct Policy {
   // offload tier (MemoryPlan::offload), where AdamW runs; the device keeps the parameters the
   // executor reads and the gradients.
   bool offload_optimizer = false;
+  // Training with a sparsity mask (docs/notes/pruning.md): one byte per parameter float (the
+  // flat buffer's floats, padding included; 1 keep, 0 pruned) in a persistent region of its own,
+  // kSparsityMaskRegion, after every other. Needs zero_stage 0 and no optimizer offload.
+  bool sparsity_mask = false;
 };
 
 // The ZeRO units (train/zero.h's gpt2_zero_units) as the executor's windows hold them: the
@@ -60,6 +64,8 @@ inline constexpr const char* kOffloadMasterRegion = "master weights";
 inline constexpr const char* kOffloadOptimizerRegion = "optimizer";
 inline constexpr const char* kOffloadGradientsRegion = "gradients";
 inline constexpr const char* kOffloadedActivationsRegion = "offloaded activations";
+// The persistent region of the sparsity mask (Policy::sparsity_mask), found by name.
+inline constexpr const char* kSparsityMaskRegion = "sparsity mask";
 
 // A block of memory that the trainer allocates as one arena.
 struct Region {

@@ -28,6 +28,7 @@
 #include "memory/arena.h"
 #include "memory/host_resource.h"
 #include "model/gpt2.h"
+#include "model/prune.h"
 #include "model/weights.h"
 #include "plan/cost_model.h"
 #include "plan/cost_terms.h"
@@ -202,6 +203,17 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
   policy.ranks = R;
   policy.zero_stage = o.zero_stage;
   policy.offload_optimizer = o.offload_optimizer;
+  policy.sparsity_mask = !o.sparsity_mask.empty() || o.prune.at_step > 0;
+  if (!o.sparsity_mask.empty() && o.prune.at_step > 0) {
+    return Status::invalid_argument(
+        "--sparsity-mask and --prune-at both set the mask: give one (--sparsity-mask keeps a "
+        "pruned model's zeros, --prune-at prunes during this run)");
+  }
+  if (o.prune.at_step > 0 && o.prune.at_step >= o.steps) {
+    return Status::invalid_argument(fmt::format(
+        "--prune-at {}: the run has {} steps; prune at a step before the last (or raise --steps)",
+        o.prune.at_step, o.steps));
+  }
   HR_ASSIGN_OR_RETURN(const plan::MemoryPlan mp, plan::plan_training_memory(cfg, policy));
   if (mp.peak_bytes > o.device_memory) {
     return Status::out_of_memory(fmt::format(
@@ -249,9 +261,18 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
   HR_ASSIGN_OR_RETURN(memory::Arena staging, make(mp.persistent[3]));
   // Mixed precision: the bf16 copy of the weights that the GEMMs read (refreshed by AdamW).
   memory::Arena bf16_arena;
-  if (mp.persistent.size() > plan::MemoryPlan::kBf16WeightsRegion) {
+  if (mp.persistent.size() > plan::MemoryPlan::kBf16WeightsRegion &&
+      mp.persistent[plan::MemoryPlan::kBf16WeightsRegion].name == "bf16 weights") {
     HR_ASSIGN_OR_RETURN(bf16_arena, make(mp.persistent[plan::MemoryPlan::kBf16WeightsRegion]));
   }
+  // The sparsity mask (docs/notes/pruning.md): one byte per parameter float, the last region.
+  memory::Arena mask_arena;
+  if (mp.policy.sparsity_mask) {
+    HR_CHECK(mp.persistent.back().name == plan::kSparsityMaskRegion);
+    HR_ASSIGN_OR_RETURN(mask_arena, make(mp.persistent.back()));
+  }
+  uint8_t* const mask = mask_arena.size() > 0 ? static_cast<uint8_t*>(mask_arena.data(0)) : nullptr;
+  bool mask_active = false;  // false until --prune-at's step with a mask planned for later
   // The step region comes from a pool, once per micro-batch (see elastic.h): an allocation
   // failure surfaces before the micro-batch computes, and re-plans change only this region.
   ElasticStep::Setup es;
@@ -373,6 +394,18 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
   HR_CHECK_MSG(zopt.sizes().m <= moment_floats, "the plan's optimizer shard is too small");
   if (stage < 3) {
     model::gpt2_init_params(cfg, table, params, o.seed);
+    // --sparsity-mask DIR: start from DIR's weights (a pruned model), its zeros the mask.
+    if (!o.sparsity_mask.empty()) {
+      HR_ASSIGN_OR_RETURN(const model::Gpt2Config from,
+                          model::load_config_file(o.sparsity_mask + "/config.json"));
+      if (from.to_json() != cfg.to_json()) {
+        return Status::invalid_argument(fmt::format(
+            "--sparsity-mask {}: its config.json is not --model {}'s; train with --model {} (the "
+            "pruned model's own config)",
+            o.sparsity_mask, o.model_name, o.sparsity_mask));
+      }
+      HR_RETURN_IF_ERROR(model::load_pretrained(o.sparsity_mask, table, params));
+    }
   } else {
     // The initialisation draws every tensor from one generator: made whole in host memory (as a
     // checkpoint is read), then each rank keeps its pieces.
@@ -501,6 +534,13 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
                ck.dir, double(st.loss_scale->scale), model::precision_name(o.exec.precision));
     }
     if (rank == 0) log_info("resumed from {} at step {}", ck.dir, st.step);
+  }
+  // The mask is the zeros of the starting weights: the pruned model's, or a checkpoint's taken
+  // after --prune-at (pruned weights stay exact zeros, so the mask needs no file of its own).
+  if (mask && (!o.sparsity_mask.empty() || start_step >= o.prune.at_step)) {
+    const model::SparsityMask m0 = model::mask_from_zeros(table, params);
+    std::memcpy(mask, m0.data(), m0.size());
+    mask_active = true;
   }
   // A collective: every rank calls it; rank 0 writes (the path is returned there, "" elsewhere)
   // and every rank gets rank 0's status. The checkpoint holds the full m and v, so it resumes on
@@ -1274,12 +1314,34 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     const int64_t skipped_before = scaler ? scaler->state().skipped : 0;
     const int adam_step = step + 1 - int(skipped_before);
     if (rec) zcomm.trace(&rec->events, run_start, EventPhase::kOptimizer, step);
+    // A sparsity mask: pruned weights get no gradient (so neither the norm, the clipping nor
+    // the moments see one); with m = v = 0 and the weight 0, AdamW's update leaves it 0, and the
+    // weights are masked after the update all the same (Note in docs/notes/pruning.md).
+    if (mask_active) model::apply_mask(mask, grads, P);
     Result<double> stepped =
         offload ? offload->step(zb.params, grads, grad_shard, params_bf16, o.adamw, lr, adam_step,
                                 zb.grads_reduced, scaler ? loss_scale : 0.0f)
                 : zopt.step(zb, o.adamw, lr, adam_step, params_bf16, scaler ? loss_scale : 0.0f);
     zcomm.trace(nullptr, run_start, EventPhase::kNone, -1);
     HR_ASSIGN_OR_RETURN(const double norm, std::move(stepped));
+    if (mask_active) model::apply_mask(mask, params, P);
+    // --prune-at: after this step's update, the mask from the weights; pruned weights and their
+    // moments become zeros (and the bf16 copy follows).
+    if (mask && !mask_active && step + 1 == o.prune.at_step) {
+      HR_ASSIGN_OR_RETURN(const model::SparsityMask m0,
+                          model::make_mask(cfg, table, params, o.prune.spec));
+      std::memcpy(mask, m0.data(), m0.size());
+      mask_active = true;
+      model::apply_mask(mask, params, P);
+      model::apply_mask(mask, m, P);
+      model::apply_mask(mask, v, P);
+      if (params_bf16) cpu::cast_to_bf16(params_bf16, params, P);
+      const model::MaskCounts mc = model::count_mask(table, m0);
+      cur.events.push_back(fmt::format(
+          "step {}: pruned {} of {} prunable weights ({:.1f}%, {}); the mask holds from here",
+          step + 1, mc.pruned, mc.prunable, 100.0 * double(mc.pruned) / double(mc.prunable),
+          o.prune.spec.describe()));
+    }
     const bool skipped = scaler && !scaler->update(norm);
     const Clock::time_point tz = Clock::now();
     if (grads && !zb.zero_grads) cpu::zero(grads, P);

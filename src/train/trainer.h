@@ -15,6 +15,7 @@
 #include "memory/adaptors.h"
 #include "model/config.h"
 #include "model/gpt2.h"
+#include "model/prune.h"
 #include "plan/device_spec.h"
 #include "plan/memory_plan.h"
 #include "train/loss_scale.h"
@@ -113,6 +114,18 @@ struct TrainOptions {
   // Fault injection for tests: the 0-based steps whose backward on this rank starts from an
   // infinite loss gradient, so that its gradients overflow as an fp16 overflow would.
   std::vector<int> inject_overflow_steps;
+  // Training with a sparsity mask (docs/notes/pruning.md; stage 0 without optimizer offload).
+  // sparsity_mask: a model directory (a pruned model, `headroom prune`) whose weights the run
+  // starts from and whose zeros in the prunable tensors are the mask; its config must be
+  // `config`'s. Pruned weights stay exact zeros through AdamW.
+  std::string sparsity_mask;
+  // Or pruning during the run: after optimizer step `at_step` (1-based; 0: never) the mask of
+  // `spec` is taken from the weights and held from then on. A resumed run past that step takes
+  // the mask from the checkpoint's zeros.
+  struct Prune {
+    int at_step = 0;
+    model::MaskSpec spec;
+  } prune;
 };
 
 // The start-up line for the rank layout: "2 ranks, ZeRO-1: optimizer state sharded (...)".
