@@ -939,6 +939,7 @@ int run_train(TrainFlags& f) {
     o.save_every = f.save_every;
     o.keep_checkpoints = f.keep_checkpoints;
     o.resume = f.resume;
+    o.eval_at_start = true;  // the summary's "validation loss A -> B"
     if (f.save_every < 0 || f.keep_checkpoints < 0) {
       return Status::invalid_argument("--save-every and --keep-checkpoints must not be negative");
     }
@@ -1051,6 +1052,10 @@ int run_train(TrainFlags& f) {
       bar.println(fmt::format("step {}: checkpoint {}", s.step, s.checkpoint));
     bar.update(s.step, s.steps, text);
   };
+  cb.on_initial_validation = [&](double loss) {
+    if (rank != 0 || f.json) return;
+    bar.println(fmt::format("validation loss {:.4f} before the first step", loss));
+  };
   std::string sample_text;
   cb.on_finish = [&](const model::Gpt2Config& cfg, const float* params,
                      memory::MemoryResource* device) -> Status {
@@ -1118,13 +1123,21 @@ int run_train(TrainFlags& f) {
       }
       j["per_rank"] = per_rank;
     }
+    if (r->initial_val_loss) j["initial_val_loss"] = *r->initial_val_loss;
     if (r->final_val_loss) j["final_val_loss"] = *r->final_val_loss;
     // The sample may end inside a multi-byte character: U+FFFD for invalid UTF-8, never throw.
     std::printf("%s\n", dump_json(j, 2).c_str());
     return 0;
   }
   std::fprintf(stderr, "done: loss %.4f", r->final_loss);
-  if (r->final_val_loss) std::fprintf(stderr, ", validation loss %.4f", *r->final_val_loss);
+  if (r->final_val_loss) {
+    if (r->initial_val_loss) {
+      std::fprintf(stderr, ", validation loss %.4f -> %.4f", *r->initial_val_loss,
+                   *r->final_val_loss);
+    } else {
+      std::fprintf(stderr, ", validation loss %.4f", *r->final_val_loss);
+    }
+  }
   std::fprintf(stderr, ", median %.0f tokens/s", r->tokens_per_s);
   if (o.batching == data::Batching::kBucketed) {
     std::fprintf(stderr, " (real tokens; padding %.1f%%, %llu micro-batch shapes planned)",
@@ -1250,6 +1263,7 @@ struct PrepareFlags {
   std::string separator;
   std::string vocab;
   std::string tokenizer;
+  std::string field = "text";  // JSON Lines: the text's member
   bool json = false;
 };
 
@@ -1260,6 +1274,22 @@ int run_prepare(PrepareFlags& f) {
   po.doc_separator = f.separator;
   po.vocab_dir = f.vocab;
   po.tokenizer_dir = f.tokenizer;
+  po.field = f.field;
+  // A progress bar on large inputs (the read, then the tokeniser), where it is worth a line.
+  constexpr uint64_t kProgressBytes = 16ull << 20;
+  report::ProgressBar bar;
+  if (!f.json) {
+    po.progress = [&bar, last = std::string()](const char* stage, uint64_t done,
+                                               uint64_t total) mutable {
+      if (total < kProgressBytes) return;
+      const std::string at = fmt::format("{} {}", stage, done);
+      if (at == last) return;  // the same figure once
+      last = at;
+      bar.update(long(done >> 20), long(std::max<uint64_t>(1, total >> 20)),
+                 fmt::format("MiB {}", std::string_view(stage) == "read" ? "read" : "tokenised"));
+      if (done == total) bar.finish();
+    };
+  }
   Result<data::PrepareStats> st = data::prepare_token_file(po);
   if (!st.is_ok()) return fail(st.status());
   if (f.json) {
@@ -2087,7 +2117,12 @@ int run(int argc, char** argv) {
   PrepareFlags pf;
   CLI::App* prep_cmd = app.add_subcommand(
       "prepare", "tokenise text files (GPT-2 BPE, or --tokenizer) into a token file");
-  prep_cmd->add_option("inputs", pf.inputs, "text files or directories")->required();
+  prep_cmd
+      ->add_option("inputs", pf.inputs,
+                   "text files, JSON Lines files (*.jsonl, *.ndjson: one object per line) or "
+                   "directories (their files, recursively, sorted; hidden, *.dat and *.u8 "
+                   "skipped)")
+      ->required();
   prep_cmd->add_option("--out", pf.out, "the token file to write")->required();
   prep_cmd->add_option("--doc-separator", pf.separator,
                        "a line that separates documents inside a file (\"%\" for fortune files); "
@@ -2096,6 +2131,10 @@ int run(int argc, char** argv) {
   prep_cmd->add_option("--tokenizer", pf.tokenizer,
                        "directory with tokenizer.json, tokenizer.model or GPT-2's files "
                        "(default: GPT-2)");
+  prep_cmd
+      ->add_option("--field", pf.field,
+                   "JSON Lines: the member of each line's object that holds the text")
+      ->capture_default_str();
   prep_cmd->add_flag("--json", pf.json, "print the statistics as JSON");
 
   PlanFlags plf;
