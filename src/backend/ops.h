@@ -141,6 +141,13 @@ class Ops {
                                  int NH, int NKV) const = 0;
   virtual void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
                                   const float* att, int B, int T, int C, int NH, int NKV) const = 0;
+  // Generation with a KV cache (fp32): appends the k and v heads of qkv[rows, (NH + 2 NKV) HS]
+  // (positions pos0 .. pos0 + rows - 1) to k_cache / v_cache[NKV, context, HS], then attends
+  // each row over every cached position up to its own; out[rows, NH HS].
+  virtual void attention_cached_forward(float* out, float* k_cache, float* v_cache,
+                                        const float* qkv, int rows, int pos0, int context, int NH,
+                                        int NKV, int HS) const = 0;
+  virtual int max_cached_head_size() const = 0;
   // Tiled (online softmax): lse[B,NH,T] instead of the probabilities.
 #define HR_OPS_T(T)                                                                               \
   virtual void attention_tiled_forward(T* out, float* lse, const T* qkv, int B, int T_, int C,    \

@@ -35,6 +35,7 @@
 #include "model/config.h"
 #include "model/weights.h"
 #include "plan/calibrate.h"
+#include "plan/generation_plan.h"
 #include "plan/search.h"
 #include "report/profile.h"
 #include "report/progress.h"
@@ -377,7 +378,9 @@ Status resolve_train_options(TrainFlags& f, train::TrainOptions* o) {
           "and may change while training runs)",
           f.device_memory, f.device_memory_file));
     }
-    HR_ASSIGN_OR_RETURN(o->device_memory, train::read_budget_file(f.device_memory_file));
+    // With several ranks, each reads its own file ({rank} in the path) or the one shared file.
+    HR_ASSIGN_OR_RETURN(o->device_memory, train::read_budget_file(train::budget_file_for_rank(
+                                              f.device_memory_file, dist::launcher_rank())));
     o->device_memory_file = f.device_memory_file;
   }
   HR_ASSIGN_OR_RETURN(o->offload_memory, offload_budget(f.offload_memory, true));
@@ -744,6 +747,7 @@ json step_json(const train::StepStats& s) {
             {"predicted_step_ms", s.predicted_step_ms},
             {"replans", s.replans},
             {"oom_recoveries", s.oom_recoveries},
+            {"budget_rank", s.budget_rank},
             {"padding", s.padding},
             {"micro_batches", s.micro_batches},
             {"loss_scale", s.loss_scale},
@@ -1207,7 +1211,8 @@ int run_generate(GenerateFlags& f) {
                     cfg->vocab_size, tok->vocab_size())));
   }
   const model::ParamTable table = model::gpt2_param_table(*cfg);
-  memory::HostResource host;
+  memory::HostResource host_upstream;
+  memory::TrackingResource host(&host_upstream);  // measured against the generation plan
   Result<memory::Arena> params = memory::Arena::create(
       &host, {{"parameters", DType::kF32, Shape{table.total_floats}, memory::Category::kWeights}},
       memory::sequential_layout(
@@ -1227,7 +1232,20 @@ int run_generate(GenerateFlags& f) {
   so.top_k = f.top_k;
   so.seed = f.seed;
   so.stop_token = tok->eos_token();
-  if (!f.json) std::printf("%s", f.prompt.c_str());
+  // The plan sample_tokens allocates by (docs/notes/generation.md): printed before the first
+  // token, on stderr so that stdout is the text.
+  const plan::GenerationPlan gp = plan::plan_generation(
+      *cfg, int(std::min<size_t>(prompt.size(), size_t(cfg->n_positions))), f.max_new_tokens);
+  if (!f.json) {
+    std::fprintf(stderr,
+                 "memory (planned): weights %s, KV cache %s (%d positions x %d layers x %d kv "
+                 "heads), activations and logits %s (a pass of up to %d tokens); peak %s\n",
+                 format_bytes(gp.weights_bytes).c_str(), format_bytes(gp.cache_layout.size).c_str(),
+                 gp.shape.context, cfg->n_layer, cfg->kv_heads(),
+                 format_bytes(gp.work_layout.size).c_str(), gp.shape.rows,
+                 format_bytes(gp.peak_bytes).c_str());
+    std::printf("%s", f.prompt.c_str());
+  }
   Result<std::vector<int32_t>> ids =
       train::sample_tokens(*cfg, params->f32(0), prompt, so, &host, [&](int32_t t) {
         if (!f.json && t != tok->eos_token()) {
@@ -1248,10 +1266,19 @@ int run_generate(GenerateFlags& f) {
               {"completion", completion},
               {"tokens", *ids},
               {"prompt_tokens", prompt},
-              {"text_is_exact", is_valid_utf8(f.prompt) && is_valid_utf8(completion)}};
+              {"text_is_exact", is_valid_utf8(f.prompt) && is_valid_utf8(completion)},
+              {"memory",
+               {{"weights_bytes", gp.weights_bytes},
+                {"kv_cache_bytes", gp.cache_layout.size},
+                {"activations_bytes", gp.work_layout.size},
+                {"context", gp.shape.context},
+                {"planned_peak_bytes", gp.peak_bytes},
+                {"measured_peak_bytes", host.stats().peak}}}};
     std::printf("%s\n", dump_json(j, 2).c_str());
   } else {
     std::printf("\n");
+    std::fprintf(stderr, "measured peak %s (planned %s)\n", format_bytes(host.stats().peak).c_str(),
+                 format_bytes(gp.peak_bytes).c_str());
   }
   return 0;
 }
@@ -2045,7 +2072,9 @@ int run(int argc, char** argv) {
   train_cmd->add_option("--device-memory-file", tf.device_memory_file,
                         "read the device budget (e.g. 2GiB) from FILE before every step; "
                         "editing it re-plans micro-batch, accumulation and recomputation "
-                        "with the same global batch (instead of --device-memory)");
+                        "with the same global batch (instead of --device-memory); with several "
+                        "ranks, {rank} in FILE is replaced by each rank's number (no {rank}: "
+                        "one file for all) and the ranks re-plan together under the smallest");
   add_int_flag(train_cmd, "--eval-every", tf.eval_every, {.min = 0, .what = "steps"},
                "steps between validation runs (default 0: only at the end)");
   train_cmd->add_option("--val-fraction", tf.val_fraction, "share of documents held out")

@@ -83,6 +83,13 @@ bool launched_by_mpi() {
   return false;
 }
 
+int launcher_rank() {
+  for (const char* var : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"}) {
+    if (const char* v = std::getenv(var)) return std::atoi(v);
+  }
+  return 0;
+}
+
 Result<std::unique_ptr<Communicator>> make_world_communicator(const CommOptions& options) {
   if (!launched_by_mpi()) return std::unique_ptr<Communicator>(new LocalCommunicator());
 #if defined(HEADROOM_HAVE_MPI)

@@ -88,6 +88,10 @@ bool have_mpi();
 // True when the process was started by an MPI launcher (mpirun/mpiexec: OMPI_COMM_WORLD_SIZE,
 // PMI_SIZE or PMIX_RANK is set).
 bool launched_by_mpi();
+// This process's rank as the MPI launcher gives it (OMPI_COMM_WORLD_RANK, PMI_RANK or
+// PMIX_RANK), 0 when not launched by one: for what is read before the communicator exists
+// (train's per-rank --device-memory-file).
+int launcher_rank();
 
 // The communicator of all the job's processes: MPI when launched by mpirun, otherwise the
 // local one. Under mpirun in a build without MPI: Unsupported (never a silent size-1 job in

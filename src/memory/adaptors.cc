@@ -35,6 +35,8 @@ std::string_view category_name(Category c) {
       return "staging";
     case Category::kOffload:
       return "offload";
+    case Category::kKvCache:
+      return "kv_cache";
     case Category::kOther:
       return "other";
     case Category::kCount:

@@ -27,6 +27,7 @@ enum class Category : uint8_t {
   kComm,
   kStaging,
   kOffload,
+  kKvCache,  // generation's cached keys and values
   kOther,
   kCount,
 };

@@ -102,10 +102,11 @@ ParamTable gpt2_param_table(const Gpt2Config& c) {
     const int64_t HS = c.head_size(), Q = c.n_head * HS, KV = int64_t(c.kv_heads()) * HS;
     const int64_t I = c.mlp_width();
     t.wte = add("model.embed_tokens.weight", {c.vocab_size, C}, -1);
-    // An untied head sits next to the embedding, in its site (the head also reads the
-    // embedding's tensors, as GPT-2's reads the tied wte): ZeRO then keeps both tables in one
-    // unit, resident from the embedding's forward to the head's backward, as the tied one.
-    t.head = c.tied_head ? t.wte : add("lm_head.weight", {c.vocab_size, C}, -1);
+    // An untied head sits next to the embedding in the buffer but in the head's site: ZeRO-3
+    // makes it a unit of its own (the head site's decayed unit, ln_f its other), gathered for
+    // the head into the embedding's window, which the embedding releases after its forward
+    // (docs/notes/zero.md, "An untied head").
+    t.head = c.tied_head ? t.wte : add("lm_head.weight", {c.vocab_size, C}, int(L));
     for (int l = 0; l < c.n_layer; l++) {
       std::string p = "model.layers." + std::to_string(l) + ".";
       ParamTable::Layer y{};

@@ -31,9 +31,9 @@ struct ParamDesc {
   bool decay;        // AdamW weight decay applies (2-D tensors)
   int64_t offset;    // in floats, inside the flat parameter buffer (64-byte aligned, except
                      // inside a fused group: see ParamTable::Layer)
-  // The executor site that owns it (BlockHooks): -1 the embedding (the token and position tables,
-  // and an untied LM head, which the head reads as GPT-2's reads the tied wte), 0..n_layer-1 its
-  // block, n_layer the head (the final norm).
+  // The executor site that owns it (BlockHooks): -1 the embedding (the token and position
+  // tables), 0..n_layer-1 its block, n_layer the head (the final norm and an untied LM head; a
+  // tied head reads the embedding's wte).
   int site = 0;
 };
 

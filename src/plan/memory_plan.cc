@@ -267,7 +267,7 @@ Result<MemoryPlan> plan_training_memory(const model::Gpt2Config& config, const P
 
 ZeroWindowSizes gpt2_zero_window_sizes(const model::ParamTable& table, int ranks) {
   // Units as train/zero.cc's gpt2_groups: (group, decay) -> the range of its tensors, groups
-  // -1 embeddings, l block l, INT32_MAX ln_f.
+  // -1 embeddings, l block l, INT32_MAX the head's (ln_f; an untied LM head decayed).
   std::map<std::pair<int, bool>, std::pair<int64_t, int64_t>> units;
   for (const model::ParamDesc& d : table.params) {
     const int group = table.group_of(d);
@@ -281,7 +281,10 @@ ZeroWindowSizes gpt2_zero_window_sizes(const model::ParamTable& table, int ranks
   ZeroWindowSizes w;
   for (const auto& [key, range] : units) {
     const int64_t n = range.second - range.first;
-    if (key.first == -1) {
+    if (key.first == -1 || (key.first == INT32_MAX && key.second)) {
+      // An untied head (the head site's decayed unit) shares the embedding's window: the
+      // embedding releases it after its forward, and its gradient is reduced before the
+      // embedding's backward writes there (train/zero_windows.h).
       w.embedding = std::max(w.embedding, n);
     } else if (key.first == INT32_MAX) {
       w.final_norm = std::max(w.final_norm, n);

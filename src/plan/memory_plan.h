@@ -39,9 +39,10 @@ struct Policy {
   bool offload_optimizer = false;
 };
 
-// GPT-2's ZeRO units (train/zero.h's gpt2_zero_units) as the executor's windows hold them: the
-// embedding unit (wte, wpe), the ln_f unit, and the largest block's decayed and other units (two
-// slots of each: block l uses slot l % 2). Floats.
+// The ZeRO units (train/zero.h's gpt2_zero_units) as the executor's windows hold them: the
+// embedding unit (wte, wpe; an untied LM head's unit takes turns with it in this window), the
+// ln_f unit, and the largest block's decayed and other units (two slots of each: block l uses
+// slot l % 2). Floats.
 struct ZeroWindowSizes {
   int64_t embedding = 0, final_norm = 0, block_decay = 0, block_other = 0;
   // One set of windows: the embedding, ln_f and two block slots.

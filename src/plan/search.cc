@@ -84,7 +84,7 @@ ZeroSpec planned_zero_spec(const model::ParamTable& params, const Policy& p, boo
   // sizes and tensor count).
   struct Units {
     std::array<int64_t, 5> key{};
-    int64_t largest = 0, largest_block = 0, embedding = 0, shard = 0;
+    int64_t largest = 0, largest_block = 0, embedding = 0, head = 0, shard = 0;
   };
   thread_local Units last;
   const std::array<int64_t, 5> key = {params.total_floats, params.num_parameters,
@@ -106,12 +106,15 @@ ZeroSpec planned_zero_spec(const model::ParamTable& params, const Policy& p, boo
     for (const auto& [group, range] : units) {
       const int64_t n = range.second - range.first;
       u.largest = std::max(u.largest, n);
+      // The embeddings' window; an untied head (the head's decayed unit) shares it.
       if (group.first == 0) u.embedding += n;
+      if (group.first == INT32_MAX && group.second) u.head = n;
       if (group.first != 0 && group.first != INT32_MAX) {
         u.largest_block = std::max(u.largest_block, n);
       }
       u.shard += ((n + p.ranks - 1) / p.ranks + 15) / 16 * 16;  // the largest rank's piece
     }
+    u.embedding = std::max(u.embedding, u.head);
     last = u;
   }
   const int64_t largest = last.largest, largest_block = last.largest_block,

@@ -218,7 +218,7 @@ footer { color:var(--muted); font-size:12px; text-align:center; margin-top:8px; 
   var PALETTE = {
     weights: '#4e79a7', grads: '#f28e2b', optimizer: '#59a14f', master: '#b07aa1',
     activations: '#e15759', recompute: '#ff9da7', workspace: '#9c755f', logits: '#edc948',
-    comm: '#76b7b2', staging: '#86bcb6', offload: '#8cd17d', other: '#bab0ac'
+    comm: '#76b7b2', staging: '#86bcb6', offload: '#8cd17d', kv_cache: '#d4a6c8', other: '#bab0ac'
   };
   var EXTRA = ['#1f77b4', '#ff7f0e', '#2ca02c', '#d62728', '#9467bd', '#8c564b', '#e377c2', '#7f7f7f', '#bcbd22', '#17becf'];
   var extraUsed = {};

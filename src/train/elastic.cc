@@ -53,6 +53,17 @@ Result<uint64_t> read_budget_file(const std::string& path) {
   return *v;
 }
 
+std::string budget_file_for_rank(const std::string& path, int rank) {
+  static constexpr std::string_view kPlaceholder = "{rank}";
+  std::string out;
+  size_t from = 0;
+  for (size_t at; (at = path.find(kPlaceholder, from)) != std::string::npos;
+       from = at + kPlaceholder.size()) {
+    out += path.substr(from, at - from) + std::to_string(rank);
+  }
+  return out + path.substr(from);
+}
+
 plan::DeviceSpec nominal_cpu_spec() {
   plan::DeviceSpec d;
   d.name = "cpu";
@@ -113,13 +124,16 @@ Result<ElasticStep::Replan> ElasticStep::replan(uint64_t ceiling, int remaining)
   // The planner's plans hold a validation micro-batch of b sequences in their staging region;
   // this run's staging (allocated once) holds max_micro_batch. The difference to the leanest
   // staging comes off the budget the search sees, so whatever it calls fitting fits here.
+  // The search plans one device (ranks 1, no ZeRO sharding): with several ranks its persistent
+  // regions are those of a whole replica, so what it sees is that replica's leanest persistent
+  // bytes plus the room this rank has for the step region. (One process: the run's own.)
   plan::Policy lean_policy = plan_.policy;
   lean_policy.micro_batch = 1;
   lean_policy.accumulation = G;
+  lean_policy.ranks = 1;
+  lean_policy.zero_stage = 0;
   HR_ASSIGN_OR_RETURN(plan::MemoryPlan lean,
                       plan::plan_training_memory(setup_.config, lean_policy, nullptr, false));
-  const uint64_t slack =
-      persistent_bytes_ > lean.persistent_bytes ? persistent_bytes_ - lean.persistent_bytes : 0;
   if (ceiling <= persistent_bytes_) {
     return Status::out_of_memory(fmt::format(
         "nothing fits: the {} budget does not even hold the weights, gradients, optimizer state "
@@ -129,7 +143,7 @@ Result<ElasticStep::Replan> ElasticStep::replan(uint64_t ceiling, int remaining)
   plan::SearchRequest req;
   req.config = setup_.config;
   req.device = setup_.device;
-  req.device_memory = ceiling - slack;
+  req.device_memory = lean.persistent_bytes + (ceiling - persistent_bytes_);
   req.seq = setup_.seq;
   req.global_batch = G;
   req.precision = plan_.policy.precision;
@@ -144,7 +158,11 @@ Result<ElasticStep::Replan> ElasticStep::replan(uint64_t ceiling, int remaining)
   const plan::Policy& cur = plan_.policy;
   for (const plan::Candidate& c : res.candidates) {  // fastest first
     const int b = c.policy.micro_batch;
-    HR_ASSIGN_OR_RETURN(plan::MemoryPlan mp, plan::plan_training_memory(setup_.config, c.policy));
+    // This rank's plan of the candidate: the run's ranks and ZeRO stage (its step region).
+    plan::Policy policy = c.policy;
+    policy.ranks = cur.ranks;
+    policy.zero_stage = cur.zero_stage;
+    HR_ASSIGN_OR_RETURN(plan::MemoryPlan mp, plan::plan_training_memory(setup_.config, policy));
     const uint64_t peak = persistent_bytes_ + mp.step_bytes;
     const double ms = c.cost.step_seconds * 1e3;
     std::vector<std::string> parts;

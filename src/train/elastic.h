@@ -25,6 +25,11 @@ namespace headroom::train {
 // whitespace ignored. Errors name the file and what it holds.
 Result<uint64_t> read_budget_file(const std::string& path);
 
+// The budget file of one rank: `path` with every `{rank}` replaced by the rank's number
+// (`budget-{rank}.txt` -> `budget-1.txt`); a path without the placeholder is one file that every
+// rank reads. See docs/notes/elastic.md, "Several ranks".
+std::string budget_file_for_rank(const std::string& path, int rank);
+
 // The device spec the trainer prices plans with when none is given (the planner's ranking only
 // needs ratios; figures of a small CPU).
 plan::DeviceSpec nominal_cpu_spec();

@@ -1,5 +1,5 @@
-// Sampling loop: a full forward over the current window per token (no KV cache yet; the models
-// trained here are small), then temperature and top-k on the last position's logits.
+// Sampling loop: the prompt through the model once (filling the KV cache), then one pass per
+// sampled token over the cache; temperature and top-k on the last position's logits.
 #include "train/generate.h"
 
 #include <algorithm>
@@ -7,6 +7,9 @@
 #include <random>
 
 #include <fmt/format.h>
+
+#include "model/decode.h"
+#include "plan/generation_plan.h"
 
 namespace headroom::train {
 
@@ -30,29 +33,32 @@ Result<std::vector<int32_t>> sample_tokens(const model::Gpt2Config& config, cons
           fmt::format("prompt token {} is outside the vocabulary [0, {})", t, config.vocab_size));
     }
   }
-  const int window = std::min<int>(config.n_positions, int(prompt.size()) + o.max_new_tokens);
+  const int P = int(std::min<size_t>(prompt.size(), size_t(config.n_positions)));
+  const plan::GenerationPlan gp = plan::plan_generation(config, P, o.max_new_tokens);
+  const int window = gp.shape.context;
   const model::ParamTable table = model::gpt2_param_table(config);
-  const model::ActivationTable acts =
-      model::gpt2_activation_table(config, 1, std::max(window, 1), /*training=*/false,
-                                   model::ExecOptions{});  // plain head: sampling reads logits
-  memory::Layout layout = memory::sequential_layout(acts.buffers);
-  HR_ASSIGN_OR_RETURN(memory::Arena arena,
-                      memory::Arena::create(resource, acts.buffers, std::move(layout),
+  HR_ASSIGN_OR_RETURN(
+      memory::Arena cache,
+      memory::Arena::create(resource, gp.table.cache, gp.cache_layout, memory::Category::kKvCache));
+  HR_ASSIGN_OR_RETURN(memory::Arena work,
+                      memory::Arena::create(resource, gp.table.work, gp.work_layout,
                                             memory::Category::kActivations));
-  model::Gpt2 net(config, &table);
-  net.bind_params(const_cast<float*>(params), nullptr);  // forward only: never written
-  net.bind_activations(&arena, &acts, 1, window);
+  model::Decoder net(config, &table, params, &gp.table, &cache, &work);
 
   std::vector<int32_t> tokens = prompt;
   std::vector<int32_t> out;
   std::mt19937_64 rng(o.seed);
   std::vector<std::pair<float, int32_t>> cand;
   const int V = config.vocab_size;
-  for (int i = 0; i < o.max_new_tokens; i++) {
+  // The window's last tokens: the prompt's at first, and again each time the history outgrows
+  // the window (positions shift, so the cache is refilled).
+  auto refill = [&] {
     const int len = std::min<int>(int(tokens.size()), window);
-    const int32_t* ctx = tokens.data() + tokens.size() - size_t(len);
-    net.forward(ctx, nullptr, nullptr, len);
-    const float* logits = net.logits() + int64_t(len - 1) * net.logits_row_stride();
+    return net.prefill(tokens.data() + tokens.size() - size_t(len), len);
+  };
+  const float* logits = o.max_new_tokens > 0 ? refill() : nullptr;
+  for (int i = 0; i < o.max_new_tokens; i++) {
+    if (i > 0) logits = net.position() < window ? net.step(tokens.back()) : refill();
     int32_t next = 0;
     if (o.temperature == 0) {
       next = int32_t(std::max_element(logits, logits + V) - logits);

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <limits>
 
 #include <sys/statvfs.h>
@@ -76,12 +77,6 @@ Status check_options(const TrainOptions& o) {
   if (o.batching == data::Batching::kBucketed && o.bucket <= 0) {
     return Status::invalid_argument(
         fmt::format("--bucket {} must be positive (bucket lengths are its multiples)", o.bucket));
-  }
-  if (o.comm && o.comm->size() > 1 && !o.device_memory_file.empty()) {
-    return Status::unsupported(fmt::format(
-        "--device-memory-file with {} ranks: re-planning while training runs is built for one "
-        "process only (every rank would have to re-plan together); use --device-memory",
-        o.comm->size()));
   }
   return Status::ok();
 }
@@ -156,9 +151,12 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
                               dist::Communicator& comm, bool* setup_agreed) {
   HR_RETURN_IF_ERROR(check_options(o));
   const int R = comm.size(), rank = comm.rank();
-  if (!o.device_memory_file.empty()) {
+  // This rank's budget file: `{rank}` in the path replaced (one file for all without it).
+  const std::string budget_file =
+      o.device_memory_file.empty() ? "" : budget_file_for_rank(o.device_memory_file, rank);
+  if (!budget_file.empty()) {
     // Before step one a bad budget file is an error; later, a warning (see follow_budget).
-    HR_RETURN_IF_ERROR(read_budget_file(o.device_memory_file).status());
+    HR_RETURN_IF_ERROR(read_budget_file(budget_file).status());
   }
   const model::Gpt2Config& cfg = o.config;
   const int B = o.micro_batch, T = o.seq, K = o.accumulation;  // per rank
@@ -685,7 +683,12 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
   };
   auto save_report = [&](int step, const std::string& report) -> std::string {
     if (o.out_dir.empty()) return "";
-    const std::string path = fmt::format("{}/oom-report-step-{:06d}.txt", o.out_dir, step);
+    std::error_code ec;  // rank 0 made it before step one; another machine's rank may not have
+    std::filesystem::create_directories(o.out_dir, ec);
+    // Several ranks share --out: each failing rank writes its own report.
+    const std::string path =
+        R == 1 ? fmt::format("{}/oom-report-step-{:06d}.txt", o.out_dir, step)
+               : fmt::format("{}/oom-report-step-{:06d}-rank-{}.txt", o.out_dir, step, rank);
     std::ofstream f(path, std::ios::app);  // a step's later failures are appended
     f << report << "\n";
     return f.good() ? path : "";
@@ -709,14 +712,135 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     elastic.release_unused();
     return warm_up();
   };
+  // ---- several ranks re-plan together (docs/notes/elastic.md, "Several ranks") ----
+  // A collective of the training thread inside a step: through the communication queue when
+  // there is one, after what is queued there (ZeRO-2/3's reductions and gathers), so that every
+  // rank issues its collectives in the same order.
+  auto in_order = [&](const std::function<Status()>& op) -> Status {
+    if (!comm_queue) return op();
+    Status st;
+    comm_queue->wait(comm_queue->submit([&]() {
+      st = op();
+      return Status::ok();
+    }));
+    return st;
+  };
+  // This rank's room for the step region: its ceiling less its persistent regions (ZeRO shards
+  // make those differ a little between ranks; the room is what the plans compete for).
+  auto room_of = [&](uint64_t c) -> uint64_t {
+    return c > elastic.persistent_bytes() ? c - elastic.persistent_bytes() : 0;
+  };
+  int budget_rank = 0;  // the rank whose room bounds the agreed plan
+  // Set when every rank already holds the agreed failure of the step (settle agrees no more).
+  bool failure_agreed = false;
+  // The smallest room over the ranks and the (lowest) rank that has it, from values[r] = room_r.
+  auto smallest_room = [&](const std::vector<double>& rooms, int stride, int at) {
+    int bind = 0;
+    for (int r = 1; r < R; r++) {
+      if (rooms[size_t(r * stride + at)] < rooms[size_t(bind * stride + at)]) bind = r;
+    }
+    return std::pair<uint64_t, int>(uint64_t(rooms[size_t(bind * stride + at)]), bind);
+  };
+  // After every rank re-planned for the same room: the same micro-batch and step region on all
+  // (the choice is deterministic; a difference would unmatch the collectives, so it is checked).
+  auto check_same_plan = [&]() -> Status {
+    const int64_t b = elastic.micro_batch(), bytes = int64_t(elastic.plan().step_bytes);
+    int64_t v[4] = {b, -b, bytes, -bytes};
+    HR_RETURN_IF_ERROR(in_order([&] { return comm.all_reduce_min(v, 4); }));
+    if (v[0] != -v[1] || v[2] != -v[3]) {
+      return Status::internal(fmt::format(
+          "the ranks re-planned differently (micro-batch {} to {}, step region {} to {} bytes); "
+          "this is a bug: please report it",
+          v[0], -v[1], v[2], -v[3]));
+    }
+    return Status::ok();
+  };
+  // The agreement at a micro-batch boundary (several ranks). OK with *a untouched when every
+  // rank's acquisition succeeded; OK with *a an error after every rank re-planned (acquire
+  // again); an error when the step cannot go on: every rank returns one (a failure other than
+  // out of memory, or nothing fits the smallest room), and settle() stops all, checkpointing.
+  auto recover_together = [&](int step, const std::string& where, int remaining,
+                              Result<memory::Arena>* a) -> Status {
+    const bool oom = !a->is_ok() && a->status().code() == StatusCode::kOutOfMemory;
+    // Out of memory: as on one process, this rank's plans may use less than the plan that failed.
+    if (oom) ceiling = std::min<uint64_t>(limit.budget(), planned_peak() - 1);
+    // Per rank: 1 acquired, 0 out of memory, -1 another failure; its room.
+    std::vector<double> v(size_t(2 * R), 0.0);
+    v[size_t(2 * rank)] = a->is_ok() ? 1 : oom ? 0 : -1;
+    v[size_t(2 * rank + 1)] = double(room_of(ceiling));
+    HR_RETURN_IF_ERROR(in_order([&] { return comm.all_reduce(v.data(), 2 * R); }));
+    int failed = -1;
+    bool other = false;
+    for (int r = R - 1; r >= 0; r--) {
+      if (v[size_t(2 * r)] < 1) failed = r;
+      other = other || v[size_t(2 * r)] < 0;
+    }
+    if (failed < 0) return Status::ok();
+    // Every rank stops with the failing rank's status (the lowest one's), said by that rank.
+    auto stop_all = [&](const Status& local) -> Status {
+      Status agreed = in_order([&] { return dist::agree(comm, local); });
+      failure_agreed = true;
+      return agreed.is_ok() ? Status::internal("the ranks disagree on a failure") : agreed;
+    };
+    if (other) return stop_all(a->is_ok() ? Status::ok() : a->status());
+    const Status cause = a->is_ok() ? Status::ok() : a->status();
+    *a = Status::out_of_memory("released for the re-plan");  // every rank's region back to the pool
+    const auto [room, bind] = smallest_room(v, 2, 1);
+    budget_rank = bind;
+    // Where the (lowest) failing rank was, in its own sequence numbers: said by that rank.
+    const Status said = in_order([&] {
+      return dist::agree(comm, rank == failed ? Status::out_of_memory(where) : Status::ok());
+    });
+    const std::string prefix = fmt::format("rank {}: ", failed);
+    const std::string failed_where =
+        said.message().rfind(prefix, 0) == 0 ? said.message().substr(prefix.size()) : where;
+    std::string report =
+        oom ? elastic.oom_report(cause, fmt::format("at step {}, {}", step + 1, where),
+                                 limit.budget(), tracking.stats())
+            : fmt::format("out of memory on rank {} at step {}, {}; rank {} re-plans with it\n",
+                          failed, step + 1, failed_where, rank);
+    const std::string bound = fmt::format(
+        "rank {}'s room of {} for the step region bounds the plan", bind, format_bytes(room));
+    Result<ElasticStep::Replan> rp = elastic.replan(elastic.persistent_bytes() + room, remaining);
+    if (!rp.is_ok()) {
+      // The same on every rank (the same room, the same search): all stop here.
+      report += fmt::format("  re-planning under {} ({}) found nothing that fits: {}\n",
+                            format_bytes(elastic.persistent_bytes() + room), bound,
+                            rp.status().message());
+      if (oom) save_report(step + 1, report);
+      return stop_all(oom ? Status::out_of_memory(report) : Status::ok());
+    }
+    HR_RETURN_IF_ERROR(check_same_plan());
+    report += fmt::format("  alternatives computed by the planner (under {}; {}):\n{}",
+                          format_bytes(elastic.persistent_bytes() + room), bound, rp->alternatives);
+    if (Status st = after_replan(); !st.is_ok())
+      return Status::out_of_memory(report + st.message());
+    const std::string path = oom ? save_report(step + 1, report) : "";
+    cur.events.push_back(fmt::format(
+        "step {}: out of memory on rank {} {}: {}: re-planned {} on every rank; redoing it{}",
+        step + 1, failed, failed_where, bound, rp->change,
+        path.empty() ? "" : " (report: " + path + ")"));
+    if (rec) {
+      note_replan(&rec->events, ReplanCause::kOutOfMemory, true, cur.events.back(), step,
+                  us_since_start(Clock::now()));
+    }
+    if (oom) cur.oom_reports.push_back(report);
+    cur.oom_recoveries++;
+    cur.replans++;
+    return Status::ok();
+  };
   // The step region for the next micro-batch (or validation). An allocation failure is recovered
   // here, before any compute of that micro-batch: plans are chosen again under less memory (the
   // micro-batch must divide the `remaining` sequences of the step) and the acquisition retried.
   // Bucketed (`length` > 0): the region of the micro-batch shape (rows, length) with
   // rows = min(rows_per_micro_batch, `rows_left`) for the plan's micro-batch, its plan in *shape.
+  // Several ranks: every rank calls it at every micro-batch boundary (`participate` true for a
+  // micro-batch of another rank, bucketed: no region, only the agreement); the ranks agree
+  // whether any acquisition failed, and if one did, every rank drops its region, re-plans for
+  // the smallest room and acquires again, so that all redo the micro-batch with one plan.
   auto acquire = [&](int step, const std::string& where, int remaining, int length = 0,
-                     int rows_left = 0,
-                     const plan::MemoryPlan** shape = nullptr) -> Result<memory::Arena> {
+                     int rows_left = 0, const plan::MemoryPlan** shape = nullptr,
+                     bool participate = false) -> Result<memory::Arena> {
     auto try_acquire = [&]() -> Result<memory::Arena> {
       if (length == 0) return elastic.acquire();
       const int rows = std::min(rows_per_micro_batch(elastic.micro_batch(), T, length), rows_left);
@@ -724,19 +848,16 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
       return elastic.acquire_shape(**shape);
     };
     while (true) {
-      Result<memory::Arena> a = try_acquire();
+      Result<memory::Arena> a =
+          participate ? Result<memory::Arena>(memory::Arena()) : try_acquire();
+      if (R > 1) {
+        HR_RETURN_IF_ERROR(recover_together(step, where, remaining, &a));
+        if (a.is_ok()) return a;
+        continue;  // every rank re-planned: acquire again
+      }
       if (a.is_ok() || a.status().code() != StatusCode::kOutOfMemory) return a;
       const std::string at = fmt::format("at step {}, {}", step + 1, where);
       std::string report = elastic.oom_report(a.status(), at, limit.budget(), tracking.stats());
-      if (R > 1) {
-        // The run stops after agreement (settle below), checkpointing the last completed step.
-        return Status::out_of_memory(
-            report +
-            fmt::format("  re-planning after an allocation failure is built for one process "
-                        "only ({} ranks would have to re-plan together): restart with a smaller "
-                        "--batch or a larger --device-memory",
-                        R));
-      }
       ceiling = std::min<uint64_t>(limit.budget(), planned_peak() - 1);
       Result<ElasticStep::Replan> rp = elastic.replan(ceiling, remaining);
       if (!rp.is_ok()) {
@@ -761,21 +882,68 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
       cur.replans++;
     }
   };
+  // Several ranks, before each step: every rank's budget (`now`, from its file), agreed; when one
+  // changed, every rank re-plans for the smallest room, the whole step.
+  auto follow_budgets = [&](int step, uint64_t now) -> Status {
+    const uint64_t old = limit.budget();
+    if (now != old) {
+      limit.set_budget(now);
+      ceiling = now;
+    }
+    // Per rank: the budget before, now, and the room for the step region.
+    std::vector<double> v(size_t(3 * R), 0.0);
+    v[size_t(3 * rank)] = double(old);
+    v[size_t(3 * rank + 1)] = double(now);
+    v[size_t(3 * rank + 2)] = double(room_of(ceiling));
+    HR_RETURN_IF_ERROR(in_order([&] { return comm.all_reduce(v.data(), 3 * R); }));
+    std::string changes;
+    for (int r = 0; r < R; r++) {
+      if (v[size_t(3 * r)] == v[size_t(3 * r + 1)]) continue;
+      changes += fmt::format("{}budget {} -> {} on rank {}", changes.empty() ? "" : ", ",
+                             format_bytes(uint64_t(v[size_t(3 * r)])),
+                             format_bytes(uint64_t(v[size_t(3 * r + 1)])), r);
+    }
+    if (changes.empty()) return Status::ok();
+    const auto [room, bind] = smallest_room(v, 3, 2);
+    budget_rank = bind;
+    const std::string head = fmt::format(
+        "step {}: {} (rank {}'s budget {}, room {} for the step region, bounds the plan of {} "
+        "ranks)",
+        step + 1, changes, bind, format_bytes(uint64_t(v[size_t(3 * bind + 1)])),
+        format_bytes(room), R);
+    Result<ElasticStep::Replan> rp = elastic.replan(elastic.persistent_bytes() + room, share);
+    // The same outcome on every rank (the same room, the same search).
+    if (!rp.is_ok()) return fail_out_of_memory(head + ": no plan fits: " + rp.status().message());
+    HR_RETURN_IF_ERROR(check_same_plan());
+    cur.events.push_back(
+        fmt::format("{}: {} {}", head, rp->changed ? "re-planned" : "plan kept,", rp->change));
+    if (rec) {
+      note_replan(&rec->events, ReplanCause::kBudget, rp->changed, cur.events.back(), step,
+                  us_since_start(Clock::now()));
+    }
+    if (Status st = after_replan(); !st.is_ok())
+      return fail_out_of_memory(head + ": " + st.message());
+    cur.replans += rp->changed;
+    return Status::ok();
+  };
   // Before each step: the budget file, read again; a change re-plans for the whole step.
   auto follow_budget = [&](int step) -> Status {
     if (o.device_memory_file.empty()) return Status::ok();
-    Result<uint64_t> nb = read_budget_file(o.device_memory_file);
+    Result<uint64_t> nb = read_budget_file(budget_file);
     if (!nb.is_ok()) {
       // Mid-run (an editor saving, a typo) the run goes on under the budget it has.
       if (nb.status().message() != last_file_error) {
         last_file_error = nb.status().message();
-        cur.events.push_back(fmt::format("step {}: warning: {}; keeping the budget {}", step + 1,
+        cur.events.push_back(fmt::format("step {}: warning: {}{}; keeping the budget {}", step + 1,
+                                         R > 1 ? fmt::format("rank {}: ", rank) : "",
                                          last_file_error, format_bytes(limit.budget())));
       }
-      return Status::ok();
+      if (R == 1) return Status::ok();
+    } else {
+      last_file_error.clear();
     }
-    last_file_error.clear();
     const uint64_t old = limit.budget();
+    if (R > 1) return follow_budgets(step, nb.is_ok() ? *nb : old);
     if (*nb == old) return Status::ok();
     limit.set_budget(*nb);
     ceiling = *nb;
@@ -811,7 +979,7 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     int64_t count = 0;
     if (B % elastic.micro_batch() == 0) {
       const int b = elastic.micro_batch();
-      Result<memory::Arena> arena = acquire(step, "for validation", G);
+      Result<memory::Arena> arena = acquire(step, "for validation", share);
       if (!arena.is_ok()) {
         // ZeRO-3 gathers parameters in every forward: the others expect this rank's gathers.
         if (zw) {
@@ -831,13 +999,18 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
         }
       }
     } else {
-      // Only after a re-plan of one process (several ranks never re-plan).
+      // Only after a re-plan (several ranks re-plan together: the same pieces on every rank).
       for (int i = 0; i < o.eval_batches; i++) {
         val_batches->next(val_inputs, val_targets);
         for (int q = 0; q < B;) {
           const plan::MemoryPlan* shape = nullptr;
-          HR_ASSIGN_OR_RETURN(memory::Arena arena,
-                              acquire(step, "for validation", G, T, B - q, &shape));
+          Result<memory::Arena> piece = acquire(step, "for validation", share, T, B - q, &shape);
+          if (!piece.is_ok()) {
+            // Every rank fails here together (agreed): what is queued finishes first.
+            if (zw) (void)zw->finish_step();
+            return piece.status();
+          }
+          memory::Arena arena = std::move(*piece);
           const int rows = shape->policy.micro_batch;
           net.bind_activations(&arena, &shape->activations, rows, T);
           offload_tier->bind(net, *shape);
@@ -883,7 +1056,8 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
   // the step boundary, before the step's collectives. One process recovers inside acquire()
   // (and checkpoints there when it cannot); several ranks stop here, checkpointing first.
   auto settle = [&](const Status& local) -> Status {
-    Status agreed = dist::agree(comm, local);
+    Status agreed = failure_agreed ? local : dist::agree(comm, local);
+    failure_agreed = false;
     if (agreed.is_ok() || R == 1) return agreed;
     if (agreed.code() == StatusCode::kOutOfMemory) return fail_out_of_memory(agreed.message());
     return agreed;
@@ -944,6 +1118,13 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     int done = 0;
     for (int k = 0; done < my_rows; k++) {
       if (bucketed && k % R != rank) {  // another rank's micro-batch
+        // Its acquisition is agreed by every rank (a failure there re-plans this rank too).
+        Result<memory::Arena> none = acquire(step, fmt::format("at micro-batch {}", k + 1), G, len,
+                                             my_rows - done, nullptr, /*participate=*/true);
+        if (!none.is_ok()) {
+          local = none.status();
+          break;
+        }
         done += rows_per_micro_batch(elastic.micro_batch(), T, len);
         // ZeRO-2/3 reduce gradient windows (and ZeRO-3 gathers parameters) in every micro-batch,
         // collectives of all ranks: this rank makes the hook calls with empty windows.
@@ -1095,6 +1276,7 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     s.accumulation = elastic.accumulation() * R;
     s.recompute = plan::recompute_summary(elastic.plan().policy.exec);
     s.predicted_step_ms = elastic.predicted_step_ms();
+    s.budget_rank = budget_rank;
     result.replans += s.replans;
     result.oom_recoveries += s.oom_recoveries;
     memory::MemoryStats ms = tracking.stats();

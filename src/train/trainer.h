@@ -83,7 +83,9 @@ struct TrainOptions {
   plan::DeviceSpec device;
   // Read before every optimizer step (a size such as "2GiB"); a change of the budget re-plans the
   // micro-batch, accumulation and recomputation with the same effective batch. Empty: the budget
-  // is device_memory for the whole run.
+  // is device_memory for the whole run. With several ranks `{rank}` in the path is replaced by
+  // the rank (budget_file_for_rank; the CLI reads the starting device_memory from that file), and
+  // the ranks agree on one plan for the smallest room (docs/notes/elastic.md, "Several ranks").
   std::string device_memory_file;
   // Optimizer offload (docs/notes/offload.md): the fp32 master weights, AdamW's m and v (this
   // rank's shard) and a gradient copy live in the offload tier, a host memory stack of its own
@@ -151,6 +153,9 @@ struct StepStats {
   std::vector<std::string> events;  // one line per re-plan, recovery or budget-file warning
   std::vector<std::string> oom_reports;  // the memory report of each allocation failure
   std::optional<double> val_loss;        // on steps where validation ran
+  // Several ranks: the rank whose budget (room for the step region) bounds the agreed plan, as
+  // of the last re-plan; 0 with one process.
+  int budget_rank = 0;
   // With TrainOptions::breakdown: milliseconds of this step per kind of op, and the optimizer
   // (wall time; op_ms.cpu_ms and the *_cpu_ms fields: process CPU time, every thread's).
   model::OpTimes op_ms;

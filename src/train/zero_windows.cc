@@ -49,8 +49,7 @@ ZeroWindows::ZeroWindows(int stage, dist::CommQueue* queue, dist::Communicator* 
       HR_CHECK_MSG(p.decay, "ZeroWindows: the embeddings are expected to be one decayed unit");
       unit_e_ = u;
     } else if (g == INT32_MAX) {
-      HR_CHECK_MSG(!p.decay, "ZeroWindows: ln_f is expected to be one undecayed unit");
-      unit_f_ = u;
+      (p.decay ? unit_h_ : unit_f_) = u;  // an untied LM head; the final norm
     } else {
       (p.decay ? unit_d_ : unit_n_)[size_t(g)] = u;
       block_of_unit_[u] = g;
@@ -67,7 +66,7 @@ ZeroWindows::ZeroWindows(int stage, dist::CommQueue* queue, dist::Communicator* 
 ZeroWindows::~ZeroWindows() { (void)queue_->wait_all(); }
 
 size_t ZeroWindows::window_of(size_t unit) const {
-  if (unit == unit_e_) return 0;
+  if (unit == unit_e_ || unit == unit_h_) return 0;
   if (unit == unit_f_) return 1;
   const int l = block_of_unit_[unit];
   HR_CHECK(l >= 0);
@@ -100,6 +99,9 @@ void ZeroWindows::before(Phase phase, int layer) {
   const int L = n_layer_;
   if (phase == Phase::kForward) {
     if (stage_ < 3) return;
+    // An untied head's unit follows the final norm's wherever that is prefetched (it takes
+    // the embedding's window, released after the embedding's forward).
+    const std::optional<size_t> head = untied() ? std::optional(unit_h_) : std::optional<size_t>();
     if (layer == kEmbedding) {
       acquire(unit_e_, L > 0 ? std::optional(unit_d_[0]) : std::optional(unit_f_),
               L > 0 ? std::optional(unit_n_[0]) : std::nullopt);
@@ -107,25 +109,31 @@ void ZeroWindows::before(Phase phase, int layer) {
       const bool last = layer + 1 == L;
       const size_t l = size_t(layer);
       acquire(unit_d_[l], last ? unit_f_ : unit_d_[l + 1], std::nullopt);
-      acquire(unit_n_[l], last ? std::nullopt : std::optional(unit_n_[l + 1]), std::nullopt);
+      acquire(unit_n_[l], last ? head : std::optional(unit_n_[l + 1]), std::nullopt);
     } else {
       // The head; in training the last block is prefetched for the backward that follows.
       const bool pre = training_ && L > 0;
       acquire(unit_f_, pre ? std::optional(unit_d_[size_t(L - 1)]) : std::nullopt,
               pre ? std::optional(unit_n_[size_t(L - 1)]) : std::nullopt);
-      acquire(unit_e_, std::nullopt, std::nullopt);  // resident since the embedding
+      // A tied head reads wte, resident since the embedding; an untied one its own unit.
+      acquire(head_unit(), std::nullopt, std::nullopt);
     }
     return;
   }
   // Backward: open the gradient windows this op writes; stage 3 acquires the block's units.
   note(Event::kBackwardBegin, layer);
-  if (layer == kEmbedding) return;  // writes into the embedding window opened by the head
+  if (layer == kEmbedding) {
+    // Tied: writes into the embedding window the head opened. Untied: the head's gradient has
+    // been submitted from this window; opening waits for its reduction.
+    if (untied()) open_grad_window(unit_e_);
+    return;
+  }
   if (layer == L) {
     open_grad_window(unit_f_);
-    open_grad_window(unit_e_);
+    open_grad_window(head_unit());
     if (stage_ == 3) {
       acquire(unit_f_, std::nullopt, std::nullopt);
-      acquire(unit_e_, std::nullopt, std::nullopt);
+      acquire(head_unit(), std::nullopt, std::nullopt);
     }
     return;
   }
@@ -143,23 +151,26 @@ void ZeroWindows::after(Phase phase, int layer) {
   const int L = n_layer_;
   if (phase == Phase::kForward) {
     if (stage_ < 3) return;
-    if (layer >= 0 && layer < L) {
+    if (layer == kEmbedding) {
+      if (untied()) release(unit_e_);  // the head's unit takes its window
+    } else if (layer >= 0 && layer < L) {
       release(unit_d_[size_t(layer)]);
       release(unit_n_[size_t(layer)]);
     } else if (layer == L && !training_) {
       release(unit_f_);
-      release(unit_e_);
+      release(head_unit());
     }
     return;
   }
   note(Event::kBackwardEnd, layer);
   if (layer == kEmbedding) {
-    submit_reduction(unit_e_, layer);  // wte's tied gradient is final now
+    submit_reduction(unit_e_, layer);  // wte's (tied) gradient is final now
   } else if (layer == L) {
     submit_reduction(unit_f_, layer);
+    if (untied()) submit_reduction(unit_h_, layer);
     if (stage_ == 3) {
       release(unit_f_);
-      release(unit_e_);  // backward reads no embedding parameters
+      release(head_unit());  // backward reads no embedding parameters
     }
   } else {
     const size_t l = size_t(layer);

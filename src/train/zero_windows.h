@@ -22,9 +22,10 @@
 
 namespace headroom::train {
 
-// The six windows of one kind (sizes: plan::gpt2_zero_window_sizes), in this order: embedding,
-// ln_f, slot 0 decayed, slot 0 other, slot 1 decayed, slot 1 other (the plan's buffer order,
-// plan_training_memory; block l uses slot l % 2).
+// The six windows of one kind (sizes: plan::gpt2_zero_window_sizes), in this order: embedding
+// (an untied LM head's unit takes turns with it there), ln_f, slot 0 decayed, slot 0 other,
+// slot 1 decayed, slot 1 other (the plan's buffer order, plan_training_memory; block l uses
+// slot l % 2).
 using ZeroWindowPtrs = std::array<float*, 6>;
 
 // The executor hooks (model::BlockHooks) of ZeRO stages 2 and 3 on one rank.
@@ -107,7 +108,10 @@ class ZeroWindows : public model::BlockHooks {
   int n_layer_;
   std::vector<dist::Range> units_;      // gpt2_zero_units
   std::vector<size_t> unit_of_tensor_;  // tensor -> unit
-  size_t unit_e_ = 0, unit_f_ = 0;
+  // An untied LM head's unit (SIZE_MAX: tied): it takes turns with the embedding's in window 0.
+  bool untied() const { return unit_h_ != SIZE_MAX; }
+  size_t head_unit() const { return untied() ? unit_h_ : unit_e_; }
+  size_t unit_e_ = 0, unit_f_ = 0, unit_h_ = SIZE_MAX;
   std::vector<size_t> unit_d_, unit_n_;  // per block
   std::vector<int> block_of_unit_;       // unit -> block, or -1
   std::array<size_t, 6> grad_owner_;     // window -> unit whose gradient it holds (SIZE_MAX: none)

@@ -8,6 +8,7 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
@@ -100,6 +101,49 @@ TEST(TrainCli, TwoRanksTrainPrintOnceAndReportEveryRanksPeak) {
   EXPECT_NE(bad.code, 0) << bad.out;
   EXPECT_NE(bad.code, 124) << "hung until the timeout\n" << bad.out;
   EXPECT_EQ(count(bad.out, "--global-batch 3 must be divisible by the 2 ranks"), 1u) << bad.out;
+  fs::remove_all(dir);
+#endif
+}
+
+// Per-rank budget files through the CLI: `{rank}` in --device-memory-file names each rank's own
+// file. Rank 1's missing file stops both ranks with rank 1's message (its path, with 1 for
+// {rank}); with both files the run trains and --log-json says which rank's budget binds the plan.
+TEST(TrainCli, TwoRanksReadTheirOwnBudgetFiles) {
+  if (!have_mpi()) GTEST_SKIP() << "built without MPI";
+  if (test::world().size() > 1 || launched_by_mpi()) GTEST_SKIP() << "runs only outside mpirun";
+#if defined(HEADROOM_MPIEXEC) && defined(HEADROOM_BINARY)
+  const fs::path dir =
+      fs::path(testing::TempDir()) / ("headroom_dp_cli_budget_" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string data = (dir / "data.tok").string();
+  std::mt19937 rng(3);
+  std::vector<int32_t> toks(20000);
+  for (auto& t : toks) t = int32_t(rng() % 1000u);
+  ASSERT_TRUE(data::write_token_file(data, toks, 1001, 1000, 1).is_ok());
+  const std::string budget = (dir / "budget-{rank}").string();
+  const std::string common = "--model gpt2-tiny --data " + data +
+                             " --seq 32 --batch 2 --global-batch 4 --steps 1 --precision fp32 "
+                             "--recompute none --sample-tokens 0 --device-memory-file '" +
+                             budget + "' --log-json " + (dir / "log.json").string();
+  std::ofstream(dir / "budget-0") << "1GiB\n";
+  const Outcome missing = mpirun_train(common);
+  EXPECT_NE(missing.code, 0) << missing.out;
+  EXPECT_NE(missing.code, 124) << "hung until the timeout\n" << missing.out;
+  EXPECT_EQ(count(missing.out,
+                  "--device-memory-file " + (dir / "budget-1").string() + ": cannot read it"),
+            1u)
+      << missing.out;
+
+  std::ofstream(dir / "budget-1") << "900MiB\n";
+  const Outcome ok = mpirun_train(common);
+  ASSERT_EQ(ok.code, 0) << ok.out;
+  std::ifstream log(dir / "log.json");
+  std::string line;
+  ASSERT_TRUE(std::getline(log, line)) << ok.out;
+  const nlohmann::json j = nlohmann::json::parse(line);
+  EXPECT_EQ(j["budget_rank"], 0) << line;                    // no re-plan: the starting plan
+  EXPECT_EQ(j["device_budget"], uint64_t(1) << 30) << line;  // rank 0's log, rank 0's budget
   fs::remove_all(dir);
 #endif
 }

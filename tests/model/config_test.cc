@@ -267,7 +267,9 @@ TEST(ParamTable, LlamaNamesGroupsAndSites) {
   ASSERT_NE(t.find("model.layers.1.self_attn.k_proj.weight"), nullptr);
   EXPECT_EQ(t.find("model.layers.1.self_attn.k_proj.weight")->shape, (Shape{32, 64}));
   ASSERT_NE(t.find("lm_head.weight"), nullptr);
-  EXPECT_EQ(t.find("lm_head.weight")->site, -1);
+  // The untied head belongs to the head's site (ZeRO-3: its own unit, the head site's decayed).
+  EXPECT_EQ(t.find("lm_head.weight")->site, 2);
+  EXPECT_EQ(t.group_of(*t.find("lm_head.weight")), INT32_MAX);
   EXPECT_EQ(t.find("model.norm.weight")->site, 2);
   EXPECT_EQ(t.find("model.layers.0.mlp.down_proj.weight")->site, 0);
   // q|k|v and gate|up are one GEMM weight each: adjacent without padding.

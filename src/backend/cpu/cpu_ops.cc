@@ -2,6 +2,7 @@
 // (kernels.h, fused_kernels.h, llama_kernels.h), called as it is.
 #include "backend/cpu/fused_kernels.h"
 #include "backend/cpu/kernels.h"
+#include "backend/cpu/kv_cache_kernels.h"
 #include "backend/cpu/llama_kernels.h"
 #include "backend/ops.h"
 
@@ -152,6 +153,12 @@ class CpuOps final : public Ops {
                           const float* att, int B, int T, int C, int NH, int NKV) const override {
     cpu::attention_backward(dqkv, scratch, dout, qkv, att, B, T, C, NH, NKV);
   }
+  void attention_cached_forward(float* out, float* k_cache, float* v_cache, const float* qkv,
+                                int rows, int pos0, int context, int NH, int NKV,
+                                int HS) const override {
+    cpu::attention_cached_forward(out, k_cache, v_cache, qkv, rows, pos0, context, NH, NKV, HS);
+  }
+  int max_cached_head_size() const override { return cpu::kMaxCachedHeadSize; }
 
 #define HR_CPU_T(T)                                                                               \
   void attention_tiled_forward(T* out, float* lse, const T* qkv, int B, int T_, int C, int NH,    \
