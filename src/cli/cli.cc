@@ -1306,9 +1306,12 @@ int run_prepare(PrepareFlags& f) {
   constexpr uint64_t kProgressBytes = 16ull << 20;
   report::ProgressBar bar;
   if (!f.json) {
-    po.progress = [&bar, last = std::string()](const char* stage, uint64_t done,
-                                               uint64_t total) mutable {
-      if (total < kProgressBytes) return;
+    po.progress = [&bar, last = std::string(), big = false](const char* stage, uint64_t done,
+                                                            uint64_t total) mutable {
+      // Large by the inputs' size (the read stage comes first): JSON Lines' documents are
+      // smaller than their files.
+      if (std::string_view(stage) == "read") big = total >= kProgressBytes;
+      if (!big) return;
       const std::string at = fmt::format("{} {}", stage, done);
       if (at == last) return;  // the same figure once
       last = at;
