@@ -35,6 +35,7 @@
 #include "model/config.h"
 #include "model/weights.h"
 #include "plan/calibrate.h"
+#include "plan/cost_model.h"
 #include "plan/generation_plan.h"
 #include "plan/search.h"
 #include "report/profile.h"
@@ -187,6 +188,7 @@ struct TrainFlags {
   std::string loss_scale = "dynamic";  // train, fp16: --loss-scale dynamic|VALUE
   int loss_scale_window = 2000;        // train, fp16: --loss-scale-window (growth interval)
   std::vector<int> inject_overflow;    // train: --inject-overflow-at STEP (tests; hidden)
+  bool self_correct = true;            // train: --no-self-correct (docs/notes/cost-model.md)
 };
 
 // The integer flags' rules (cli/flag_rules.h, docs/notes/flags.md): counts start at 1 and "auto"
@@ -587,6 +589,17 @@ Status resolve_train_options(TrainFlags& f, train::TrainOptions* o) {
     Result<plan::DeviceSpec> dev = resolve_device("cpu", f.device_memory, f.json);
     if (dev.is_ok()) o->device = *dev;
   }
+  // Note [Self-correction]: with this machine's measured terms, the run corrects the model by its
+  // own op times (the correction kept next to the calibration), and with the micro-batch and
+  // recomputation left to the planner re-plans by the corrected model.
+  if (f.self_correct && o->device.terms.fitted) {
+    o->self_correct.enabled = true;
+    o->self_correct.cache_path = plan::corrections_path(plan::default_calibration_path());
+    o->self_correct.machine_key =
+        plan::correction_machine_key(plan::current_cpu_model(), plan::calibration_threads());
+    o->self_correct.replan = f.plan == "auto" && f.batch == 0 && f.recompute == "auto" &&
+                             f.ranks == 1 && f.device_memory_file.empty();
+  }
   o->steps = f.steps;
   o->seed = f.seed;
   const int64_t nparams = model::gpt2_param_table(o->config).num_parameters;
@@ -853,6 +866,12 @@ Status write_profile(const std::string& dir, const TrainFlags& f, const train::T
     by_kind[kind] += k.dur_us / 1e3;
   }
   for (auto& [k, ms] : by_kind) p.time_by_category_ms[k] = ms / double(o.steps);
+  // The cost model's figure for each of the kinds (docs/notes/cost-model.md), per step.
+  const plan::StepCost predicted = plan::estimate_step(o.config, mp, o.device);
+  for (size_t k = 0; k < plan::kCostKinds; k++) {
+    p.predicted_time_by_category_ms[std::string(plan::cost_kind_name(plan::CostKind(k)))] =
+        predicted.by_kind[k] * 1e3;
+  }
 
   // Memory: the recorded allocations and releases (persistent regions at the start, each step
   // buffer from its first op's begin to its last op's end, every micro-batch).
@@ -897,6 +916,7 @@ Status write_profile(const std::string& dir, const TrainFlags& f, const train::T
       row.planned_peak = c.peak_bytes;
       row.predicted_tokens_per_s = c.cost.tokens_per_s;
       row.fits = c.fits;
+      row.techniques = plan::describe_exec(c.policy.exec);
       if (c.policy.micro_batch == o.micro_batch) {
         row.measured_peak = r.device_bytes_peak;
         row.measured_tokens_per_s = r.tokens_per_s;
@@ -2072,6 +2092,9 @@ int run(int argc, char** argv) {
   train_cmd->add_option("--log-json", tf.log_json,
                         "write one JSON object per step to FILE (text as in --json: invalid "
                         "UTF-8 as U+FFFD)");
+  train_cmd->add_flag("!--no-self-correct", tf.self_correct,
+                      "do not correct the cost model by this run's measured op times (nor "
+                      "re-plan by it, nor keep the correction for the next run)");
   train_cmd->add_option("--device-memory-file", tf.device_memory_file,
                         "read the device budget (e.g. 2GiB) from FILE before every step; "
                         "editing it re-plans micro-batch, accumulation and recomputation "

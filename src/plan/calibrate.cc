@@ -2,9 +2,13 @@
 // cache file. See calibrate.h for the contract and docs/calibration.md for measured figures.
 #include "plan/calibrate.h"
 
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <omp.h>
+#include <sys/file.h>
 #include <unistd.h>
+
+#include <cerrno>
 
 #include <algorithm>
 #include <chrono>
@@ -24,6 +28,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "backend/cpu/fused_kernels.h"
 #include "backend/cpu/gemm.h"
 #include "backend/cpu/kernels.h"
 #include "core/check.h"
@@ -42,7 +47,8 @@ using HostVec = std::vector<T, memory::HostAllocator<T>>;
 
 // 2: the step's matmuls forward and backward with the model's strides, and the square-GEMM peaks
 // (version 1 files are measured again).
-constexpr int kFileVersion = 2;
+// 3: the cost model's measured terms (CostTerms).
+constexpr int kFileVersion = 3;
 
 using Clock = std::chrono::steady_clock;
 
@@ -265,11 +271,16 @@ double time_shape(const GemmShape& s, const Sizes& sz) {
 template <typename T>
 // *best: the fastest single shape's rate.
 Result<double> measure_gemm_shapes(const Sizes& sz, const char* name,
-                                   const CalibrationProgress& progress, double* best) {
+                                   const CalibrationProgress& progress, double* best,
+                                   std::array<std::vector<GemmSample>, 4>* samples) {
   double total_flops = 0, total_seconds = 0;
   *best = 0;
   for (const GemmShape& s : sz.gemms) {
     const double t = time_shape<T>(s, sz);
+    if (t > 0 && samples) {
+      const GemmClass cls = gemm_class(s.IC, s.OC);
+      (*samples)[size_t(cls)].push_back({s.flops(), double(s.N), t});
+    }
     if (!(t > 0))
       return Status::internal(fmt::format("{} GEMM {} timed at 0 s", name, shape_text(s)));
     report(progress, fmt::format("{} GEMM {} forward{}: {:.1f} GFLOP/s (median of {}, {:.1f} ms)",
@@ -477,6 +488,287 @@ void warn_if_busy(const CalibrationProgress& progress) {
   }
 }
 
+// ---- the cost model's terms (Note [Measured terms] in docs/notes/cost-model.md) -------------
+
+// The GEMM shapes a step of gpt2-tiny / llama-tiny (C = 128) and GPT-2 124M (C = 768) runs, by
+// class, each at two row counts (the class's fit needs two): the model's layouts and strides.
+std::vector<std::pair<GemmClass, GemmShape>> term_gemm_shapes(bool quick) {
+  using L = cpu::WeightLayout;
+  std::vector<std::pair<GemmClass, GemmShape>> v;
+  auto block = [&](GemmClass cls, int n, int c, int fc) {
+    v.push_back({cls, {n, c, 3 * c}});
+    v.push_back({cls, {n, c, c, L::kInOut, false, false, false}});
+    v.push_back({cls, {n, c, fc, L::kInOut, false, true, true}});
+    v.push_back({cls, {n, fc, c, L::kInOut, true, false, false}});
+  };
+  auto head = [&](GemmClass cls, int n, int c, int vocab) {
+    v.push_back({cls, {n, c, vocab, L::kOutIn, false, false, false, true, 1.0, true}});
+  };
+  if (quick) {
+    for (int n : {32, 128}) {
+      block(GemmClass::kSmall, n, 64, 256);
+      block(GemmClass::kLarge, n, 320, 1280);
+      head(GemmClass::kHeadSmall, n, 64, 8192);
+      head(GemmClass::kHead, n, 320, 8192);
+    }
+    return v;
+  }
+  for (int n : {256, 2048}) block(GemmClass::kSmall, n, 128, 512);
+  block(GemmClass::kLarge, 256, 768, 3072);  // 2048 rows: calibrate's own shapes (reused)
+  for (int n : {64, 512}) head(GemmClass::kHeadSmall, n, 128, 50257);
+  head(GemmClass::kHead, 128, 768, 50257);  // 512 rows: calibrate's own head shape (reused)
+  return v;
+}
+
+// Samples of one class: (FLOPs, rows, median seconds).
+template <typename T>
+void time_gemm_terms(const std::vector<std::pair<GemmClass, GemmShape>>& shapes, int reps,
+                     std::array<std::vector<GemmSample>, 4>* samples) {
+  for (const auto& [cls, shape] : shapes) {
+    const double t = ShapeTimer<T>(shape).time(1, reps);
+    if (t > 0) (*samples)[size_t(cls)].push_back({shape.flops(), double(shape.N), t});
+  }
+}
+
+template <typename T>
+HostVec<T> zeros(size_t n) {
+  return HostVec<T>(n);
+}
+
+// A memory-bound kernel pair at two sizes: (units, median seconds) per size.
+// Small sizes run several calls per timed repetition (at least ~4M units: a few milliseconds),
+// so that one scheduling hiccup of a shared machine is not a whole sample.
+template <typename Fn>
+std::pair<double, double> timed_pair(double units, int reps, Fn&& fn) {
+  const int inner = std::clamp(int(4e6 / std::max(units, 1.0)), 1, 64);
+  const double t = time_median(1, reps, [&] {
+    for (int i = 0; i < inner; i++) fn();
+  });
+  return {units, t / inner};
+}
+
+struct KernelSizes {
+  int norm_n[2], norm_c[2];
+  int gelu_elems[2];
+  int loss_n[2], vocab;
+  int emb_b[2], emb_t, emb_c[2];
+  int64_t adam[2];
+  int att_b, att_t, att_c[2], att_nh[2];
+};
+
+KernelSizes kernel_sizes(bool quick) {
+  if (quick) {
+    return {{64, 128}, {64, 128}, {4096, 32768}, {16, 64},           8192,
+            {1, 2},    32,        {64, 128},     {1 << 14, 1 << 17}, 1,
+            64,        {64, 128}, {2, 4}};
+  }
+  return {{512, 4096}, {128, 768}, {512 * 512, 2048 * 3072}, {64, 512}, 50257, {2, 8},
+          256,         {128, 768}, {1 << 20, 1 << 24},       2,         256,   {128, 768},
+          {4, 12}};
+}
+
+// Every memory-bound term, fp32 kernels of the backend (docs/notes/cost-model.md).
+Status time_kernel_terms(bool quick, int reps, CostTerms* terms,
+                         const CalibrationProgress& progress) {
+  const KernelSizes z = kernel_sizes(quick);
+  std::vector<std::pair<double, double>> norm, gelu, residual, loss, emb, adam;
+  try {
+    for (int i = 0; i < 2; i++) {
+      const int N = z.norm_n[i], C = z.norm_c[i];
+      HostVec<float> x = filled<float>(size_t(N) * C, 5), y = zeros<float>(size_t(N) * C),
+                     dx = zeros<float>(size_t(N) * C), w = filled<float>(size_t(C), 6),
+                     bias = filled<float>(size_t(C), 7), dw = zeros<float>(size_t(C)),
+                     db = zeros<float>(size_t(C)), mean = zeros<float>(size_t(N)),
+                     rstd = zeros<float>(size_t(N));
+      norm.push_back(timed_pair(double(N) * C, reps, [&] {
+        cpu::layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), w.data(), bias.data(),
+                               N, C);
+        cpu::layernorm_backward(dx.data(), dw.data(), db.data(), y.data(), x.data(), w.data(),
+                                mean.data(), rstd.data(), N, C);
+      }));
+      residual.push_back(timed_pair(double(N) * C, reps, [&] {
+        cpu::residual_forward(y.data(), x.data(), dx.data(), int64_t(N) * C);
+        cpu::residual_backward(dx.data(), nullptr, y.data(), int64_t(N) * C);
+      }));
+    }
+    for (int i = 0; i < 2; i++) {
+      const int64_t n = z.gelu_elems[i];
+      HostVec<float> x = filled<float>(size_t(n), 8), y = zeros<float>(size_t(n)),
+                     d = filled<float>(size_t(n), 9);
+      gelu.push_back(timed_pair(double(n), reps, [&] {
+        cpu::gelu_forward(y.data(), x.data(), n);
+        cpu::gelu_backward(d.data(), x.data(), d.data(), n);
+      }));
+    }
+    for (int i = 0; i < 2; i++) {
+      const int N = z.loss_n[i], V = z.vocab;
+      HostVec<float> logits = filled<float>(size_t(N) * V, 10), losses = zeros<float>(size_t(N)),
+                     lse = zeros<float>(size_t(N));
+      std::vector<int32_t> targets(static_cast<size_t>(N));
+      for (int r = 0; r < N; r++) targets[size_t(r)] = int32_t((r * 7919) % V);
+      loss.push_back(timed_pair(double(N) * V, reps, [&] {
+        cpu::cross_entropy_forward_backward_inplace(losses.data(), lse.data(), logits.data(),
+                                                    targets.data(), N, V, 1e-3f, DType::kF32);
+      }));
+    }
+    for (int i = 0; i < 2; i++) {
+      const int B = z.emb_b[i], T = z.emb_t, C = z.emb_c[i], V = z.vocab;
+      HostVec<float> wte = filled<float>(size_t(V) * C, 11), wpe = filled<float>(size_t(T) * C, 12),
+                     out = zeros<float>(size_t(B) * T * C), dwte = zeros<float>(size_t(V) * C),
+                     dwpe = zeros<float>(size_t(T) * C);
+      std::vector<int32_t> tokens(static_cast<size_t>(B) * T);
+      for (size_t r = 0; r < tokens.size(); r++) tokens[r] = int32_t((r * 7919) % size_t(V));
+      emb.push_back(timed_pair(double(B) * T * C, reps, [&] {
+        cpu::embedding_forward(out.data(), tokens.data(), wte.data(), wpe.data(), B, T, C);
+        cpu::embedding_backward(dwte.data(), dwpe.data(), out.data(), tokens.data(), B, T, C);
+      }));
+    }
+    for (int i = 0; i < 2; i++) {
+      const int64_t n = z.adam[i];
+      HostVec<float> p = filled<float>(size_t(n), 13), g = filled<float>(size_t(n), 14),
+                     m = zeros<float>(size_t(n)), v = zeros<float>(size_t(n));
+      const cpu::AdamWParams ap{1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1, 1.0f};
+      adam.push_back(timed_pair(double(n), reps, [&] {
+        volatile double norm = cpu::sum_squares(g.data(), n);
+        (void)norm;
+        cpu::adamw_update_and_zero(p.data(), g.data(), m.data(), v.data(), n, ap);
+      }));
+    }
+  } catch (const std::bad_alloc&) {
+    return Status::out_of_memory("calibration: cannot allocate the memory-bound kernels' operands");
+  }
+  terms->norm = fit_kernel(norm);
+  terms->residual = fit_kernel(residual);
+  terms->gelu = fit_kernel(gelu);
+  terms->loss = fit_kernel(loss);
+  terms->embedding = fit_kernel(emb);
+  terms->optimizer = fit_kernel(adam);
+  auto line = [&](const char* name, const KernelTerm& t, const char* unit) {
+    report(progress, fmt::format("term {}: {:.1f} us a call + {:.3f} ns per {}", name,
+                                 t.call_seconds * 1e6, t.unit_seconds * 1e9, unit));
+  };
+  line("norm (layernorm forward + backward)", terms->norm, "row x C");
+  line("gelu (forward + backward)", terms->gelu, "element");
+  line("residual (forward + backward)", terms->residual, "element");
+  line("loss (one-pass cross-entropy)", terms->loss, "row x V");
+  line("embedding (forward + backward)", terms->embedding, "row x C");
+  line("optimizer (AdamW + zeroing + norm)", terms->optimizer, "parameter");
+  return Status::ok();
+}
+
+// Tiled attention forward + backward at two widths (units: 12 T C FLOPs per token).
+template <typename T>
+KernelTerm time_attention_term(bool quick, int reps) {
+  const KernelSizes z = kernel_sizes(quick);
+  const DType storage = std::is_same_v<T, float> ? DType::kF32 : DType::kBF16;
+  std::vector<std::pair<double, double>> xy;
+  for (int i = 0; i < 2; i++) {
+    const int B = z.att_b, Tn = z.att_t, C = z.att_c[i], NH = z.att_nh[i];
+    const size_t n = size_t(B) * Tn * C;
+    HostVec<T> qkv = filled<T>(3 * n, 15), out = zeros<T>(n), dout = filled<T>(n, 16),
+               dqkv = zeros<T>(3 * n);
+    HostVec<float> lse = zeros<float>(size_t(B) * NH * Tn),
+                   fs = zeros<float>(cpu::attention_tiled_scratch_floats(B, Tn, C, NH, storage)),
+                   bs = zeros<float>(
+                       cpu::attention_tiled_backward_scratch_floats(B, Tn, C, NH, storage));
+    xy.push_back(timed_pair(12.0 * Tn * C * double(B) * Tn, reps, [&] {
+      cpu::attention_tiled_forward(out.data(), lse.data(), qkv.data(), B, Tn, C, NH, fs.data());
+      cpu::attention_tiled_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), B,
+                                    Tn, C, NH, bs.data());
+    }));
+  }
+  return fit_kernel(xy);
+}
+
+// Fits every class of `samples` into `out` (one precision), reporting each.
+void fit_gemm_terms(const std::array<std::vector<GemmSample>, 4>& samples, const char* name,
+                    CostTerms* terms, size_t p, const CalibrationProgress& progress) {
+  static constexpr const char* kNames[] = {"small", "large", "narrow head", "head"};
+  std::array<GemmTerm, 2>* dst[] = {&terms->gemm_small, &terms->gemm_large, &terms->gemm_head_small,
+                                    &terms->gemm_head};
+  for (size_t c = 0; c < 4; c++) {
+    if (samples[c].empty()) continue;
+    (*dst[c])[p] = fit_gemm(samples[c]);
+    report(progress, fmt::format("term {} GEMMs ({}): {:.1f} GFLOP/s at many rows, half of it at "
+                                 "{:.0f} rows ({} samples)",
+                                 name, kNames[c], (*dst[c])[p].rate / 1e9, (*dst[c])[p].half_rows,
+                                 samples[c].size()));
+  }
+}
+
+// ---- the terms in the calibration file -------------------------------------------------------
+
+nlohmann::json terms_json(const CostTerms& t) {
+  auto gemm = [](const std::array<GemmTerm, 2>& g) {
+    nlohmann::json a = nlohmann::json::array();
+    for (const GemmTerm& x : g) a.push_back({{"rate", x.rate}, {"half_rows", x.half_rows}});
+    return a;
+  };
+  auto kernel = [](const KernelTerm& k) {
+    return nlohmann::json{{"call_seconds", k.call_seconds}, {"unit_seconds", k.unit_seconds}};
+  };
+  return {{"gemm_small", gemm(t.gemm_small)},
+          {"gemm_large", gemm(t.gemm_large)},
+          {"gemm_head_small", gemm(t.gemm_head_small)},
+          {"gemm_head", gemm(t.gemm_head)},
+          {"attention", {kernel(t.attention[0]), kernel(t.attention[1])}},
+          {"norm", kernel(t.norm)},
+          {"gelu", kernel(t.gelu)},
+          {"residual", kernel(t.residual)},
+          {"loss", kernel(t.loss)},
+          {"embedding", kernel(t.embedding)},
+          {"optimizer", kernel(t.optimizer)}};
+}
+
+Result<CostTerms> terms_from_json(const nlohmann::json& j, const std::string& path) {
+  CostTerms t;
+  auto num = [&](const nlohmann::json& o, const char* key,
+                 const std::string& where) -> Result<double> {
+    if (!o.is_object() || !o.contains(key) || !o[key].is_number())
+      return field_error(path, ("terms." + where + "." + key).c_str(),
+                         "is missing or not a number");
+    const double v = o[key].get<double>();
+    if (!std::isfinite(v) || v < 0)
+      return field_error(path, ("terms." + where + "." + key).c_str(), "must be finite and >= 0");
+    return v;
+  };
+  std::pair<const char*, std::array<GemmTerm, 2>*> gemms[] = {
+      {"gemm_small", &t.gemm_small},
+      {"gemm_large", &t.gemm_large},
+      {"gemm_head_small", &t.gemm_head_small},
+      {"gemm_head", &t.gemm_head}};
+  for (auto [name, dst] : gemms) {
+    if (!j.contains(name) || !j[name].is_array() || j[name].size() != 2)
+      return field_error(path, (std::string("terms.") + name).c_str(), "must be a list of 2");
+    for (size_t p = 0; p < 2; p++) {
+      const std::string where = fmt::format("{}[{}]", name, p);
+      HR_ASSIGN_OR_RETURN((*dst)[p].rate, num(j[name][p], "rate", where));
+      HR_ASSIGN_OR_RETURN((*dst)[p].half_rows, num(j[name][p], "half_rows", where));
+    }
+  }
+  if (!j.contains("attention") || !j["attention"].is_array() || j["attention"].size() != 2)
+    return field_error(path, "terms.attention", "must be a list of 2");
+  auto kernel = [&](const nlohmann::json& o, const std::string& where) -> Result<KernelTerm> {
+    KernelTerm k;
+    HR_ASSIGN_OR_RETURN(k.call_seconds, num(o, "call_seconds", where));
+    HR_ASSIGN_OR_RETURN(k.unit_seconds, num(o, "unit_seconds", where));
+    return k;
+  };
+  for (size_t p = 0; p < 2; p++) {
+    HR_ASSIGN_OR_RETURN(t.attention[p], kernel(j["attention"][p], fmt::format("attention[{}]", p)));
+  }
+  std::pair<const char*, KernelTerm*> kernels[] = {
+      {"norm", &t.norm}, {"gelu", &t.gelu},           {"residual", &t.residual},
+      {"loss", &t.loss}, {"embedding", &t.embedding}, {"optimizer", &t.optimizer}};
+  for (auto [name, dst] : kernels) {
+    if (!j.contains(name))
+      return field_error(path, (std::string("terms.") + name).c_str(), "is missing");
+    HR_ASSIGN_OR_RETURN(*dst, kernel(j[name], name));
+  }
+  t.fitted = t.gemm_large[0].rate > 0 && t.gemm_small[0].rate > 0 && t.gemm_head[0].rate > 0 &&
+             t.gemm_head_small[0].rate > 0 && t.norm.unit_seconds > 0;
+  return t;
+}
 }  // namespace
 
 int calibration_threads() { return omp_get_max_threads(); }
@@ -571,16 +863,40 @@ Result<Calibration> run_calibration(const CalibrationProgress& progress,
   // low on a shared machine, and MFU should never be quoted against a rate below one the
   // machine was seen to run.
   double best_shape = 0;
+  // The cost model's GEMM terms: calibrate's own shapes (at 2048 rows; the head at 512) and the
+  // other classes' and row counts of term_gemm_shapes, fitted per class.
+  const std::vector<std::pair<GemmClass, GemmShape>> term_shapes = term_gemm_shapes(options.quick);
+  const int term_reps = options.quick ? 2 : 3;
+  std::array<std::vector<GemmSample>, 4> samples;
   HR_ASSIGN_OR_RETURN(cal.gemm_flops_fp32,
-                      measure_gemm_shapes<float>(sz, "fp32", progress, &best_shape));
+                      measure_gemm_shapes<float>(sz, "fp32", progress, &best_shape,
+                                                 options.quick ? nullptr : &samples));
   HR_ASSIGN_OR_RETURN(double square, measure_gemm_peak<float>(sz, "fp32", progress));
   cal.gemm_peak_fp32 = std::max(square, best_shape);
+  time_gemm_terms<float>(term_shapes, term_reps, &samples);
+  fit_gemm_terms(samples, "fp32", &cal.terms, 0, progress);
+  cal.terms.attention[0] = time_attention_term<float>(options.quick, term_reps + 2);
   if (native_bf16(progress)) {
+    samples = {};
     HR_ASSIGN_OR_RETURN(cal.gemm_flops_bf16,
-                        measure_gemm_shapes<bf16_t>(sz, "bf16", progress, &best_shape));
+                        measure_gemm_shapes<bf16_t>(sz, "bf16", progress, &best_shape,
+                                                    options.quick ? nullptr : &samples));
     HR_ASSIGN_OR_RETURN(square, measure_gemm_peak<bf16_t>(sz, "bf16", progress));
     cal.gemm_peak_bf16 = std::max(square, best_shape);
+    time_gemm_terms<bf16_t>(term_shapes, term_reps, &samples);
+    fit_gemm_terms(samples, "bf16", &cal.terms, 1, progress);
+    cal.terms.attention[1] = time_attention_term<bf16_t>(options.quick, term_reps + 2);
   }
+  for (size_t p = 0; p < 2; p++) {
+    if (cal.terms.attention[p].unit_seconds > 0) {
+      report(progress, fmt::format("term {} attention (tiled, forward + backward): {:.1f} us a "
+                                   "call, {:.1f} GFLOP/s of 12 T C per token",
+                                   p ? "bf16" : "fp32", cal.terms.attention[p].call_seconds * 1e6,
+                                   1e-9 / cal.terms.attention[p].unit_seconds));
+    }
+  }
+  HR_RETURN_IF_ERROR(time_kernel_terms(options.quick, options.quick ? 3 : 5, &cal.terms, progress));
+  cal.terms.fitted = true;
   HR_ASSIGN_OR_RETURN(cal.mem_bandwidth, measure_triad(sz, progress));
   HR_ASSIGN_OR_RETURN(cal.copy_bandwidth, measure_copy(sz, progress));
   return cal;
@@ -598,6 +914,7 @@ Status save_calibration(const Calibration& cal, const std::string& path) {
       {"threads", cal.threads},
       {"cpu_model", cal.cpu_model},
       {"date", cal.date},
+      {"terms", terms_json(cal.terms)},
   };
   namespace fs = std::filesystem;
   std::error_code ec;
@@ -675,6 +992,9 @@ Result<Calibration> load_calibration(const std::string& path) {
   cal.threads = static_cast<int>(threads);
   HR_ASSIGN_OR_RETURN(cal.cpu_model, get_string(j, path, "cpu_model"));
   HR_ASSIGN_OR_RETURN(cal.date, get_string(j, path, "date"));
+  auto terms = j.find("terms");
+  if (terms == j.end() || !terms->is_object()) return field_error(path, "terms", "is missing");
+  HR_ASSIGN_OR_RETURN(cal.terms, terms_from_json(*terms, path));
   return cal;
 }
 
@@ -693,8 +1013,37 @@ std::string default_calibration_path() {
   return dir + "/calibration.json";
 }
 
+namespace {
+// An advisory lock on `path`.lock for this scope (flock: released when the descriptor closes,
+// also when the process dies). Without a lock file (an unwritable directory) nothing is locked:
+// the calibration still runs, possibly twice.
+class CalibrationLock {
+ public:
+  CalibrationLock(const std::string& path, const CalibrationProgress& progress) {
+    std::error_code ec;
+    const std::filesystem::path p(path);
+    if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path(), ec);
+    fd_ = ::open((path + ".lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd_ < 0) return;
+    if (::flock(fd_, LOCK_EX | LOCK_NB) == 0) return;
+    report(progress, "waiting for another process to finish calibrating ('" + path + ".lock')");
+    while (::flock(fd_, LOCK_EX) != 0 && errno == EINTR) {
+    }
+  }
+  ~CalibrationLock() {
+    if (fd_ >= 0) ::close(fd_);  // releases the lock
+  }
+  CalibrationLock(const CalibrationLock&) = delete;
+  CalibrationLock& operator=(const CalibrationLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+}  // namespace
+
 Result<Calibration> load_or_calibrate(const std::string& path, const CalibrationProgress& progress,
                                       const CalibrationOptions& options) {
+  const CalibrationLock lock(path, progress);
   Result<Calibration> loaded = load_calibration(path);
   if (loaded.is_ok()) {
     const int threads = calibration_threads();
@@ -737,6 +1086,7 @@ DeviceSpec cpu_device_spec(const Calibration& cal, uint64_t memory_bytes) {
   // (docs/notes/zero.md, "Measured"), a conservative figure (a loaded machine).
   spec.interconnect_bandwidth = 0.4e9;
   spec.gemm_efficiency = 1.0;  // measured figures are already sustained rates
+  spec.terms = cal.terms;
   spec.source = "measured " + cal.date;
   return spec;
 }

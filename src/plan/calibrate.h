@@ -27,9 +27,12 @@ struct Calibration {
                                // element; the write-allocate read is not counted)
   double copy_bandwidth = 0;   // bytes/s, one-thread memcpy between two buffers, each byte counted
                                // once (as cudaMemcpy bandwidth is): the host<->offload-pool rate
-  int threads = 0;             // OpenMP threads the figures were measured with
-  std::string cpu_model;       // /proc/cpuinfo "model name", or "unknown"
-  std::string date;            // UTC "YYYY-MM-DD"
+  // The cost model's measured terms: each kind of op's kernels timed at the shapes GPT-2 124M and
+  // the tiny presets run, fitted (plan/cost_terms.h; docs/notes/cost-model.md, "Measured terms").
+  CostTerms terms;
+  int threads = 0;        // OpenMP threads the figures were measured with
+  std::string cpu_model;  // /proc/cpuinfo "model name", or "unknown"
+  std::string date;       // UTC "YYYY-MM-DD"
 };
 
 struct CalibrationOptions {
@@ -93,6 +96,10 @@ std::string default_calibration_path();
 // (same OpenMP thread count and CPU model), else a fresh measurement saved to `path`. A missing,
 // stale or corrupt file is re-measured and overwritten (it is a cache); that, and a failure to
 // save, are reported through `progress`, and the measurement is still returned.
+// Only one process measures at a time: the file is guarded by an advisory lock on `path`.lock
+// (flock), held while loading and, if needed, measuring and saving. Several ranks on one machine
+// (`mpirun -np 2`) therefore calibrate once: the first measures, the others wait, then load its
+// figures when their thread count matches (the cache's key is the per-rank thread count).
 Result<Calibration> load_or_calibrate(const std::string& path,
                                       const CalibrationProgress& progress = {},
                                       const CalibrationOptions& options = {});

@@ -1,6 +1,8 @@
 // The step cost model.
 #include "plan/cost_model.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <utility>
 
@@ -16,6 +18,59 @@ double gemm_rate(const MemoryPlan& plan, const DeviceSpec& d) {
   const double peak =
       (plan.policy.precision == "bf16" && d.flops_bf16 > 0) ? d.flops_bf16 : d.flops_fp32;
   return peak * d.gemm_efficiency * rows / (rows + kGemmHalfRows);
+}
+
+// Note [Measured terms]: one micro-batch's kernels priced with calibrate's fits, times the
+// accumulation, plus the optimizer step. A forward is taken as a third of its forward + backward
+// pair (the recomputations re-run forwards only).
+std::array<double, kCostKinds> measured_kinds(const model::Gpt2Config& c, const MemoryPlan& plan,
+                                              const CostTerms& t, double optimizer_floats,
+                                              bool offload, double* fused_head_gemm) {
+  std::array<double, kCostKinds> kind{};
+  const double b = plan.policy.micro_batch, T = plan.policy.seq, k = plan.policy.accumulation;
+  const double N = b * T, C = c.n_embd, L = c.n_layer, V = c.vocab_size;
+  const bool bf16 = plan.policy.precision == "bf16" && t.gemm_large[1].rate > 0;
+  double full = 0, selective = 0;
+  for (int l = 0; l < c.n_layer; l++) {
+    full += plan.policy.exec.recompute_at(l) == model::Recompute::kFull;
+    selective += plan.policy.exec.recompute_at(l) == model::Recompute::kSelective;
+  }
+  auto gemm = [&](double ic, double oc, double rows, double flops) {
+    return t.gemm(gemm_class(int64_t(ic), int64_t(oc)), bf16).seconds(flops, rows);
+  };
+  const std::pair<double, double> shapes[] = {
+      {C, double(c.qkv_width())}, {C, C}, {C, double(c.fc_width())}, {double(c.mlp_width()), C}};
+  double g = 0;
+  for (const auto& [ic, oc] : shapes) {
+    // Forward and backward (6 FLOPs per weight per row) in every block, a forward more in each
+    // fully recomputed one.
+    g += L * gemm(ic, oc, N, 6.0 * N * ic * oc) + full * gemm(ic, oc, N, 2.0 * N * ic * oc);
+  }
+  double loss = t.loss.seconds(1, N * V);
+  const double chunk = plan.policy.exec.head_chunk;
+  if (chunk > 0) {
+    // The fused head: forward, the backward's recompute, dinp and dwte per chunk of rows, timed
+    // by the executor as the loss.
+    *fused_head_gemm = k * gemm(C, V, std::min(chunk, N), 8.0 * N * C * V);
+    loss += *fused_head_gemm / k;
+  } else {
+    g += gemm(C, V, N, 6.0 * N * C * V);
+  }
+  const double recomputed_forwards = (selective + full) / 3.0;
+  kind[size_t(CostKind::kGemm)] = k * g;
+  kind[size_t(CostKind::kAttention)] =
+      k * t.attention[bf16 ? 1 : 0].seconds(L + full / 3.0, (L + full / 3.0) * 12.0 * T * C * N);
+  const double norm_pairs = 2.0 * L + 1.0 + 2.0 * recomputed_forwards;
+  kind[size_t(CostKind::kNorm)] = k * t.norm.seconds(norm_pairs, norm_pairs * N * C);
+  const double gelu_pairs = L + recomputed_forwards;
+  const double residual_pairs = 2.0 * L + 2.0 * full / 3.0;
+  kind[size_t(CostKind::kElementwise)] =
+      k * (t.gelu.seconds(gelu_pairs, gelu_pairs * N * double(c.mlp_width())) +
+           t.residual.seconds(residual_pairs, residual_pairs * N * C));
+  kind[size_t(CostKind::kLoss)] = k * loss;
+  kind[size_t(CostKind::kEmbedding)] = k * t.embedding.seconds(1, N * C);
+  kind[size_t(CostKind::kOptimizer)] = offload ? 0.0 : t.optimizer.seconds(1, optimizer_floats);
+  return kind;
 }
 }  // namespace
 
@@ -48,6 +103,11 @@ double offload_exposed_seconds(const model::Gpt2Config& c, const MemoryPlan& pla
     exposed += std::max(0.0, transfer - fwd_next) + std::max(0.0, transfer - bwd_prev);
   }
   return exposed;
+}
+
+std::string correction_model_key(const model::Gpt2Config& c, const std::string& precision) {
+  return fmt::format("{}-L{}-C{}-H{}-V{}-{}", c.is_gpt2() ? "gpt2" : "llama", c.n_layer, c.n_embd,
+                     c.n_head, c.vocab_size, precision);
 }
 
 StepCost estimate_step(const model::Gpt2Config& c, const MemoryPlan& plan, const DeviceSpec& d,
@@ -174,6 +234,29 @@ StepCost estimate_step(const model::Gpt2Config& c, const MemoryPlan& plan, const
   s.memory_bytes = k * 4.0 * step_buffer_bytes + (offload ? 0.0 : optimizer_bytes) +
                    recompute_bytes + bf16_bytes + f16_bytes + wgrad_transpose_bytes;
   s.memory_seconds = s.memory_bytes / d.mem_bandwidth;
+  // Per kind. Without measured terms: the GEMM time split into attention (its FLOPs at the block
+  // GEMMs' rate) and the rest, the optimizer's passes (and bf16 copy) as the optimizer, the other
+  // memory-bound traffic as elementwise: the sums are the two figures above.
+  std::array<double, kCostKinds>& kind = s.uncorrected_by_kind;
+  const double bf16_copy_bytes =
+      plan.policy.exec.precision == model::Precision::kBf16 && plan.policy.exec.bf16_weight_copy
+          ? bf16_bytes
+          : 0.0;
+  if (d.terms.fitted && d.kind == "cpu") {
+    kind = measured_kinds(c, plan, d.terms, optimizer_floats, offload, &s.fused_head_gemm_seconds);
+    kind[size_t(CostKind::kGemm)] += (f16_bytes + wgrad_transpose_bytes) / d.mem_bandwidth;
+    kind[size_t(CostKind::kElementwise)] += (bf16_bytes - bf16_copy_bytes) / d.mem_bandwidth;
+    kind[size_t(CostKind::kOptimizer)] += bf16_copy_bytes / d.mem_bandwidth;
+  } else {
+    const double attention_flops = (12.0 * L * T * C + full_blocks * 4.0 * T * C) * tokens;
+    const double attention_seconds = attention_flops / (peak * efficiency);
+    const double optimizer_seconds =
+        ((offload ? 0.0 : optimizer_bytes) + bf16_copy_bytes) / d.mem_bandwidth;
+    kind[size_t(CostKind::kAttention)] = attention_seconds;
+    kind[size_t(CostKind::kGemm)] = s.gemm_seconds - attention_seconds;
+    kind[size_t(CostKind::kOptimizer)] = optimizer_seconds;
+    kind[size_t(CostKind::kElementwise)] = s.memory_seconds - optimizer_seconds;
+  }
   if (offload) {
     // Without a ZeRO spec: one device holding the CPU executor's layout (fp32 working weights).
     s.offload_bytes = zero && zero->offload_optimizer ? double(offload_link_bytes(*zero))
@@ -207,8 +290,31 @@ StepCost estimate_step(const model::Gpt2Config& c, const MemoryPlan& plan, const
       s.memory_seconds = s.memory_bytes / d.mem_bandwidth;
     }
   }
-  s.step_seconds = s.gemm_seconds + s.memory_seconds + s.comm_seconds + s.offload_seconds +
-                   s.host_optimizer_seconds;
+  // On the CPU the copy thread's traffic (above) is the elementwise kind's share of the bus.
+  if (!(d.terms.fitted && d.kind == "cpu")) {
+    double rest = s.memory_seconds;
+    for (CostKind k :
+         {CostKind::kNorm, CostKind::kLoss, CostKind::kEmbedding, CostKind::kOptimizer})
+      rest -= kind[size_t(k)];
+    kind[size_t(CostKind::kElementwise)] = rest;
+  } else if (!plan.activations.offloaded.empty() && d.kind == "cpu") {
+    kind[size_t(CostKind::kElementwise)] += 2.0 * s.activation_offload_bytes / d.mem_bandwidth;
+  }
+  // Note [Self-correction]: each kind scaled by what a run measured of it on this machine.
+  const CostCorrection& corr = d.correction;
+  s.gemm_seconds = s.memory_seconds = 0;
+  for (size_t i = 0; i < kCostKinds; i++) {
+    s.by_kind[i] = kind[i] * (corr.active() ? corr.scale[i] : 1.0);
+    if (i == size_t(CostKind::kLoss) && corr.active() && s.fused_head_gemm_seconds > 0) {
+      s.by_kind[i] = (kind[i] - s.fused_head_gemm_seconds) * corr.scale[i] +
+                     s.fused_head_gemm_seconds * corr.scale[size_t(CostKind::kGemm)];
+    }
+    const bool gemm_like = i == size_t(CostKind::kGemm) || i == size_t(CostKind::kAttention);
+    (gemm_like ? s.gemm_seconds : s.memory_seconds) += s.by_kind[i];
+  }
+  s.other_seconds = corr.active() ? corr.other_seconds_per_token * tokens : 0.0;
+  s.step_seconds = s.gemm_seconds + s.memory_seconds + s.other_seconds + s.comm_seconds +
+                   s.offload_seconds + s.host_optimizer_seconds;
   s.tokens_per_s = tokens * (sharded ? zero->ranks : 1) / s.step_seconds;
   return s;
 }

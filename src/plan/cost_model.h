@@ -3,6 +3,10 @@
 // named GPU's spec). A model for ranking plans, not a promise: `headroom bench` measures.
 #pragma once
 
+#include <array>
+#include <string>
+
+#include "plan/cost_terms.h"
 #include "plan/device_spec.h"
 #include "plan/memory_plan.h"
 #include "plan/zero.h"
@@ -30,13 +34,23 @@ struct StepCost {
   double activation_offload_bytes = 0;
   double activation_offload_seconds = 0;
   double host_optimizer_seconds = 0;
+  // Seconds of one optimizer step per kind of op as the executor times them (CostKind; the fused
+  // LM head's GEMMs are "loss", as the executor times them), after the device's correction, and
+  // before it. step_seconds = sum(by_kind) + other_seconds + comm + offload + host optimizer.
+  std::array<double, kCostKinds> by_kind{};
+  std::array<double, kCostKinds> uncorrected_by_kind{};
+  double other_seconds = 0;  // the correction's time outside every kind (0 without one)
+  // The fused LM head's GEMMs (uncorrected), inside uncorrected_by_kind's loss: corrected with the
+  // GEMM scale (CostCorrection, correction_from).
+  double fused_head_gemm_seconds = 0;
   double step_seconds = 0;  // gemm + memory + comm + offload + host optimizer seconds
   double tokens_per_s = 0;  // all ranks together: ranks x tokens per rank / step_seconds
 };
 
 // GEMMs with few rows run below peak; rows / (rows + kGemmHalfRows) is the fraction of the
-// large-GEMM speed a micro-batch of `rows` tokens reaches (a fit to this machine's oneDNN:
-// see docs/notes/cost-model.md).
+// large-GEMM speed a micro-batch of `rows` tokens reaches on a device without measured terms (an
+// assumption; a calibrated CPU uses its fitted GemmTerm::half_rows per shape class instead: see
+// docs/notes/cost-model.md, "Measured terms").
 constexpr double kGemmHalfRows = 64;
 
 // `zero`, when given with ranks > 1, adds the step's collectives (zero_traffic) at
@@ -50,6 +64,9 @@ constexpr double kGemmHalfRows = 64;
 // offload. REQUIRES: bandwidth > 0 when a block is offloaded.
 double offload_exposed_seconds(const model::Gpt2Config& config, const MemoryPlan& plan,
                                const DeviceSpec& device, double bandwidth);
+
+// The key of a model shape and precision in the corrections cache: "L4-C128-H4-V50257-fp32".
+std::string correction_model_key(const model::Gpt2Config& config, const std::string& precision);
 
 StepCost estimate_step(const model::Gpt2Config& config, const MemoryPlan& plan,
                        const DeviceSpec& device, const ZeroSpec* zero = nullptr);

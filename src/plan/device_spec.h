@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "plan/cost_terms.h"
 
 namespace headroom::plan {
 
@@ -45,6 +46,11 @@ struct DeviceSpec {
   // 0: the flops_* figures are the peak (the datasheet figures of a named GPU).
   double peak_flops_fp32 = 0;
   double peak_flops_bf16 = 0;
+  // The measured terms of each kind of op (plan/cost_terms.h; `headroom calibrate`). When fitted,
+  // the cost model prices a CPU step with them instead of the rates above.
+  CostTerms terms = {};
+  // A run's measurement of itself (self-correction), applied on top of either model.
+  CostCorrection correction = {};
 };
 
 // The host memory bandwidth assumed for a named GPU's share of its server (no datasheet gives

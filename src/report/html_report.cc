@@ -601,7 +601,12 @@ footer { color:var(--muted); font-size:12px; text-align:center; margin-top:8px; 
     emptyChart('sweep-memory', 'No sweep in this profile.');
     emptyChart('sweep-throughput', 'No sweep in this profile.');
   } else {
-    var labels = S.map(function (r) { return String(r.micro_batch); });
+    // Each point names its techniques where they change from the point before: the planned peak
+    // jumps there (e.g. a fused LM head or recomputation from that micro-batch on).
+    var labels = S.map(function (r, i) {
+      var t = r.techniques || '';
+      return (i === 0 || t !== (S[i - 1].techniques || '')) && t ? [String(r.micro_batch), t] : String(r.micro_batch);
+    });
     var maxB = Math.max.apply(null, S.map(function (r) { return Math.max(r.planned_peak_bytes, r.measured_peak_bytes || 0); }));
     var su = byteUnit(Math.max(maxB, budget));
     var memSets = [
@@ -616,7 +621,8 @@ footer { color:var(--muted); font-size:12px; text-align:center; margin-top:8px; 
       options: {
         interaction: { mode: 'index', intersect: false },
         scales: { x: { title: axisTitle('micro-batch (sequences)') }, y: { beginAtZero: true, title: axisTitle('peak memory (' + su.name + ')') } },
-        plugins: { tooltip: { callbacks: { label: function (c) { return c.dataset.label + ': ' + (c.parsed.y === null ? '—' : fmtBytes(c.parsed.y * su.div)); } } } }
+        plugins: { tooltip: { callbacks: { label: function (c) { return c.dataset.label + ': ' + (c.parsed.y === null ? '—' : fmtBytes(c.parsed.y * su.div)); },
+          afterBody: function (items) { var r = S[items[0].dataIndex]; return r.techniques ? 'techniques: ' + r.techniques : ''; } } } }
       }
     });
     chartIn('sweep-throughput', {
@@ -633,8 +639,8 @@ footer { color:var(--muted); font-size:12px; text-align:center; margin-top:8px; 
     });
   }
   fillTable('sweep-table', [{ label: 'micro-batch', num: true }, { label: 'planned peak', num: true }, { label: 'measured peak', num: true },
-    { label: 'predicted tokens/s', num: true }, { label: 'measured tokens/s', num: true }, { label: 'fits' }],
-    S.map(function (r) { return [r.micro_batch, fmtBytes(r.planned_peak_bytes), fmtBytes(r.measured_peak_bytes), fmtRate(r.predicted_tokens_per_s), fmtRate(r.measured_tokens_per_s), r.fits ? 'yes' : 'no']; }),
+    { label: 'predicted tokens/s', num: true }, { label: 'measured tokens/s', num: true }, { label: 'fits' }, { label: 'techniques' }],
+    S.map(function (r) { return [r.micro_batch, fmtBytes(r.planned_peak_bytes), fmtBytes(r.measured_peak_bytes), fmtRate(r.predicted_tokens_per_s), fmtRate(r.measured_tokens_per_s), r.fits ? 'yes' : 'no', r.techniques || '']; }),
     function (i) { return (S[i].micro_batch === ch.micro_batch ? 'chosen' : '') + (S[i].fits ? '' : ' nofit'); });
 
   // Fragmentation: what the arena holds against what no allocator could beat.
@@ -676,12 +682,17 @@ footer { color:var(--muted); font-size:12px; text-align:center; margin-top:8px; 
     setText('time-note', '');
   } else {
     var totalMs = tb.reduce(function (s, r) { return s + r[1]; }, 0);
+    // The cost model's time of the same kinds next to the measured one (per step).
+    var P = D.predicted_time_by_category_ms || {};
+    var hasPred = Object.keys(P).length > 0;
+    var timeSets = [{ label: 'measured (ms per step)', data: tb.map(function (r) { return r[1]; }), backgroundColor: '#6366f1' }];
+    if (hasPred) timeSets.push({ label: 'predicted by the cost model (ms per step)', data: tb.map(function (r) { return P[r[0]] === undefined ? null : P[r[0]]; }), backgroundColor: '#f59e0b' });
     chartIn('time-by-category', {
       type: 'bar',
-      data: { labels: tb.map(function (r) { return r[0]; }), datasets: [{ label: 'time (ms)', data: tb.map(function (r) { return r[1]; }), backgroundColor: '#6366f1' }] },
+      data: { labels: tb.map(function (r) { return r[0]; }), datasets: timeSets },
       options: {
-        indexAxis: 'y', scales: { x: { beginAtZero: true, title: axisTitle('time (ms), summed over threads') } },
-        plugins: { legend: { display: false }, tooltip: { callbacks: { label: function (c) { return fmtMs(c.parsed.x) + ' ms (' + (100 * c.parsed.x / totalMs).toFixed(1) + '%)'; } } } }
+        indexAxis: 'y', scales: { x: { beginAtZero: true, title: axisTitle('time (ms) per step, summed over threads') } },
+        plugins: { legend: { display: hasPred }, tooltip: { callbacks: { label: function (c) { return c.dataset.label + ': ' + (c.parsed.x === null ? '—' : fmtMs(c.parsed.x) + ' ms') + (c.datasetIndex === 0 ? ' (' + (100 * c.parsed.x / totalMs).toFixed(1) + '%)' : ''); } } } }
       }
     });
     setText('time-note', fmtMs(totalMs) + ' ms of op time in ' + D.counts.spans.toLocaleString('en-US') + ' spans; ' + tb[0][0] + ' leads with ' + (100 * tb[0][1] / totalMs).toFixed(1) + '%.');

@@ -124,6 +124,7 @@ std::string figures_json(const Profile& p) {
     j.field("predicted_tokens_per_s", r.predicted_tokens_per_s);
     j.optional_field("measured_tokens_per_s", r.measured_tokens_per_s);
     j.field("fits", r.fits);
+    j.field("techniques", r.techniques);
     j.end_object();
   }
   j.end_array();
@@ -133,6 +134,10 @@ std::string figures_json(const Profile& p) {
   const auto times =
       p.time_by_category_ms.empty() ? time_by_category_ms(p.spans) : p.time_by_category_ms;
   for (const auto& [k, v] : times) j.field(k, v);
+  j.end_object();
+  j.key("predicted_time_by_category_ms");
+  j.begin_object();
+  for (const auto& [k, v] : p.predicted_time_by_category_ms) j.field(k, v);
   j.end_object();
 
   j.key("plan");

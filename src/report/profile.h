@@ -95,6 +95,9 @@ struct SweepRow {
   double predicted_tokens_per_s = 0;
   std::optional<double> measured_tokens_per_s;
   bool fits = true;  // planned_peak within the budget
+  // The plan's techniques at this micro-batch ("tiled attention, fused LM head, recompute full"):
+  // the planned peak jumps between two points where they change.
+  std::string techniques;
 };
 
 // A buffer live at the peak.
@@ -138,6 +141,9 @@ struct Profile {
   uint64_t lower_bound_bytes = 0;   // most bytes live at one moment (no allocator can do better)
   uint64_t budget_bytes = 0;        // device memory budget; 0 if unknown
   std::map<std::string, double> time_by_category_ms;  // empty: summed from spans
+  // The cost model's time per step of each kind (gemm, ..., optimizer), for the run's plan, to
+  // show next to the measured time_by_category_ms of the same names; empty: not drawn.
+  std::map<std::string, double> predicted_time_by_category_ms;
 };
 
 // Writes the Chrome trace event format: "X" events for spans (pid 1, tid = thread), "C" counter

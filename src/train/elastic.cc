@@ -98,6 +98,11 @@ ElasticStep::ElasticStep(Setup setup, memory::MemoryResource* upstream, plan::Me
   predicted_ms_ = plan::estimate_step(setup_.config, plan_, setup_.device).step_seconds * 1e3;
 }
 
+void ElasticStep::set_device(const plan::DeviceSpec& device) {
+  setup_.device = device;
+  predicted_ms_ = plan::estimate_step(setup_.config, plan_, setup_.device).step_seconds * 1e3;
+}
+
 Result<memory::Arena> ElasticStep::acquire() {
   return memory::Arena::create(&failing_, plan_.step.buffers, plan_.step.layout,
                                memory::Category::kActivations);

@@ -61,6 +61,10 @@ class ElasticStep {
   // The persistent regions as allocated plus the current step region.
   uint64_t planned_peak() const { return persistent_bytes_ + plan_.step_bytes; }
   double predicted_step_ms() const { return predicted_ms_; }
+  // The device the plans are priced with; set_device() prices the current plan again (a
+  // self-correction of the cost model: the next replan() ranks candidates with it).
+  const plan::DeviceSpec& device() const { return setup_.device; }
+  void set_device(const plan::DeviceSpec& device);
   memory::PoolStats pool_stats() const { return pool_.stats(); }
   uint64_t release_unused() { return pool_.release_unused(); }
   // Observes the step region's pool (memory::PoolResource::set_observer; the profiler's events).

@@ -95,6 +95,8 @@ std::string_view replan_cause_name(ReplanCause c) {
       return "out of memory";
     case ReplanCause::kResume:
       return "resume";
+    case ReplanCause::kCostModel:
+      return "cost model";
   }
   return "unknown";
 }

@@ -38,8 +38,9 @@ void record_op(EventRecorder* recorder, std::string_view name, EventPhase phase,
                double begin_us, double end_us, uint8_t thread = kEventThreadTraining);
 
 // Why the plan changed while the run went on (docs/notes/elastic.md).
-enum class ReplanCause { kBudget, kOutOfMemory, kResume };
-std::string_view replan_cause_name(ReplanCause c);  // "budget", "out of memory", "resume"
+enum class ReplanCause { kBudget, kOutOfMemory, kResume, kCostModel };
+std::string_view replan_cause_name(
+    ReplanCause c);  // "budget", "out of memory", "resume", "cost model"
 
 // Records a marker for a re-plan of optimizer step `step` (0-based) at `t_us`: named "re-plan"
 // when the plan changed, "plan kept" when it did not (a budget change the plan still fits),

@@ -29,6 +29,8 @@
 #include "memory/host_resource.h"
 #include "model/gpt2.h"
 #include "model/weights.h"
+#include "plan/cost_model.h"
+#include "plan/cost_terms.h"
 #include "plan/memory_plan.h"
 #include "train/checkpoint.h"
 #include "train/elastic.h"
@@ -266,6 +268,26 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
   es.head_chunk = o.exec.head_chunk > 0 ? o.exec.head_chunk : 256;
   es.fail_acquisitions = o.fail_step_allocations;
   ElasticStep elastic(std::move(es), &tracking, mp);
+  // Note [Self-correction]: a correction this machine measured on an earlier run of this model.
+  const TrainOptions::SelfCorrection& sc = o.self_correct;
+  const std::string correction_key = plan::correction_model_key(cfg, mp.policy.precision);
+  std::string correction_note;  // reported with the first step
+  if (sc.enabled && sc.load && !sc.cache_path.empty()) {
+    Result<plan::CostCorrection> cached =
+        plan::load_correction(sc.cache_path, sc.machine_key, correction_key);
+    if (cached.is_ok()) {
+      plan::DeviceSpec dev = elastic.device();
+      dev.correction = *cached;
+      const double before = elastic.predicted_step_ms();
+      elastic.set_device(dev);
+      correction_note = fmt::format(
+          "cost model: the correction measured by an earlier run on this machine ({}, {}) "
+          "applied: predicted {:.0f} -> {:.0f} ms/step",
+          sc.machine_key, correction_key, before, elastic.predicted_step_ms());
+    } else if (cached.status().code() != StatusCode::kNotFound) {
+      correction_note = "cost model: " + cached.status().message() + " -- not used";
+    }
+  }
   // Fault the region's pages in now, not inside step one; the pool keeps them. Bucketed: the
   // largest shape's region first, so that every smaller one is carved from it (the measured
   // peak is the largest shape's plan).
@@ -599,7 +621,14 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
                   start_step, 0);
     }
   }
-  if (o.breakdown || o.profile) net.set_op_times(&op_times);
+  const bool keep_op_times = o.breakdown || o.profile;
+  if (keep_op_times || sc.enabled) net.set_op_times(&op_times);
+  // The self-correction's measurement: per kind and for the whole step, summed over its steps.
+  std::array<double, plan::kCostKinds> sc_measured{};
+  double sc_step_seconds = 0;
+  int sc_steps = 0;
+  int sc_micro_batch = 0;
+  std::string sc_exec;
   auto us_since_start = [&](Clock::time_point t) {
     return std::chrono::duration<double, std::micro>(t - run_start).count();
   };
@@ -965,6 +994,73 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     return Status::ok();
   };
 
+  // Note [Self-correction]: after `skip_steps`, `measure_steps` steps of one plan are timed by
+  // kind; then each kind of the model's prediction for that plan is scaled to what was measured,
+  // the correction saved for the next run (rank 0), and with `replan` the micro-batch and
+  // recomputation chosen again by the corrected model. sc_steps < 0: done.
+  auto self_correct = [&](int step, StepStats& s) -> Status {
+    const int index = step - start_step;
+    if (index < sc.skip_steps) return Status::ok();
+    const std::string exec = plan::describe_exec(elastic.plan().policy.exec);
+    if (s.replans > 0 ||
+        (sc_steps > 0 && (elastic.micro_batch() != sc_micro_batch || exec != sc_exec))) {
+      sc_steps = 0;  // the plan changed under the measurement: start again
+      sc_measured = {};
+      sc_step_seconds = 0;
+      if (s.replans > 0) return Status::ok();
+    }
+    sc_micro_batch = elastic.micro_batch();
+    sc_exec = exec;
+    for (size_t k = 0; k < size_t(model::OpKind::kCount); k++)
+      sc_measured[k] += s.op_ms.ms[k] / 1e3;
+    sc_measured[size_t(plan::CostKind::kOptimizer)] += s.optimizer_ms / 1e3;
+    sc_step_seconds += s.step_ms / 1e3;
+    if (++sc_steps < sc.measure_steps) return Status::ok();
+    std::array<double, plan::kCostKinds> measured{};
+    for (size_t k = 0; k < plan::kCostKinds; k++) measured[k] = sc_measured[k] / sc_steps;
+    plan::DeviceSpec dev = elastic.device();
+    plan::DeviceSpec base = dev;
+    base.correction = plan::CostCorrection();
+    const plan::StepCost cost = plan::estimate_step(cfg, elastic.plan(), base);
+    const double tokens = double(elastic.micro_batch()) * T * elastic.accumulation();
+    dev.correction =
+        plan::correction_from(cost.uncorrected_by_kind, measured, sc_step_seconds / sc_steps,
+                              tokens, sc_steps, cost.fused_head_gemm_seconds);
+    const double before = elastic.predicted_step_ms();
+    elastic.set_device(dev);
+    std::string scales;
+    for (size_t k = 0; k < plan::kCostKinds; k++) {
+      scales += fmt::format("{}{} {:.2f}", k ? ", " : "", plan::cost_kind_name(plan::CostKind(k)),
+                            dev.correction.scale[k]);
+    }
+    s.events.push_back(fmt::format(
+        "step {}: cost model corrected from {} measured steps (mean {:.0f} ms): "
+        "predicted {:.0f} -> {:.0f} ms/step; scales {}; outside the kinds {:.2f} us/token",
+        step + 1, sc_steps, 1e3 * sc_step_seconds / sc_steps, before, elastic.predicted_step_ms(),
+        scales, dev.correction.other_seconds_per_token * 1e6));
+    if (rank == 0 && !sc.cache_path.empty()) {
+      Status saved =
+          plan::save_correction(sc.cache_path, sc.machine_key, correction_key, dev.correction);
+      if (!saved.is_ok()) s.events.push_back("cost model: " + saved.message());
+    }
+    sc_steps = -1;
+    if (!keep_op_times) net.set_op_times(nullptr);
+    if (!sc.replan || R > 1 || step + 1 >= o.steps) return Status::ok();
+    Result<ElasticStep::Replan> rp = elastic.replan(ceiling, G);
+    if (!rp.is_ok()) return Status::ok();  // the current plan still fits: keep it
+    if (rp->changed) {
+      s.events.push_back(fmt::format("step {}: re-planned with the corrected cost model: {}",
+                                     step + 1, rp->change));
+      if (rec) {
+        note_replan(&rec->events, ReplanCause::kCostModel, true, s.events.back(), step,
+                    us_since_start(Clock::now()));
+      }
+      HR_RETURN_IF_ERROR(after_replan());
+      s.replans++;
+    }
+    return Status::ok();
+  };
+
   // Validation over the same sequences whatever the micro-batch: each batch of the validation
   // staging (the run's first micro-batch, B sequences) runs in pieces of the current micro-batch
   // b. When b does not divide B (a re-plan grew the micro-batch past B, or chose one that does
@@ -1271,6 +1367,13 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
       s.replans += cur.replans;
       s.oom_recoveries += cur.oom_recoveries;
       cur = StepStats();
+    }
+    if (!correction_note.empty()) {
+      s.events.push_back(std::move(correction_note));
+      correction_note.clear();
+    }
+    if (sc.enabled && sc_steps >= 0) {
+      HR_RETURN_IF_ERROR(self_correct(step, s));
     }
     s.micro_batch = elastic.micro_batch();
     s.accumulation = elastic.accumulation() * R;

@@ -81,6 +81,22 @@ struct TrainOptions {
   // Elastic micro-batching (docs/notes/elastic.md). The device's speed prices re-plans and the
   // expected step time; left empty, nominal figures are used (the ranking needs only ratios).
   plan::DeviceSpec device;
+  // Self-correction of the cost model (Note [Self-correction] in docs/notes/cost-model.md): the
+  // run times its ops by kind over `measure_steps` steps after `skip_steps`, scales the model's
+  // prediction of each kind by what it measured (device.correction), saves that correction in
+  // `cache_path` (rank 0; one entry per machine key and model key) for the next run, which
+  // starts from it (`load`), and with `replan` (one process) re-plans the micro-batch and
+  // recomputation with the corrected model, as an elastic re-plan.
+  struct SelfCorrection {
+    bool enabled = false;
+    int skip_steps = 1;
+    int measure_steps = 2;
+    std::string cache_path;   // corrections file (plan::corrections_path); empty: not persisted
+    std::string machine_key;  // plan::correction_machine_key of this machine and thread count
+    bool load = true;
+    bool replan = false;
+  };
+  SelfCorrection self_correct;
   // Read before every optimizer step (a size such as "2GiB"); a change of the budget re-plans the
   // micro-batch, accumulation and recomputation with the same effective batch. Empty: the budget
   // is device_memory for the whole run. With several ranks `{rank}` in the path is replaced by

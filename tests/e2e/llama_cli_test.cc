@@ -61,6 +61,11 @@ TEST_F(LlamaCli, TrainsWithItsOwnTokenizerOnTheDefaultCorpusAndGenerates) {
   EXPECT_EQ(j["prompt_tokens"], nlohmann::json({791, 7438, 315}));
   EXPECT_GE(j["tokens"].size(), 1u);
   EXPECT_LE(j["tokens"].size(), 5u);
+  // Generation's plan (weights, the KV cache of 3 + 5 positions, one pass) is what it used.
+  const nlohmann::json& m = j["memory"];
+  EXPECT_EQ(m["context"].get<int>(), 8);
+  EXPECT_GT(m["kv_cache_bytes"].get<uint64_t>(), 0u);
+  EXPECT_EQ(m["measured_peak_bytes"], m["planned_peak_bytes"]);
 
   // What headroom wrote loads back bit-identically, through the generic reader.
   Result<model::TransformerConfig> cfg = model::load_config_file(path("out/config.json"));

@@ -15,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/check.h"
 #include "core/units.h"
 #include "plan/calibrate.h"
 
@@ -62,12 +63,38 @@ Calibration sample_calibration() {
   return c;
 }
 
+// The cost model's terms as save_calibration writes them (values of the right order).
+nlohmann::json sample_terms_json() {
+  Calibration c = sample_calibration();
+  for (std::array<GemmTerm, 2>* g :
+       {&c.terms.gemm_small, &c.terms.gemm_large, &c.terms.gemm_head_small, &c.terms.gemm_head})
+    (*g)[0] = {5e10, 200};
+  c.terms.attention[0] = {1e-5, 3e-11};
+  for (KernelTerm* k : {&c.terms.norm, &c.terms.gelu, &c.terms.residual, &c.terms.loss,
+                        &c.terms.embedding, &c.terms.optimizer})
+    *k = {5e-6, 1e-9};
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            ("headroom-terms-" + std::to_string(::getpid()) + ".json"))
+                               .string();
+  HR_CHECK(save_calibration(c, path).is_ok());
+  std::ifstream in(path);
+  nlohmann::json j = nlohmann::json::parse(in);
+  std::filesystem::remove(path);
+  return j["terms"];
+}
+
 nlohmann::json sample_json() {
-  return {{"version", 2},           {"gemm_flops_fp32", 1.5e11},
-          {"gemm_flops_bf16", 0.0}, {"gemm_peak_fp32", 2e11},
-          {"gemm_peak_bf16", 0.0},  {"mem_bandwidth", 2e10},
-          {"copy_bandwidth", 1e10}, {"threads", 2},
-          {"cpu_model", "x"},       {"date", "2025-01-31"}};
+  return {{"version", 3},
+          {"gemm_flops_fp32", 1.5e11},
+          {"gemm_flops_bf16", 0.0},
+          {"gemm_peak_fp32", 2e11},
+          {"gemm_peak_bf16", 0.0},
+          {"mem_bandwidth", 2e10},
+          {"copy_bandwidth", 1e10},
+          {"threads", 2},
+          {"cpu_model", "x"},
+          {"date", "2025-01-31"},
+          {"terms", sample_terms_json()}};
 }
 
 // Loads `j` from a file and expects Corrupt naming the file and `field`.
@@ -219,7 +246,7 @@ TEST(CalibrationFile, InvalidJsonIsCorruptNamingTheFile) {
 TEST(CalibrationFile, MissingFieldsAreCorruptNamingTheField) {
   for (const char* field :
        {"version", "gemm_flops_fp32", "gemm_flops_bf16", "gemm_peak_fp32", "gemm_peak_bf16",
-        "mem_bandwidth", "copy_bandwidth", "threads", "cpu_model", "date"}) {
+        "mem_bandwidth", "copy_bandwidth", "threads", "cpu_model", "date", "terms"}) {
     nlohmann::json j = sample_json();
     j.erase(field);
     expect_corrupt(j, field);
@@ -242,6 +269,10 @@ TEST(CalibrationFile, BadValuesAreCorruptNamingTheField) {
   expect_corrupt(with("cpu_model", 7), "cpu_model");
   expect_corrupt(with("version", 99), "version");
   expect_corrupt(with("version", 1), "version");  // before the peaks: measured again
+  expect_corrupt(with("version", 2), "version");  // before the cost terms: measured again
+  nlohmann::json bad_terms = sample_json();
+  bad_terms["terms"]["norm"]["unit_seconds"] = -1.0;
+  expect_corrupt(bad_terms, "terms.norm.unit_seconds");
   expect_corrupt(with("gemm_peak_fp32", 0.0), "gemm_peak_fp32");
   expect_corrupt(with("gemm_peak_bf16", "x"), "gemm_peak_bf16");
   // bf16 may be 0: "not measured / unsupported".

@@ -1,0 +1,342 @@
+// The cost model's measured terms and its self-correction (docs/notes/cost-model.md): the fits
+// recover known coefficients from synthetic timings, a correction scales each kind and is kept
+// per machine and thread count, the corrected model changes what the planner chooses, and a
+// calibration shared by several processes is measured once. No test here times anything.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <string>
+
+#include "core/check.h"
+#include "core/units.h"
+#include "model/config.h"
+#include "plan/calibrate.h"
+#include "plan/cost_model.h"
+#include "plan/cost_terms.h"
+#include "plan/memory_plan.h"
+#include "plan/search.h"
+
+namespace headroom::plan {
+namespace {
+
+namespace fs = std::filesystem;
+
+fs::path fresh_dir(const char* name) {
+  fs::path d = fs::temp_directory_path() / (std::string(name) + "-" + std::to_string(::getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+// Terms of the order calibrate measures on this kind of machine (values, not measurements).
+CostTerms synthetic_terms() {
+  CostTerms t;
+  t.fitted = true;
+  for (size_t p = 0; p < 2; p++) {
+    const double f = p ? 2.0 : 1.0;
+    t.gemm_small[p] = {20e9 * f, 500};
+    t.gemm_large[p] = {50e9 * f, 200};
+    t.gemm_head_small[p] = {40e9 * f, 100};
+    t.gemm_head[p] = {45e9 * f, 100};
+    t.attention[p] = {1e-5, 1.0 / (30e9 * f)};
+  }
+  t.norm = {5e-6, 1e-9};
+  t.gelu = {5e-6, 0.5e-9};
+  t.residual = {2e-6, 0.3e-9};
+  t.loss = {5e-6, 1.5e-9};
+  t.embedding = {5e-6, 2e-9};
+  t.optimizer = {1e-4, 4e-9};
+  return t;
+}
+
+DeviceSpec measured_cpu(uint64_t memory) {
+  DeviceSpec d;
+  d.name = "cpu";
+  d.kind = "cpu";
+  d.memory_bytes = memory;
+  d.flops_fp32 = 50e9;
+  d.flops_bf16 = 100e9;
+  d.mem_bandwidth = 7e9;
+  d.host_link_bandwidth = 5e9;
+  d.host_memory_bandwidth = 7e9;
+  d.interconnect_bandwidth = 0.4e9;
+  d.terms = synthetic_terms();
+  d.source = "synthetic";
+  return d;
+}
+
+model::Gpt2Config tiny() {
+  Result<model::Gpt2Config> c = model::preset_config("gpt2-tiny");
+  HR_CHECK(c.is_ok());
+  return *c;
+}
+
+MemoryPlan plan_of(const model::Gpt2Config& c, int b, int k, bool fused_head = false,
+                   model::Recompute rc = model::Recompute::kNone) {
+  Policy p;
+  p.micro_batch = b;
+  p.accumulation = k;
+  p.seq = 128;
+  p.exec.head_chunk = fused_head ? 256 : 0;
+  if (rc != model::Recompute::kNone) p.exec.recompute.assign(size_t(c.n_layer), rc);
+  Result<MemoryPlan> mp = plan_training_memory(c, p);
+  HR_CHECK(mp.is_ok());
+  return *mp;
+}
+
+TEST(CostFit, GemmFitRecoversRateAndHalfRows) {
+  const double rate = 73e9, half = 180;
+  std::vector<GemmSample> samples;
+  for (double rows : {64.0, 256.0, 1024.0, 2048.0}) {
+    const double flops = 6.0 * rows * 768 * 3072;
+    samples.push_back({flops, rows, flops / (rate * rows / (rows + half))});
+  }
+  const GemmTerm t = fit_gemm(samples);
+  EXPECT_NEAR(t.rate, rate, 1e-6 * rate);
+  EXPECT_NEAR(t.half_rows, half, 1e-6 * half);
+  EXPECT_NEAR(t.seconds(samples[1].flops, 256), samples[1].seconds, 1e-9);
+}
+
+TEST(CostFit, KernelFitRecoversCallAndUnitCosts) {
+  const double call = 7e-6, unit = 1.3e-9;
+  std::vector<std::pair<double, double>> xy;
+  for (double n : {1e4, 1e5, 1e6}) xy.push_back({n, call + unit * n});
+  const KernelTerm t = fit_kernel(xy);
+  EXPECT_NEAR(t.call_seconds, call, 1e-9);
+  EXPECT_NEAR(t.unit_seconds, unit, 1e-15);
+}
+
+TEST(CostFit, NoisySamplesNeverGiveANegativeCost) {
+  // The larger size timed faster than the smaller (a scheduling hiccup on the small one): no
+  // negative per-unit cost, the largest sample's rate instead.
+  const KernelTerm t = fit_kernel({{1e4, 1e-3}, {1e6, 5e-4}});
+  EXPECT_EQ(t.call_seconds, 0);
+  EXPECT_NEAR(t.unit_seconds, 5e-10, 1e-18);
+  // A negative intercept: the line through the origin.
+  const LineFit f = fit_line({{1, 1}, {2, 3}});
+  EXPECT_EQ(f.intercept, 0);
+  EXPECT_GT(f.slope, 0);
+}
+
+TEST(CostFit, ShapeClasses) {
+  EXPECT_EQ(gemm_class(128, 384), GemmClass::kSmall);
+  EXPECT_EQ(gemm_class(512, 128), GemmClass::kSmall);
+  EXPECT_EQ(gemm_class(768, 3072), GemmClass::kLarge);
+  EXPECT_EQ(gemm_class(128, 50257), GemmClass::kHeadSmall);
+  EXPECT_EQ(gemm_class(768, 50257), GemmClass::kHead);
+}
+
+TEST(CostModel, MeasuredTermsPriceEachKind) {
+  const model::Gpt2Config c = tiny();
+  const MemoryPlan mp = plan_of(c, 8, 2);
+  const StepCost s = estimate_step(c, mp, measured_cpu(8 * kGiB));
+  // Every kind the executor times is priced, and the step is their sum (no correction).
+  double sum = 0;
+  for (size_t k = 0; k < kCostKinds; k++) {
+    EXPECT_GT(s.by_kind[k], 0) << cost_kind_name(CostKind(k));
+    EXPECT_EQ(s.by_kind[k], s.uncorrected_by_kind[k]);
+    sum += s.by_kind[k];
+  }
+  EXPECT_NEAR(s.step_seconds, sum, 1e-12 * sum);
+  // The head (128 -> 50257: the narrow head class) at 1024 rows, forward and backward, twice
+  // (accumulation 2), is in the GEMM kind.
+  const GemmTerm head = synthetic_terms().gemm_head_small[0];
+  EXPECT_GT(s.by_kind[size_t(CostKind::kGemm)], 2 * head.seconds(6.0 * 1024 * 128 * 50257, 1024));
+  // The loss: one pass over 1024 x V per micro-batch.
+  EXPECT_NEAR(s.by_kind[size_t(CostKind::kLoss)],
+              2 * synthetic_terms().loss.seconds(1, 1024.0 * 50257), 1e-12);
+}
+
+TEST(CostModel, CorrectionMakesThePredictionTheMeasurement) {
+  const model::Gpt2Config c = tiny();
+  DeviceSpec d = measured_cpu(8 * kGiB);
+  const MemoryPlan mp = plan_of(c, 8, 1);
+  const StepCost before = estimate_step(c, mp, d);
+  std::array<double, kCostKinds> measured{};
+  const double factors[kCostKinds] = {1.5, 0.8, 2.0, 3.0, 1.1, 4.0, 1.2};
+  double step = 0;
+  for (size_t k = 0; k < kCostKinds; k++) {
+    measured[k] = before.uncorrected_by_kind[k] * factors[k];
+    step += measured[k];
+  }
+  const double tokens = 8.0 * 128;
+  step += 0.010;  // outside every kind (data, zeroing)
+  d.correction = correction_from(before.uncorrected_by_kind, measured, step, tokens, 2);
+  for (size_t k = 0; k < kCostKinds; k++) EXPECT_NEAR(d.correction.scale[k], factors[k], 1e-9);
+  const StepCost after = estimate_step(c, mp, d);
+  EXPECT_NEAR(after.step_seconds, step, 1e-9 * step);
+  for (size_t k = 0; k < kCostKinds; k++) {
+    EXPECT_NEAR(after.by_kind[k], measured[k], 1e-9 * measured[k]);
+    EXPECT_EQ(after.uncorrected_by_kind[k], before.uncorrected_by_kind[k]);
+  }
+  // The same correction at another micro-batch: each kind scaled alike, the rest per token.
+  const MemoryPlan other = plan_of(c, 4, 2);
+  const StepCost o0 = estimate_step(c, other, measured_cpu(8 * kGiB));
+  const StepCost o1 = estimate_step(c, other, d);
+  for (size_t k = 0; k < kCostKinds; k++)
+    EXPECT_NEAR(o1.by_kind[k], o0.by_kind[k] * factors[k], 1e-9 * o1.by_kind[k]);
+  EXPECT_NEAR(o1.other_seconds, 0.010, 1e-12);
+}
+
+TEST(CostModel, FusedHeadGemmsTakeTheGemmScale) {
+  const model::Gpt2Config c = tiny();
+  DeviceSpec d = measured_cpu(8 * kGiB);
+  const MemoryPlan mp = plan_of(c, 8, 1, /*fused_head=*/true);
+  const StepCost s = estimate_step(c, mp, d);
+  ASSERT_GT(s.fused_head_gemm_seconds, 0);
+  std::array<double, kCostKinds> measured = s.uncorrected_by_kind;
+  // GEMMs 2x slower than modelled, the loss's own pass as modelled: the head's GEMMs (timed as
+  // loss by the executor) are 2x too.
+  const double gemm = s.uncorrected_by_kind[0],
+               own = measured[size_t(CostKind::kLoss)] - s.fused_head_gemm_seconds;
+  measured[0] = 2 * gemm;
+  measured[size_t(CostKind::kLoss)] = own + 2 * s.fused_head_gemm_seconds;
+  double step = 0;
+  for (double m : measured) step += m;
+  d.correction =
+      correction_from(s.uncorrected_by_kind, measured, step, 1024, 1, s.fused_head_gemm_seconds);
+  EXPECT_NEAR(d.correction.scale[0], 2.0, 1e-9);
+  EXPECT_NEAR(d.correction.scale[size_t(CostKind::kLoss)], 1.0, 1e-9);
+  // Applied to the unfused head, its GEMMs (in the GEMM kind) are scaled by 2 as well.
+  const MemoryPlan full = plan_of(c, 8, 1, false);
+  EXPECT_NEAR(estimate_step(c, full, d).by_kind[0],
+              2 * estimate_step(c, full, measured_cpu(8 * kGiB)).by_kind[0], 1e-9);
+}
+
+TEST(CostModel, UnmeasuredDevicesKeepTheirFigures) {
+  // A named GPU (no measured terms): the kinds split the old GEMM + memory-bound figures.
+  const model::Gpt2Config c = tiny();
+  Result<DeviceSpec> d = named_device("A100-80GB");
+  ASSERT_TRUE(d.is_ok());
+  const StepCost s = estimate_step(c, plan_of(c, 8, 1), *d);
+  double sum = 0;
+  for (double k : s.by_kind) sum += k;
+  EXPECT_NEAR(sum, s.gemm_seconds + s.memory_seconds, 1e-12 * sum);
+  EXPECT_NEAR(s.step_seconds, s.gemm_seconds + s.memory_seconds, 1e-12 * sum);
+}
+
+TEST(CostCorrection, KeptPerMachineAndThreadCount) {
+  const fs::path dir = fresh_dir("headroom_corrections");
+  const std::string path = corrections_path((dir / "calibration.json").string());
+  EXPECT_EQ(fs::path(path).filename(), "corrections.json");
+  CostCorrection c;
+  c.scale[0] = 1.7;
+  c.scale[3] = 0.4;
+  c.other_seconds_per_token = 2e-6;
+  c.steps = 2;
+  const std::string two = correction_machine_key("AMD EPYC", 2);
+  const std::string one = correction_machine_key("AMD EPYC", 1);
+  ASSERT_TRUE(save_correction(path, two, "gpt2-L4-C128-H4-V50257-fp32", c).is_ok());
+  CostCorrection other;
+  other.steps = 3;
+  ASSERT_TRUE(save_correction(path, two, "gpt2-L12-C768-H12-V50257-fp32", other).is_ok());
+  Result<CostCorrection> back = load_correction(path, two, "gpt2-L4-C128-H4-V50257-fp32");
+  ASSERT_TRUE(back.is_ok()) << back.status().to_string();
+  EXPECT_EQ(back->scale, c.scale);
+  EXPECT_EQ(back->other_seconds_per_token, c.other_seconds_per_token);
+  EXPECT_EQ(back->steps, 2);
+  // Another thread count on the same machine is another machine for the cache.
+  EXPECT_EQ(load_correction(path, one, "gpt2-L4-C128-H4-V50257-fp32").status().code(),
+            StatusCode::kNotFound);
+  EXPECT_EQ(load_correction(path, two, "llama-L4-C128-H4-V50257-fp32").status().code(),
+            StatusCode::kNotFound);
+  // A damaged cache is named.
+  { std::ofstream(path, std::ios::trunc) << "{\"AMD EPYC|2 threads\": {\"k\": {\"scale\": 3}}}"; }
+  Result<CostCorrection> bad = load_correction(path, two, "k");
+  EXPECT_EQ(bad.status().code(), StatusCode::kCorrupt);
+  EXPECT_NE(bad.status().message().find(path), std::string::npos);
+  fs::remove_all(dir);
+}
+
+TEST(CostCorrection, CalibrationFileKeepsTheTerms) {
+  const fs::path dir = fresh_dir("headroom_calibration_terms");
+  Calibration cal;
+  cal.gemm_flops_fp32 = cal.gemm_peak_fp32 = 50e9;
+  cal.mem_bandwidth = 7e9;
+  cal.copy_bandwidth = 5e9;
+  cal.threads = 2;
+  cal.cpu_model = "test";
+  cal.date = "2026-12-03";
+  cal.terms = synthetic_terms();
+  const std::string path = (dir / "calibration.json").string();
+  ASSERT_TRUE(save_calibration(cal, path).is_ok());
+  Result<Calibration> back = load_calibration(path);
+  ASSERT_TRUE(back.is_ok()) << back.status().to_string();
+  EXPECT_TRUE(back->terms.fitted);
+  EXPECT_EQ(back->terms.gemm_small[1].rate, cal.terms.gemm_small[1].rate);
+  EXPECT_EQ(back->terms.gemm_head[0].half_rows, cal.terms.gemm_head[0].half_rows);
+  EXPECT_EQ(back->terms.optimizer.call_seconds, cal.terms.optimizer.call_seconds);
+  EXPECT_EQ(back->terms.attention[1].unit_seconds, cal.terms.attention[1].unit_seconds);
+  EXPECT_TRUE(cpu_device_spec(*back, kGiB).terms.fitted);
+  fs::remove_all(dir);
+}
+
+// A correction that says the GEMMs run 20x slower than the terms say (and the memory-bound kernels
+// 20x faster) must change the plan chosen at some budget: recomputation, which re-runs GEMMs,
+// becomes dearer than a smaller micro-batch. Without the correction applied, every choice would be
+// the same.
+TEST(CostCorrection, CorrectedModelChangesThePlannersChoice) {
+  const model::Gpt2Config c = tiny();
+  SearchRequest r;
+  r.config = c;
+  r.seq = 256;
+  r.global_batch = 32;
+  r.device = measured_cpu(0);
+  SearchRequest corrected = r;
+  corrected.device.correction.steps = 1;
+  corrected.device.correction.scale.fill(0.05);
+  corrected.device.correction.scale[size_t(CostKind::kGemm)] = 20;
+  corrected.device.correction.scale[size_t(CostKind::kAttention)] = 20;
+  int flips = 0;
+  for (uint64_t mib = 200; mib <= 4000; mib += 100) {
+    r.device_memory = corrected.device_memory = mib * kMiB;
+    Result<SearchResult> a = search_plan(r), b = search_plan(corrected);
+    ASSERT_TRUE(a.is_ok() && b.is_ok());
+    if (!a->chosen || !b->chosen) continue;
+    const Policy &pa = a->chosen->policy, &pb = b->chosen->policy;
+    flips += pa.micro_batch != pb.micro_batch || !(pa.exec == pb.exec);
+  }
+  EXPECT_GT(flips, 0);
+}
+
+// Two processes asking for the calibration at once (two ranks of `mpirun -np 2` on one machine):
+// one measures, the other waits for it and loads its figures.
+TEST(CalibrationLock, TwoProcessesMeasureOnce) {
+  const fs::path dir = fresh_dir("headroom_calibration_lock");
+  const std::string path = (dir / "calibration.json").string();
+  pid_t kids[2];
+  for (int i = 0; i < 2; i++) {
+    kids[i] = ::fork();
+    ASSERT_GE(kids[i], 0);
+    if (kids[i] == 0) {
+      const std::string log = (dir / ("log" + std::to_string(i))).string();
+      std::ofstream out(log);
+      Result<Calibration> cal = load_or_calibrate(
+          path, [&](const std::string& line) { out << line << "\n"
+                                                   << std::flush; },
+          CalibrationOptions{.quick = true});
+      ::_exit(cal.is_ok() ? 0 : 1);
+    }
+  }
+  for (pid_t k : kids) {
+    int status = 0;
+    ASSERT_EQ(::waitpid(k, &status, 0), k);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  }
+  int measured = 0;
+  for (int i = 0; i < 2; i++) {
+    std::ifstream in(dir / ("log" + std::to_string(i)));
+    std::string line;
+    while (std::getline(in, line)) measured += line.rfind("calibrating ", 0) == 0;
+  }
+  EXPECT_EQ(measured, 1);
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace headroom::plan
