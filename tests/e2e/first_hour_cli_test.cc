@@ -1,13 +1,13 @@
 // Issue #26, "a newcomer's first hour", end to end: JSON output survives text that is not UTF-8
 // (docs/notes/json-text.md), integer and size flags are validated by one set of rules
 // (docs/notes/flags.md), and `headroom --version` says what the binary was built with.
-#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -196,11 +196,19 @@ TEST_F(FirstHour, SummaryCarriesTheValidationLossAtStartAndEnd) {
   EXPECT_NEAR(start, std::log(50257.0), 0.5);
   EXPECT_LT(end, start - 0.5);  // 12 steps learn the frequent tokens
   EXPECT_TRUE(r["sample"].is_string());
+  // The human form, in its own run (the planner may choose another plan there, which changes
+  // the figures in their last digits): the start's figure, then "start -> end".
   Outcome h = run(args);
   ASSERT_EQ(h.code, 0) << h.out;
-  EXPECT_TRUE(has(h.out, fmt::format("validation loss {:.4f} before the first step", start)))
+  std::smatch m0, m1;
+  ASSERT_TRUE(std::regex_search(h.out, m0,
+                                std::regex(R"(validation loss ([0-9.]+) before the first step)")))
       << h.out;
-  EXPECT_TRUE(has(h.out, fmt::format("validation loss {:.4f} -> {:.4f}", start, end))) << h.out;
+  ASSERT_TRUE(std::regex_search(h.out, m1, std::regex(R"(validation loss ([0-9.]+) -> ([0-9.]+))")))
+      << h.out;
+  EXPECT_EQ(m0[1].str(), m1[1].str());
+  EXPECT_NEAR(std::stod(m0[1].str()), start, 0.05);
+  EXPECT_NEAR(std::stod(m1[2].str()), end, 0.2);
   EXPECT_TRUE(has(h.out, "sample:\n")) << h.out;
 }
 
