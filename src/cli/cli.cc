@@ -141,7 +141,12 @@ int run(int argc, char** argv) {
   PrepareFlags pf;
   CLI::App* prep_cmd = app.add_subcommand(
       "prepare", "tokenise text files (GPT-2 BPE, or --tokenizer) into a token file");
-  prep_cmd->add_option("inputs", pf.inputs, "text files or directories")->required();
+  prep_cmd
+      ->add_option("inputs", pf.inputs,
+                   "text files, JSON Lines files (*.jsonl, *.ndjson: one object per line) or "
+                   "directories (their files, recursively, sorted; hidden, *.dat and *.u8 "
+                   "skipped)")
+      ->required();
   prep_cmd->add_option("--out", pf.out, "the token file to write")->required();
   prep_cmd->add_option("--doc-separator", pf.separator,
                        "a line that separates documents inside a file (\"%\" for fortune files); "
@@ -150,6 +155,10 @@ int run(int argc, char** argv) {
   prep_cmd->add_option("--tokenizer", pf.tokenizer,
                        "directory with tokenizer.json, tokenizer.model or GPT-2's files "
                        "(default: GPT-2)");
+  prep_cmd
+      ->add_option("--field", pf.field,
+                   "JSON Lines: the member of each line's object that holds the text")
+      ->capture_default_str();
   prep_cmd->add_flag("--json", pf.json, "print the statistics as JSON");
 
   PlanFlags plf;

@@ -168,6 +168,7 @@ struct PrepareFlags {
   std::string separator;
   std::string vocab;
   std::string tokenizer;
+  std::string field = "text";  // JSON Lines: the text's member
   bool json = false;
 };
 

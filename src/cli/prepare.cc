@@ -6,6 +6,7 @@
 #include "core/units.h"
 #include "core/utf8.h"
 #include "data/prepare.h"
+#include "report/progress.h"
 
 namespace headroom::cli {
 
@@ -16,6 +17,25 @@ int run_prepare(PrepareFlags& f) {
   po.doc_separator = f.separator;
   po.vocab_dir = f.vocab;
   po.tokenizer_dir = f.tokenizer;
+  po.field = f.field;
+  // A progress bar on large inputs (the read, then the tokeniser), where it is worth a line.
+  constexpr uint64_t kProgressBytes = 16ull << 20;
+  report::ProgressBar bar;
+  if (!f.json) {
+    po.progress = [&bar, last = std::string(), big = false](const char* stage, uint64_t done,
+                                                            uint64_t total) mutable {
+      // Large by the inputs' size (the read stage comes first): JSON Lines' documents are
+      // smaller than their files.
+      if (std::string_view(stage) == "read") big = total >= kProgressBytes;
+      if (!big) return;
+      const std::string at = fmt::format("{} {}", stage, done);
+      if (at == last) return;  // the same figure once
+      last = at;
+      bar.update(long(done >> 20), long(std::max<uint64_t>(1, total >> 20)),
+                 fmt::format("MiB {}", std::string_view(stage) == "read" ? "read" : "tokenised"));
+      if (done == total) bar.finish();
+    };
+  }
   Result<data::PrepareStats> st = data::prepare_token_file(po);
   if (!st.is_ok()) return fail(st.status());
   if (f.json) {

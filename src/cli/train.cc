@@ -220,6 +220,7 @@ int run_train(TrainFlags& f) {
     o.save_every = f.save_every;
     o.keep_checkpoints = f.keep_checkpoints;
     o.resume = f.resume;
+    o.eval_at_start = true;  // the summary's "validation loss A -> B"
     if (f.save_every < 0 || f.keep_checkpoints < 0) {
       return Status::invalid_argument("--save-every and --keep-checkpoints must not be negative");
     }
@@ -333,6 +334,10 @@ int run_train(TrainFlags& f) {
     bar.update(s.step, s.steps, text);
   };
   std::string sample_text;
+  cb.on_initial_validation = [&](double loss) {
+    if (rank != 0 || f.json) return;
+    bar.println(fmt::format("validation loss {:.4f} before the first step", loss));
+  };
   cb.on_finish = [&](const model::Gpt2Config& cfg, const float* params,
                      memory::MemoryResource* device) -> Status {
     if (!tok || f.sample_tokens <= 0 || rank != 0) return Status::ok();
@@ -399,13 +404,21 @@ int run_train(TrainFlags& f) {
       }
       j["per_rank"] = per_rank;
     }
+    if (r->initial_val_loss) j["initial_val_loss"] = *r->initial_val_loss;
     if (r->final_val_loss) j["final_val_loss"] = *r->final_val_loss;
     // The sample may end inside a multi-byte character: U+FFFD for invalid UTF-8, never throw.
     std::printf("%s\n", dump_json(j, 2).c_str());
     return 0;
   }
   std::fprintf(stderr, "done: loss %.4f", r->final_loss);
-  if (r->final_val_loss) std::fprintf(stderr, ", validation loss %.4f", *r->final_val_loss);
+  if (r->final_val_loss) {
+    if (r->initial_val_loss) {
+      std::fprintf(stderr, ", validation loss %.4f -> %.4f", *r->initial_val_loss,
+                   *r->final_val_loss);
+    } else {
+      std::fprintf(stderr, ", validation loss %.4f", *r->final_val_loss);
+    }
+  }
   std::fprintf(stderr, ", median %.0f tokens/s", r->tokens_per_s);
   if (o.batching == data::Batching::kBucketed) {
     std::fprintf(stderr, " (real tokens; padding %.1f%%, %llu micro-batch shapes planned)",

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "core/check.h"
+#include "data/split_mix.h"
 
 namespace headroom::data {
 
@@ -40,7 +41,8 @@ std::pair<TokenRange, TokenRange> split_train_val(const TokenFile& file, double 
   return {{0, target}, {target, n}};  // no boundary: split inside a document
 }
 
-Result<PackedBatcher> PackedBatcher::create(const TokenFile& file, TokenRange range, int B, int T) {
+Result<PackedBatcher> PackedBatcher::create(const TokenFile& file, TokenRange range, int B, int T,
+                                            Order order, uint64_t seed) {
   if (B <= 0 || T <= 0) {
     return Status::invalid_argument("batcher over " + file.path() + ": batch " + std::to_string(B) +
                                     " and seq " + std::to_string(T) + " must both be positive");
@@ -57,15 +59,37 @@ Result<PackedBatcher> PackedBatcher::create(const TokenFile& file, TokenRange ra
         " tokens, fewer than seq+1 = " + std::to_string(static_cast<int64_t>(T) + 1) +
         "; use a smaller --seq or more data");
   }
-  return PackedBatcher(&file, range, B, T);
+  return PackedBatcher(&file, range, B, T, order, seed);
+}
+
+int64_t PackedBatcher::window_start(int64_t position) {
+  HR_CHECK(order_ == Order::kShuffled && position >= 0);
+  const int64_t W = windows_per_epoch();
+  const int64_t epoch = position / W;
+  if (epoch != loaded_epoch_) {
+    // A stream of its own per (seed, epoch); the constants only decorrelate the two.
+    SplitMix rng{seed_ * 0xD1B54A32D192ED03ull + uint64_t(epoch) * 0x9E3779B97F4A7C15ull + 7};
+    perm_.resize(size_t(W));
+    for (int64_t i = 0; i < W; i++) perm_[size_t(i)] = i;
+    shuffle(&perm_, &rng);
+    loaded_epoch_ = epoch;
+  }
+  return range_.begin + perm_[size_t(position % W)] * T_;
 }
 
 void PackedBatcher::next(int32_t* inputs, int32_t* targets) {
   for (int b = 0; b < B_; ++b) {
-    if (position_ + T_ + 1 > range_.end) position_ = range_.begin;
-    file_->copy(position_, T_, inputs + static_cast<int64_t>(b) * T_);
-    file_->copy(position_ + 1, T_, targets + static_cast<int64_t>(b) * T_);
-    position_ += T_;
+    int64_t start;
+    if (order_ == Order::kShuffled) {
+      start = window_start(position_);
+      position_++;
+    } else {
+      if (position_ + T_ + 1 > range_.end) position_ = range_.begin;
+      start = position_;
+      position_ += T_;
+    }
+    file_->copy(start, T_, inputs + static_cast<int64_t>(b) * T_);
+    file_->copy(start + 1, T_, targets + static_cast<int64_t>(b) * T_);
   }
 }
 

@@ -6,31 +6,9 @@
 #include <algorithm>
 
 #include "core/check.h"
+#include "data/split_mix.h"
 
 namespace headroom::data {
-
-namespace {
-
-// splitmix64: a fixed generator, so the order is the same with every standard library
-// (std::shuffle and the std distributions are implementation-defined).
-struct SplitMix {
-  uint64_t s;
-  uint64_t next() {
-    uint64_t z = (s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  // Uniform in [0, n) (Lemire's multiply-shift; the bias is below 2^-32 for n < 2^32).
-  uint64_t below(uint64_t n) { return uint64_t((unsigned __int128)next() * n >> 64); }
-};
-
-template <typename T>
-void shuffle(std::vector<T>* v, SplitMix* rng) {
-  for (size_t i = v->size(); i > 1; i--) std::swap((*v)[i - 1], (*v)[rng->below(i)]);
-}
-
-}  // namespace
 
 Result<Batching> parse_batching(const std::string& name) {
   if (name == "packed") return Batching::kPacked;

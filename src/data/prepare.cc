@@ -3,8 +3,12 @@
 
 #include <unistd.h>
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -21,6 +25,11 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr double kMaxInvalidUtf8Fraction = 0.10;
+
+bool is_json_lines(const std::string& path) {
+  const std::string_view p(path);
+  return p.ends_with(".jsonl") || p.ends_with(".ndjson");
+}
 
 bool skipped_name(const std::string& name) {
   auto ends_with = [&](std::string_view s) { return std::string_view(name).ends_with(s); };
@@ -170,6 +179,82 @@ void split_documents(std::string_view text, const std::string& separator,
   add(text.substr(doc_begin));
 }
 
+// What a JSON value is, for messages ("a number", "null", ...).
+std::string json_kind(const nlohmann::json& v) {
+  switch (v.type()) {
+    case nlohmann::json::value_t::null:
+      return "null";
+    case nlohmann::json::value_t::boolean:
+      return "a boolean";
+    case nlohmann::json::value_t::number_integer:
+    case nlohmann::json::value_t::number_unsigned:
+    case nlohmann::json::value_t::number_float:
+      return "a number";
+    case nlohmann::json::value_t::object:
+      return "an object";
+    case nlohmann::json::value_t::array:
+      return "an array";
+    case nlohmann::json::value_t::string:
+      return "a string";
+    default:
+      return "not a string";
+  }
+}
+
+// JSON Lines: each non-blank line an object whose `field` is a string, one document each
+// (stored in `storage`, which never moves its elements). Whitespace-only documents are dropped.
+Status split_json_lines(const std::string& path, std::string_view text, const std::string& field,
+                        std::deque<std::string>* storage, std::vector<std::string_view>* docs) {
+  size_t line_begin = 0;
+  int64_t line_no = 0;
+  while (line_begin < text.size()) {
+    size_t nl = text.find('\n', line_begin);
+    size_t line_end = nl == std::string_view::npos ? text.size() : nl;
+    std::string_view line = text.substr(line_begin, line_end - line_begin);
+    line_begin = nl == std::string_view::npos ? text.size() : nl + 1;
+    ++line_no;
+    if (all_whitespace(line)) continue;
+    const std::string where = path + ":" + std::to_string(line_no);
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::exception& e) {
+      // e.what(): "[json.exception.parse_error.101] parse error at line 1, column 7: ...".
+      std::string what = e.what();
+      if (size_t k = what.find("] "); k != std::string::npos) what = what.substr(k + 2);
+      return Status::invalid_argument(where + ": not valid JSON (" + what +
+                                      "); JSON Lines holds one JSON object per line");
+    }
+    if (!j.is_object()) {
+      return Status::invalid_argument(where + ": expected a JSON object with a \"" + field +
+                                      "\" string, found " + json_kind(j));
+    }
+    auto it = j.find(field);
+    if (it == j.end()) {
+      std::string names;
+      for (auto m = j.begin(); m != j.end(); ++m) {
+        if (names.size() > 200) {
+          names += ", ...";
+          break;
+        }
+        names += (names.empty() ? "" : ", ") + std::string("\"") + m.key() + "\"";
+      }
+      return Status::invalid_argument(where + ": no field \"" + field + "\" (the object has " +
+                                      (names.empty() ? std::string("no fields") : names) +
+                                      "); name the text's field with --field");
+    }
+    if (!it->is_string()) {
+      return Status::invalid_argument(where + ": field \"" + field + "\" is " + json_kind(*it) +
+                                      ", not a string; --field must name the text");
+    }
+    std::string doc = it->get<std::string>();
+    if (all_whitespace(doc)) continue;
+    storage->push_back(std::move(doc));
+    docs->push_back(storage->back());
+  }
+  return Status::ok();
+}
+
 }  // namespace
 
 Result<PrepareStats> prepare_token_file(const PrepareOptions& options) {
@@ -185,6 +270,16 @@ Result<PrepareStats> prepare_token_file(const PrepareOptions& options) {
   HR_RETURN_IF_ERROR(collect_inputs(options.inputs, options.out, &files));
 
   // Read and check every input before the (slower) tokenizer runs.
+  uint64_t total_bytes = 0;
+  for (const std::string& path : files) {
+    std::error_code ec;
+    const uintmax_t size = fs::file_size(path, ec);
+    if (!ec) total_bytes += size;
+  }
+  auto progress = [&](const char* stage, uint64_t done, uint64_t total) {
+    if (options.progress) options.progress(stage, done, total);
+  };
+  progress("read", 0, total_bytes);
   PrepareStats stats;
   std::vector<std::string> texts;
   std::vector<std::string_view> docs;
@@ -207,14 +302,22 @@ Result<PrepareStats> prepare_token_file(const PrepareOptions& options) {
     stats.bytes += text.size();
     ++stats.files;
     texts.push_back(std::move(text));
+    progress("read", std::min(stats.bytes, total_bytes), total_bytes);
   }
+  progress("read", total_bytes, total_bytes);
+  std::deque<std::string> json_docs;  // the JSON Lines documents, unescaped
   for (size_t f = 0; f < files.size(); ++f) {
     size_t before = docs.size();
-    split_documents(texts[f], options.doc_separator, &docs);
+    if (is_json_lines(files[f])) {
+      HR_RETURN_IF_ERROR(split_json_lines(files[f], texts[f], options.field, &json_docs, &docs));
+    } else {
+      split_documents(texts[f], options.doc_separator, &docs);
+    }
     if (docs.size() == before) {
       return Status::invalid_argument("input '" + files[f] + "' is empty" +
-                                      (texts[f].empty()
-                                           ? std::string(" (0 bytes)")
+                                      (texts[f].empty() ? std::string(" (0 bytes)")
+                                       : is_json_lines(files[f])
+                                           ? " (no line with a non-blank \"" + options.field + "\")"
                                            : std::string(" (only whitespace or separator lines)")) +
                                       "; remove it from the inputs or add text");
     }
@@ -253,10 +356,12 @@ Result<PrepareStats> prepare_token_file(const PrepareOptions& options) {
   // Contiguous runs of documents per thread, balanced by bytes; joined in order afterwards, so
   // the output does not depend on the number of threads.
   const size_t hw = std::max(1u, std::thread::hardware_concurrency());
-  const size_t nthreads = std::min<size_t>(hw, std::max<size_t>(1, stats.bytes / (256 << 10)));
+  uint64_t doc_bytes = 0;
+  for (std::string_view d : docs) doc_bytes += d.size();
+  const size_t nthreads = std::min<size_t>(hw, std::max<size_t>(1, doc_bytes / (256 << 10)));
   std::vector<size_t> cut{0};
   {
-    const uint64_t per = stats.bytes / nthreads + 1;
+    const uint64_t per = doc_bytes / nthreads + 1;
     uint64_t acc = 0;
     for (size_t d = 0; d < docs.size(); ++d) {
       acc += docs[d].size();
@@ -265,17 +370,27 @@ Result<PrepareStats> prepare_token_file(const PrepareOptions& options) {
     if (cut.back() != docs.size()) cut.push_back(docs.size());
   }
   std::vector<std::vector<int32_t>> parts(cut.size() - 1);
+  std::atomic<uint64_t> tokenised{0};
+  std::atomic<size_t> running{parts.size()};
   auto work = [&](size_t p) {
     for (size_t d = cut[p]; d < cut[p + 1]; ++d) {
       tokenizer.encode_append(docs[d], &parts[p]);
       parts[p].push_back(eot);
+      tokenised.fetch_add(docs[d].size(), std::memory_order_relaxed);
     }
+    running.fetch_sub(1, std::memory_order_release);
   };
+  progress("tokenise", 0, doc_bytes);
   {
     std::vector<std::jthread> threads;
-    for (size_t p = 1; p < parts.size(); ++p) threads.emplace_back(work, p);
-    if (!parts.empty()) work(0);
+    for (size_t p = 0; p < parts.size(); ++p) threads.emplace_back(work, p);
+    // This thread reports while the workers tokenise (the callback is not thread-safe).
+    while (options.progress && running.load(std::memory_order_acquire) > 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      progress("tokenise", tokenised.load(std::memory_order_relaxed), doc_bytes);
+    }
   }
+  progress("tokenise", doc_bytes, doc_bytes);
   std::vector<int32_t> tokens;
   size_t total = 0;
   for (const auto& p : parts) total += p.size();

@@ -61,7 +61,8 @@ json state_json(const TrainerState& s) {
             {"seed", s.seed},
             {"data", s.data},
             {"batching", s.batching},
-            {"bucket", s.bucket}};
+            {"bucket", s.bucket},
+            {"data_order", s.data_order}};
   if (s.loss_scale) {
     j["loss_scale"] = {{"scale", s.loss_scale->scale},
                        {"good_steps", s.loss_scale->good_steps},
@@ -185,6 +186,13 @@ Result<TrainerState> parse_state(const std::string& path) {
                                          path, s.batching));
     }
     if (s.batching == "bucketed") HR_RETURN_IF_ERROR(fields.integer("bucket", 1, &s.bucket));
+  }
+  if (j.contains("data_order")) {
+    HR_RETURN_IF_ERROR(fields.string("data_order", &s.data_order));
+    if (s.data_order != "shuffled" && s.data_order != "sequential") {
+      return Status::corrupt(fmt::format(
+          "{}: field 'data_order' = \"{}\" must be shuffled or sequential", path, s.data_order));
+    }
   }
   if (auto ls = j.find("loss_scale"); ls != j.end()) {
     if (!ls->is_object()) return fields.bad("loss_scale", *ls, "an object");

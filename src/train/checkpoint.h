@@ -37,6 +37,10 @@ struct TrainerState {
   // fp16: the dynamic loss scaler's state ("loss_scale" in trainer_state.json; absent for fp32
   // and bf16, and in checkpoints written before fp16 existed).
   std::optional<LossScaleState> loss_scale;
+  // The packed batcher's order (data::PackedBatcher::Order): "shuffled" (data_position counts
+  // windows) or "sequential" (a token index). Absent in checkpoints written before the shuffle,
+  // which were sequential; bucketed checkpoints leave it at that and ignore it.
+  std::string data_order = "sequential";
 };
 
 struct CheckpointView {

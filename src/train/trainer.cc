@@ -174,8 +174,13 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
   // Not a structured binding: a lambda below captures val_range, which clang 14 cannot do.
   const auto split = data::split_train_val(file, o.val_fraction, T + 1);
   data::TokenRange train_range = split.first, val_range = split.second;
+  // Training windows in a shuffled order (seed, epoch); validation reads its windows in order,
+  // the same ones every time. See docs/notes/first-run.md.
+  const auto train_order =
+      o.shuffle ? data::PackedBatcher::Order::kShuffled : data::PackedBatcher::Order::kSequential;
+  uint64_t data_seed = o.seed;  // the shuffle's seed: a resumed run keeps its checkpoint's
   HR_ASSIGN_OR_RETURN(data::PackedBatcher train_batches,
-                      data::PackedBatcher::create(file, train_range, B, T));
+                      data::PackedBatcher::create(file, train_range, B, T, train_order, o.seed));
   std::optional<data::PackedBatcher> val_batches;
   if (val_range.size() >= T + 1) {
     HR_ASSIGN_OR_RETURN(data::PackedBatcher vb, data::PackedBatcher::create(file, val_range, B, T));
@@ -483,6 +488,23 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
           "global batch: equal up to floating-point rounding)",
           ck.dir, st.micro_batch, st.accumulation, B, K * R);
     }
+    if (!bucketed &&
+        ((st.data_order == "shuffled") != o.shuffle || (o.shuffle && st.seed != o.seed))) {
+      // The checkpoint's order continues: a checkpoint from before the shuffle reads on in file
+      // order, a shuffled one with its own seed's permutation (the data position means nothing
+      // in another order).
+      HR_ASSIGN_OR_RETURN(train_batches,
+                          data::PackedBatcher::create(file, train_range, B, T,
+                                                      st.data_order == "shuffled"
+                                                          ? data::PackedBatcher::Order::kShuffled
+                                                          : data::PackedBatcher::Order::kSequential,
+                                                      st.seed));
+      data_seed = st.seed;
+      if (rank == 0) {
+        log_info("{}: continuing the checkpoint's {} data order{}", ck.dir, st.data_order,
+                 st.data_order == "shuffled" ? fmt::format(" (seed {})", st.seed) : "");
+      }
+    }
     if (bucketed ? !docs->valid_position(st.data_position)
                  : !train_batches.valid_position(st.data_position)) {
       return Status::corrupt(fmt::format("{}: data_position {} is outside the training data of {}",
@@ -566,6 +588,9 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
                     data::batching_name(o.batching),
                     bucketed ? o.bucket : 0,
                     scaler ? std::optional<LossScaleState>(scaler->state()) : std::nullopt};
+    if (!bucketed) st.seed = data_seed;
+    st.data_order =
+        train_batches.order() == data::PackedBatcher::Order::kShuffled ? "shuffled" : "sequential";
     const float* full_p = params;
     const float* full_m = m;
     const float* full_v = v;
@@ -1176,6 +1201,15 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
   // Set-up succeeded on this rank; from here every rank reaches the same collectives.
   *setup_agreed = true;
   HR_RETURN_IF_ERROR(dist::agree(comm, Status::ok()));
+  if (o.eval_at_start) {
+    // The validation loss before this run's first step: what the end's figure is measured from.
+    auto tv = Clock::now();
+    Result<std::optional<double>> val = evaluate(start_step);
+    HR_RETURN_IF_ERROR(settle(val.status()));
+    record("validation", "validation", tv, start_step, -1);
+    result.initial_val_loss = *val;
+    if (*val && cb.on_initial_validation) cb.on_initial_validation(**val);
+  }
   for (int step = start_step; step < o.steps; step++) {
     auto t0 = Clock::now();
     const double cpu0 = process_cpu_ms();

@@ -49,6 +49,9 @@ struct TrainOptions {
   // step's micro-batches r, r + R, ... (every rank reads the whole step).
   data::Batching batching = data::Batching::kPacked;
   int bucket = 32;
+  // Packed batching: serve the training windows in a shuffled order (seed, epoch), so that each
+  // step samples the whole corpus; false reads them in file order (data::PackedBatcher::Order).
+  bool shuffle = true;
   int micro_batch = 8;      // B: sequences per micro-batch
   int accumulation = 1;     // k: micro-batches per optimizer step
   model::ExecOptions exec;  // attention kernel, LM head, recomputation per block
@@ -67,6 +70,9 @@ struct TrainOptions {
   double val_fraction = 0.05;
   int eval_every = 0;  // steps between validation runs; 0 = only at the end
   int eval_batches = 4;
+  // Validate once before the first step too (TrainResult::initial_val_loss). Off by default: it
+  // is one more step-region acquisition, which fail_step_allocations counts.
+  bool eval_at_start = false;
   std::string out_dir;       // where the model is saved at the end; empty = not saved
   bool breakdown = false;    // time every kernel call by kind (StepStats::op_ms)
   bool profile = false;      // record every kernel, op and step span (TrainResult::profile)
@@ -222,6 +228,7 @@ struct ProfileRecord {
 struct TrainResult {
   bool stopped = false;  // should_stop ended the run early
   double final_loss = 0;
+  std::optional<double> initial_val_loss;  // with TrainOptions::eval_at_start
   std::optional<double> final_val_loss;
   double tokens_per_s = 0;  // median over steps after the first
   uint64_t device_bytes_peak = 0;
@@ -248,6 +255,8 @@ struct TrainResult {
 struct TrainCallbacks {
   std::function<void(const SetupInfo&)> on_setup;
   std::function<void(const StepStats&)> on_step;
+  // With TrainOptions::eval_at_start: the validation loss before the first step.
+  std::function<void(double)> on_initial_validation;
   // Asked after each step (after its checkpoint, if any): true ends the run there, as an
   // interruption would (no final save, no on_finish). For tests of resume, and signals.
   std::function<bool(const StepStats&)> should_stop;

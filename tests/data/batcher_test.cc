@@ -3,7 +3,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <numeric>
+#include <set>
 
 #include "test_util.h"
 
@@ -108,6 +110,107 @@ TEST(PackedBatcher, SetPositionResumesExactly) {
   }
   EXPECT_FALSE(resumed->valid_position(98));
   EXPECT_FALSE(resumed->valid_position(-1));
+}
+
+// Shuffled order (issue #26's loss spike, docs/notes/first-run.md): an epoch serves every window
+// once, starting T tokens apart, in an order fixed by (seed, epoch); the next epoch another.
+TEST(PackedBatcher, ShuffledServesEveryWindowOncePerEpoch) {
+  TempDir dir;
+  TokenFile f = make_file(dir, iota(203));  // [3, 203): (200 - 1) / 4 = 49 windows
+  constexpr auto kShuffled = PackedBatcher::Order::kShuffled;
+  Result<PackedBatcher> b = PackedBatcher::create(f, {3, 203}, 7, 4, kShuffled, 42);
+  ASSERT_TRUE(b.is_ok());
+  ASSERT_EQ(b->windows_per_epoch(), 49);
+  std::vector<int32_t> in(28), tg(28);
+  std::vector<std::vector<int32_t>> epochs(2);
+  for (int e = 0; e < 2; e++) {
+    for (int k = 0; k < 7; k++) {  // 7 x 7 = 49 windows
+      b->next(in.data(), tg.data());
+      for (int r = 0; r < 7; r++) {
+        const int32_t start = in[size_t(r * 4)];
+        for (int t = 0; t < 4; t++) {
+          EXPECT_EQ(in[size_t(r * 4 + t)], start + t);
+          EXPECT_EQ(tg[size_t(r * 4 + t)], start + t + 1);
+        }
+        epochs[size_t(e)].push_back(start);
+      }
+    }
+    std::vector<int32_t> sorted = epochs[size_t(e)];
+    std::sort(sorted.begin(), sorted.end());
+    for (int w = 0; w < 49; w++) EXPECT_EQ(sorted[size_t(w)], 3 + 4 * w);
+  }
+  EXPECT_EQ(b->position(), 98);
+  EXPECT_NE(epochs[0], epochs[1]);
+  std::vector<int32_t> in_order(49);
+  for (int w = 0; w < 49; w++) in_order[size_t(w)] = 3 + 4 * w;
+  EXPECT_NE(epochs[0], in_order);
+  // Another seed, another order.
+  Result<PackedBatcher> c = PackedBatcher::create(f, {3, 203}, 7, 4, kShuffled, 43);
+  ASSERT_TRUE(c.is_ok());
+  c->next(in.data(), tg.data());
+  std::vector<int32_t> first;
+  for (int r = 0; r < 7; r++) first.push_back(in[size_t(r * 4)]);
+  EXPECT_NE(first, std::vector<int32_t>(epochs[0].begin(), epochs[0].begin() + 7));
+}
+
+// The regression behind the spike at step 182 of the default run: in file order a step's rows
+// were one contiguous stretch of the corpus (8 x 128 tokens of one fortune file, there a 1,913-
+// letter chemical name), so one odd passage was a whole step. Shuffled, a step's rows come from
+// all over the corpus: no step of 8 rows lies inside one of 16 equal parts of it.
+TEST(PackedBatcher, ShuffledStepIsASampleOfTheWholeCorpus) {
+  TempDir dir;
+  // 16 parts of 8 windows of 16 tokens; each token is its window's index.
+  std::vector<int32_t> tokens(16 * 8 * 16 + 1);
+  for (size_t i = 0; i < tokens.size(); i++) tokens[i] = int32_t(i / 16);
+  TokenFile f = make_file(dir, tokens);
+  for (auto order : {PackedBatcher::Order::kSequential, PackedBatcher::Order::kShuffled}) {
+    Result<PackedBatcher> b = PackedBatcher::create(f, {0, f.size()}, 8, 16, order, 1337);
+    ASSERT_TRUE(b.is_ok());
+    std::vector<int32_t> in(8 * 16), tg(8 * 16);
+    int one_part_steps = 0;
+    for (int step = 0; step < 16; step++) {
+      b->next(in.data(), tg.data());
+      std::set<int32_t> parts;
+      for (int r = 0; r < 8; r++) parts.insert(in[size_t(r * 16)] / 8);
+      if (parts.size() == 1) one_part_steps++;
+    }
+    if (order == PackedBatcher::Order::kSequential) {
+      EXPECT_EQ(one_part_steps, 16);  // the old order: every step one part
+    } else {
+      EXPECT_EQ(one_part_steps, 0);
+    }
+  }
+}
+
+// A step reads the same windows whatever the micro-batch (principle 2), and a shuffled position
+// resumes exactly, across epochs.
+TEST(PackedBatcher, ShuffledIsTheSameWhateverTheMicroBatchAndResumesExactly) {
+  TempDir dir;
+  TokenFile f = make_file(dir, iota(121));  // 30 windows of 4
+  constexpr auto kShuffled = PackedBatcher::Order::kShuffled;
+  Result<PackedBatcher> b6 = PackedBatcher::create(f, {0, 121}, 6, 4, kShuffled, 5);
+  Result<PackedBatcher> b2 = PackedBatcher::create(f, {0, 121}, 2, 4, kShuffled, 5);
+  ASSERT_TRUE(b6.is_ok() && b2.is_ok());
+  std::vector<int32_t> in6(24), tg6(24), in2(8), tg2(8);
+  for (int step = 0; step < 12; step++) {  // 72 windows: into the third epoch
+    b6->next(in6.data(), tg6.data());
+    for (int k = 0; k < 3; k++) {
+      b2->next(in2.data(), tg2.data());
+      for (int i = 0; i < 8; i++) ASSERT_EQ(in2[size_t(i)], in6[size_t(k * 8 + i)]);
+    }
+  }
+  Result<PackedBatcher> resumed = PackedBatcher::create(f, {0, 121}, 6, 4, kShuffled, 5);
+  ASSERT_TRUE(resumed.is_ok());
+  ASSERT_TRUE(resumed->valid_position(b6->position()));
+  EXPECT_FALSE(resumed->valid_position(-1));
+  resumed->set_position(b6->position());
+  std::vector<int32_t> in(24), tg(24);
+  for (int step = 0; step < 6; step++) {
+    b6->next(in6.data(), tg6.data());
+    resumed->next(in.data(), tg.data());
+    ASSERT_EQ(in, in6);
+    ASSERT_EQ(tg, tg6);
+  }
 }
 
 TEST(PackedBatcher, TooFewTokensSaysWhatToDo) {

@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <thread>
+#include <tuple>
 
 #include "data/hf_tokenizer.h"
 #include "data/token_file.h"
@@ -95,6 +97,121 @@ TEST(Prepare, DirectoriesAreWalkedInSortedOrderSkippingIndexesAndHiddenFiles) {
   Result<TokenFile> f = TokenFile::open(out.file("out.bin"));
   ASSERT_TRUE(f.is_ok());
   EXPECT_EQ(all_tokens(*f), packed(tok, {"ay", "bee", "sea", "extra"}));
+}
+
+// Issue #26: JSON Lines, one object per line, its --field the document (default "text").
+TEST(Prepare, JsonLinesFieldIsOneDocumentPerLine) {
+  HR_TEST_TOKENIZER(tok);
+  TempDir in, out;
+  write_file(in.file("a.jsonl"),
+             "{\"text\": \"First line.\\nwith a newline\", \"id\": 1}\n"
+             "\n"
+             "  {\"id\": 2, \"text\": \"caf\\u00e9 \\\"quoted\\\"\"}\r\n"
+             "{\"text\": \"   \"}\n"
+             "{\"text\": \"last, no newline\"}");
+  PrepareOptions o = options(out, {in.file("a.jsonl")});
+  Result<PrepareStats> s = prepare_token_file(o);
+  ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+  EXPECT_EQ(s->documents, 3u);  // the blank line and the whitespace-only text are dropped
+  Result<TokenFile> f = TokenFile::open(o.out);
+  ASSERT_TRUE(f.is_ok());
+  EXPECT_EQ(all_tokens(*f), packed(tok, {"First line.\nwith a newline", "caf\u00e9 \"quoted\"",
+                                         "last, no newline"}));
+  // Another field by name.
+  write_file(in.file("b.ndjson"), "{\"body\": \"one\"}\n{\"body\": \"two\"}\n");
+  PrepareOptions ob = options(out, {in.file("b.ndjson")});
+  ob.field = "body";
+  ob.out = out.file("b.bin");
+  ASSERT_TRUE(prepare_token_file(ob).is_ok());
+  Result<TokenFile> fb = TokenFile::open(ob.out);
+  ASSERT_TRUE(fb.is_ok());
+  EXPECT_EQ(all_tokens(*fb), packed(tok, {"one", "two"}));
+}
+
+TEST(Prepare, DirectoryMixesTextAndJsonLinesByName) {
+  HR_TEST_TOKENIZER(tok);
+  TempDir in, out;
+  write_file(in.file("a.txt"), "plain");
+  write_file(in.file("b.jsonl"), "{\"text\": \"from json\"}\n{\"text\": \"again\"}\n");
+  write_file(in.file("c.json"), "{\"text\": \"a .json file is text\"}");
+  Result<PrepareStats> s = prepare_token_file(options(out, {in.path()}));
+  ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+  EXPECT_EQ(s->files, 3u);
+  Result<TokenFile> f = TokenFile::open(out.file("out.bin"));
+  ASSERT_TRUE(f.is_ok());
+  EXPECT_EQ(all_tokens(*f),
+            packed(tok, {"plain", "from json", "again", "{\"text\": \"a .json file is text\"}"}));
+}
+
+// Every bad line names the file, the line number and what is wrong, and nothing is written.
+TEST(Prepare, BadJsonLinesNameTheFileTheLineAndTheProblem) {
+  TempDir in, out;
+  struct Case {
+    const char* text;
+    const char* field;
+    std::string want;
+  };
+  const std::vector<Case> cases = {
+      {"{\"text\": \"ok\"}\n\n{\"text\": \"broken}\n", "text", ":3: not valid JSON ("},
+      {"{\"text\": \"ok\"}\n[1, 2]\n", "text",
+       ":2: expected a JSON object with a \"text\" "
+       "string, found an array"},
+      {"{\"body\": \"x\", \"id\": 3}\n", "text",
+       ":1: no field \"text\" (the object has \"body\", \"id\"); name the text's field with "
+       "--field"},
+      {"{\"text\": 42}\n", "text", ":1: field \"text\" is a number, not a string"},
+      {"{\"text\": null}\n", "text", ":1: field \"text\" is null, not a string"},
+      {"{\"text\": \"a\"}\n{\"text\": {\"nested\": 1}}\n", "text",
+       ":2: field \"text\" is an object, not a string"},
+      {"{\"text\": \"x\"}\n", "content", ":1: no field \"content\""},
+      {"\n\n", "text", "' is empty (no line with a non-blank \"text\")"},
+  };
+  for (const Case& c : cases) {
+    write_file(in.file("bad.jsonl"), c.text);
+    PrepareOptions o = options(out, {in.file("bad.jsonl")});
+    o.field = c.field;
+    Result<PrepareStats> s = prepare_token_file(o);
+    ASSERT_FALSE(s.is_ok()) << c.text;
+    EXPECT_EQ(s.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(s.status().message().find(in.file("bad.jsonl")), std::string::npos)
+        << s.status().message();
+    EXPECT_NE(s.status().message().find(c.want), std::string::npos)
+        << s.status().message() << "\nwanted: " << c.want;
+    EXPECT_TRUE(list_dir(out.path()).empty());
+  }
+}
+
+// The progress callback: each stage from 0 to its total, never backwards, on the calling thread.
+TEST(Prepare, ProgressGoesFromZeroToTheTotalPerStage) {
+  HR_TEST_TOKENIZER(tok);
+  TempDir in, out;
+  std::string big;
+  for (int i = 0; i < 20000; i++) big += "line " + std::to_string(i) + " of some text\n%\n";
+  write_file(in.file("big"), big);
+  PrepareOptions o = options(out, {in.file("big")});
+  o.doc_separator = "%";
+  std::vector<std::tuple<std::string, uint64_t, uint64_t>> calls;
+  const std::thread::id me = std::this_thread::get_id();
+  bool other_thread = false;
+  o.progress = [&](const char* stage, uint64_t done, uint64_t total) {
+    if (std::this_thread::get_id() != me) other_thread = true;
+    calls.emplace_back(stage, done, total);
+  };
+  Result<PrepareStats> s = prepare_token_file(o);
+  ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+  EXPECT_FALSE(other_thread);
+  for (const char* stage : {"read", "tokenise"}) {
+    std::vector<std::pair<uint64_t, uint64_t>> seen;
+    for (const auto& [st, d, t] : calls) {
+      if (st == stage) seen.emplace_back(d, t);
+    }
+    ASSERT_GE(seen.size(), 2u) << stage;
+    EXPECT_EQ(seen.front().first, 0u) << stage;
+    EXPECT_EQ(seen.back().first, seen.back().second) << stage;
+    EXPECT_GT(seen.back().second, 0u) << stage;
+    for (size_t i = 1; i < seen.size(); i++) EXPECT_GE(seen[i].first, seen[i - 1].first);
+  }
+  EXPECT_EQ(std::get<2>(calls.front()), uint64_t(big.size()));  // read: the file's bytes
 }
 
 TEST(Prepare, OutputInsideAnInputDirectoryIsNotReadBack) {

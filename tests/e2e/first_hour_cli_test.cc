@@ -3,9 +3,11 @@
 // (docs/notes/flags.md), and `headroom --version` says what the binary was built with.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -175,6 +177,62 @@ TEST_F(FirstHour, VersionSaysWhatItWasBuiltWith) {
   if (j["avx512_kernels_compiled"].get<bool>()) EXPECT_TRUE(j["avx512_detected"].get<bool>());
   // The human form says the same.
   EXPECT_TRUE(has(v.out, "oneDNN " + j["onednn_version"].get<std::string>())) << v.out;
+}
+
+// Issue #26, "a first run worth seeing": the summary says the validation loss before the first
+// step and at the end (human and --json), and the loss before training is an untrained model's
+// (about ln 50257 = 10.8 for GPT-2's vocabulary), measured, not the end's figure repeated.
+TEST_F(FirstHour, SummaryCarriesTheValidationLossAtStartAndEnd) {
+  const std::string data = corpus();
+  const std::string args = "train --model gpt2-tiny --data " + data +
+                           " --seq 32 --batch 4 --steps 12 --lr 3e-3 --sample-tokens 8 --out " +
+                           path("o");
+  Outcome j = run(args + " --json");
+  ASSERT_EQ(j.code, 0) << j.out;
+  const json r = e2e::json_of(j.out);
+  ASSERT_TRUE(r.contains("initial_val_loss")) << j.out;
+  ASSERT_TRUE(r.contains("final_val_loss")) << j.out;
+  const double start = r["initial_val_loss"].get<double>(), end = r["final_val_loss"].get<double>();
+  EXPECT_NEAR(start, std::log(50257.0), 0.5);
+  EXPECT_LT(end, start - 0.5);  // 12 steps learn the frequent tokens
+  EXPECT_TRUE(r["sample"].is_string());
+  // The human form, in its own run (the planner may choose another plan there, which changes
+  // the figures in their last digits): the start's figure, then "start -> end".
+  Outcome h = run(args);
+  ASSERT_EQ(h.code, 0) << h.out;
+  std::smatch m0, m1;
+  ASSERT_TRUE(std::regex_search(h.out, m0,
+                                std::regex(R"(validation loss ([0-9.]+) before the first step)")))
+      << h.out;
+  ASSERT_TRUE(std::regex_search(h.out, m1, std::regex(R"(validation loss ([0-9.]+) -> ([0-9.]+))")))
+      << h.out;
+  EXPECT_EQ(m0[1].str(), m1[1].str());
+  EXPECT_NEAR(std::stod(m0[1].str()), start, 0.05);
+  EXPECT_NEAR(std::stod(m1[2].str()), end, 0.2);
+  EXPECT_TRUE(has(h.out, "sample:\n")) << h.out;
+}
+
+// Issue #26: `prepare` reads JSON Lines (--field) and directories; a bad line is refused naming
+// the file and the line, and nothing is written.
+TEST_F(FirstHour, PrepareReadsJsonLinesAndDirectories) {
+  fs::create_directories(path("in/sub"));
+  write("in/a.txt", "A plain text file.");
+  write("in/sub/b.jsonl", "{\"body\": \"first\"}\n{\"body\": \"second\"}\n");
+  Outcome p = run("prepare " + path("in") + " --field body --json --out " + path("c.tokens"));
+  ASSERT_EQ(p.code, 0) << p.out;
+  const json j = e2e::json_of(p.out);
+  EXPECT_EQ(j["files"].get<int>(), 2);
+  EXPECT_EQ(j["documents"].get<int>(), 3);
+  // The default field is "text": these lines have none.
+  Outcome bad = run("prepare " + path("in") + " --out " + path("d.tokens"));
+  EXPECT_EQ(bad.code, 1) << bad.out;
+  EXPECT_TRUE(has(bad.out, path("in/sub/b.jsonl") + ":1: no field \"text\" (the object has "
+                                                    "\"body\"); name the text's field with "
+                                                    "--field"))
+      << bad.out;
+  EXPECT_FALSE(fs::exists(path("d.tokens")));
+  Outcome help = run("prepare --help");
+  EXPECT_TRUE(has(help.out, "--field")) << help.out;
 }
 
 }  // namespace

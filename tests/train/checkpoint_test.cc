@@ -7,6 +7,8 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "train_test_util.h"
 
@@ -109,6 +111,45 @@ TEST_F(Checkpoints, ResumeIsBitIdentical) {
   }
   ASSERT_EQ(resumed.size(), straight.size());
   EXPECT_EQ(0, std::memcmp(resumed.data(), straight.data(), straight.size() * sizeof(float)));
+}
+
+// A checkpoint written before the shuffle (no "data_order" in trainer_state.json: its
+// data_position is a token index) continues in file order, as it started; and a shuffled one
+// continues with its own seed's order whatever --seed the resume gives. Both bit for bit.
+TEST_F(Checkpoints, ResumeKeepsTheCheckpointsDataOrder) {
+  for (const bool old_checkpoint : {true, false}) {
+    SCOPED_TRACE(old_checkpoint ? "checkpoint from before the shuffle" : "shuffled, other seed");
+    const std::string tag = old_checkpoint ? "old" : "seed";
+    std::vector<double> straight_losses, first, second;
+    std::vector<float> straight, resumed, unused;
+    train::TrainOptions o = options("straight-" + tag);
+    o.steps = 6;
+    o.shuffle = !old_checkpoint;
+    ASSERT_TRUE(run(o, &straight_losses, &straight).is_ok());
+    train::TrainOptions a = options("cut-" + tag);
+    a.steps = 6;
+    a.save_every = 3;
+    a.shuffle = !old_checkpoint;
+    ASSERT_TRUE(run(a, &first, &unused, 3).is_ok());
+    const fs::path state = dir_ / ("cut-" + tag) / "checkpoints/step-000003/trainer_state.json";
+    std::ifstream in(state);
+    nlohmann::json j = nlohmann::json::parse(in);
+    in.close();
+    EXPECT_EQ(j["data_order"], old_checkpoint ? "sequential" : "shuffled");
+    if (old_checkpoint) {
+      j.erase("data_order");
+      std::ofstream(state) << j.dump();
+    }
+    train::TrainOptions b = options("continued-" + tag);
+    b.steps = 6;
+    b.resume = state.parent_path().string();
+    if (!old_checkpoint) b.seed = 99;  // init does not matter on resume; the order must not move
+    ASSERT_TRUE(run(b, &second, &resumed).is_ok());
+    ASSERT_EQ(second.size(), 3u);
+    for (size_t i = 0; i < 3; i++) EXPECT_EQ(second[i], straight_losses[i + 3]) << i;
+    ASSERT_EQ(resumed.size(), straight.size());
+    EXPECT_EQ(0, std::memcmp(resumed.data(), straight.data(), straight.size() * sizeof(float)));
+  }
 }
 
 TEST_F(Checkpoints, KeepsTheNewestAndLeavesNoTemporaries) {
