@@ -2,6 +2,10 @@
 #include "cli/common.h"
 
 #include <cstdio>
+#include <string>
+#include <string_view>
+
+#include <fmt/format.h>
 
 #include "core/units.h"
 #include "core/utf8.h"
