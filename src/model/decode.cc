@@ -109,14 +109,7 @@ const float* Decoder::pass(const int32_t* tokens, int n) {
   if (decode_->rope != SIZE_MAX) {
     float* rope = w.f32(decode_->rope);
     float* inv_freq = rope + int64_t(decode_->rows) * HS;
-    const RopeScalingConfig& rs = config_.rope_scaling;
-    backend::RopeScaling scaling;
-    scaling.kind = rs.kind == RopeScalingConfig::Kind::kLlama3 ? backend::RopeScaling::Kind::kLlama3
-                                                               : backend::RopeScaling::Kind::kNone;
-    scaling.factor = rs.factor;
-    scaling.low_freq_factor = rs.low_freq_factor;
-    scaling.high_freq_factor = rs.high_freq_factor;
-    scaling.original_max_position_embeddings = rs.original_max_position_embeddings;
+    const backend::RopeScaling scaling = backend_rope_scaling(config_.rope_scaling);
     ops_->rope_inv_freq(inv_freq, HS, config_.rope_theta, scaling);
     ops_->rope_table(rope, rope + int64_t(n) * HS / 2, inv_freq, HS, pos_, n);
     cos = rope;

@@ -740,14 +740,7 @@ void Gpt2::norm_forward(S* out, float* mean, float* rstd, const float* inp, cons
   }
 }
 
-void Gpt2::fill_rope() {
-  const size_t id = acts_->ids.rope;
-  if (id == SIZE_MAX) return;
-  const int HS = config_.head_size(), T = T_used_;
-  float* cos = arena_->f32(id);
-  float* sin = cos + int64_t(T_) * HS / 2;
-  float* inv_freq = cos + int64_t(T_) * HS;
-  const RopeScalingConfig& rs = config_.rope_scaling;
+backend::RopeScaling backend_rope_scaling(const RopeScalingConfig& rs) {
   backend::RopeScaling scaling;
   scaling.kind = rs.kind == RopeScalingConfig::Kind::kLlama3 ? backend::RopeScaling::Kind::kLlama3
                                                              : backend::RopeScaling::Kind::kNone;
@@ -755,6 +748,17 @@ void Gpt2::fill_rope() {
   scaling.low_freq_factor = rs.low_freq_factor;
   scaling.high_freq_factor = rs.high_freq_factor;
   scaling.original_max_position_embeddings = rs.original_max_position_embeddings;
+  return scaling;
+}
+
+void Gpt2::fill_rope() {
+  const size_t id = acts_->ids.rope;
+  if (id == SIZE_MAX) return;
+  const int HS = config_.head_size(), T = T_used_;
+  float* cos = arena_->f32(id);
+  float* sin = cos + int64_t(T_) * HS / 2;
+  float* inv_freq = cos + int64_t(T_) * HS;
+  const backend::RopeScaling scaling = backend_rope_scaling(config_.rope_scaling);
   timed(OpKind::kElementwise, [&] {
     ops_->rope_inv_freq(inv_freq, HS, config_.rope_theta, scaling);
     ops_->rope_table(cos, sin, inv_freq, HS, 0, T);

@@ -70,6 +70,8 @@ struct ParamTable {
 // ...) or the Llama family's (model.embed_tokens.weight, model.layers.N.self_attn.q_proj.weight,
 // ..., lm_head.weight).
 ParamTable gpt2_param_table(const Gpt2Config& c);
+// The configuration's rotary scaling as the op table takes it.
+backend::RopeScaling backend_rope_scaling(const RopeScalingConfig& rs);
 
 // Activation recomputation of one block (see docs/notes/recompute.md).
 enum class Recompute : uint8_t {

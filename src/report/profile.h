@@ -20,8 +20,8 @@ namespace headroom::report {
 // Units, everywhere in this file: times in microseconds (double) since the start of the profiled
 // run; sizes in bytes; rates in tokens per second. Category names are the memory layer's
 // ("weights", "grads", "optimizer", "master", "activations", "recompute", "workspace", "logits",
-// "comm", "staging", "offload", "kv_cache", "other") for memory, and op categories ("gemm", "attention",
-// "norm", "elementwise", "loss", "optimizer", "comm", "copy", "data", ...) for spans.
+// "comm", "staging", "offload", "kv_cache", "other") for memory, and op categories ("gemm",
+// "attention", "norm", "elementwise", "loss", "optimizer", "comm", "copy", "data", ...) for spans.
 
 // Thread ids of the trace (Chrome's `tid`). Other ids are allowed; name them in
 // Profile::thread_names.

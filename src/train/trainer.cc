@@ -953,6 +953,21 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
   };
   // Several ranks, before each step: every rank's budget (`now`, from its file), agreed; when one
   // changed, every rank re-plans for the smallest room, the whole step.
+  // A budget re-plan's record (the event line, the trace's replan, the bound buffers), on one
+  // process or every rank alike.
+  auto finish_budget_replan = [&](const std::string& head, const ElasticStep::Replan& rp,
+                                  int step) -> Status {
+    cur.events.push_back(
+        fmt::format("{}: {} {}", head, rp.changed ? "re-planned" : "plan kept,", rp.change));
+    if (rec) {
+      note_replan(&rec->events, ReplanCause::kBudget, rp.changed, cur.events.back(), step,
+                  us_since_start(Clock::now()));
+    }
+    if (Status st = after_replan(); !st.is_ok())
+      return fail_out_of_memory(head + ": " + st.message());
+    cur.replans += rp.changed;
+    return Status::ok();
+  };
   auto follow_budgets = [&](int step, uint64_t now) -> Status {
     const uint64_t old = limit.budget();
     if (now != old) {
@@ -984,16 +999,7 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     // The same outcome on every rank (the same room, the same search).
     if (!rp.is_ok()) return fail_out_of_memory(head + ": no plan fits: " + rp.status().message());
     HR_RETURN_IF_ERROR(check_same_plan());
-    cur.events.push_back(
-        fmt::format("{}: {} {}", head, rp->changed ? "re-planned" : "plan kept,", rp->change));
-    if (rec) {
-      note_replan(&rec->events, ReplanCause::kBudget, rp->changed, cur.events.back(), step,
-                  us_since_start(Clock::now()));
-    }
-    if (Status st = after_replan(); !st.is_ok())
-      return fail_out_of_memory(head + ": " + st.message());
-    cur.replans += rp->changed;
-    return Status::ok();
+    return finish_budget_replan(head, *rp, step);
   };
   // Before each step: the budget file, read again; a change re-plans for the whole step.
   auto follow_budget = [&](int step) -> Status {
@@ -1022,16 +1028,7 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     if (!rp.is_ok()) {
       return fail_out_of_memory(head + ": no plan fits: " + rp.status().message());
     }
-    cur.events.push_back(
-        fmt::format("{}: {} {}", head, rp->changed ? "re-planned" : "plan kept,", rp->change));
-    if (rec) {
-      note_replan(&rec->events, ReplanCause::kBudget, rp->changed, cur.events.back(), step,
-                  us_since_start(Clock::now()));
-    }
-    if (Status st = after_replan(); !st.is_ok())
-      return fail_out_of_memory(head + ": " + st.message());
-    cur.replans += rp->changed;
-    return Status::ok();
+    return finish_budget_replan(head, *rp, step);
   };
 
   // Note [Self-correction]: after `skip_steps`, `measure_steps` steps of one plan are timed by
