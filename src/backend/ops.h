@@ -45,6 +45,17 @@ struct RopeScaling {
   int original_max_position_embeddings = 8192;
 };
 
+// One AdamW step's hyper-parameters (torch.optim.AdamW semantics; backend/cpu/kernels.h).
+struct AdamWParams {
+  float lr = 0;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  float weight_decay = 0;  // decoupled: param -= lr * weight_decay * param
+  int step = 1;            // 1-based, for bias correction
+  float grad_scale = 1;    // grads are multiplied by this first (clipping, loss-scale undo)
+};
+
 class Ops {
  public:
   virtual ~Ops() = default;
@@ -202,6 +213,16 @@ class Ops {
   virtual void cast_to_f16(f16_t* out, const float* inp, int64_t n) const = 0;
   virtual void round_to_f16_values(float* out, const float* inp, int64_t n) const = 0;
   virtual void zero(float* x, int64_t n) const = 0;
+
+  // ---- optimizer (fp32 master, m, v, grads) ------------------------------------------------
+  // params, m, v updated in place from grads; with params_bf16 also the updated parameters
+  // rounded to bf16 there; with zero_grads, grads[0, n) zeroed in the same pass.
+  virtual void adamw_update(float* params, float* grads, float* m, float* v, int64_t n,
+                            const AdamWParams& p, bf16_t* params_bf16, bool zero_grads) const = 0;
+  // Sum of squares in double precision (the global gradient norm), the same for any thread
+  // count; a stream backend synchronizes to return it.
+  virtual double sum_squares(const float* x, int64_t n) const = 0;
+  virtual void scale_inplace(float* x, int64_t n, float s) const = 0;
 };
 
 // The f16 GEMM staging of a scope (Ops::bind_f16_staging), restored when it ends.
