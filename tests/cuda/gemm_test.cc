@@ -561,11 +561,10 @@ TEST(CudaLmHead, F16MatchesCpu) {
   check_heads<f16_t>(*ops);
 }
 
-TEST(CudaLmHead, LossesAreBitIdenticalForEveryChunkAndRunToRun) {
+TEST(CudaLmHead, LossesAndGradientsAreBitIdenticalRunToRun) {
   HR_CUDA_OPS_OR_SKIP(ops);
-  // Each row's loss is computed from its own logits by one block in a fixed order, and the
-  // GEMM's row does not depend on the chunk it is in up to the algorithm chosen per shape: the
-  // same chunk twice gives the same bits.
+  // Each row's loss and dlogits come from one block in a fixed order, the GEMMs from the one
+  // algorithm cached for their shape: the same call twice gives the same bits.
   const int N = 50, C = 32, V = 1000, chunk = 16;
   const VecF x = rnd(size_t(N) * C, 3), w = rnd(size_t(V) * C, 4);
   std::vector<int32_t> t(static_cast<size_t>(N));
@@ -579,7 +578,15 @@ TEST(CudaLmHead, LossesAreBitIdenticalForEveryChunkAndRunToRun) {
   ops->lm_head_ce_forward(l2.get(), lse.get(), gx.get(), gw.get(), gt.get(), N, C, V, chunk,
                           scratch.get(), V);
   const VecF a = l1.download(), b = l2.download();
-  EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float))) << "losses";
+  DeviceBuffer<float> dx1(x.size()), dx2(x.size()), dw1(w), dw2(w);
+  ops->lm_head_ce_backward(dx1.get(), dw1.get(), gx.get(), gw.get(), gt.get(), lse.get(), N, C, V,
+                           chunk, 0.02f, scratch.get(), V);
+  ops->lm_head_ce_backward(dx2.get(), dw2.get(), gx.get(), gw.get(), gt.get(), lse.get(), N, C, V,
+                           chunk, 0.02f, scratch.get(), V);
+  const VecF x1 = dx1.download(), x2 = dx2.download(), w1 = dw1.download(), w2 = dw2.download();
+  EXPECT_EQ(0, std::memcmp(x1.data(), x2.data(), x1.size() * sizeof(float))) << "dx";
+  EXPECT_EQ(0, std::memcmp(w1.data(), w2.data(), w1.size() * sizeof(float))) << "dw";
 }
 
 }  // namespace

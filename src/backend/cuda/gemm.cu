@@ -97,7 +97,8 @@ struct LtPlan {
   cublasLtMatmulDesc_t op = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
   cublasLtMatmulAlgo_t algo{};
-  bool ok = false;  // the heuristic found an algorithm
+  bool ok = false;                                // the heuristic found an algorithm
+  cublasStatus_t status = CUBLAS_STATUS_SUCCESS;  // the heuristic's answer where it found none
 };
 
 struct LtCall {
@@ -129,8 +130,9 @@ const char* type_name(cudaDataType_t t) {
 
 class LtPlanCache {
  public:
-  // Runs the call on `stream`; false (and nothing queued) where cuBLASLt has no algorithm for it.
-  bool run(const Context& ctx, const LtCall& c) {
+  // Queues the call on the compute stream; false (nothing queued, *status the heuristic's
+  // answer) where cuBLASLt has no algorithm for it.
+  bool run(const Context& ctx, const LtCall& c, cublasStatus_t* status) {
     const Key key = key_of(c);
     std::lock_guard<std::mutex> lock(mu_);
     // A step's shapes are a few dozen; a bound keeps a long run of odd shapes (tests, varying
@@ -139,7 +141,10 @@ class LtPlanCache {
     auto [it, inserted] = plans_.try_emplace(key);
     LtPlan& p = it->second;
     if (inserted) make(ctx, c, &p);
-    if (!p.ok) return false;
+    if (!p.ok) {
+      *status = p.status;
+      return false;
+    }
     if (c.bias != nullptr) {
       // The bias pointer lives in the shared descriptor: set and used under the lock (the matmul
       // reads it when it is queued).
@@ -231,8 +236,9 @@ class LtPlanCache {
         result.workspaceSize <= ctx.lt_workspace_bytes) {
       p->algo = result.algo;
       p->ok = true;
-    } else if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED) {
-      HR_CUBLAS_CHECK(st);
+    } else {
+      // Kept (not re-queried each call); the caller falls back or says what failed.
+      p->status = st != CUBLAS_STATUS_SUCCESS ? st : CUBLAS_STATUS_NOT_SUPPORTED;
     }
   }
 
@@ -256,14 +262,14 @@ LtPlanCache& plan_cache() {
   return *cache;
 }
 
-[[noreturn]] void no_algorithm(const LtCall& c) {
-  char msg[320];
+[[noreturn]] void no_algorithm(const LtCall& c, cublasStatus_t status) {
+  char msg[400];
   std::snprintf(msg, sizeof(msg),
-                "cuBLASLt has no algorithm for a %s x %s -> %s matmul m=%lld n=%lld k=%lld "
+                "cuBLASLt has no algorithm (%s) for a %s x %s -> %s matmul m=%lld n=%lld k=%lld "
                 "(lda %lld, ldb %lld, ldd %lld, transa %d, transb %d, bias %d); check the "
                 "operands' alignment and row strides",
-                type_name(c.ab_type), type_name(c.ab_type), type_name(c.d_type),
-                static_cast<long long>(c.m), static_cast<long long>(c.n),
+                cublasLtGetStatusString(status), type_name(c.ab_type), type_name(c.ab_type),
+                type_name(c.d_type), static_cast<long long>(c.m), static_cast<long long>(c.n),
                 static_cast<long long>(c.k), static_cast<long long>(c.lda),
                 static_cast<long long>(c.ldb), static_cast<long long>(c.ldd), int(c.ta), int(c.tb),
                 int(c.bias != nullptr));
@@ -336,7 +342,8 @@ void gemm(const Context& ctx, bool trans_a, bool trans_b, int64_t M, int64_t N, 
   c.ldd = ldc;
   c.bias = bias;
   c.accumulate = accumulate;
-  if (plan_cache().run(ctx, c)) return;
+  cublasStatus_t status = CUBLAS_STATUS_SUCCESS;
+  if (plan_cache().run(ctx, c, &status)) return;
   if constexpr (std::is_same_v<TC, bf16_t>) {
     if (bias != nullptr && !accumulate && !trans_a) {
       static std::once_flag said;
@@ -349,7 +356,7 @@ void gemm(const Context& ctx, bool trans_a, bool trans_b, int64_t M, int64_t N, 
       return;
     }
   }
-  no_algorithm(c);
+  no_algorithm(c, status);
 }
 
 cublasComputeType_t fp32_compute() {
