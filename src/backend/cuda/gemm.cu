@@ -321,7 +321,8 @@ template <typename TA, typename TC>
 void gemm(const Context& ctx, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
           const TA* A, int64_t lda, const TA* B, int64_t ldb, TC* C, int64_t ldc, const float* bias,
           bool accumulate, cublasComputeType_t compute) {
-  if (M <= 0 || N <= 0) return;
+  // Nothing to write, or (no rows in a weight gradient) nothing to add.
+  if (M <= 0 || N <= 0 || (K <= 0 && accumulate)) return;
   HR_CHECK_MSG(K >= 1, "matmul: the inner dimension is 0");
   HR_CHECK_MSG(lda >= (trans_a ? M : K) && ldb >= (trans_b ? K : N) && ldc >= N,
                "matmul: a row stride is smaller than its row (MatmulStrides)");
@@ -413,7 +414,7 @@ template <typename TA, typename TB, typename TC>
 void mm16(const Context& ctx, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const TA* A,
           int64_t lda, const TB* B, int64_t ldb, TC* C, int64_t ldc, const float* bias,
           bool accumulate) {
-  if (M <= 0 || N <= 0) return;
+  if (M <= 0 || N <= 0 || (K <= 0 && accumulate)) return;
   size_t cursor = 0;
   const float* a = as_f32(ctx, A, ta ? K : M, ta ? M : K, &lda, &cursor);
   const float* b = as_f32(ctx, B, tb ? N : K, tb ? K : N, &ldb, &cursor);
