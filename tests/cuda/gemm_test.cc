@@ -20,8 +20,23 @@ namespace {
 
 using backend::MatmulStrides;
 using backend::WeightLayout;
-using cudatest::DeviceBuffer;
 using VecF = std::vector<float>;
+
+// cudatest::DeviceBuffer whose uploads have landed when they return: a pageable cudaMemcpy may
+// return before its DMA completes, and the ops run on a non-blocking stream that does not wait
+// for the legacy stream's copy.
+template <typename T>
+class DeviceBuffer : public cudatest::DeviceBuffer<T> {
+ public:
+  explicit DeviceBuffer(size_t n) : cudatest::DeviceBuffer<T>(n) {}
+  explicit DeviceBuffer(const std::vector<T>& host) : cudatest::DeviceBuffer<T>(host.size()) {
+    upload(host);
+  }
+  void upload(const std::vector<T>& host) {
+    cudatest::DeviceBuffer<T>::upload(host);
+    HR_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+};
 
 VecF rnd(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
   std::mt19937 rng(seed);
