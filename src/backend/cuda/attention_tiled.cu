@@ -105,7 +105,7 @@ constexpr size_t backward_smem_bytes() {
 // rescaled when m grows), P goes through shared memory to o += P V. out = o / l and
 // lse = ln(sum_s exp(score_s)) = (m + log2 l) ln 2.
 template <int D, typename T>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, 2)
     tiled_forward_kernel(T* __restrict__ out, float* __restrict__ lse, const T* __restrict__ qkv,
                          Shape s) {
   constexpr int kCols = D / 16;  // head dimensions per thread
