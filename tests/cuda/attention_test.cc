@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "backend/cpu/bf16.h"
+#include "backend/cuda/attention_kernels.h"
 #include "cuda_test_util.h"
 
 namespace headroom {
@@ -222,38 +223,63 @@ TEST(CudaAttention, TiledFp32MatchesCpuAndPlain) {
   }
 }
 
-// 16-bit storage: the kernels widen on load, compute in fp32 and round each output once. So
-// against the CPU's fp32 op on the same (exactly representable) inputs, its backward given the
-// device's rounded out and its lse: one rounding of T (relative 2^-8 bf16, 2^-11 f16) plus fp32
-// noise. Against the CPU's op in T: with bf16 the CPU may round P and dS to bf16 before its tile
-// products (fused_kernels.h), within 1/128 on out and G/32 on dqkv of fp32 (its own tests'
-// bounds), so the bounds here are those plus the device's rounding; f16 widens on the CPU too.
+// 16-bit storage, against the CPU's fp32 op on the same (exactly representable) inputs, its
+// backward given the device's rounded out and its lse, and against the CPU's op in T.
+// The fp32 tiles widen on load, compute in fp32 and round each output once: within one rounding
+// of T (relative 2^-8 bf16, 2^-11 f16) of fp32, plus fp32 noise. The tensor-core tiles round P
+// and dS to T before their products, as the CPU's bf16 tile products do (fused_kernels.h): within
+// their bounds, 1/128 on out and G/32 on dqkv for bf16 (the CPU's own tests'), a quarter of those
+// for f16 (four times bf16's precision). Against the CPU's op in T, the sum of both sides' bounds
+// (the CPU's bf16 may take tile products; its f16 widens).
+class KernelScope {
+ public:
+  explicit KernelScope(backend::cuda::TiledAttentionKernel k) {
+    backend::cuda::set_tiled_attention_kernel(k);
+  }
+  ~KernelScope() {
+    backend::cuda::set_tiled_attention_kernel(backend::cuda::TiledAttentionKernel::kAuto);
+  }
+  KernelScope(const KernelScope&) = delete;
+  KernelScope& operator=(const KernelScope&) = delete;
+};
+
 template <typename T>
-void check_16bit() {
+void check_16bit(backend::cuda::TiledAttentionKernel kernel) {
   HR_CUDA_OPS_OR_SKIP(ops);
+  KernelScope scope(kernel);
+  ASSERT_EQ(backend::cuda::tiled_attention_kernel(), kernel);
   const bool bf16 = std::is_same_v<T, bf16_t>;
+  const bool tc = kernel == backend::cuda::TiledAttentionKernel::kTensorCores;
   const double round = bf16 ? 1.0 / 256 : 1.0 / 2048;
+  const double out_tc = bf16 ? 1.0 / 128 : 1.0 / 512, grad_tc = bf16 ? 1.0 / 32 : 1.0 / 128;
   for (const Shape& s : kShapes) {
     SCOPED_TRACE(s.str());
     const VecF qkv = exact_rand<T>(s.n_qkv(), 5), dout = exact_rand<T>(s.n_out(), 6);
     const Result got = cuda_tiled<T>(*ops, s, qkv, dout);
     const Result f32 = cpu_tiled<float>(s, qkv, dout, &got.out, &got.lse);
-    expect_close(got.out, f32.out, kOutAtol, round, "out vs fp32");
+    const double out_atol = tc ? out_tc : kOutAtol, grad_atol = tc ? s.G() * grad_tc : kGradAtol;
+    expect_close(got.out, f32.out, out_atol, round, "out vs fp32");
     expect_close(got.lse, f32.lse, kOutAtol, kOutRtol, "lse vs fp32");
-    expect_close(got.dqkv, f32.dqkv, kGradAtol, round, "dqkv vs fp32");
+    expect_close(got.dqkv, f32.dqkv, grad_atol, round, "dqkv vs fp32");
     const Result same = cpu_tiled<T>(s, qkv, dout);
-    if (bf16) {
-      expect_close(got.out, same.out, 1.0 / 128 + 1.0 / 256, round, "out vs cpu bf16");
-      expect_close(got.dqkv, same.dqkv, s.G() / 32.0, 2 * round, "dqkv vs cpu bf16");
-    } else {
-      expect_close(got.out, same.out, kOutAtol, 2 * round, "out vs cpu f16");
-      expect_close(got.dqkv, same.dqkv, kGradAtol, 2 * round, "dqkv vs cpu f16");
-    }
-    expect_close(got.lse, same.lse, bf16 ? 1.0 / 128 : kOutAtol, bf16 ? 0 : kOutRtol, "lse vs cpu");
+    const double cpu_out = bf16 ? 1.0 / 128 : kOutAtol, cpu_grad = bf16 ? s.G() / 32.0 : kGradAtol;
+    expect_close(got.out, same.out, out_atol + cpu_out, 2 * round, "out vs cpu");
+    expect_close(got.dqkv, same.dqkv, grad_atol + cpu_grad, 2 * round, "dqkv vs cpu");
+    expect_close(got.lse, same.lse, bf16 ? 1.0 / 128 : kOutAtol, kOutRtol, "lse vs cpu");
   }
 }
-TEST(CudaAttention, TiledBf16MatchesCpu) { check_16bit<bf16_t>(); }
-TEST(CudaAttention, TiledF16MatchesCpu) { check_16bit<f16_t>(); }
+TEST(CudaAttention, TiledBf16TensorCoresMatchCpu) {
+  check_16bit<bf16_t>(backend::cuda::TiledAttentionKernel::kTensorCores);
+}
+TEST(CudaAttention, TiledF16TensorCoresMatchCpu) {
+  check_16bit<f16_t>(backend::cuda::TiledAttentionKernel::kTensorCores);
+}
+TEST(CudaAttention, TiledBf16Fp32TilesMatchCpu) {
+  check_16bit<bf16_t>(backend::cuda::TiledAttentionKernel::kFp32Tiles);
+}
+TEST(CudaAttention, TiledF16Fp32TilesMatchCpu) {
+  check_16bit<f16_t>(backend::cuda::TiledAttentionKernel::kFp32Tiles);
+}
 
 // Generation: a prefill of `prefill` rows, then single-row steps, on the CPU's and the device's
 // caches from the same start; out after every call and the caches at the end. The caches are

@@ -5,11 +5,18 @@
 // "## attention".
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <mma.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
 #include <string>
+#include <type_traits>
 
+#include "backend/cuda/attention_kernels.h"
 #include "backend/cuda/cuda_ops_impl.h"
 #include "core/check.h"
 
@@ -464,6 +471,397 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// ---- tensor-core tiles (16-bit storage) -----------------------------------------------------
+// The same blocks, tiles, loops and thread ownership as the kernels above, with the four tile
+// products (S = Q K^T, dP = dO V^T, O += P V, dV += P^T dO, dK += dS^T Q, dQ += dS K) taken by
+// WMMA 16 x 16 x 16 fragments (8 warps, fixed fragments per warp, fp32 accumulators, the sum over
+// k in a fixed order: deterministic). q, k, v and dout stay in the storage type in shared memory
+// (their bits copied, no conversion); P and dS are rounded to it before their products, as
+// FlashAttention does; scores, the softmax and every accumulator are fp32. The element-wise steps
+// (mask, softmax, P, dS) run on the 16 x 16 thread layout above, reading the products from shared
+// memory, so no fragment's element layout is relied on.
+//
+// Shared-memory strides: 16-bit tiles [64][D + 8], S-like fp32 tiles [64][68], 16-bit P / dS
+// [64][72], fp32 output staging [64][D + 4]: multiples of 8 (16-bit) and 4 (fp32) elements as
+// WMMA's ldm must be, every fragment's first element on 32 bytes (16 rows of any of them are a
+// multiple of 32 bytes, as is every region's size below), and rows shifted by 16 bytes against
+// the banks.
+constexpr int kLdS = kTile + 4;  // fp32 score tiles
+constexpr int kLdP = kTile + 8;  // 16-bit P and dS tiles
+
+template <typename T>
+struct WmmaType;
+template <>
+struct WmmaType<bf16_t> {
+  using type = __nv_bfloat16;
+};
+template <>
+struct WmmaType<f16_t> {
+  using type = __half;
+};
+template <typename T>
+using Wt = typename WmmaType<T>::type;
+template <typename T>
+__device__ __forceinline__ const Wt<T>* wp(const T* p) {
+  return reinterpret_cast<const Wt<T>*>(p);
+}
+using FragC = nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float>;
+template <typename T, typename Layout>
+using FragA = nvcuda::wmma::fragment<nvcuda::wmma::matrix_a, 16, 16, 16, Wt<T>, Layout>;
+template <typename T, typename Layout>
+using FragB = nvcuda::wmma::fragment<nvcuda::wmma::matrix_b, 16, 16, 16, Wt<T>, Layout>;
+
+// dst[r * ldd + d] = src[r * lds + d] (the bits) for r < rows and d < HS; zero elsewhere up to D.
+template <int D, typename T>
+__device__ __forceinline__ void load_tile16(T* dst, int ldd, const T* src, int64_t lds, int rows,
+                                            int HS) {
+  for (int idx = threadIdx.x; idx < kTile * D; idx += kThreads) {
+    const int r = idx / D, d = idx % D;
+    T x{0};
+    if (r < rows && d < HS) x = src[r * lds + d];
+    dst[r * ldd + d] = x;
+  }
+}
+
+// C[64][64] (fp32, stride kLdS) = A B^T for A, B [64][D] (16-bit, stride D + 8): the warp's two
+// output fragments, over the head dimension in order.
+template <int D, typename T>
+__device__ __forceinline__ void mma_abt(float* C, const T* A, const T* B) {
+  using namespace nvcuda;
+  constexpr int ld = D + 8;
+  const int warp = threadIdx.x / 32;
+#pragma unroll
+  for (int f = 2 * warp; f < 2 * warp + 2; ++f) {
+    const int mi = f / 4, ni = f % 4;
+    FragC acc;
+    wmma::fill_fragment(acc, 0.0f);
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      FragA<T, wmma::row_major> a;
+      FragB<T, wmma::col_major> b;  // B^T's (k, n) is B[n][k]
+      wmma::load_matrix_sync(a, wp(A + mi * 16 * ld + kk * 16), ld);
+      wmma::load_matrix_sync(b, wp(B + ni * 16 * ld + kk * 16), ld);
+      wmma::mma_sync(acc, a, b, acc);
+    }
+    wmma::store_matrix_sync(C + mi * 16 * kLdS + ni * 16, acc, kLdS, wmma::mem_row_major);
+  }
+}
+
+// acc (+)= A B for A [64][64] (16-bit, stride kLdP) and B [64][D] (16-bit, stride D + 8): the
+// warp's D / 32 fragments of the [64][D] result, fragment f = warp * (D / 32) + i at block row
+// f / (D / 16), block column f % (D / 16); over the 64 keys (or queries) in order.
+template <int D, typename T>
+__device__ __forceinline__ void mma_ab(FragC (&acc)[D / 32], const T* A, const T* B) {
+  using namespace nvcuda;
+  constexpr int ld = D + 8;
+  const int warp = threadIdx.x / 32;
+#pragma unroll
+  for (int i = 0; i < D / 32; ++i) {
+    const int f = warp * (D / 32) + i, mi = f / (D / 16), ni = f % (D / 16);
+#pragma unroll
+    for (int kk = 0; kk < kTile / 16; ++kk) {
+      FragA<T, wmma::row_major> a;
+      FragB<T, wmma::row_major> b;
+      wmma::load_matrix_sync(a, wp(A + mi * 16 * kLdP + kk * 16), kLdP);
+      wmma::load_matrix_sync(b, wp(B + kk * 16 * ld + ni * 16), ld);
+      wmma::mma_sync(acc[i], a, b, acc[i]);
+    }
+  }
+}
+// The fragments of mma_ab into C [64][D] (fp32, stride D + 4).
+template <int D>
+__device__ __forceinline__ void store_ab(float* C, const FragC (&acc)[D / 32]) {
+  const int warp = threadIdx.x / 32;
+#pragma unroll
+  for (int i = 0; i < D / 32; ++i) {
+    const int f = warp * (D / 32) + i, mi = f / (D / 16), ni = f % (D / 16);
+    nvcuda::wmma::store_matrix_sync(C + mi * 16 * (D + 4) + ni * 16, acc[i], D + 4,
+                                    nvcuda::wmma::mem_row_major);
+  }
+}
+template <int D>
+__device__ __forceinline__ void zero_ab(FragC (&acc)[D / 32]) {
+#pragma unroll
+  for (int i = 0; i < D / 32; ++i) nvcuda::wmma::fill_fragment(acc[i], 0.0f);
+}
+
+// rows [0, rows) of C [64][D] (fp32, stride D + 4), channels < HS, rounded into dst (row stride
+// ld), on the 16 x 16 thread layout.
+template <int D, typename T>
+__device__ __forceinline__ void write_rows(T* dst, int64_t ld, const float* C, int rows, int HS) {
+  const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    const int row = ty + 16 * r;
+    if (row >= rows) continue;
+#pragma unroll
+    for (int c = 0; c < D / 16; ++c) {
+      const int d = tx + 16 * c;
+      if (d < HS) dst[row * ld + d] = narrow<T>(C[row * (D + 4) + d]);
+    }
+  }
+}
+
+template <int D>
+constexpr size_t tc_tile16_bytes() {
+  return size_t{2} * kTile * (D + 8);
+}
+template <int D>
+constexpr size_t tc_forward_smem_bytes() {
+  return 3 * tc_tile16_bytes<D>() + sizeof(float) * kTile * kLdS + 2 * kTile * kLdP +
+         sizeof(float) * kTile * (D + 4);
+}
+template <int D>
+constexpr size_t tc_backward_smem_bytes() {
+  return 4 * tc_tile16_bytes<D>() + 2 * sizeof(float) * kTile * kLdS + 2 * 2 * kTile * kLdP +
+         2 * sizeof(float) * kTile;
+}
+// The fp32 output staging [64][D + 4] of the backward kernels takes the place of two 16-bit tiles.
+static_assert(2 * tc_tile16_bytes<64>() >= sizeof(float) * kTile * (64 + 4));
+static_assert(2 * tc_tile16_bytes<128>() >= sizeof(float) * kTile * (128 + 4));
+
+// The forward: as tiled_forward_kernel, S and P V on tensor cores. P V of each key tile goes to
+// fp32 shared memory and is added to the register accumulator after its rescale.
+template <int D, typename T>
+__global__ void __launch_bounds__(kThreads)
+    tc_forward_kernel(T* __restrict__ out, float* __restrict__ lse, const T* __restrict__ qkv,
+                      Shape s) {
+  constexpr int kCols = D / 16;
+  constexpr int ld = D + 8;
+  extern __shared__ __align__(128) unsigned char tc_smem[];
+  T* Qh = reinterpret_cast<T*>(tc_smem);
+  T* Kh = Qh + kTile * ld;
+  T* Vh = Kh + kTile * ld;
+  float* Sf = reinterpret_cast<float*>(Vh + kTile * ld);
+  T* Ph = reinterpret_cast<T*>(Sf + kTile * kLdS);
+  float* Of = reinterpret_cast<float*>(Ph + kTile * kLdP);
+  const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+  const int qt = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int kvh = h / s.group;
+  const int i0 = qt * kTile, nq = min(kTile, s.T - i0);
+  const T* base = qkv + int64_t{b} * s.T * s.W;
+  const T* k = base + int64_t{s.NH + kvh} * s.HS;
+  const T* v = base + int64_t{s.NH + s.NKV + kvh} * s.HS;
+  load_tile16<D>(Qh, ld, base + int64_t{i0} * s.W + int64_t{h} * s.HS, s.W, nq, s.HS);
+
+  float m[kRows], l[kRows], o[kRows][kCols];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    m[r] = -INFINITY;
+    l[r] = 0.0f;
+#pragma unroll
+    for (int c = 0; c < kCols; ++c) o[r][c] = 0.0f;
+  }
+  for (int kt = 0; kt <= qt; ++kt) {
+    const int j0 = kt * kTile, nk = min(kTile, s.T - j0);
+    __syncthreads();  // the previous tile's reads of Kh, Vh and Of are done
+    load_tile16<D>(Kh, ld, k + int64_t{j0} * s.W, s.W, nk, s.HS);
+    load_tile16<D>(Vh, ld, v + int64_t{j0} * s.W, s.W, nk, s.HS);
+    __syncthreads();
+    mma_abt<D>(Sf, Qh, Kh);
+    __syncthreads();
+    const bool diag = kt == qt;  // the mask as in tiled_forward_kernel
+    float alpha[kRows];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const int row = ty + 16 * r;
+      float x[kRows];
+      float mx = -INFINITY;
+#pragma unroll
+      for (int c = 0; c < kRows; ++c) {
+        const int col = tx + 16 * c;
+        x[c] = (diag && col > row) ? -INFINITY : Sf[row * kLdS + col] * s.scale_log2;
+        mx = fmaxf(mx, x[c]);
+      }
+      mx = row_max16(mx);
+      const float m_new = fmaxf(m[r], mx);
+      float sum = 0.0f;
+#pragma unroll
+      for (int c = 0; c < kRows; ++c) {
+        const float p = exp2f(x[c] - m_new);
+        Ph[row * kLdP + tx + 16 * c] = narrow<T>(p);
+        sum += p;
+      }
+      sum = row_sum16(sum);
+      alpha[r] = exp2f(m[r] - m_new);
+      l[r] = l[r] * alpha[r] + sum;
+      m[r] = m_new;
+    }
+    __syncthreads();
+    {
+      FragC pv[D / 32];
+      zero_ab<D>(pv);
+      mma_ab<D>(pv, Ph, Vh);
+      store_ab<D>(Of, pv);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < kRows; ++r)
+#pragma unroll
+      for (int c = 0; c < kCols; ++c)
+        o[r][c] = fmaf(o[r][c], alpha[r], Of[(ty + 16 * r) * (D + 4) + tx + 16 * c]);
+  }
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    const int row = ty + 16 * r;
+    if (row >= nq) continue;
+    const float inv = 1.0f / l[r];
+    T* orow = out + (int64_t{b} * s.T + i0 + row) * s.C + int64_t{h} * s.HS;
+#pragma unroll
+    for (int c = 0; c < kCols; ++c) {
+      const int d = tx + 16 * c;
+      if (d < s.HS) orow[d] = narrow<T>(o[r][c] * inv);
+    }
+    if (tx == 0) lse[(int64_t{b} * s.NH + h) * s.T + i0 + row] = (m[r] + log2f(l[r])) * kLn2;
+  }
+}
+
+// Loads a query tile's rows of head h for the tensor-core backward (16-bit q and dout).
+template <int D, typename T>
+__device__ __forceinline__ void load_query_side16(T* Qh, T* dOh, float* Ls, float* Ds, const T* qkv,
+                                                  const T* dout, const float* lse,
+                                                  const float* Drow, const Shape& s, int b, int h,
+                                                  int i0, int nq) {
+  load_tile16<D>(Qh, D + 8, qkv + (int64_t{b} * s.T + i0) * s.W + int64_t{h} * s.HS, s.W, nq, s.HS);
+  load_tile16<D>(dOh, D + 8, dout + (int64_t{b} * s.T + i0) * s.C + int64_t{h} * s.HS, s.C, nq,
+                 s.HS);
+  if (threadIdx.x < kTile) {
+    const int r = threadIdx.x;
+    const int64_t at = (int64_t{b} * s.NH + h) * s.T + i0 + r;
+    Ls[r] = r < nq ? lse[at] * kLog2e : 0.0f;
+    Ds[r] = r < nq ? Drow[at] : 0.0f;
+  }
+}
+
+// dK and dV as tiled_backward_dkdv_kernel, with S^T = K Q^T, dP^T = V dO^T, dV += P^T dO and
+// dK += dS^T Q on tensor cores; dK and dV stay in fragments for the whole group.
+template <int D, typename T>
+__global__ void __launch_bounds__(kThreads)
+    tc_backward_dkdv_kernel(T* __restrict__ dqkv, const T* __restrict__ dout,
+                            const T* __restrict__ qkv, const float* __restrict__ lse,
+                            const float* __restrict__ Drow, Shape s) {
+  constexpr int ld = D + 8;
+  extern __shared__ __align__(128) unsigned char tc_smem[];
+  T* Kh = reinterpret_cast<T*>(tc_smem);
+  T* Vh = Kh + kTile * ld;
+  T* Qh = Vh + kTile * ld;
+  T* dOh = Qh + kTile * ld;
+  float* St = reinterpret_cast<float*>(dOh + kTile * ld);
+  float* dPt = St + kTile * kLdS;
+  T* Ph = reinterpret_cast<T*>(dPt + kTile * kLdS);
+  T* dSh = Ph + kTile * kLdP;
+  float* Ls = reinterpret_cast<float*>(dSh + kTile * kLdP);
+  float* Ds = Ls + kTile;
+  float* staging = reinterpret_cast<float*>(Qh);  // [64][D + 4] over Qh and dOh, at the end
+  const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+  const int kt = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
+  const int j0 = kt * kTile, nk = min(kTile, s.T - j0);
+  const int nqt = (s.T + kTile - 1) / kTile;
+  const T* base = qkv + int64_t{b} * s.T * s.W;
+  const int64_t koff = int64_t{s.NH + kvh} * s.HS, voff = int64_t{s.NH + s.NKV + kvh} * s.HS;
+  load_tile16<D>(Kh, ld, base + int64_t{j0} * s.W + koff, s.W, nk, s.HS);
+  load_tile16<D>(Vh, ld, base + int64_t{j0} * s.W + voff, s.W, nk, s.HS);
+
+  FragC dk[D / 32], dv[D / 32];
+  zero_ab<D>(dk);
+  zero_ab<D>(dv);
+  for (int g = 0; g < s.group; ++g) {
+    const int h = kvh * s.group + g;
+    for (int qt = kt; qt < nqt; ++qt) {
+      const int i0 = qt * kTile, nq = min(kTile, s.T - i0);
+      __syncthreads();  // the previous tile's reads of Qh, dOh, Ph, dSh, Ls and Ds are done
+      load_query_side16<D>(Qh, dOh, Ls, Ds, qkv, dout, lse, Drow, s, b, h, i0, nq);
+      __syncthreads();
+      mma_abt<D>(St, Kh, Qh);
+      mma_abt<D>(dPt, Vh, dOh);
+      __syncthreads();
+      const bool diag = qt == kt;  // the mask as in tiled_backward_dkdv_kernel
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        const int key = ty + 16 * r;
+#pragma unroll
+        for (int c = 0; c < kRows; ++c) {
+          const int qi = tx + 16 * c;
+          const bool live = qi < nq && !(diag && key > qi);
+          const float p = live ? exp2f(St[key * kLdS + qi] * s.scale_log2 - Ls[qi]) : 0.0f;
+          Ph[key * kLdP + qi] = narrow<T>(p);
+          dSh[key * kLdP + qi] = narrow<T>(p * (dPt[key * kLdS + qi] - Ds[qi]) * s.scale);
+        }
+      }
+      __syncthreads();
+      mma_ab<D>(dv, Ph, dOh);
+      mma_ab<D>(dk, dSh, Qh);
+    }
+  }
+  __syncthreads();  // the last products' reads of Qh and dOh are done: the staging takes them
+  T* rows = dqkv + (int64_t{b} * s.T + j0) * s.W;
+  store_ab<D>(staging, dk);
+  __syncthreads();
+  write_rows<D>(rows + koff, s.W, staging, nk, s.HS);
+  __syncthreads();
+  store_ab<D>(staging, dv);
+  __syncthreads();
+  write_rows<D>(rows + voff, s.W, staging, nk, s.HS);
+}
+
+// dQ as tiled_backward_dq_kernel, with S = Q K^T, dP = dO V^T and dQ += dS K on tensor cores.
+template <int D, typename T>
+__global__ void __launch_bounds__(kThreads, 2)
+    tc_backward_dq_kernel(T* __restrict__ dqkv, const T* __restrict__ dout,
+                          const T* __restrict__ qkv, const float* __restrict__ lse,
+                          const float* __restrict__ Drow, Shape s) {
+  constexpr int ld = D + 8;
+  extern __shared__ __align__(128) unsigned char tc_smem[];
+  T* Kh = reinterpret_cast<T*>(tc_smem);
+  T* Vh = Kh + kTile * ld;
+  T* Qh = Vh + kTile * ld;
+  T* dOh = Qh + kTile * ld;
+  float* Sf = reinterpret_cast<float*>(dOh + kTile * ld);
+  float* dPf = Sf + kTile * kLdS;
+  T* dSh = reinterpret_cast<T*>(dPf + kTile * kLdS);
+  float* Ls = reinterpret_cast<float*>(dSh + 2 * kTile * kLdP);  // (the dkdv kernel's layout)
+  float* Ds = Ls + kTile;
+  float* staging = reinterpret_cast<float*>(Kh);  // [64][D + 4] over Kh and Vh, at the end
+  const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+  const int qt = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int kvh = h / s.group;
+  const int i0 = qt * kTile, nq = min(kTile, s.T - i0);
+  const T* base = qkv + int64_t{b} * s.T * s.W;
+  const int64_t koff = int64_t{s.NH + kvh} * s.HS, voff = int64_t{s.NH + s.NKV + kvh} * s.HS;
+  load_query_side16<D>(Qh, dOh, Ls, Ds, qkv, dout, lse, Drow, s, b, h, i0, nq);
+
+  FragC dq[D / 32];
+  zero_ab<D>(dq);
+  for (int kt = 0; kt <= qt; ++kt) {
+    const int j0 = kt * kTile, nk = min(kTile, s.T - j0);
+    __syncthreads();  // the previous tile's reads of Kh and dSh are done
+    load_tile16<D>(Kh, ld, base + int64_t{j0} * s.W + koff, s.W, nk, s.HS);
+    load_tile16<D>(Vh, ld, base + int64_t{j0} * s.W + voff, s.W, nk, s.HS);
+    __syncthreads();
+    mma_abt<D>(Sf, Qh, Kh);
+    mma_abt<D>(dPf, dOh, Vh);
+    __syncthreads();
+    const bool diag = kt == qt;
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const int qi = ty + 16 * r;
+#pragma unroll
+      for (int c = 0; c < kRows; ++c) {
+        const int key = tx + 16 * c;
+        const bool live = qi < nq && !(diag && key > qi);
+        const float p = live ? exp2f(Sf[qi * kLdS + key] * s.scale_log2 - Ls[qi]) : 0.0f;
+        dSh[qi * kLdP + key] = narrow<T>(p * (dPf[qi * kLdS + key] - Ds[qi]) * s.scale);
+      }
+    }
+    __syncthreads();
+    mma_ab<D>(dq, dSh, Kh);
+  }
+  __syncthreads();  // the last product's reads of Kh are done: the staging takes Kh and Vh
+  store_ab<D>(staging, dq);
+  __syncthreads();
+  write_rows<D>(dqkv + (int64_t{b} * s.T + i0) * s.W + int64_t{h} * s.HS, s.W, staging, nq, s.HS);
+}
+
 // ---- launches ------------------------------------------------------------------------------
 // The widest head the kernels take: heads are padded with zeros to 64 or 128 channels.
 constexpr int kMaxTiledHeadSize = 128;
@@ -499,8 +897,7 @@ Shape make_shape(const char* op, int B, int T, int C, int NH, int NKV) {
   return s;
 }
 
-// Opts a kernel into `bytes` of dynamic shared memory (once per kernel), after checking that the
-// device has them.
+// Opts a kernel into `bytes` of dynamic shared memory, after checking that the device has them.
 template <typename Kernel>
 void allow_smem(Kernel kernel, size_t bytes, const Context& ctx, const char* op) {
   if (bytes > ctx.props.sharedMemPerBlockOptin) {
@@ -514,32 +911,70 @@ void allow_smem(Kernel kernel, size_t bytes, const Context& ctx, const char* op)
                                      static_cast<int>(bytes)));
 }
 
+// The kernel asked for: HEADROOM_CUDA_ATTENTION (auto, tensor-cores or fp32; read once, to
+// compare the two in whole training steps), then set_tiled_attention_kernel.
+TiledAttentionKernel kernel_from_env() {
+  const char* v = std::getenv("HEADROOM_CUDA_ATTENTION");
+  if (v == nullptr || *v == '\0' || std::strcmp(v, "auto") == 0) return TiledAttentionKernel::kAuto;
+  if (std::strcmp(v, "tensor-cores") == 0) return TiledAttentionKernel::kTensorCores;
+  if (std::strcmp(v, "fp32") == 0) return TiledAttentionKernel::kFp32Tiles;
+  throw std::invalid_argument(std::string("HEADROOM_CUDA_ATTENTION=") + v +
+                              ": expected auto, tensor-cores or fp32");
+}
+std::atomic<int> g_kernel{-1};  // -1: not yet read from the environment
+
+// Whether 16-bit storage takes the tensor-core kernels now.
+bool use_tensor_cores() {
+  int k = g_kernel.load(std::memory_order_relaxed);
+  if (k < 0) {
+    const int from_env = static_cast<int>(kernel_from_env());
+    g_kernel.compare_exchange_strong(k, from_env, std::memory_order_relaxed);
+    k = g_kernel.load(std::memory_order_relaxed);
+  }
+  return static_cast<TiledAttentionKernel>(k) != TiledAttentionKernel::kFp32Tiles;
+}
+
+template <typename Kernel>
+void launch(Kernel kernel, dim3 grid, size_t smem, const Context& ctx, const char* op,
+            auto... args) {
+  // Opting in to more than 48 KiB is per kernel; once per kernel is enough, but it is cheap, and
+  // a per-call check keeps the device's limit in the message.
+  allow_smem(kernel, smem, ctx, op);
+  kernel<<<grid, kThreads, smem, ctx.compute>>>(args...);
+  HR_CUDA_LAUNCH_CHECK();
+}
+
 template <int D, typename T>
 void launch_forward(T* out, float* lse, const T* qkv, const Shape& s, const Context& ctx) {
-  constexpr size_t smem = forward_smem_bytes<D>();
-  static const bool ready =
-      (allow_smem(tiled_forward_kernel<D, T>, smem, ctx, "attention_tiled_forward"), true);
-  (void)ready;
   const dim3 grid((s.T + kTile - 1) / kTile, s.NH, s.B);
-  tiled_forward_kernel<D, T><<<grid, kThreads, smem, ctx.compute>>>(out, lse, qkv, s);
-  HR_CUDA_LAUNCH_CHECK();
+  if constexpr (!std::is_same_v<T, float>) {
+    if (use_tensor_cores()) {
+      launch(tc_forward_kernel<D, T>, grid, tc_forward_smem_bytes<D>(), ctx,
+             "attention_tiled_forward", out, lse, qkv, s);
+      return;
+    }
+  }
+  launch(tiled_forward_kernel<D, T>, grid, forward_smem_bytes<D>(), ctx, "attention_tiled_forward",
+         out, lse, qkv, s);
 }
 
 template <int D, typename T>
 void launch_backward(T* dqkv, const T* dout, const T* qkv, const float* lse, const float* Drow,
                      const Shape& s, const Context& ctx) {
-  constexpr size_t smem = backward_smem_bytes<D>();
-  static const bool ready =
-      (allow_smem(tiled_backward_dkdv_kernel<D, T>, smem, ctx, "attention_tiled_backward"),
-       allow_smem(tiled_backward_dq_kernel<D, T>, smem, ctx, "attention_tiled_backward"), true);
-  (void)ready;
   const int tiles = (s.T + kTile - 1) / kTile;
-  tiled_backward_dkdv_kernel<D, T>
-      <<<dim3(tiles, s.NKV, s.B), kThreads, smem, ctx.compute>>>(dqkv, dout, qkv, lse, Drow, s);
-  HR_CUDA_LAUNCH_CHECK();
-  tiled_backward_dq_kernel<D, T>
-      <<<dim3(tiles, s.NH, s.B), kThreads, smem, ctx.compute>>>(dqkv, dout, qkv, lse, Drow, s);
-  HR_CUDA_LAUNCH_CHECK();
+  const dim3 kv_grid(tiles, s.NKV, s.B), q_grid(tiles, s.NH, s.B);
+  const char* op = "attention_tiled_backward";
+  if constexpr (!std::is_same_v<T, float>) {
+    if (use_tensor_cores()) {
+      constexpr size_t smem = tc_backward_smem_bytes<D>();
+      launch(tc_backward_dkdv_kernel<D, T>, kv_grid, smem, ctx, op, dqkv, dout, qkv, lse, Drow, s);
+      launch(tc_backward_dq_kernel<D, T>, q_grid, smem, ctx, op, dqkv, dout, qkv, lse, Drow, s);
+      return;
+    }
+  }
+  constexpr size_t smem = backward_smem_bytes<D>();
+  launch(tiled_backward_dkdv_kernel<D, T>, kv_grid, smem, ctx, op, dqkv, dout, qkv, lse, Drow, s);
+  launch(tiled_backward_dq_kernel<D, T>, q_grid, smem, ctx, op, dqkv, dout, qkv, lse, Drow, s);
 }
 
 template <typename T>
@@ -575,6 +1010,13 @@ void tiled_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const fl
 }
 
 }  // namespace
+
+void set_tiled_attention_kernel(TiledAttentionKernel kernel) {
+  g_kernel.store(static_cast<int>(kernel), std::memory_order_relaxed);
+}
+TiledAttentionKernel tiled_attention_kernel() {
+  return use_tensor_cores() ? TiledAttentionKernel::kTensorCores : TiledAttentionKernel::kFp32Tiles;
+}
 
 // The forward needs no scratch (its tiles live in shared memory); the backward's holds D, one
 // float per (b, query head, position).
