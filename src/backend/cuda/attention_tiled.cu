@@ -934,13 +934,13 @@ bool use_tensor_cores() {
   return static_cast<TiledAttentionKernel>(k) != TiledAttentionKernel::kFp32Tiles;
 }
 
-template <typename Kernel>
-void launch(Kernel kernel, dim3 grid, size_t smem, const Context& ctx, const char* op,
-            auto... args) {
-  // Opting in to more than 48 KiB is per kernel; once per kernel is enough, but it is cheap, and
-  // a per-call check keeps the device's limit in the message.
-  allow_smem(kernel, smem, ctx, op);
-  kernel<<<grid, kThreads, smem, ctx.compute>>>(args...);
+// Opts the kernel into its shared memory once (the first launch; checked against the device),
+// then launches it on the compute stream.
+template <auto kKernel>
+void launch(dim3 grid, size_t smem, const Context& ctx, const char* op, auto... args) {
+  static const bool ready = (allow_smem(kKernel, smem, ctx, op), true);
+  (void)ready;
+  kKernel<<<grid, kThreads, smem, ctx.compute>>>(args...);
   HR_CUDA_LAUNCH_CHECK();
 }
 
@@ -949,13 +949,13 @@ void launch_forward(T* out, float* lse, const T* qkv, const Shape& s, const Cont
   const dim3 grid((s.T + kTile - 1) / kTile, s.NH, s.B);
   if constexpr (!std::is_same_v<T, float>) {
     if (use_tensor_cores()) {
-      launch(tc_forward_kernel<D, T>, grid, tc_forward_smem_bytes<D>(), ctx,
-             "attention_tiled_forward", out, lse, qkv, s);
+      launch<tc_forward_kernel<D, T>>(grid, tc_forward_smem_bytes<D>(), ctx,
+                                      "attention_tiled_forward", out, lse, qkv, s);
       return;
     }
   }
-  launch(tiled_forward_kernel<D, T>, grid, forward_smem_bytes<D>(), ctx, "attention_tiled_forward",
-         out, lse, qkv, s);
+  launch<tiled_forward_kernel<D, T>>(grid, forward_smem_bytes<D>(), ctx, "attention_tiled_forward",
+                                     out, lse, qkv, s);
 }
 
 template <int D, typename T>
@@ -967,14 +967,14 @@ void launch_backward(T* dqkv, const T* dout, const T* qkv, const float* lse, con
   if constexpr (!std::is_same_v<T, float>) {
     if (use_tensor_cores()) {
       constexpr size_t smem = tc_backward_smem_bytes<D>();
-      launch(tc_backward_dkdv_kernel<D, T>, kv_grid, smem, ctx, op, dqkv, dout, qkv, lse, Drow, s);
-      launch(tc_backward_dq_kernel<D, T>, q_grid, smem, ctx, op, dqkv, dout, qkv, lse, Drow, s);
+      launch<tc_backward_dkdv_kernel<D, T>>(kv_grid, smem, ctx, op, dqkv, dout, qkv, lse, Drow, s);
+      launch<tc_backward_dq_kernel<D, T>>(q_grid, smem, ctx, op, dqkv, dout, qkv, lse, Drow, s);
       return;
     }
   }
   constexpr size_t smem = backward_smem_bytes<D>();
-  launch(tiled_backward_dkdv_kernel<D, T>, kv_grid, smem, ctx, op, dqkv, dout, qkv, lse, Drow, s);
-  launch(tiled_backward_dq_kernel<D, T>, q_grid, smem, ctx, op, dqkv, dout, qkv, lse, Drow, s);
+  launch<tiled_backward_dkdv_kernel<D, T>>(kv_grid, smem, ctx, op, dqkv, dout, qkv, lse, Drow, s);
+  launch<tiled_backward_dq_kernel<D, T>>(q_grid, smem, ctx, op, dqkv, dout, qkv, lse, Drow, s);
 }
 
 template <typename T>
