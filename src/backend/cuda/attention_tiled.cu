@@ -512,9 +512,22 @@ template <typename T, typename Layout>
 using FragB = nvcuda::wmma::fragment<nvcuda::wmma::matrix_b, 16, 16, 16, Wt<T>, Layout>;
 
 // dst[r * ldd + d] = src[r * lds + d] (the bits) for r < rows and d < HS; zero elsewhere up to D.
+// 16-byte loads (8 elements) when the head fills D and every row of src starts on 16 bytes (the
+// usual case: HS 64 or 128 and an aligned qkv), else one element a thread. dst's rows (ldd = D +
+// 8) and regions start on 16 bytes. The choice depends on the arguments only: uniform in a block.
 template <int D, typename T>
 __device__ __forceinline__ void load_tile16(T* dst, int ldd, const T* src, int64_t lds, int rows,
                                             int HS) {
+  constexpr int kVec = 8;
+  if (HS == D && lds % kVec == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0) {
+    for (int idx = threadIdx.x; idx < kTile * D / kVec; idx += kThreads) {
+      const int r = idx / (D / kVec), d = idx % (D / kVec) * kVec;
+      uint4 x = make_uint4(0, 0, 0, 0);
+      if (r < rows) x = *reinterpret_cast<const uint4*>(src + r * lds + d);
+      *reinterpret_cast<uint4*>(dst + r * ldd + d) = x;
+    }
+    return;
+  }
   for (int idx = threadIdx.x; idx < kTile * D; idx += kThreads) {
     const int r = idx / D, d = idx % D;
     T x{0};
