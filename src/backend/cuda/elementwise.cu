@@ -37,8 +37,8 @@ template <typename F>
 void launch_map(const CudaOps& ops, const F& f, int64_t n, bool vector) {
   if (n <= 0) return;
   if (vector) {
-    map_kernel<kPack><<<elem::grid_for(ops, n / kPack + 1, kThreads), kThreads, 0, ops.stream()>>>(
-        f, n);
+    map_kernel<kPack>
+        <<<elem::grid_for(ops, n / kPack + 1, kThreads), kThreads, 0, ops.stream()>>>(f, n);
   } else {
     map_kernel<1><<<elem::grid_for(ops, n, kThreads), kThreads, 0, ops.stream()>>>(f, n);
   }
@@ -160,14 +160,14 @@ dim3 row_grid(int64_t N, int64_t cols) {
 }
 
 template <typename T>
-void swiglu_forward_t(const CudaOps& ops, T* out, const T* gu, int64_t N, int64_t I,
-                      int64_t ld_out, int64_t ld_gu) {
+void swiglu_forward_t(const CudaOps& ops, T* out, const T* gu, int64_t N, int64_t I, int64_t ld_out,
+                      int64_t ld_gu) {
   HR_ELEM_REQUIRE(ld_gu >= 2 * I && ld_out >= I, "swiglu_forward",
                   "row strides must satisfy ld_gu >= 2 I and ld_out >= I");
   if (N <= 0 || I <= 0) return;
   if (swiglu_packs(out, gu, I, ld_out, ld_gu)) {
-    swiglu_forward_kernel<kPack><<<row_grid(N, I / kPack), kThreads, 0, ops.stream()>>>(
-        out, gu, N, I, ld_out, ld_gu);
+    swiglu_forward_kernel<kPack>
+        <<<row_grid(N, I / kPack), kThreads, 0, ops.stream()>>>(out, gu, N, I, ld_out, ld_gu);
   } else {
     swiglu_forward_kernel<1>
         <<<row_grid(N, I), kThreads, 0, ops.stream()>>>(out, gu, N, I, ld_out, ld_gu);
@@ -175,8 +175,8 @@ void swiglu_forward_t(const CudaOps& ops, T* out, const T* gu, int64_t N, int64_
   HR_CUDA_LAUNCH_CHECK();
 }
 template <typename T>
-void swiglu_backward_t(const CudaOps& ops, T* dgu, const T* gu, const T* dout, int64_t N,
-                       int64_t I, int64_t ld_gu, int64_t ld_dout) {
+void swiglu_backward_t(const CudaOps& ops, T* dgu, const T* gu, const T* dout, int64_t N, int64_t I,
+                       int64_t ld_gu, int64_t ld_dout) {
   HR_ELEM_REQUIRE(ld_gu >= 2 * I && ld_dout >= I, "swiglu_backward",
                   "row strides must satisfy ld_gu >= 2 I and ld_dout >= I");
   if (N <= 0 || I <= 0) return;
@@ -184,8 +184,8 @@ void swiglu_backward_t(const CudaOps& ops, T* dgu, const T* gu, const T* dout, i
     swiglu_backward_kernel<kPack><<<row_grid(N, I / kPack), kThreads, 0, ops.stream()>>>(
         dgu, gu, dout, N, I, ld_gu, ld_dout);
   } else {
-    swiglu_backward_kernel<1><<<row_grid(N, I), kThreads, 0, ops.stream()>>>(
-        dgu, gu, dout, N, I, ld_gu, ld_dout);
+    swiglu_backward_kernel<1>
+        <<<row_grid(N, I), kThreads, 0, ops.stream()>>>(dgu, gu, dout, N, I, ld_gu, ld_dout);
   }
   HR_CUDA_LAUNCH_CHECK();
 }
@@ -219,7 +219,8 @@ __global__ void rope_kernel(T* qkv, const float* cos, const float* sin, int64_t 
 template <bool kInverse, typename T>
 void rope_t(const CudaOps& ops, T* qkv, const float* cos, const float* sin, int B, int T_, int NH,
             int NKV, int HS) {
-  HR_ELEM_REQUIRE(HS > 0 && HS % 2 == 0 && NH > 0 && NKV > 0, kInverse ? "rope_backward" : "rope_forward",
+  HR_ELEM_REQUIRE(HS > 0 && HS % 2 == 0 && NH > 0 && NKV > 0,
+                  kInverse ? "rope_backward" : "rope_forward",
                   "the head size must be even and positive, NH and NKV positive");
   const int64_t rows = int64_t(B) * T_;
   if (rows <= 0) return;
@@ -379,29 +380,29 @@ __global__ void sum_partials_kernel(double* out, const double* partial, int bloc
 }  // namespace
 
 // ---- GELU, SwiGLU, RoPE per storage type -----------------------------------------------------
-#define HR_ELEM_T(T)                                                                               \
-  void CudaOps::gelu_forward(T* out, const T* inp, int64_t n) const {                              \
-    launch_map(*this, GeluForward<T>{out, inp}, n, aligned16(out) && aligned16(inp));              \
-  }                                                                                                \
-  void CudaOps::gelu_backward(T* dinp, const T* inp, const T* dout, int64_t n) const {             \
-    launch_map(*this, GeluBackward<T>{dinp, inp, dout}, n,                                         \
-               aligned16(dinp) && aligned16(inp) && aligned16(dout));                              \
-  }                                                                                                \
-  void CudaOps::swiglu_forward(T* out, const T* gu, int64_t N, int64_t I, int64_t ld_out,          \
-                               int64_t ld_gu) const {                                              \
-    swiglu_forward_t(*this, out, gu, N, I, ld_out, ld_gu);                                         \
-  }                                                                                                \
-  void CudaOps::swiglu_backward(T* dgu, const T* gu, const T* dout, int64_t N, int64_t I,          \
-                                int64_t ld_gu, int64_t ld_dout) const {                            \
-    swiglu_backward_t(*this, dgu, gu, dout, N, I, ld_gu, ld_dout);                                 \
-  }                                                                                                \
-  void CudaOps::rope_forward(T* qkv, const float* cos, const float* sin, int B, int T_, int NH,    \
-                             int NKV, int HS) const {                                              \
-    rope_t<false>(*this, qkv, cos, sin, B, T_, NH, NKV, HS);                                       \
-  }                                                                                                \
-  void CudaOps::rope_backward(T* dqkv, const float* cos, const float* sin, int B, int T_, int NH,  \
-                              int NKV, int HS) const {                                             \
-    rope_t<true>(*this, dqkv, cos, sin, B, T_, NH, NKV, HS);                                       \
+#define HR_ELEM_T(T)                                                                              \
+  void CudaOps::gelu_forward(T* out, const T* inp, int64_t n) const {                             \
+    launch_map(*this, GeluForward<T>{out, inp}, n, aligned16(out) && aligned16(inp));             \
+  }                                                                                               \
+  void CudaOps::gelu_backward(T* dinp, const T* inp, const T* dout, int64_t n) const {            \
+    launch_map(*this, GeluBackward<T>{dinp, inp, dout}, n,                                        \
+               aligned16(dinp) && aligned16(inp) && aligned16(dout));                             \
+  }                                                                                               \
+  void CudaOps::swiglu_forward(T* out, const T* gu, int64_t N, int64_t I, int64_t ld_out,         \
+                               int64_t ld_gu) const {                                             \
+    swiglu_forward_t(*this, out, gu, N, I, ld_out, ld_gu);                                        \
+  }                                                                                               \
+  void CudaOps::swiglu_backward(T* dgu, const T* gu, const T* dout, int64_t N, int64_t I,         \
+                                int64_t ld_gu, int64_t ld_dout) const {                           \
+    swiglu_backward_t(*this, dgu, gu, dout, N, I, ld_gu, ld_dout);                                \
+  }                                                                                               \
+  void CudaOps::rope_forward(T* qkv, const float* cos, const float* sin, int B, int T_, int NH,   \
+                             int NKV, int HS) const {                                             \
+    rope_t<false>(*this, qkv, cos, sin, B, T_, NH, NKV, HS);                                      \
+  }                                                                                               \
+  void CudaOps::rope_backward(T* dqkv, const float* cos, const float* sin, int B, int T_, int NH, \
+                              int NKV, int HS) const {                                            \
+    rope_t<true>(*this, dqkv, cos, sin, B, T_, NH, NKV, HS);                                      \
   }
 HR_ELEM_T(float)
 HR_ELEM_T(bf16_t)
@@ -413,10 +414,9 @@ void CudaOps::rope_inv_freq(float* inv_freq, int HS, float theta,
   HR_ELEM_REQUIRE(HS > 0 && HS % 2 == 0 && theta > 0.0f, "rope_inv_freq",
                   "the head size must be even and positive and theta positive");
   const bool llama3 = scaling.kind == RopeScaling::Kind::kLlama3;
-  HR_ELEM_REQUIRE(!llama3 || (scaling.factor > 0.0f &&
-                              scaling.high_freq_factor > scaling.low_freq_factor),
-                  "rope_inv_freq",
-                  "Llama 3 scaling needs factor > 0 and high_freq_factor > low_freq_factor");
+  HR_ELEM_REQUIRE(
+      !llama3 || (scaling.factor > 0.0f && scaling.high_freq_factor > scaling.low_freq_factor),
+      "rope_inv_freq", "Llama 3 scaling needs factor > 0 and high_freq_factor > low_freq_factor");
   const int H = HS / 2;
   rope_inv_freq_kernel<<<(H + kThreads - 1) / kThreads, kThreads, 0, stream()>>>(
       inv_freq, HS, theta, llama3, scaling.factor, scaling.low_freq_factor,

@@ -22,9 +22,7 @@ __device__ __forceinline__ float to_f32(float x) { return x; }
 __device__ __forceinline__ float to_f32(bf16_t x) {
   return __uint_as_float(uint32_t(x.bits) << 16);
 }
-__device__ __forceinline__ float to_f32(f16_t x) {
-  return __half2float(__ushort_as_half(x.bits));
-}
+__device__ __forceinline__ float to_f32(f16_t x) { return __half2float(__ushort_as_half(x.bits)); }
 template <typename T>
 __device__ __forceinline__ T from_f32(float x);
 template <>
@@ -143,9 +141,9 @@ inline void* op_workspace(const CudaOps& ops, size_t bytes, const char* op) {
 
 // A host-side precondition of an op: aborts naming the op and what is wrong (the op table
 // assumes the model validated its shapes; this catches a caller's bug, not user input).
-#define HR_ELEM_REQUIRE(cond, op, what)                                                     \
-  do {                                                                                      \
-    if (!(cond)) ::headroom::backend::cuda::cuda_fail(op, (what), __FILE__, __LINE__);      \
+#define HR_ELEM_REQUIRE(cond, op, what)                                                \
+  do {                                                                                 \
+    if (!(cond)) ::headroom::backend::cuda::cuda_fail(op, (what), __FILE__, __LINE__); \
   } while (0)
 
 }  // namespace headroom::backend::cuda::elem

@@ -94,8 +94,8 @@ void CudaOps::embedding_forward(float* out, const int32_t* tokens, const float* 
   HR_CUDA_LAUNCH_CHECK();
 }
 
-void CudaOps::embedding_backward(float* dwte, float* dwpe, const float* dout,
-                                 const int32_t* tokens, int B, int T, int C) const {
+void CudaOps::embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
+                                 int B, int T, int C) const {
   const int64_t BT = int64_t(B) * T;
   if (BT <= 0 || C <= 0) return;
   HR_ELEM_REQUIRE(BT <= INT32_MAX, "embedding_backward", "B * T must fit in int32 (row ids)");

@@ -68,9 +68,10 @@ __global__ void __launch_bounds__(kThreads)
   const int32_t target = targets[n];
   if (target < -1 || target >= V) {
     if (threadIdx.x == 0) {
-      printf("headroom: cross-entropy target %d of row %lld is outside [-1, %d): the targets "
-             "must be token ids below the vocabulary size, or -1 (ignored)\n",
-             int(target), static_cast<long long>(n), V);
+      printf(
+          "headroom: cross-entropy target %d of row %lld is outside [-1, %d): the targets "
+          "must be token ids below the vocabulary size, or -1 (ignored)\n",
+          int(target), static_cast<long long>(n), V);
     }
     __trap();
   }
@@ -171,8 +172,7 @@ void ce_launch(const CudaOps& ops, float* losses, float* lse_out, float* logits,
             <<<grid, block, 0, s>>>(losses, lse_out, logits, lse_in, targets, V, ld, dloss);
         break;
       default:
-        cuda_fail(op, "the logits gradient's storage must be f32, f16 or bf16", __FILE__,
-                  __LINE__);
+        cuda_fail(op, "the logits gradient's storage must be f32, f16 or bf16", __FILE__, __LINE__);
     }
   }
   HR_CUDA_LAUNCH_CHECK();

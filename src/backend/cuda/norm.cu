@@ -80,8 +80,8 @@ __global__ void norm_backward_input_kernel(float* dinp, TL* lo, const TD* dout, 
   b = kRms ? b * r / float(C) : b / float(C);
   for (int c = threadIdx.x; c < C; c += blockDim.x) {
     const float g = to_f32(dy[c]) * weight[c];
-    const float v = kRms ? dx[c] + (g - x[c] * r * b) * r
-                         : dx[c] + (g - a - ((x[c] - m) * r) * b) * r;
+    const float v =
+        kRms ? dx[c] + (g - x[c] * r * b) * r : dx[c] + (g - a - ((x[c] - m) * r) * b) * r;
     dx[c] = v;
     if (lo != nullptr) lo[n * C + c] = from_f32<TL>(v);
   }
@@ -128,8 +128,8 @@ void norm_forward(const CudaOps& ops, TOut* out, float* mean, float* rstd, const
                   const float* weight, const float* bias, int N, int C, float eps) {
   HR_ELEM_REQUIRE(C > 0, kRms ? "rmsnorm_forward" : "layernorm_forward", "C must be positive");
   if (N <= 0) return;
-  norm_forward_kernel<kRms><<<unsigned(N), kThreads, 0, ops.stream()>>>(out, mean, rstd, inp,
-                                                                         weight, bias, C, eps);
+  norm_forward_kernel<kRms>
+      <<<unsigned(N), kThreads, 0, ops.stream()>>>(out, mean, rstd, inp, weight, bias, C, eps);
   HR_CUDA_LAUNCH_CHECK();
 }
 
@@ -148,8 +148,8 @@ void norm_backward(const CudaOps& ops, float* dinp, TL* dinp_low, float* dweight
   if (dweight == nullptr && dbias == nullptr) return;
   const int64_t chunks = std::min<int64_t>(N, kParamChunks);
   const int64_t width = kRms ? C : 2 * int64_t(C);
-  auto* part = static_cast<float*>(
-      elem::op_workspace(ops, size_t(chunks * width) * sizeof(float), op));
+  auto* part =
+      static_cast<float*>(elem::op_workspace(ops, size_t(chunks * width) * sizeof(float), op));
   const dim3 grid(unsigned((C + kThreads - 1) / kThreads), unsigned(chunks));
   norm_param_partial_kernel<kRms>
       <<<grid, kThreads, 0, ops.stream()>>>(part, dout, inp, mean, rstd, N, C, chunks);
@@ -163,44 +163,44 @@ void norm_backward(const CudaOps& ops, float* dinp, TL* dinp_low, float* dweight
 }  // namespace
 
 #define HR_NORM_T(T)                                                                               \
-  void CudaOps::layernorm_forward(T* out, float* mean, float* rstd, const float* inp,             \
-                                  const float* weight, const float* bias, int N, int C) const {   \
-    norm_forward<false>(*this, out, mean, rstd, inp, weight, bias, N, C, kLnEps);                 \
+  void CudaOps::layernorm_forward(T* out, float* mean, float* rstd, const float* inp,              \
+                                  const float* weight, const float* bias, int N, int C) const {    \
+    norm_forward<false>(*this, out, mean, rstd, inp, weight, bias, N, C, kLnEps);                  \
   }                                                                                                \
-  void CudaOps::layernorm_backward(float* dinp, float* dweight, float* dbias, const T* dout,      \
-                                   const float* inp, const float* weight, const float* mean,      \
-                                   const float* rstd, int N, int C) const {                       \
-    norm_backward<false>(*this, dinp, static_cast<float*>(nullptr), dweight, dbias, dout, inp,    \
+  void CudaOps::layernorm_backward(float* dinp, float* dweight, float* dbias, const T* dout,       \
+                                   const float* inp, const float* weight, const float* mean,       \
+                                   const float* rstd, int N, int C) const {                        \
+    norm_backward<false>(*this, dinp, static_cast<float*>(nullptr), dweight, dbias, dout, inp,     \
                          weight, mean, rstd, N, C);                                                \
   }                                                                                                \
   void CudaOps::rmsnorm_forward(T* out, float* rstd, const float* inp, const float* weight, int N, \
                                 int C, float eps) const {                                          \
-    norm_forward<true>(*this, out, static_cast<float*>(nullptr), rstd, inp, weight,               \
-                       static_cast<const float*>(nullptr), N, C, eps);                            \
+    norm_forward<true>(*this, out, static_cast<float*>(nullptr), rstd, inp, weight,                \
+                       static_cast<const float*>(nullptr), N, C, eps);                             \
   }                                                                                                \
-  void CudaOps::rmsnorm_backward(float* dinp, float* dweight, const T* dout, const float* inp,    \
-                                 const float* weight, const float* rstd, int N, int C) const {    \
+  void CudaOps::rmsnorm_backward(float* dinp, float* dweight, const T* dout, const float* inp,     \
+                                 const float* weight, const float* rstd, int N, int C) const {     \
     norm_backward<true>(*this, dinp, static_cast<float*>(nullptr), dweight,                        \
-                        static_cast<float*>(nullptr), dout, inp, weight,                          \
-                        static_cast<const float*>(nullptr), rstd, N, C);                          \
+                        static_cast<float*>(nullptr), dout, inp, weight,                           \
+                        static_cast<const float*>(nullptr), rstd, N, C);                           \
   }
 HR_NORM_T(float)
 HR_NORM_T(bf16_t)
 HR_NORM_T(f16_t)
 #undef HR_NORM_T
 
-#define HR_NORM_LOW(T)                                                                             \
+#define HR_NORM_LOW(T)                                                                            \
   void CudaOps::layernorm_backward(float* dinp, T* dinp_low, float* dweight, float* dbias,        \
                                    const T* dout, const float* inp, const float* weight,          \
                                    const float* mean, const float* rstd, int N, int C) const {    \
     HR_ELEM_REQUIRE(dinp != nullptr && dinp_low != nullptr, "layernorm_backward",                 \
                     "the 16-bit form needs dinp and dinp_low");                                   \
     norm_backward<false>(*this, dinp, dinp_low, dweight, dbias, dout, inp, weight, mean, rstd, N, \
-                         C);                                                                       \
-  }                                                                                                \
+                         C);                                                                      \
+  }                                                                                               \
   void CudaOps::rmsnorm_backward(float* dinp, T* dinp_low, float* dweight, const T* dout,         \
                                  const float* inp, const float* weight, const float* rstd, int N, \
-                                 int C) const {                                                    \
+                                 int C) const {                                                   \
     HR_ELEM_REQUIRE(dinp != nullptr && dinp_low != nullptr, "rmsnorm_backward",                   \
                     "the 16-bit form needs dinp and dinp_low");                                   \
     norm_backward<true>(*this, dinp, dinp_low, dweight, static_cast<float*>(nullptr), dout, inp,  \
