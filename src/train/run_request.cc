@@ -16,6 +16,7 @@
 #include "core/log.h"
 #include "core/units.h"
 #include "core/utf8.h"
+#include "data/byte_tokenizer.h"
 #include "data/prepare.h"
 #include "plan/calibrate.h"
 #include "plan/cost_model.h"
@@ -45,11 +46,14 @@ std::string model_dir_tokenizer(const std::string& model) {
 }
 
 // The default corpus: Debian's fortunes, tokenised once into the cache (per tokenizer: GPT-2's
-// into fortunes.tokens, another's into fortunes.<name>-<hash of its directory>.tokens).
+// into fortunes.tokens, the byte tokenizer's into fortunes.bytes.tokens, another's into
+// fortunes.<name>-<hash of its directory>.tokens).
 Result<std::string> default_corpus(const std::string& vocab_dir, const std::string& tokenizer_dir) {
   std::string path = cache_dir() + "/fortunes.tokens";
-  if (!tokenizer_dir.empty()) {
-    std::error_code ec;
+  std::error_code ec;
+  if (tokenizer_dir == data::kByteTokenizerName && !fs::is_directory(tokenizer_dir, ec)) {
+    path = cache_dir() + "/fortunes.bytes.tokens";
+  } else if (!tokenizer_dir.empty()) {
     const std::string abs = fs::weakly_canonical(tokenizer_dir, ec).string();
     std::string name = fs::path(abs).filename().string();
     for (char& ch : name) {
@@ -65,7 +69,6 @@ Result<std::string> default_corpus(const std::string& vocab_dir, const std::stri
         "no --data given and the default corpus (Debian's fortunes package, "
         "/usr/share/games/fortunes) is not installed: run `make setup` or pass --data FILE");
   }
-  std::error_code ec;
   fs::create_directories(cache_dir(), ec);
   if (ec)
     return Status::io_error(
