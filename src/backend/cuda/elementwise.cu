@@ -162,8 +162,10 @@ dim3 row_grid(int64_t N, int64_t cols) {
 template <typename T>
 void swiglu_forward_t(const CudaOps& ops, T* out, const T* gu, int64_t N, int64_t I, int64_t ld_out,
                       int64_t ld_gu) {
-  HR_ELEM_REQUIRE(ld_gu >= 2 * I && ld_out >= I, "swiglu_forward",
-                  "row strides must satisfy ld_gu >= 2 I and ld_out >= I");
+  HR_ELEM_REQUIRE(
+      ld_gu >= 2 * I && ld_out >= I, "swiglu_forward",
+      "row strides must satisfy ld_gu >= 2 I and ld_out >= I; got I = " + std::to_string(I) +
+          ", ld_gu = " + std::to_string(ld_gu) + ", ld_out = " + std::to_string(ld_out));
   if (N <= 0 || I <= 0) return;
   if (swiglu_packs(out, gu, I, ld_out, ld_gu)) {
     swiglu_forward_kernel<kPack>
@@ -177,8 +179,10 @@ void swiglu_forward_t(const CudaOps& ops, T* out, const T* gu, int64_t N, int64_
 template <typename T>
 void swiglu_backward_t(const CudaOps& ops, T* dgu, const T* gu, const T* dout, int64_t N, int64_t I,
                        int64_t ld_gu, int64_t ld_dout) {
-  HR_ELEM_REQUIRE(ld_gu >= 2 * I && ld_dout >= I, "swiglu_backward",
-                  "row strides must satisfy ld_gu >= 2 I and ld_dout >= I");
+  HR_ELEM_REQUIRE(
+      ld_gu >= 2 * I && ld_dout >= I, "swiglu_backward",
+      "row strides must satisfy ld_gu >= 2 I and ld_dout >= I; got I = " + std::to_string(I) +
+          ", ld_gu = " + std::to_string(ld_gu) + ", ld_dout = " + std::to_string(ld_dout));
   if (N <= 0 || I <= 0) return;
   if (swiglu_packs(dgu, gu, I, ld_gu, ld_gu) && swiglu_packs(dout, dout, I, ld_dout, ld_dout)) {
     swiglu_backward_kernel<kPack><<<row_grid(N, I / kPack), kThreads, 0, ops.stream()>>>(
@@ -219,9 +223,10 @@ __global__ void rope_kernel(T* qkv, const float* cos, const float* sin, int64_t 
 template <bool kInverse, typename T>
 void rope_t(const CudaOps& ops, T* qkv, const float* cos, const float* sin, int B, int T_, int NH,
             int NKV, int HS) {
-  HR_ELEM_REQUIRE(HS > 0 && HS % 2 == 0 && NH > 0 && NKV > 0,
-                  kInverse ? "rope_backward" : "rope_forward",
-                  "the head size must be even and positive, NH and NKV positive");
+  HR_ELEM_REQUIRE(
+      HS > 0 && HS % 2 == 0 && NH > 0 && NKV > 0, kInverse ? "rope_backward" : "rope_forward",
+      "the head size must be even and positive, NH and NKV positive; got HS = " +
+          std::to_string(HS) + ", NH = " + std::to_string(NH) + ", NKV = " + std::to_string(NKV));
   const int64_t rows = int64_t(B) * T_;
   if (rows <= 0) return;
   const int H = HS / 2, heads = NH + NKV;
@@ -412,11 +417,16 @@ HR_ELEM_T(f16_t)
 void CudaOps::rope_inv_freq(float* inv_freq, int HS, float theta,
                             const RopeScaling& scaling) const {
   HR_ELEM_REQUIRE(HS > 0 && HS % 2 == 0 && theta > 0.0f, "rope_inv_freq",
-                  "the head size must be even and positive and theta positive");
+                  "the head size must be even and positive and theta positive; got HS = " +
+                      std::to_string(HS) + ", theta = " + std::to_string(theta));
   const bool llama3 = scaling.kind == RopeScaling::Kind::kLlama3;
   HR_ELEM_REQUIRE(
       !llama3 || (scaling.factor > 0.0f && scaling.high_freq_factor > scaling.low_freq_factor),
-      "rope_inv_freq", "Llama 3 scaling needs factor > 0 and high_freq_factor > low_freq_factor");
+      "rope_inv_freq",
+      "Llama 3 scaling needs factor > 0 and high_freq_factor > low_freq_factor; got factor = " +
+          std::to_string(scaling.factor) +
+          ", low_freq_factor = " + std::to_string(scaling.low_freq_factor) +
+          ", high_freq_factor = " + std::to_string(scaling.high_freq_factor));
   const int H = HS / 2;
   rope_inv_freq_kernel<<<(H + kThreads - 1) / kThreads, kThreads, 0, stream()>>>(
       inv_freq, HS, theta, llama3, scaling.factor, scaling.low_freq_factor,
@@ -426,7 +436,8 @@ void CudaOps::rope_inv_freq(float* inv_freq, int HS, float theta,
 
 void CudaOps::rope_table(float* cos, float* sin, const float* inv_freq, int HS, int pos0,
                          int T) const {
-  HR_ELEM_REQUIRE(HS > 0 && HS % 2 == 0, "rope_table", "the head size must be even and positive");
+  HR_ELEM_REQUIRE(HS > 0 && HS % 2 == 0, "rope_table",
+                  "the head size must be even and positive; got HS = " + std::to_string(HS));
   const int64_t total = int64_t(T) * (HS / 2);
   if (total <= 0) return;
   rope_table_kernel<<<elem::grid_for(*this, total, kThreads), kThreads, 0, stream()>>>(
@@ -454,7 +465,8 @@ void CudaOps::zero(float* x, int64_t n) const {
 
 void CudaOps::adamw_update(float* params, float* grads, float* m, float* v, int64_t n,
                            const AdamWParams& p, bf16_t* params_bf16, bool zero_grads) const {
-  HR_ELEM_REQUIRE(p.step >= 1, "adamw_update", "the step is 1-based: step must be >= 1");
+  HR_ELEM_REQUIRE(p.step >= 1, "adamw_update",
+                  "the step is 1-based: step must be >= 1, got " + std::to_string(p.step));
   // The scalars in double, as Python (and cpu::adamw_update) form them.
   const double bc1 = 1.0 - std::pow(static_cast<double>(p.beta1), p.step);
   const double bc2 = 1.0 - std::pow(static_cast<double>(p.beta2), p.step);

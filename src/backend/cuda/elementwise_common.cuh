@@ -139,11 +139,13 @@ inline void* op_workspace(const CudaOps& ops, size_t bytes, const char* op) {
   return c.op_workspace;
 }
 
-// A host-side precondition of an op: aborts naming the op and what is wrong (the op table
+// A host-side precondition of an op: aborts naming the op, what is wrong and the values (`what`
+// is evaluated only on failure) (the op table
 // assumes the model validated its shapes; this catches a caller's bug, not user input).
-#define HR_ELEM_REQUIRE(cond, op, what)                                                \
-  do {                                                                                 \
-    if (!(cond)) ::headroom::backend::cuda::cuda_fail(op, (what), __FILE__, __LINE__); \
+#define HR_ELEM_REQUIRE(cond, op, what)                                                        \
+  do {                                                                                         \
+    if (!(cond))                                                                               \
+      ::headroom::backend::cuda::cuda_fail(op, std::string(what).c_str(), __FILE__, __LINE__); \
   } while (0)
 
 }  // namespace headroom::backend::cuda::elem

@@ -150,7 +150,9 @@ void ce_launch(const CudaOps& ops, float* losses, float* lse_out, float* logits,
                const float* lse_in, const int32_t* targets, int N, int V, int64_t ld, float dloss,
                DType storage, const char* op) {
   if (ld == 0) ld = V;
-  HR_ELEM_REQUIRE(V > 0 && ld >= V, op, "the vocabulary must be positive and ld >= V (or 0)");
+  HR_ELEM_REQUIRE(V > 0 && ld >= V, op,
+                  "the vocabulary must be positive and ld >= V (or 0); got V = " +
+                      std::to_string(V) + ", ld = " + std::to_string(ld));
   if (N <= 0) return;
   const dim3 grid{unsigned(N)}, block{unsigned(kThreads)};
   cudaStream_t s = ops.stream();

@@ -126,7 +126,8 @@ __global__ void norm_param_reduce_kernel(float* dweight, float* dbias, const flo
 template <bool kRms, typename TOut>
 void norm_forward(const CudaOps& ops, TOut* out, float* mean, float* rstd, const float* inp,
                   const float* weight, const float* bias, int N, int C, float eps) {
-  HR_ELEM_REQUIRE(C > 0, kRms ? "rmsnorm_forward" : "layernorm_forward", "C must be positive");
+  HR_ELEM_REQUIRE(C > 0, kRms ? "rmsnorm_forward" : "layernorm_forward",
+                  "C must be positive, got " + std::to_string(C));
   if (N <= 0) return;
   norm_forward_kernel<kRms>
       <<<unsigned(N), kThreads, 0, ops.stream()>>>(out, mean, rstd, inp, weight, bias, C, eps);
@@ -138,7 +139,7 @@ void norm_backward(const CudaOps& ops, float* dinp, TL* dinp_low, float* dweight
                    const TD* dout, const float* inp, const float* weight, const float* mean,
                    const float* rstd, int N, int C) {
   const char* op = kRms ? "rmsnorm_backward" : "layernorm_backward";
-  HR_ELEM_REQUIRE(C > 0, op, "C must be positive");
+  HR_ELEM_REQUIRE(C > 0, op, "C must be positive, got " + std::to_string(C));
   if (N <= 0) return;
   if (dinp != nullptr) {
     norm_backward_input_kernel<kRms><<<unsigned(N), kThreads, 0, ops.stream()>>>(
