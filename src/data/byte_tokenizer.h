@@ -30,4 +30,11 @@ class ByteTokenizer final : public Tokenizer {
   std::string name_ = kByteTokenizerName;
 };
 
+// A model trained with it carries tokenizer_config.json saying so ({"tokenizer_class":
+// "ByteTokenizer", "headroom_tokenizer": "bytes", ...}), so that generate finds it as it finds a
+// tokenizer.json. write_... returns an IoError naming the file; is_... is false for any other
+// directory, a missing file or one that does not parse.
+Status write_byte_tokenizer_config(const std::string& dir);
+bool is_byte_tokenizer_config(const std::string& dir);
+
 }  // namespace headroom::data

@@ -218,6 +218,10 @@ const Preset kPresets[] = {
 };
 }  // namespace
 
+std::string preset_tokenizer(const std::string& name) {
+  return name == "bytes-tiny" ? "bytes" : "";
+}
+
 std::vector<std::string> preset_names() {
   std::vector<std::string> v;
   for (const Preset& p : kPresets) v.push_back(p.name);

@@ -35,13 +35,16 @@ std::string cache_dir() {
   return ".headroom-cache";
 }
 
-// The tokenizer directory a model directory carries (tokenizer.json or tokenizer.model), or "".
+// The tokenizer directory a model directory carries (tokenizer.json or tokenizer.model), "bytes"
+// for a model trained with the byte tokenizer (its tokenizer_config.json says so:
+// data::write_byte_tokenizer_config), or "".
 std::string model_dir_tokenizer(const std::string& model) {
   std::error_code ec;
   if (!fs::is_directory(model, ec)) return "";
   for (const char* f : {"tokenizer.json", "tokenizer.model"}) {
     if (fs::exists(fs::path(model) / f, ec)) return model;
   }
+  if (data::is_byte_tokenizer_config(model)) return data::kByteTokenizerName;
   return "";
 }
 
@@ -187,6 +190,7 @@ Result<ResolvedRun> resolve_run(const RunRequest& request) {
   HR_ASSIGN_OR_RETURN(o->config, model::resolve_model(f.model));
   o->model_name = f.model;
   if (f.tokenizer.empty()) f.tokenizer = model_dir_tokenizer(f.model);
+  if (f.tokenizer.empty()) f.tokenizer = model::preset_tokenizer(f.model);
   if (f.device != "cpu") {
     return Status::unsupported(fmt::format("--device {}: only the cpu device is built", f.device));
   }
