@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 #include <fmt/format.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <mutex>
 #include <string>
@@ -136,19 +137,69 @@ Result<std::unique_ptr<CudaDeviceResource>> CudaDeviceResource::create(int devic
   return std::unique_ptr<CudaDeviceResource>(new CudaDeviceResource(device));
 }
 
+namespace {
+
+bool power_of_two(size_t a) { return a != 0 && (a & (a - 1)) == 0; }
+bool aligned_to(const void* p, size_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; }
+
+// What a leaf's allocation asks of the runtime: `bytes` (one pointer's worth for 0: the
+// interface promises a unique non-null pointer) and, when the runtime's pointer lacks the
+// alignment, that plus the padding that lets an aligned pointer fit inside.
+size_t request_bytes(size_t bytes) { return bytes == 0 ? sizeof(void*) : bytes; }
+size_t padding_for(size_t alignment) {
+  return alignment > kDeviceAlignment ? alignment - kDeviceAlignment : 0;
+}
+
+// Allocates through `alloc` (cudaMalloc or cudaMallocManaged) with `alignment`: the runtime's
+// pointer when it is aligned, else a padded block, remembered in `padded`. The runtime's error on
+// failure (the caller turns out-of-memory into a Status).
+template <typename Alloc>
+cudaError_t allocate_aligned(Alloc&& alloc, size_t bytes, size_t alignment,
+                             detail::AlignedBlocks* padded, void** out) {
+  void* p = nullptr;
+  cudaError_t err = alloc(&p, bytes);
+  if (err != cudaSuccess || aligned_to(p, alignment)) {
+    *out = p;
+    return err;
+  }
+  HR_CUDA_CHECK(cudaFree(p));
+  if (bytes > SIZE_MAX - padding_for(alignment)) return cudaErrorMemoryAllocation;
+  err = alloc(&p, bytes + padding_for(alignment));
+  if (err != cudaSuccess) return err;
+  const uintptr_t u = reinterpret_cast<uintptr_t>(p);
+  void* a = reinterpret_cast<void*>((u + alignment - 1) / alignment * alignment);
+  padded->remember(a, p);
+  *out = a;
+  return cudaSuccess;
+}
+
+}  // namespace
+
+void detail::AlignedBlocks::remember(void* aligned, void* raw) {
+  std::lock_guard<std::mutex> lock(mu_);
+  raw_[aligned] = raw;
+}
+
+void* detail::AlignedBlocks::forget(void* aligned) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = raw_.find(aligned);
+  if (it == raw_.end()) return aligned;
+  void* raw = it->second;
+  raw_.erase(it);
+  return raw;
+}
+
 Result<void*> CudaDeviceResource::do_allocate(size_t bytes, size_t alignment,
                                               memory::Category category) {
-  if (alignment == 0 || (alignment & (alignment - 1)) != 0 || alignment > kDeviceAlignment) {
-    return Status::invalid_argument(fmt::format(
-        "device allocation of {} for {}: alignment {} is not a power of two up to {} (what "
-        "cudaMalloc guarantees); ask for {} or less",
-        format_bytes(bytes), memory::category_name(category), alignment, kDeviceAlignment,
-        kDeviceAlignment));
+  if (!power_of_two(alignment)) {
+    return Status::invalid_argument(
+        fmt::format("device allocation of {} for {}: alignment {} is not a power of two",
+                    format_bytes(bytes), memory::category_name(category), alignment));
   }
   DeviceGuard guard(device_);
   void* p = nullptr;
-  // cudaMalloc(0) returns null; the interface promises a unique non-null pointer.
-  const cudaError_t err = cudaMalloc(&p, bytes == 0 ? sizeof(void*) : bytes);
+  const cudaError_t err = allocate_aligned([](void** q, size_t n) { return cudaMalloc(q, n); },
+                                           request_bytes(bytes), alignment, &padded_, &p);
   if (err == cudaErrorMemoryAllocation) {
     cudaGetLastError();  // clear it: the caller recovers, and the next call must not see it
     return Status::out_of_memory(fmt::format(
@@ -163,7 +214,7 @@ Result<void*> CudaDeviceResource::do_allocate(size_t bytes, size_t alignment,
 void CudaDeviceResource::do_deallocate(void* p, size_t, size_t, memory::Category) {
   if (p == nullptr) return;
   DeviceGuard guard(device_);
-  const cudaError_t err = cudaFree(p);
+  const cudaError_t err = cudaFree(padded_.forget(p));
   // At process exit the runtime may unload before a static owner frees: nothing to release.
   if (err == cudaErrorCudartUnloading) return;
   HR_CUDA_CHECK(err);
@@ -226,14 +277,21 @@ Result<std::unique_ptr<ManagedResource>> ManagedResource::create(int device) {
   return std::unique_ptr<ManagedResource>(new ManagedResource(device, uint64_t(free_b)));
 }
 
+// The bytes a managed allocation is counted as: with the padding an over-aligned one may take,
+// in whole granules. The same on allocation and deallocation (a function of the request only).
+static uint64_t managed_counted(size_t bytes, size_t alignment) {
+  return round_up(uint64_t(request_bytes(bytes)) + padding_for(alignment),
+                  ManagedResource::kGranularity);
+}
+
 Result<void*> ManagedResource::do_allocate(size_t bytes, size_t alignment,
                                            memory::Category category) {
-  if (alignment == 0 || (alignment & (alignment - 1)) != 0 || alignment > kDeviceAlignment) {
-    return Status::invalid_argument(fmt::format(
-        "managed allocation of {} for {}: alignment {} is not a power of two up to {}",
-        format_bytes(bytes), memory::category_name(category), alignment, kDeviceAlignment));
+  if (!power_of_two(alignment)) {
+    return Status::invalid_argument(
+        fmt::format("managed allocation of {} for {}: alignment {} is not a power of two",
+                    format_bytes(bytes), memory::category_name(category), alignment));
   }
-  const uint64_t counted = round_up(bytes == 0 ? 1 : bytes, kGranularity);
+  const uint64_t counted = managed_counted(bytes, alignment);
   // Reserve first, so that two threads cannot both pass the check.
   uint64_t used = in_use_.load();
   do {
@@ -248,27 +306,27 @@ Result<void*> ManagedResource::do_allocate(size_t bytes, size_t alignment,
   } while (!in_use_.compare_exchange_weak(used, used + counted));
   DeviceGuard guard(device_);
   void* p = nullptr;
-  const cudaError_t err =
-      cudaMallocManaged(&p, bytes == 0 ? sizeof(void*) : bytes, cudaMemAttachGlobal);
+  const cudaError_t err = allocate_aligned(
+      [](void** q, size_t n) { return cudaMallocManaged(q, n, cudaMemAttachGlobal); },
+      request_bytes(bytes), alignment, &padded_, &p);
+  if (err != cudaSuccess) in_use_.fetch_sub(counted);
   if (err == cudaErrorMemoryAllocation) {
     cudaGetLastError();
-    in_use_.fetch_sub(counted);
     return Status::out_of_memory(fmt::format("cudaMallocManaged of {} for {} failed: {}",
                                              format_bytes(bytes), memory::category_name(category),
                                              device_memory_words(device_)));
   }
-  if (err != cudaSuccess) in_use_.fetch_sub(counted);
   HR_CUDA_CHECK(err);
   return p;
 }
 
-void ManagedResource::do_deallocate(void* p, size_t bytes, size_t, memory::Category) {
+void ManagedResource::do_deallocate(void* p, size_t bytes, size_t alignment, memory::Category) {
   if (p == nullptr) return;
   DeviceGuard guard(device_);
-  const cudaError_t err = cudaFree(p);
+  const cudaError_t err = cudaFree(padded_.forget(p));
   if (err == cudaErrorCudartUnloading) return;
   HR_CUDA_CHECK(err);
-  in_use_.fetch_sub(round_up(bytes == 0 ? 1 : bytes, kGranularity));
+  in_use_.fetch_sub(managed_counted(bytes, alignment));
 }
 
 // ---- the elastic budget -------------------------------------------------------------------

@@ -8,14 +8,32 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
+#include <unordered_map>
 
 #include "memory/resource.h"
 
 namespace headroom::backend::cuda {
 
-// The alignment cudaMalloc guarantees (the runtime documents "at least 256 bytes"); the device
-// leaf serves any power-of-two alignment up to it and refuses larger ones.
+// The alignment cudaMalloc guarantees (the runtime documents "at least 256 bytes"). The device
+// and managed leaves serve any power-of-two alignment: a larger one (the arenas ask for 4096) is
+// taken from the runtime's pointer when it already has it (large blocks start on the driver's 2
+// MiB pages), else from a block padded by alignment - 256 bytes whose raw pointer is kept.
 inline constexpr size_t kDeviceAlignment = 256;
+
+namespace detail {
+// The raw pointers of over-aligned blocks, by the aligned pointer handed out. Thread safe.
+class AlignedBlocks {
+ public:
+  void remember(void* aligned, void* raw);
+  // The raw pointer of `aligned`, or `aligned` itself when it was not padded.
+  void* forget(void* aligned);
+
+ private:
+  std::mutex mu_;
+  std::unordered_map<void*, void*> raw_;
+};
+}  // namespace detail
 
 // The device this process uses: local_rank % device_count, with the local rank from the MPI
 // launcher (OMPI_COMM_WORLD_LOCAL_RANK, MPI_LOCALRANKID, SLURM_LOCALID; 0 when not launched by
@@ -41,6 +59,7 @@ class CudaDeviceResource final : public memory::MemoryResource {
   void do_deallocate(void* p, size_t bytes, size_t alignment, memory::Category category) override;
 
   int device_;
+  detail::AlignedBlocks padded_;
 };
 
 // Page-locked host memory (cudaHostAlloc, portable across devices): the staging buffers of the
@@ -60,10 +79,10 @@ class PinnedHostResource final : public memory::MemoryResource {
 // Managed (unified) memory, cudaMallocManaged: an explicit option, never the default. It never
 // oversubscribes: the resource reads the device's free memory when it is created, and refuses
 // with OutOfMemory any allocation that would take the managed bytes it holds beyond that figure
-// (each allocation counted rounded up to 2 MiB, the granularity of managed memory on the device,
-// so that the count bounds what the pages take). Paging managed memory in and out of the device
-// inside a step would make a step's time depend on the driver's migrations; the planner prices
-// none of that, so the resource refuses instead.
+// (each allocation counted with its alignment padding, rounded up to 2 MiB, the granularity of
+// managed memory on the device, so that the count bounds what the pages take). Paging managed
+// memory in and out of the device inside a step would make a step's time depend on the driver's
+// migrations; the planner prices none of that, so the resource refuses instead.
 class ManagedResource final : public memory::MemoryResource {
  public:
   // Unsupported when the device has no managed memory (cudaDevAttrManagedMemory).
@@ -82,6 +101,7 @@ class ManagedResource final : public memory::MemoryResource {
   int device_;
   uint64_t capacity_;
   std::atomic<uint64_t> in_use_{0};
+  detail::AlignedBlocks padded_;
 };
 
 // The elastic budget (read before each step): cudaMemGetInfo's free bytes on `device` less
