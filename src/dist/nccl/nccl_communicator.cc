@@ -106,14 +106,14 @@ class NcclCommunicator final : public Communicator {
     if (equal(counts)) {
       HR_NCCL(ncclReduceScatter(send, recv, size_t(mine), ncclFloat, ncclSum, comm_, stream_));
     } else {
-      // One reduce per segment, rooted at its owner, in one group (one launch). recvbuff is read
-      // only on the root; the others pass recv too (never written there).
+      // One reduce per segment, rooted at its owner, in one group (one launch). recvbuff is
+      // used only on the root; NCCL takes null on the others.
       HR_NCCL(ncclGroupStart());
       for (int r = 0; r < size_; ++r) {
         if (counts[size_t(r)] == 0) continue;
         const ncclResult_t res =
-            ncclReduce(send + displs[size_t(r)], recv, size_t(counts[size_t(r)]), ncclFloat,
-                       ncclSum, r, comm_, stream_);
+            ncclReduce(send + displs[size_t(r)], r == rank_ ? recv : nullptr,
+                       size_t(counts[size_t(r)]), ncclFloat, ncclSum, r, comm_, stream_);
         if (res != ncclSuccess) {
           ncclGroupEnd();
           return nccl_status("ncclReduce", res, comm_);
