@@ -37,8 +37,11 @@ class DeviceBuffer {
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
   T* get() const { return p_; }
   size_t size() const { return n_; }
+  // Complete when it returns: a copy from pageable memory may return before its DMA ends, and
+  // the ops' non-blocking stream does not wait for the legacy default stream.
   void upload(const std::vector<T>& host) {
     HR_CUDA_CHECK(cudaMemcpy(p_, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
+    HR_CUDA_CHECK(cudaDeviceSynchronize());
   }
   // Waits for every queued op (the ops run on their own stream).
   std::vector<T> download() const {

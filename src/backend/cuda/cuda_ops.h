@@ -18,6 +18,11 @@ bool device_available(std::string* why = nullptr);
 // can be used.
 const Ops* cuda_ops(std::string* why = nullptr);
 
+// Whether fp32 GEMMs may round their operands to TF32 on tensor cores (process-wide; default
+// false: fp32 GEMMs compute in fp32, as the CPU's). f16 GEMMs take TF32 whatever this says.
+void set_allow_tf32(bool allow);
+bool allow_tf32();
+
 // The bytes the backend holds on the device outside the plan's arenas, for the planner and the
 // startup table: the cuBLASLt workspace and the ops' fixed reduction workspace. (The CUDA
 // context's own bytes are measured at start-up: context_bytes.)
