@@ -203,7 +203,8 @@ int run_plan(PlanFlags& pf);
 int run_bench(BenchFlags& bf);
 int run_version(bool as_json);
 int run_calibrate(bool as_json);
-// `headroom --version`: the version and what it was built with.
+// `headroom --version`: the version and what it was built with; `version --json`'s object.
 std::string version_text();
+json version_json();
 
 }  // namespace headroom::cli

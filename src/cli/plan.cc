@@ -76,7 +76,13 @@ int run_plan(PlanFlags& pf) {
         {"offload_link_bandwidth", plan::offload_link_bandwidth(*dev)},
         {"host_memory_bandwidth",
          dev->host_memory_bandwidth > 0 ? dev->host_memory_bandwidth : dev->mem_bandwidth},
-        {"source", dev->source}};
+        {"source", dev->source},
+        // The backend's bytes outside the arenas, counted in every candidate's peak.
+        {"backend_fixed_bytes",
+         {{"context", dev->backend_fixed.context},
+          {"context_source", dev->backend_fixed.context_source},
+          {"cublaslt_workspace", dev->backend_fixed.cublaslt_workspace},
+          {"op_workspace", dev->backend_fixed.op_workspace}}}};
     j["offload_memory"] = req.offload_memory;
     j["devices"] = pf.devices;
     j["seq"] = req.seq;

@@ -6,6 +6,9 @@
 #include <fmt/format.h>
 
 #include "backend/cpu/build_info.h"
+#ifdef HEADROOM_HAVE_CUDA
+#include "backend/cuda/build_info.h"
+#endif
 #include "core/data_dir.h"
 #include "core/utf8.h"
 
@@ -17,6 +20,45 @@
 #endif
 
 namespace headroom::cli {
+
+namespace {
+
+// "cuda_details": null in a CPU-only build; else what it was built with and whether a device is
+// usable here (and the runtime's reason when not). "cuda" stays the boolean "built in".
+json cuda_json() {
+#ifdef HEADROOM_HAVE_CUDA
+  const backend::cuda::CudaBuildInfo c = backend::cuda::build_info();
+  json j = {{"toolkit_version", c.toolkit_version},
+            {"archs", c.archs},
+            {"nccl_version", c.nccl_version},
+            {"runtime_version", c.runtime_version},
+            {"driver_version", c.driver_version.empty() ? json(nullptr) : json(c.driver_version)},
+            {"device_usable", c.device_usable},
+            {"device_count", c.device_count}};
+  j["device"] = c.device_usable ? json(c.device_name) : json(nullptr);
+  j["why_not"] = c.device_usable ? json(nullptr) : json(c.why_not);
+  return j;
+#else
+  return nullptr;
+#endif
+}
+
+std::string cuda_text(const json& c) {
+  if (c.is_null()) return "no (a CPU-only build; `make build-cuda` builds it)";
+  std::string archs;
+  for (char ch : c["archs"].get<std::string>()) {
+    archs += ch == ',' ? std::string(", sm_") : std::string(1, ch);
+  }
+  return fmt::format(
+      "yes: toolkit {}, sm_{}, NCCL {}; {}", c["toolkit_version"].get<std::string>(), archs,
+      c["nccl_version"].get<std::string>(),
+      c["device_usable"].get<bool>()
+          ? fmt::format("device usable here: {} of {}", c["device"].get<std::string>(),
+                        c["device_count"].get<int>())
+          : fmt::format("no device usable here: {}", c["why_not"].get<std::string>()));
+}
+
+}  // namespace
 
 // `headroom --version` and `headroom version [--json]`: the version, what it was built with and
 // what this machine offers of it (the first lines of a bug report).
@@ -51,7 +93,12 @@ json version_json() {
           {"openmp_version", b.openmp_version},
           {"openmp_threads", b.openmp_threads},
           {"mpi", mpi},
+#ifdef HEADROOM_HAVE_CUDA
+          {"cuda", true},
+#else
           {"cuda", false},
+#endif
+          {"cuda_details", cuda_json()},
           {"data", data}};
 }
 
@@ -78,7 +125,7 @@ std::string version_text() {
       j["build_type"].get<std::string>(), yes("avx512_kernels_compiled"), yes("avx512_detected"),
       yes("avx512_bf16_detected"), yes("amx_kernels_compiled"), yes("amx_detected"),
       j["onednn_version"].get<std::string>(), j["openmp_version"].get<std::string>(),
-      j["openmp_threads"].get<int>(), yes("mpi"), yes("cuda"), where("gpt2_vocab"),
+      j["openmp_threads"].get<int>(), yes("mpi"), cuda_text(j["cuda_details"]), where("gpt2_vocab"),
       where("chart_lib"));
 }
 

@@ -12,6 +12,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "backend/nvtx.h"
 #include "core/check.h"
 #include "core/cpu_time.h"
 
@@ -615,7 +616,24 @@ void Gpt2::timed(OpKind kind, F&& f) {
   }
 }
 
+// The name of op `i` of gpt2_step_ops for an L-block model (the same names, without building
+// the table): the NVTX range of each op.
+static std::string step_op_name(int L, int i) {
+  if (i == 0) return "forward embedding";
+  if (i <= L) return "forward h." + std::to_string(i - 1);
+  if (i == L + 1) return "forward head";
+  if (i == L + 2) return "backward head";
+  if (i <= 2 * L + 2) return "backward h." + std::to_string(L - 1 - (i - L - 3));
+  return "backward embedding";
+}
+
 void Gpt2::op_boundary(int next) {
+  // Nsight Systems: one NVTX range per op of the schedule, whether or not times are kept.
+  if constexpr (backend::nvtx::kEnabled) {
+    if (nvtx_op_open_) backend::nvtx::pop();
+    nvtx_op_open_ = next >= 0;
+    if (nvtx_op_open_) backend::nvtx::push(step_op_name(config_.n_layer, next).c_str());
+  }
   if (!times_ || !times_->record) return;
   auto now = std::chrono::steady_clock::now();
   using us = std::chrono::duration<double, std::micro>;

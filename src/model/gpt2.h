@@ -418,6 +418,7 @@ class Gpt2 {
   OpTimes* times_ = nullptr;
   int cur_op_ = -1;
   std::chrono::steady_clock::time_point cur_op_start_;
+  bool nvtx_op_open_ = false;  // an op's NVTX range is pushed (op_boundary pops it)
 };
 
 // The generic names (GPT-2's stay for the code written first).

@@ -5,6 +5,7 @@
 #include <array>
 #include <cctype>
 #include <string>
+#include <utility>
 
 namespace headroom::plan {
 namespace {
@@ -40,7 +41,8 @@ constexpr double kNvlink4 = 900.0 / 2 * kG * kRing;  // 360 GB/s
 // the 989 TFLOP/s assume), 0.60 for the 70-72 W cards (L4, T4), whose clocks drop furthest.
 //
 // memory_bytes: the total the driver reports (nvidia-smi memory.total, in MiB), i.e. the label
-// after the ECC/firmware reservation. The CUDA context (~0.3-0.6 GiB) is not subtracted here.
+// after the ECC/firmware reservation. The CUDA context is not subtracted here: it is counted in
+// every plan as DeviceSpec::backend_fixed (context_estimate below).
 const std::array<DeviceSpec, 7>& table() {
   static const std::array<DeviceSpec, 7> kTable = {{
       // NVIDIA A100 Tensor Core GPU datasheet (nvidia-a100-datasheet-us-nvidia-1758950-r4, 2021),
@@ -83,6 +85,22 @@ const std::array<DeviceSpec, 7>& table() {
   return kTable;
 }
 
+// The CUDA context's device bytes by GPU generation, before any allocation, with lazy module
+// loading (CUDA_MODULE_LOADING=LAZY, the default on Linux since CUDA 12.2). No datasheet states
+// them: these are estimates of the total - free that a fresh runtime context shows, rounded up
+// (the driver's per-context reservations grow with the SM count: local memory, printf and the
+// device heap, the kernels of the loaded modules). tests/cuda's ContextBytes test prints the
+// measured figure (backend::cuda::context_bytes) on a machine with the GPU; scripts/gpu-check
+// records it in its summary, so that the figure here can be replaced by a measurement.
+std::pair<uint64_t, const char*> context_estimate(std::string_view name) {
+  if (name.starts_with("H100") || name.starts_with("H200")) {
+    return {512 * kMiBytes, "estimate for a Hopper context with lazy loading"};
+  }
+  if (name.starts_with("A100")) return {448 * kMiBytes, "estimate for an Ampere context"};
+  if (name == "L4" || name == "RTX-4090") return {384 * kMiBytes, "estimate for an Ada context"};
+  return {320 * kMiBytes, "estimate for a Turing context"};  // T4
+}
+
 bool iequals(std::string_view a, std::string_view b) {
   if (a.size() != b.size()) return false;
   for (size_t i = 0; i < a.size(); ++i) {
@@ -106,6 +124,8 @@ Result<DeviceSpec> named_device(std::string_view name) {
     if (iequals(spec.name, name)) {
       DeviceSpec out = spec;
       if (out.host_memory_bandwidth <= 0) out.host_memory_bandwidth = kAssumedHostBandwidth;
+      const auto [context, source] = context_estimate(out.name);
+      out.backend_fixed = cuda_fixed_bytes(context, source);
       return out;
     }
   }

@@ -10,6 +10,7 @@
 
 #include "core/status.h"
 #include "plan/cost_terms.h"
+#include "plan/fixed_bytes.h"
 
 namespace headroom::plan {
 
@@ -51,6 +52,10 @@ struct DeviceSpec {
   CostTerms terms = {};
   // A run's measurement of itself (self-correction), applied on top of either model.
   CostCorrection correction = {};
+  // What the backend holds on the device outside the plan's arenas (plan/fixed_bytes.h): for a
+  // named GPU the CUDA context, the cuBLASLt and op workspaces; none on the CPU backend. Every
+  // plan for the device counts them (Policy::backend_fixed).
+  BackendFixedBytes backend_fixed = {};
 };
 
 // The host memory bandwidth assumed for a named GPU's share of its server (no datasheet gives

@@ -240,6 +240,8 @@ Result<MemoryPlan> plan_training_memory(const model::Gpt2Config& config, const P
   }
   for (const Region& r : plan.offload) plan.offload_bytes += r.layout.size;
   for (const Region& r : plan.persistent) plan.persistent_bytes += r.layout.size;
+  // The backend's fixed bytes live as long as the process: persistent, in no region.
+  plan.persistent_bytes += p.backend_fixed.total();
   plan.step_bytes = plan.step.layout.size;
   plan.peak_bytes = plan.persistent_bytes + plan.step_bytes;
   plan.lower_bound_bytes = plan.persistent_bytes + plan.step_lower_bound;
@@ -264,6 +266,9 @@ Result<MemoryPlan> plan_training_memory(const model::Gpt2Config& config, const P
   for (const Region& r : plan.persistent) {
     for (const BufferDesc& b : r.buffers) plan.by_category[size_t(b.category)] += b.bytes();
   }
+  plan.by_category[size_t(Category::kWorkspace)] +=
+      p.backend_fixed.cublaslt_workspace + p.backend_fixed.op_workspace;
+  plan.by_category[size_t(Category::kOther)] += p.backend_fixed.context;
   const std::vector<BufferDesc>& bufs = plan.step.buffers;
   for (size_t i = 0; i < bufs.size(); i++) {
     if (plan.first_op[i] <= plan.peak_op && plan.peak_op <= plan.last_op[i]) {
@@ -402,6 +407,9 @@ std::string category_table(const MemoryPlan& plan, uint64_t budget) {
     s +=
         fmt::format("  {:<12} {:>12} {:>6.1f}%\n", "placement", format_bytes(plan.peak_bytes - sum),
                     100.0 * double(plan.peak_bytes - sum) / double(plan.peak_bytes));
+  }
+  if (const std::string fixed = describe_fixed_bytes(plan.policy.backend_fixed); !fixed.empty()) {
+    s += fmt::format("  (of which the backend's, outside the arenas: {})\n", fixed);
   }
   s += fmt::format("  {:<12} {:>12}   ({:.1f}% of the {} budget; lower bound {})\n", "peak",
                    format_bytes(plan.peak_bytes),

@@ -12,6 +12,7 @@
 #include "core/status.h"
 #include "memory/arena.h"
 #include "model/gpt2.h"
+#include "plan/fixed_bytes.h"
 
 namespace headroom::plan {
 
@@ -41,6 +42,11 @@ struct Policy {
   // flat buffer's floats, padding included; 1 keep, 0 pruned) in a persistent region of its own,
   // kSparsityMaskRegion, after every other. Needs zero_stage 0 and no optimizer offload.
   bool sparsity_mask = false;
+  // The backend's device bytes outside the arenas (a CUDA device's context and workspaces;
+  // DeviceSpec::backend_fixed, which the search copies here): counted in persistent_bytes and so
+  // in the peak, and in by_category (the workspaces as workspace, the context as other), but in
+  // no region: the backend allocates them itself. Zero on the CPU backend.
+  BackendFixedBytes backend_fixed = {};
 };
 
 // The ZeRO units (train/zero.h's gpt2_zero_units) as the executor's windows hold them: the

@@ -13,12 +13,14 @@
 #include <fstream>
 #include <functional>
 #include <limits>
+#include <optional>
 
 #include <sys/statvfs.h>
 #include <unistd.h>
 
 #include "backend/cpu/device.h"
 #include "backend/cpu/kernels.h"
+#include "backend/nvtx.h"
 #include "core/cpu_time.h"
 #include "core/log.h"
 #include "core/units.h"
@@ -1208,6 +1210,9 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     if (*val && cb.on_initial_validation) cb.on_initial_validation(**val);
   }
   for (int step = start_step; step < o.steps; step++) {
+    // Nsight Systems: the step, its data wait, micro-batches, forward, backward and optimizer.
+    const backend::nvtx::Range nvtx_step(
+        backend::nvtx::kEnabled ? fmt::format("step {}", step).c_str() : "");
     auto t0 = Clock::now();
     const double cpu0 = process_cpu_ms();
     cur = StepStats();
@@ -1217,7 +1222,10 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     // The whole step's micro-batches are there before the first forward, so the loss is
     // normalised by the valid tokens of the whole optimizer step (not per micro-batch).
     auto td = Clock::now();
-    const data::Prefetcher::Ready batch = loader.acquire();
+    const data::Prefetcher::Ready batch = [&] {
+      const backend::nvtx::Range r("wait for data");
+      return loader.acquire();
+    }();
     const double data_ms = batch.waited_ms;
     record_op("wait for data", EventPhase::kData, td, Clock::now(), step);
     record_op("load batch", EventPhase::kData, fill_times[size_t(batch.slot)].first,
@@ -1281,6 +1289,8 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
       offload_tier->bind(net, mbp);
       const int32_t* in = inputs + int64_t(row0 + done) * len;
       const int32_t* tg = targets + int64_t(row0 + done) * len;
+      const backend::nvtx::Range nvtx_mb(
+          backend::nvtx::kEnabled ? fmt::format("micro-batch {}", k).c_str() : "");
       auto tm = Clock::now();
       if (rec) begin_micro_batch(&rec->events, mbp, step, k, us_since_start(tm));
       if (zw) zw->begin_micro_batch(true);
@@ -1288,8 +1298,14 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
       // dloss is known before the forward: the loss and the logits' gradient in one pass
       // (Note [One-pass loss and gradient] in docs/notes/loss.md).
       net.set_next_dloss(dloss);
-      loss_sum += net.forward(in, tg);
-      net.backward(in, tg, dloss);
+      {
+        const backend::nvtx::Range r("forward");
+        loss_sum += net.forward(in, tg);
+      }
+      {
+        const backend::nvtx::Range r("backward");
+        net.backward(in, tg, dloss);
+      }
       record("micro-batch", "micro_batch", tm, step, k);
       // Activation offload's copies of this micro-batch, on the profile's copy track.
       if (model::OffloadCopier* copier = rec ? offload_tier->copier() : nullptr) {
@@ -1323,6 +1339,8 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     HR_RETURN_IF_ERROR(settle(local));
     HR_RETURN_IF_ERROR(comm.all_reduce(&loss_sum, 1));
     const float lr = cosine_lr(step, o.steps, o.warmup_steps, o.adamw.lr, o.min_lr_ratio);
+    std::optional<backend::nvtx::Range> nvtx_opt;  // the optimizer step, to "zero gradients"
+    nvtx_opt.emplace("optimizer");
     auto topt = Clock::now();
     const double cpu_opt = process_cpu_ms();
     // The optimizer step as an op around its parts (collectives, zeroing the gradients).
@@ -1377,6 +1395,7 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     const Clock::time_point tz = Clock::now();
     if (grads && !zb.zero_grads) cpu::zero(grads, P);
     record_op("zero gradients", EventPhase::kOptimizer, tz, Clock::now(), step);
+    nvtx_opt.reset();
     if (rec) rec->events.end_op(us_since_start(Clock::now()), opt_op, EventPhase::kOptimizer, step);
     const double optimizer_ms = ms_since(topt);
     const double optimizer_cpu_ms = process_cpu_ms() - cpu_opt;

@@ -158,7 +158,7 @@ TEST_F(FirstHour, VersionSaysWhatItWasBuiltWith) {
   ASSERT_EQ(v.code, 0) << v.out;
   for (const char* s :
        {"headroom 0.", "built with", "AVX-512 kernels: compiled ", "AMX kernels: compiled ",
-        "oneDNN ", "OpenMP ", " threads", "MPI: ", "CUDA: no"}) {
+        "oneDNN ", "OpenMP ", " threads", "MPI: ", "CUDA: "}) {
     EXPECT_TRUE(has(v.out, s)) << s << "\n" << v.out;
   }
   Outcome vj = run("version --json");
@@ -171,7 +171,14 @@ TEST_F(FirstHour, VersionSaysWhatItWasBuiltWith) {
                         "amx_kernels_compiled", "amx_detected", "mpi", "cuda"}) {
     EXPECT_TRUE(j[k].is_boolean()) << k;
   }
+#ifdef HEADROOM_HAVE_CUDA
+  EXPECT_TRUE(j["cuda"].get<bool>());
+  EXPECT_TRUE(j["cuda_details"].is_object());
+#else
   EXPECT_FALSE(j["cuda"].get<bool>());
+  EXPECT_TRUE(j["cuda_details"].is_null());
+  EXPECT_TRUE(has(v.out, "CUDA: no")) << v.out;
+#endif
   EXPECT_GE(j["openmp_threads"].get<int>(), 1);
   // Kernels compiled for AVX-512 need it at run time (they would not have started otherwise).
   if (j["avx512_kernels_compiled"].get<bool>()) EXPECT_TRUE(j["avx512_detected"].get<bool>());

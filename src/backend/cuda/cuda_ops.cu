@@ -1,10 +1,11 @@
-// The CUDA op table's creation (backend/cuda/cuda_ops.h): device 0, its four streams, the
-// cuBLASLt handle and the fixed workspaces, made once per process on first use.
+// The CUDA op table's creation (backend/cuda/cuda_ops.h): the process's device, its four streams,
+// the cuBLASLt handle and the fixed workspaces, made once per process on first use.
 #include <mutex>
 #include <string>
 
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/cuda_ops_impl.h"
+#include "backend/cuda/device_memory.h"
 
 namespace headroom::backend::cuda {
 
@@ -34,8 +35,16 @@ namespace {
 
 Context make_context() {
   Context c;
-  c.device = 0;
+  // The process's device (local rank % devices: one GPU per rank of a node), and the context's
+  // own bytes measured before the workspaces below are allocated (device_memory.h).
+  Result<int> dev = process_device();
+  if (!dev.is_ok())
+    cuda_fail("process_device()", dev.status().message().c_str(), __FILE__, __LINE__);
+  c.device = *dev;
   HR_CUDA_CHECK(cudaSetDevice(c.device));
+  if (Result<uint64_t> ctx = context_bytes(); !ctx.is_ok()) {
+    cuda_fail("context_bytes()", ctx.status().message().c_str(), __FILE__, __LINE__);
+  }
   HR_CUDA_CHECK(cudaGetDeviceProperties(&c.props, c.device));
   HR_CUDA_CHECK(cudaStreamCreateWithFlags(&c.compute, cudaStreamNonBlocking));
   HR_CUDA_CHECK(cudaStreamCreateWithFlags(&c.h2d, cudaStreamNonBlocking));

@@ -13,8 +13,9 @@ namespace headroom::backend::cuda {
 // ("no CUDA-capable device is detected", "CUDA driver version is insufficient", ...).
 bool device_available(std::string* why = nullptr);
 
-// The CUDA op table of device 0 (created on the first call: streams, the cuBLASLt handle and the
-// fixed workspaces), or null with *why when no device can be used.
+// The CUDA op table of the process's device (device_memory.h's process_device; created on the first
+// call: streams, the cuBLASLt handle and the fixed workspaces), or null with *why when no device
+// can be used.
 const Ops* cuda_ops(std::string* why = nullptr);
 
 // Whether fp32 GEMMs may round their operands to TF32 on tensor cores (process-wide; default
