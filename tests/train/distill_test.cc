@@ -1,0 +1,299 @@
+// Knowledge distillation (docs/notes/distillation.md): the fused KD head against PyTorch (the
+// fixture of tools/reference/distill_reference.py) and against an unfused double-precision
+// reference over full logits for several chunk sizes; alpha = 0 reproducing the CE head bit for
+// bit; and, through the trainer, accumulation / micro-batch invariance with a teacher, measured
+// peak = planned peak, plain training reproduced with alpha = 0, and the clear errors of bad input.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/bf16.h"
+#include "backend/cpu/distill_kernels.h"
+#include "backend/cpu/fused_kernels.h"
+#include "backend/cpu/kernels.h"
+#include "backend/ops.h"
+#include "model/safetensors.h"
+
+namespace headroom {
+namespace {
+
+const std::string kFixture =
+    std::string(HEADROOM_SOURCE_DIR) + "/tests/train/fixtures/distill_tiny.safetensors";
+
+std::vector<float> floats(const model::SafetensorsFile& f, const std::string& name) {
+  const model::SafetensorsTensor* t = f.find(name);
+  if (t == nullptr) {
+    ADD_FAILURE() << "fixture lacks " << name;
+    return {};
+  }
+  std::vector<float> v(t->bytes / 4);
+  std::memcpy(v.data(), t->data, t->bytes);
+  return v;
+}
+
+// max |a - b| <= atol + rtol * max |b|, naming the worst index.
+void expect_close(const float* a, const std::vector<float>& b, double atol, double rtol,
+                  const std::string& what) {
+  double scale = 0, worst = 0;
+  size_t wi = 0;
+  for (float x : b) scale = std::max(scale, double(std::fabs(x)));
+  for (size_t i = 0; i < b.size(); i++) {
+    const double d = std::fabs(double(a[i]) - double(b[i]));
+    if (d > worst) worst = d, wi = i;
+  }
+  EXPECT_LE(worst, atol + rtol * scale)
+      << what << ": worst at " << wi << " (" << a[wi] << " vs " << b[wi] << "), scale " << scale;
+}
+
+// The KD head's loss over a step and its gradients, from the kernels.
+struct KdRun {
+  double loss = 0, ce = 0;
+  std::vector<float> losses, stats, dx, dw;
+};
+KdRun run_kd(const std::vector<float>& xs, const std::vector<float>& ws,
+             const backend::KdTeacher& teacher, const std::vector<int32_t>& tg, int N, int C, int V,
+             int chunk, backend::KdLoss kd) {
+  KdRun r;
+  r.losses.assign(size_t(N), NAN);
+  r.stats.assign(size_t(4 * N), NAN);
+  r.dx.assign(size_t(N) * C, NAN);
+  r.dw.assign(size_t(V) * C, 0.0f);
+  std::vector<float> scratch(cpu::lm_head_kd_scratch_floats(chunk, V), NAN);
+  cpu::lm_head_kd_forward(r.losses.data(), r.stats.data(), xs.data(), ws.data(), teacher, tg.data(),
+                          N, C, V, chunk, kd, scratch.data());
+  int valid = 0;
+  for (int n = 0; n < N; n++) {
+    if (tg[size_t(n)] < 0) continue;
+    valid++;
+    r.loss += r.losses[size_t(n)];
+    r.ce += r.stats[size_t(3 * N + n)];
+  }
+  r.loss /= valid;
+  r.ce /= valid;
+  cpu::lm_head_kd_backward(r.dx.data(), r.dw.data(), xs.data(), ws.data(), teacher, tg.data(),
+                           r.stats.data(), N, C, V, chunk, kd, 1.0f / float(valid), scratch.data());
+  return r;
+}
+
+// 1. Against PyTorch 1.13 (float64 reference): the step's loss, its CE part, and the gradients
+// w.r.t. the student's hidden states, head weight and logits. Tolerances: float32 arithmetic
+// with float accumulators over V = 83 and C <= 12 terms, ~1e-6 relative.
+TEST(DistillFixture, MatchesPyTorch) {
+  Result<model::SafetensorsFile> f = model::SafetensorsFile::open(kFixture);
+  ASSERT_TRUE(f.is_ok()) << f.status().to_string()
+                         << " (regenerate: /usr/bin/python3 tools/reference/distill_reference.py)";
+  const auto& md = f->metadata();
+  const int N = std::stoi(md.at("N")), V = std::stoi(md.at("V")), Cs = std::stoi(md.at("Cs")),
+            Ct = std::stoi(md.at("Ct")), cases = std::stoi(md.at("cases"));
+  const std::vector<float> xs = floats(*f, "xs"), ws = floats(*f, "ws"), xt = floats(*f, "xt"),
+                           wt = floats(*f, "wt");
+  std::vector<int32_t> tg(size_t(N));
+  std::memcpy(tg.data(), f->find("targets")->data, tg.size() * 4);
+  const backend::KdTeacher teacher{xt.data(), wt.data(), DType::kF32, Ct, 0};
+  ASSERT_GE(cases, 3);
+  for (int k = 0; k < cases; k++) {
+    const std::string p = "case" + std::to_string(k) + ".";
+    const backend::KdLoss kd{std::stof(md.at(p + "alpha")), std::stof(md.at(p + "temperature"))};
+    SCOPED_TRACE(p + " alpha " + std::to_string(kd.alpha) + " T " + std::to_string(kd.temperature));
+    for (int chunk : {1, 3, N}) {
+      const KdRun r = run_kd(xs, ws, teacher, tg, N, Cs, V, chunk, kd);
+      EXPECT_NEAR(r.loss, floats(*f, p + "loss")[0], 2e-6 * std::max(1.0, r.loss));
+      EXPECT_NEAR(r.ce, floats(*f, p + "ce")[0], 2e-6 * std::max(1.0, r.ce));
+      expect_close(r.dx.data(), floats(*f, p + "dxs"), 1e-7, 2e-5, p + "dxs");
+      expect_close(r.dw.data(), floats(*f, p + "dws"), 1e-7, 2e-5, p + "dws");
+    }
+    // The gradient w.r.t. the logits themselves: a head whose input is the logits and whose
+    // weight is the identity, so that dx = dlogits (the logits in double, rounded once).
+    std::vector<float> z(size_t(N) * V), eye(size_t(V) * V, 0.0f);
+    for (int n = 0; n < N; n++) {
+      for (int v = 0; v < V; v++) {
+        double s = 0;
+        for (int c = 0; c < Cs; c++) s += double(xs[size_t(n * Cs + c)]) * ws[size_t(v * Cs + c)];
+        z[size_t(n) * V + v] = float(s);
+      }
+    }
+    for (int v = 0; v < V; v++) eye[size_t(v) * V + v] = 1.0f;
+    const KdRun r = run_kd(z, eye, teacher, tg, N, V, V, 4, kd);
+    expect_close(r.dx.data(), floats(*f, p + "dlogits"), 1e-7, 2e-5, p + "dlogits");
+  }
+}
+
+// An unfused reference in double: full logits of both models, the loss per token and the
+// student's dlogits, then dx and dw.
+struct Reference {
+  std::vector<double> losses, dx, dw;
+};
+Reference reference(const std::vector<float>& xs, const std::vector<float>& ws,
+                    const std::vector<float>& xt, const std::vector<float>& wt,
+                    const std::vector<int32_t>& tg, int N, int Cs, int Ct, int V,
+                    backend::KdLoss kd, double dloss) {
+  Reference r;
+  r.losses.assign(size_t(N), 0);
+  r.dx.assign(size_t(N) * Cs, 0);
+  r.dw.assign(size_t(V) * Cs, 0);
+  const double a = kd.alpha, tau = kd.temperature;
+  for (int n = 0; n < N; n++) {
+    if (tg[size_t(n)] < 0) continue;
+    std::vector<double> s(size_t(V)), t(size_t(V));
+    for (int v = 0; v < V; v++) {
+      for (int c = 0; c < Cs; c++) s[size_t(v)] += double(xs[size_t(n * Cs + c)]) * ws[size_t(v * Cs + c)];
+      for (int c = 0; c < Ct; c++) t[size_t(v)] += double(xt[size_t(n * Ct + c)]) * wt[size_t(v * Ct + c)];
+    }
+    auto lse = [&](const std::vector<double>& x, double scale) {
+      double m = -INFINITY, sum = 0;
+      for (double e : x) m = std::max(m, e * scale);
+      for (double e : x) sum += std::exp(e * scale - m);
+      return m + std::log(sum);
+    };
+    const double l = lse(s, 1), ls = lse(s, 1 / tau), lt = lse(t, 1 / tau);
+    double kl = 0;
+    for (int v = 0; v < V; v++) {
+      const double pt = std::exp(t[size_t(v)] / tau - lt);
+      kl += pt * ((t[size_t(v)] / tau - lt) - (s[size_t(v)] / tau - ls));
+    }
+    const int y = tg[size_t(n)];
+    r.losses[size_t(n)] = (1 - a) * (l - s[size_t(y)]) + a * tau * tau * kl;
+    for (int v = 0; v < V; v++) {
+      const double d = dloss * ((1 - a) * (std::exp(s[size_t(v)] - l) - (v == y)) +
+                                a * tau * (std::exp(s[size_t(v)] / tau - ls) -
+                                           std::exp(t[size_t(v)] / tau - lt)));
+      for (int c = 0; c < Cs; c++) {
+        r.dx[size_t(n * Cs + c)] += d * ws[size_t(v * Cs + c)];
+        r.dw[size_t(v * Cs + c)] += d * xs[size_t(n * Cs + c)];
+      }
+    }
+  }
+  return r;
+}
+
+std::vector<float> randn(std::mt19937& rng, size_t n, float scale) {
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+// 2. The fused, chunked loss equals the unfused full-logits reference for several chunk sizes
+// (chunks that divide N, that do not, one token, all tokens and more than N), with a teacher
+// narrower and one wider than the student. Tolerance: float32 GEMMs over C <= 48 and exp/log in
+// float, ~1e-5 relative.
+TEST(DistillKernel, ChunkedEqualsUnfusedReference) {
+  std::mt19937 rng(11);
+  const int N = 37, V = 131, Cs = 16;
+  for (int Ct : {8, 48}) {
+    const std::vector<float> xs = randn(rng, size_t(N) * Cs, 1.0f),
+                             ws = randn(rng, size_t(V) * Cs, 0.4f),
+                             xt = randn(rng, size_t(N) * Ct, 1.0f),
+                             wt = randn(rng, size_t(V) * Ct, 0.4f);
+    std::vector<int32_t> tg(size_t(N));
+    for (int n = 0; n < N; n++) tg[size_t(n)] = n % 7 == 3 ? -1 : int32_t(rng() % uint32_t(V));
+    const backend::KdTeacher teacher{xt.data(), wt.data(), DType::kF32, Ct, 0};
+    for (const backend::KdLoss kd : {backend::KdLoss{0.5f, 2.0f}, backend::KdLoss{0.9f, 0.7f}}) {
+      int valid = 0;
+      for (int32_t t : tg) valid += t >= 0;
+      const Reference ref = reference(xs, ws, xt, wt, tg, N, Cs, Ct, V, kd, 1.0 / valid);
+      const std::vector<float> want_losses(ref.losses.begin(), ref.losses.end()),
+          want_dx(ref.dx.begin(), ref.dx.end()), want_dw(ref.dw.begin(), ref.dw.end());
+      for (int chunk : {1, 5, 16, 37, 64}) {
+        SCOPED_TRACE("Ct " + std::to_string(Ct) + " chunk " + std::to_string(chunk) + " alpha " +
+                     std::to_string(kd.alpha));
+        const KdRun r = run_kd(xs, ws, teacher, tg, N, Cs, V, chunk, kd);
+        expect_close(r.losses.data(), want_losses, 1e-6, 1e-5, "losses");
+        expect_close(r.dx.data(), want_dx, 1e-8, 1e-5, "dx");
+        expect_close(r.dw.data(), want_dw, 1e-8, 1e-5, "dw");
+        for (int n = 0; n < N; n++) {
+          if (tg[size_t(n)] < 0) {
+            EXPECT_EQ(r.losses[size_t(n)], 0.0f);
+            for (int c = 0; c < Cs; c++) EXPECT_EQ(r.dx[size_t(n * Cs + c)], 0.0f);
+          }
+        }
+      }
+    }
+  }
+}
+
+// A bf16 teacher (its hidden states and head weight in bf16) against the same reference on the
+// bf16-rounded values: the teacher's GEMM runs in bf16 with fp32 accumulation.
+TEST(DistillKernel, Bf16TeacherMatchesReferenceOnItsRoundedValues) {
+  std::mt19937 rng(12);
+  const int N = 19, V = 97, Cs = 16, Ct = 32;
+  std::vector<float> xs = randn(rng, size_t(N) * Cs, 1.0f), ws = randn(rng, size_t(V) * Cs, 0.4f),
+                     xt = randn(rng, size_t(N) * Ct, 1.0f), wt = randn(rng, size_t(V) * Ct, 0.4f);
+  std::vector<bf16_t> xt16(xt.size()), wt16(wt.size());
+  cpu::cast_to_bf16(xt16.data(), xt.data(), int64_t(xt.size()));
+  cpu::cast_to_bf16(wt16.data(), wt.data(), int64_t(wt.size()));
+  for (size_t i = 0; i < xt.size(); i++) xt[i] = cpu::to_f32(xt16[i]);
+  for (size_t i = 0; i < wt.size(); i++) wt[i] = cpu::to_f32(wt16[i]);
+  std::vector<int32_t> tg(size_t(N));
+  for (int n = 0; n < N; n++) tg[size_t(n)] = int32_t(rng() % uint32_t(V));
+  const backend::KdLoss kd{0.5f, 2.0f};
+  const Reference ref = reference(xs, ws, xt, wt, tg, N, Cs, Ct, V, kd, 1.0 / N);
+  const backend::KdTeacher teacher{xt16.data(), wt16.data(), DType::kBF16, Ct, 0};
+  const KdRun r = run_kd(xs, ws, teacher, tg, N, Cs, V, 8, kd);
+  expect_close(r.losses.data(), std::vector<float>(ref.losses.begin(), ref.losses.end()), 1e-6,
+               1e-5, "losses");
+  expect_close(r.dx.data(), std::vector<float>(ref.dx.begin(), ref.dx.end()), 1e-8, 1e-5, "dx");
+}
+
+// 6 (kernel level). alpha = 0: the KD head is the CE head bit for bit, whatever the teacher
+// and the temperature: losses, log-sum-exps, dx and dw, in fp32 and bf16.
+TEST(DistillKernel, AlphaZeroIsTheCeHeadBitForBit) {
+  std::mt19937 rng(13);
+  const int N = 29, V = 211, C = 32, Ct = 24, chunk = 8;
+  const std::vector<float> xs = randn(rng, size_t(N) * C, 1.0f), ws = randn(rng, size_t(V) * C, 0.3f),
+                           xt = randn(rng, size_t(N) * Ct, 1.0f),
+                           wt = randn(rng, size_t(V) * Ct, 0.3f);
+  std::vector<int32_t> tg(size_t(N));
+  for (int n = 0; n < N; n++) tg[size_t(n)] = n % 5 == 1 ? -1 : int32_t(rng() % uint32_t(V));
+  const backend::KdTeacher teacher{xt.data(), wt.data(), DType::kF32, Ct, 0};
+  const backend::KdLoss kd{0.0f, 3.0f};
+  const float dloss = 1.0f / 23.0f;
+  {
+    std::vector<float> l1(size_t(N)), lse(size_t(N)), dx1(size_t(N) * C), dw1(size_t(V) * C, 0.0f);
+    std::vector<float> scratch(cpu::lm_head_ce_scratch_floats(chunk, V));
+    cpu::lm_head_ce_forward(l1.data(), lse.data(), xs.data(), ws.data(), tg.data(), N, C, V, chunk,
+                            scratch.data());
+    cpu::lm_head_ce_backward(dx1.data(), dw1.data(), xs.data(), ws.data(), tg.data(), lse.data(), N,
+                             C, V, chunk, dloss, scratch.data());
+    std::vector<float> l2(size_t(N)), stats(size_t(4 * N)), dx2(size_t(N) * C),
+        dw2(size_t(V) * C, 0.0f);
+    std::vector<float> kscratch(cpu::lm_head_kd_scratch_floats(chunk, V));
+    cpu::lm_head_kd_forward(l2.data(), stats.data(), xs.data(), ws.data(), teacher, tg.data(), N, C,
+                            V, chunk, kd, kscratch.data());
+    cpu::lm_head_kd_backward(dx2.data(), dw2.data(), xs.data(), ws.data(), teacher, tg.data(),
+                             stats.data(), N, C, V, chunk, kd, dloss, kscratch.data());
+    EXPECT_EQ(0, std::memcmp(l1.data(), l2.data(), l1.size() * 4)) << "losses";
+    EXPECT_EQ(0, std::memcmp(lse.data(), stats.data(), lse.size() * 4)) << "lse";
+    EXPECT_EQ(0, std::memcmp(dx1.data(), dx2.data(), dx1.size() * 4)) << "dx";
+    EXPECT_EQ(0, std::memcmp(dw1.data(), dw2.data(), dw1.size() * 4)) << "dw";
+  }
+  {  // bf16 storage
+    std::vector<bf16_t> x16(xs.size()), w16(ws.size());
+    cpu::cast_to_bf16(x16.data(), xs.data(), int64_t(xs.size()));
+    cpu::cast_to_bf16(w16.data(), ws.data(), int64_t(ws.size()));
+    std::vector<float> l1(size_t(N)), lse(size_t(N)), dw1(size_t(V) * C, 0.0f);
+    std::vector<bf16_t> dx1(size_t(N) * C), dx2(size_t(N) * C);
+    std::vector<float> scratch(cpu::lm_head_ce_scratch_floats(chunk, V, DType::kBF16));
+    cpu::lm_head_ce_forward(l1.data(), lse.data(), x16.data(), w16.data(), tg.data(), N, C, V,
+                            chunk, scratch.data());
+    cpu::lm_head_ce_backward(dx1.data(), dw1.data(), x16.data(), w16.data(), tg.data(), lse.data(),
+                             N, C, V, chunk, dloss, scratch.data());
+    std::vector<float> l2(size_t(N)), stats(size_t(4 * N)), dw2(size_t(V) * C, 0.0f);
+    std::vector<float> kscratch(cpu::lm_head_kd_scratch_floats(chunk, V, DType::kBF16));
+    cpu::lm_head_kd_forward(l2.data(), stats.data(), x16.data(), w16.data(), teacher, tg.data(), N,
+                            C, V, chunk, kd, kscratch.data());
+    cpu::lm_head_kd_backward(dx2.data(), dw2.data(), x16.data(), w16.data(), teacher, tg.data(),
+                             stats.data(), N, C, V, chunk, kd, dloss, kscratch.data());
+    EXPECT_EQ(0, std::memcmp(l1.data(), l2.data(), l1.size() * 4)) << "bf16 losses";
+    EXPECT_EQ(0, std::memcmp(dx1.data(), dx2.data(), dx1.size() * 2)) << "bf16 dx";
+    EXPECT_EQ(0, std::memcmp(dw1.data(), dw2.data(), dw1.size() * 4)) << "bf16 dw";
+  }
+}
+
+}  // namespace
+}  // namespace headroom
