@@ -55,6 +55,9 @@ struct KdTeacher {
   DType dtype = DType::kF32;  // of x and w: kF32 or kBF16
   int C = 0;                  // the teacher's width (may differ from the student's)
   int w_rows = 0;             // rows of w that may be read (>= V; 0 = V), as lm_head_ce's w_rows
+  // Scratch: the teacher's chunk of logits, chunk x logits_row_stride(V) floats (the student's
+  // chunk and its dlogits take lm_head_ce_scratch_floats in `scratch`, as the CE head's).
+  float* logits_chunk = nullptr;
 };
 // loss = alpha * temperature^2 * KL(softmax(teacher / T) || softmax(student / T))
 //        + (1 - alpha) * cross-entropy, per token with a target.
@@ -208,7 +211,8 @@ class Ops {
   // logsumexp(student), logsumexp(student / T), logsumexp(teacher / T), the CE alone. The
   // backward recomputes both chunks and writes dx (OVERWRITTEN) and dw (ACCUMULATES) from
   // dloss * d(sum losses); the teacher gets no gradient. alpha = 0 gives lm_head_ce's bits.
-  virtual size_t lm_head_kd_scratch_floats(int chunk, int V, DType storage) const = 0;
+  // scratch: lm_head_ce_scratch_floats(chunk, V, storage), as the CE head; the teacher's chunk
+  // of logits in teacher.logits_chunk.
 #define HR_OPS_KD(T)                                                                             \
   virtual void lm_head_kd_forward(float* losses, float* stats, const T* x, const GemmWeight<T>* w, \
                                   const KdTeacher& teacher, const int32_t* targets, int N, int C,  \

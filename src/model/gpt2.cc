@@ -202,7 +202,8 @@ void shift_ids(Gpt2ActivationIds& id, size_t by) {
     if (i != SIZE_MAX) i += by;
   };
   for (size_t* f : {&id.encoded, &id.rope, &id.lnf, &id.lnf_mean, &id.lnf_rstd, &id.logits,
-                    &id.head_lse, &id.head_scratch, &id.losses, &id.att_fwd_scratch,
+                    &id.head_lse, &id.head_scratch, &id.kd_teacher_logits, &id.losses,
+                    &id.att_fwd_scratch,
                     &id.dresidual, &id.d_c, &id.d_3c, &id.d_4c, &id.att_scratch,
                     &id.dresidual_low, &id.block_weights_bf16, &id.head_weights_bf16,
                     &id.f16_staging, &id.bf16_wgrad_staging}) {
@@ -334,11 +335,14 @@ ActivationTable gpt2_activation_table(const Gpt2Config& c, int B, int T, bool tr
         add("head_lse", options.distill ? Shape{4, B, T} : Shape{B, T}, Category::kLogits);
     if (options.head_chunk > 0) {
       const int chunk = std::min(options.head_chunk, B * T);
-      // With distillation the student's and the teacher's chunks of logits side by side (the
-      // CE head, which validation runs on the same table, needs less).
-      const size_t floats = options.distill ? ops.lm_head_kd_scratch_floats(chunk, int(V), low)
-                                            : ops.lm_head_ce_scratch_floats(chunk, int(V), low);
-      t.ids.head_scratch = add("head_logits_chunk", {int64_t(floats)}, Category::kLogits);
+      t.ids.head_scratch =
+          add("head_logits_chunk", {int64_t(ops.lm_head_ce_scratch_floats(chunk, int(V), low))},
+              Category::kLogits);
+      if (options.distill) {  // the teacher's chunk of logits beside the student's
+        t.ids.kd_teacher_logits =
+            add_as(DType::kF32, "teacher.logits_chunk",
+                   {int64_t(chunk) * ops.logits_row_stride(V)}, Category::kTeacher);
+      }
     } else {
       t.ids.logits = add("logits", {B, T, options.logits_row_stride(V)}, Category::kLogits);
     }
@@ -503,7 +507,8 @@ std::vector<OpDesc> gpt2_step_ops(const Gpt2Config& c, const ActivationTable& ta
       op.layer = -1;
       ops.push_back(std::move(op));
     }
-    teacher_out = {table.teacher->ids.lnf, table.teacher->ids.head_weights_bf16};
+    teacher_out = {table.teacher->ids.lnf, table.teacher->ids.head_weights_bf16,
+                   id.kd_teacher_logits};
     std::erase(teacher_out, SIZE_MAX);
   }
   push("forward embedding", Phase::kForward, -1, {id.encoded, id.rope});
@@ -1025,8 +1030,10 @@ double Gpt2::forward_t(const int32_t* inputs, const int32_t* targets, int64_t* v
   }
   float* losses = a.f32(id.losses);
   if (teacher_ != nullptr) {  // distillation: CE + KL in the chunked head (distill_kernels.h)
+    backend::KdTeacher kt = *teacher_;
+    kt.logits_chunk = a.f32(id.kd_teacher_logits);
     timed(OpKind::kLoss, [&] {
-      ops_->lm_head_kd_forward(losses, a.f32(id.head_lse), lnf, gemm_weight<T>(wte), *teacher_,
+      ops_->lm_head_kd_forward(losses, a.f32(id.head_lse), lnf, gemm_weight<T>(wte), kt,
                                targets, N, C, V, acts_->options.head_chunk, acts_->options.distill->loss,
                                a.f32(id.head_scratch), head_forward_columns<T>(wte));
     });
@@ -1211,8 +1218,10 @@ void Gpt2::backward_t(const int32_t* inputs, const int32_t* targets, float dloss
   const float* wte = head_weight();
   float* dwte = grad_ptr(table_->head);
   if (teacher_ != nullptr) {
+    backend::KdTeacher kt = *teacher_;
+    kt.logits_chunk = a.f32(id.kd_teacher_logits);
     timed(OpKind::kLoss, [&] {
-      ops_->lm_head_kd_backward(dc, dwte, lnf, gemm_weight<T>(wte), *teacher_, targets,
+      ops_->lm_head_kd_backward(dc, dwte, lnf, gemm_weight<T>(wte), kt, targets,
                                 a.f32(id.head_lse), N, C, V, acts_->options.head_chunk,
                                 acts_->options.distill->loss, dloss, a.f32(id.head_scratch),
                                 head_forward_columns<T>(wte));

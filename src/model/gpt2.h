@@ -169,6 +169,9 @@ struct Gpt2ActivationIds {
   size_t logits;        // [B,T,logits_row_stride(V)]; SIZE_MAX with the fused head
   size_t head_lse;      // [B,T] each row's log-sum-exp, saved by the loss's forward (both heads)
   size_t head_scratch;  // [chunk,V] logits chunk of the fused head; SIZE_MAX otherwise
+  // Distillation: the teacher's [chunk, V] logits chunk in the KD head (category teacher);
+  // SIZE_MAX otherwise.
+  size_t kd_teacher_logits = SIZE_MAX;
   size_t losses;
   size_t att_fwd_scratch;  // tiled attention's forward scratch; SIZE_MAX for plain attention
   // Backward-only workspace (SIZE_MAX when not training). d_c, d_3c, d_4c hold the activations'

@@ -63,9 +63,12 @@ KdRun run_kd(const std::vector<float>& xs, const std::vector<float>& ws,
   r.stats.assign(size_t(4 * N), NAN);
   r.dx.assign(size_t(N) * C, NAN);
   r.dw.assign(size_t(V) * C, 0.0f);
-  std::vector<float> scratch(cpu::lm_head_kd_scratch_floats(chunk, V), NAN);
-  cpu::lm_head_kd_forward(r.losses.data(), r.stats.data(), xs.data(), ws.data(), teacher, tg.data(),
-                          N, C, V, chunk, kd, scratch.data());
+  std::vector<float> scratch(cpu::lm_head_ce_scratch_floats(chunk, V), NAN),
+      tchunk(cpu::lm_head_kd_teacher_floats(chunk, V), NAN);
+  backend::KdTeacher t = teacher;
+  t.logits_chunk = tchunk.data();
+  cpu::lm_head_kd_forward(r.losses.data(), r.stats.data(), xs.data(), ws.data(), t, tg.data(), N, C,
+                          V, chunk, kd, scratch.data());
   int valid = 0;
   for (int n = 0; n < N; n++) {
     if (tg[size_t(n)] < 0) continue;
@@ -75,7 +78,7 @@ KdRun run_kd(const std::vector<float>& xs, const std::vector<float>& ws,
   }
   r.loss /= valid;
   r.ce /= valid;
-  cpu::lm_head_kd_backward(r.dx.data(), r.dw.data(), xs.data(), ws.data(), teacher, tg.data(),
+  cpu::lm_head_kd_backward(r.dx.data(), r.dw.data(), xs.data(), ws.data(), t, tg.data(),
                            r.stats.data(), N, C, V, chunk, kd, 1.0f / float(valid), scratch.data());
   return r;
 }
@@ -92,7 +95,7 @@ TEST(DistillFixture, MatchesPyTorch) {
             Ct = std::stoi(md.at("Ct")), cases = std::stoi(md.at("cases"));
   const std::vector<float> xs = floats(*f, "xs"), ws = floats(*f, "ws"), xt = floats(*f, "xt"),
                            wt = floats(*f, "wt");
-  std::vector<int32_t> tg(size_t(N));
+  std::vector<int32_t> tg(static_cast<size_t>(N));
   std::memcpy(tg.data(), f->find("targets")->data, tg.size() * 4);
   const backend::KdTeacher teacher{xt.data(), wt.data(), DType::kF32, Ct, 0};
   ASSERT_GE(cases, 3);
@@ -139,7 +142,7 @@ Reference reference(const std::vector<float>& xs, const std::vector<float>& ws,
   const double a = kd.alpha, tau = kd.temperature;
   for (int n = 0; n < N; n++) {
     if (tg[size_t(n)] < 0) continue;
-    std::vector<double> s(size_t(V)), t(size_t(V));
+    std::vector<double> s(static_cast<size_t>(V)), t(static_cast<size_t>(V));
     for (int v = 0; v < V; v++) {
       for (int c = 0; c < Cs; c++) s[size_t(v)] += double(xs[size_t(n * Cs + c)]) * ws[size_t(v * Cs + c)];
       for (int c = 0; c < Ct; c++) t[size_t(v)] += double(xt[size_t(n * Ct + c)]) * wt[size_t(v * Ct + c)];
@@ -190,7 +193,7 @@ TEST(DistillKernel, ChunkedEqualsUnfusedReference) {
                              ws = randn(rng, size_t(V) * Cs, 0.4f),
                              xt = randn(rng, size_t(N) * Ct, 1.0f),
                              wt = randn(rng, size_t(V) * Ct, 0.4f);
-    std::vector<int32_t> tg(size_t(N));
+    std::vector<int32_t> tg(static_cast<size_t>(N));
     for (int n = 0; n < N; n++) tg[size_t(n)] = n % 7 == 3 ? -1 : int32_t(rng() % uint32_t(V));
     const backend::KdTeacher teacher{xt.data(), wt.data(), DType::kF32, Ct, 0};
     for (const backend::KdLoss kd : {backend::KdLoss{0.5f, 2.0f}, backend::KdLoss{0.9f, 0.7f}}) {
@@ -229,7 +232,7 @@ TEST(DistillKernel, Bf16TeacherMatchesReferenceOnItsRoundedValues) {
   cpu::cast_to_bf16(wt16.data(), wt.data(), int64_t(wt.size()));
   for (size_t i = 0; i < xt.size(); i++) xt[i] = cpu::to_f32(xt16[i]);
   for (size_t i = 0; i < wt.size(); i++) wt[i] = cpu::to_f32(wt16[i]);
-  std::vector<int32_t> tg(size_t(N));
+  std::vector<int32_t> tg(static_cast<size_t>(N));
   for (int n = 0; n < N; n++) tg[size_t(n)] = int32_t(rng() % uint32_t(V));
   const backend::KdLoss kd{0.5f, 2.0f};
   const Reference ref = reference(xs, ws, xt, wt, tg, N, Cs, Ct, V, kd, 1.0 / N);
@@ -248,21 +251,22 @@ TEST(DistillKernel, AlphaZeroIsTheCeHeadBitForBit) {
   const std::vector<float> xs = randn(rng, size_t(N) * C, 1.0f), ws = randn(rng, size_t(V) * C, 0.3f),
                            xt = randn(rng, size_t(N) * Ct, 1.0f),
                            wt = randn(rng, size_t(V) * Ct, 0.3f);
-  std::vector<int32_t> tg(size_t(N));
+  std::vector<int32_t> tg(static_cast<size_t>(N));
   for (int n = 0; n < N; n++) tg[size_t(n)] = n % 5 == 1 ? -1 : int32_t(rng() % uint32_t(V));
-  const backend::KdTeacher teacher{xt.data(), wt.data(), DType::kF32, Ct, 0};
+  std::vector<float> tchunk(cpu::lm_head_kd_teacher_floats(chunk, V));
+  const backend::KdTeacher teacher{xt.data(), wt.data(), DType::kF32, Ct, 0, tchunk.data()};
   const backend::KdLoss kd{0.0f, 3.0f};
   const float dloss = 1.0f / 23.0f;
   {
-    std::vector<float> l1(size_t(N)), lse(size_t(N)), dx1(size_t(N) * C), dw1(size_t(V) * C, 0.0f);
+    std::vector<float> l1(static_cast<size_t>(N)), lse(static_cast<size_t>(N)), dx1(size_t(N) * C), dw1(size_t(V) * C, 0.0f);
     std::vector<float> scratch(cpu::lm_head_ce_scratch_floats(chunk, V));
     cpu::lm_head_ce_forward(l1.data(), lse.data(), xs.data(), ws.data(), tg.data(), N, C, V, chunk,
                             scratch.data());
     cpu::lm_head_ce_backward(dx1.data(), dw1.data(), xs.data(), ws.data(), tg.data(), lse.data(), N,
                              C, V, chunk, dloss, scratch.data());
-    std::vector<float> l2(size_t(N)), stats(size_t(4 * N)), dx2(size_t(N) * C),
+    std::vector<float> l2(static_cast<size_t>(N)), stats(size_t(4 * N)), dx2(size_t(N) * C),
         dw2(size_t(V) * C, 0.0f);
-    std::vector<float> kscratch(cpu::lm_head_kd_scratch_floats(chunk, V));
+    std::vector<float> kscratch(cpu::lm_head_ce_scratch_floats(chunk, V));
     cpu::lm_head_kd_forward(l2.data(), stats.data(), xs.data(), ws.data(), teacher, tg.data(), N, C,
                             V, chunk, kd, kscratch.data());
     cpu::lm_head_kd_backward(dx2.data(), dw2.data(), xs.data(), ws.data(), teacher, tg.data(),
@@ -276,15 +280,15 @@ TEST(DistillKernel, AlphaZeroIsTheCeHeadBitForBit) {
     std::vector<bf16_t> x16(xs.size()), w16(ws.size());
     cpu::cast_to_bf16(x16.data(), xs.data(), int64_t(xs.size()));
     cpu::cast_to_bf16(w16.data(), ws.data(), int64_t(ws.size()));
-    std::vector<float> l1(size_t(N)), lse(size_t(N)), dw1(size_t(V) * C, 0.0f);
+    std::vector<float> l1(static_cast<size_t>(N)), lse(static_cast<size_t>(N)), dw1(size_t(V) * C, 0.0f);
     std::vector<bf16_t> dx1(size_t(N) * C), dx2(size_t(N) * C);
     std::vector<float> scratch(cpu::lm_head_ce_scratch_floats(chunk, V, DType::kBF16));
     cpu::lm_head_ce_forward(l1.data(), lse.data(), x16.data(), w16.data(), tg.data(), N, C, V,
                             chunk, scratch.data());
     cpu::lm_head_ce_backward(dx1.data(), dw1.data(), x16.data(), w16.data(), tg.data(), lse.data(),
                              N, C, V, chunk, dloss, scratch.data());
-    std::vector<float> l2(size_t(N)), stats(size_t(4 * N)), dw2(size_t(V) * C, 0.0f);
-    std::vector<float> kscratch(cpu::lm_head_kd_scratch_floats(chunk, V, DType::kBF16));
+    std::vector<float> l2(static_cast<size_t>(N)), stats(size_t(4 * N)), dw2(size_t(V) * C, 0.0f);
+    std::vector<float> kscratch(cpu::lm_head_ce_scratch_floats(chunk, V, DType::kBF16));
     cpu::lm_head_kd_forward(l2.data(), stats.data(), x16.data(), w16.data(), teacher, tg.data(), N,
                             C, V, chunk, kd, kscratch.data());
     cpu::lm_head_kd_backward(dx2.data(), dw2.data(), x16.data(), w16.data(), teacher, tg.data(),

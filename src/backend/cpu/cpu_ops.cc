@@ -209,9 +209,6 @@ class CpuOps final : public Ops {
 #undef HR_CPU_T
 
   // Knowledge distillation (distill_kernels.h).
-  size_t lm_head_kd_scratch_floats(int chunk, int V, DType storage) const override {
-    return cpu::lm_head_kd_scratch_floats(chunk, V, storage);
-  }
 #define HR_CPU_KD(T)                                                                             \
   void lm_head_kd_forward(float* losses, float* stats, const T* x, const GemmWeight<T>* w,       \
                           const KdTeacher& teacher, const int32_t* targets, int N, int C, int V, \

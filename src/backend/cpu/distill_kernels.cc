@@ -103,7 +103,7 @@ double scaled_lse(const float* z, int V, float m, float inv_tau) {
 
 void check_args(const backend::KdTeacher& t, int V, int chunk, backend::KdLoss kd) {
   HR_CHECK(chunk >= 1 && V >= 1);
-  HR_CHECK(t.x != nullptr && t.w != nullptr && t.C >= 1);
+  HR_CHECK(t.x != nullptr && t.w != nullptr && t.logits_chunk != nullptr && t.C >= 1);
   HR_CHECK(t.dtype == DType::kF32 || t.dtype == DType::kBF16);
   HR_CHECK(kd.alpha >= 0.0f && kd.alpha <= 1.0f && kd.temperature > 0.0f);
 }
@@ -115,7 +115,7 @@ void kd_forward_t(float* losses, float* stats, const T* x, const TW* w,
   check_args(teacher, V, chunk, kd);
   const int ld = head_ld(V), cols = chunk_cols(V, ld, w_rows);
   float* zs_all = scratch;
-  float* zt_all = scratch + int64_t{chunk} * ld;
+  float* zt_all = teacher.logits_chunk;
   const float inv_tau = 1.0f / kd.temperature;
   const double a = kd.alpha, tau2 = double(kd.temperature) * kd.temperature;
   for (int c0 = 0; c0 < N; c0 += chunk) {
@@ -166,12 +166,12 @@ void kd_backward_t(T* dx, float* dw, const T* x, const TW* w, const backend::KdT
   check_args(teacher, V, chunk, kd);
   const int ld = head_ld(V), cols = chunk_cols(V, ld, w_rows);
   float* zs_all = scratch;
-  float* zt_all = scratch + int64_t{chunk} * ld;
+  float* zt_all = teacher.logits_chunk;
   using D = DlogitsT<T>;
-  // dlogits: in place over the student's fp32 logits, or (bf16) into the bf16 area after both
-  // chunks.
-  D* dlogits = reinterpret_cast<D*>(std::is_same_v<T, bf16_t> ? scratch + 2 * int64_t{chunk} * ld
-                                                               : scratch);
+  // dlogits: in place over the student's fp32 logits, or (bf16) into the bf16 area after them
+  // (lm_head_ce's layout).
+  D* dlogits =
+      reinterpret_cast<D*>(std::is_same_v<T, bf16_t> ? scratch + int64_t{chunk} * ld : scratch);
   const float inv_tau = 1.0f / kd.temperature;
   // d loss / d zs_i = (1 - alpha) (p_i - [i = target]) + alpha tau^2 (1 / tau) (q_i - p_t,i).
   const float dce = (1.0f - kd.alpha) * dloss;
@@ -210,11 +210,7 @@ void kd_backward_t(T* dx, float* dw, const T* x, const TW* w, const backend::KdT
 
 }  // namespace
 
-size_t lm_head_kd_scratch_floats(int chunk, int V, DType storage) {
-  const size_t logits = size_t{1} * chunk * head_ld(V);
-  // Both chunks of logits; bf16: the chunk's dlogits in bf16 after them.
-  return storage == DType::kBF16 ? 2 * logits + (logits + 1) / 2 : 2 * logits;
-}
+size_t lm_head_kd_teacher_floats(int chunk, int V) { return size_t{1} * chunk * head_ld(V); }
 
 void lm_head_kd_forward(float* losses, float* stats, const float* x, const float* w,
                         const backend::KdTeacher& teacher, const int32_t* targets, int N, int C,
