@@ -18,6 +18,11 @@
 #include "backend/cpu/kernels.h"
 #include "backend/ops.h"
 #include "model/safetensors.h"
+#include "model/weights.h"
+#include "plan/memory_plan.h"
+#include "train/run_request.h"
+#include "train/trainer.h"
+#include "train_test_util.h"
 
 namespace headroom {
 namespace {
@@ -297,6 +302,247 @@ TEST(DistillKernel, AlphaZeroIsTheCeHeadBitForBit) {
     EXPECT_EQ(0, std::memcmp(dx1.data(), dx2.data(), dx1.size() * 2)) << "bf16 dx";
     EXPECT_EQ(0, std::memcmp(dw1.data(), dw2.data(), dw1.size() * 4)) << "bf16 dw";
   }
+}
+
+// ---- through the trainer -------------------------------------------------------------------
+
+using train::test::gpt2_config;
+using train::test::llama_config;
+
+// A teacher model directory: `c` initialised from `seed` (a teacher need not be trained for the
+// mathematics to be checked), saved as `headroom train --out` saves a model.
+std::string write_teacher(const model::Gpt2Config& c, uint64_t seed, const std::string& name) {
+  const std::string dir = (train::test::fresh_test_dir("distill") / name).string();
+  const model::ParamTable t = model::gpt2_param_table(c);
+  std::vector<float> p(static_cast<size_t>(t.total_floats), 0.0f);
+  model::gpt2_init_params(c, t, p.data(), seed);
+  EXPECT_TRUE(model::save_pretrained(dir, c, t, p.data()).is_ok()) << dir;
+  return dir;
+}
+
+// The student: 2 layers 64 wide; the teacher wider and deeper (3 layers, 96 wide, 6 heads).
+model::Gpt2Config student_gpt2() { return gpt2_config(2, 64, 4, 211, 32); }
+model::Gpt2Config teacher_gpt2() { return gpt2_config(3, 96, 6, 211, 32); }
+
+train::TrainOptions distill_options(const model::Gpt2Config& student, const std::string& data,
+                                    int b, int k) {
+  train::TrainOptions o;
+  o.config = student;
+  o.model_name = "student";
+  o.data = data;
+  o.seq = 16;
+  o.micro_batch = b;
+  o.accumulation = k;
+  o.exec.head_chunk = 24;  // chunks that do not divide the micro-batch's tokens
+  o.steps = 3;
+  o.warmup_steps = 1;
+  o.device_memory = uint64_t(1) << 30;
+  o.val_fraction = 0;
+  return o;
+}
+void add_teacher(train::TrainOptions* o, const model::Gpt2Config& teacher, const std::string& dir,
+                 float alpha, float temperature,
+                 model::Precision precision = model::Precision::kFp32) {
+  o->exec.distill = model::Distill{{alpha, temperature}, teacher, precision};
+  o->teacher_dir = dir;
+}
+
+std::vector<double> losses_of(const train::test::RunOutput& r) {
+  std::vector<double> l;
+  for (const train::StepStats& s : r.steps) l.push_back(s.loss);
+  return l;
+}
+
+// 3. The effective batch is invariant with a teacher: three optimizer steps of 4 sequences as
+// 4 x 1, 2 x 2 and 1 x 4 micro-batches give the same losses and weights to rounding (the
+// accumulation tests' tolerances: GEMMs of other shapes round differently).
+TEST(DistillTrainer, AccumulationAndMicroBatchInvariance) {
+  const std::string data = train::test::learnable_tokens(211, 20000, "distill_inv");
+  const std::string dir = write_teacher(teacher_gpt2(), 77, "teacher");
+  auto run = [&](int b, int k) {
+    train::TrainOptions o = distill_options(student_gpt2(), data, b, k);
+    add_teacher(&o, teacher_gpt2(), dir, 0.5f, 2.0f);
+    train::test::RunOutput r = train::test::run_collecting(o);
+    EXPECT_TRUE(r.result.is_ok()) << r.result.status().to_string();
+    return r;
+  };
+  const train::test::RunOutput r41 = run(4, 1), r22 = run(2, 2), r14 = run(1, 4);
+  const std::vector<double> l41 = losses_of(r41), l22 = losses_of(r22), l14 = losses_of(r14);
+  ASSERT_EQ(l41.size(), 3u);
+  ASSERT_EQ(l22.size(), 3u);
+  ASSERT_EQ(l14.size(), 3u);
+  for (size_t i = 0; i < 3; i++) {
+    EXPECT_NEAR(l22[i], l41[i], 1e-5 * l41[i]);
+    EXPECT_NEAR(l14[i], l41[i], 1e-5 * l41[i]);
+  }
+  auto max_abs = [](const std::vector<float>& a, const std::vector<float>& b) {
+    double w = 0;
+    for (size_t i = 0; i < a.size(); i++) w = std::max(w, double(std::fabs(a[i] - b[i])));
+    return w;
+  };
+  ASSERT_EQ(r22.params.size(), r41.params.size());
+  ASSERT_EQ(r14.params.size(), r41.params.size());
+  EXPECT_LE(max_abs(r22.params, r41.params), 1e-4);
+  EXPECT_LE(max_abs(r14.params, r41.params), 1e-4);
+  // The teacher makes a difference: the same run without it is another run.
+  train::TrainOptions plain = distill_options(student_gpt2(), data, 4, 1);
+  const train::test::RunOutput rp = train::test::run_collecting(plain);
+  ASSERT_EQ(losses_of(rp).size(), 3u);
+  EXPECT_GT(std::fabs(losses_of(rp)[0] - l41[0]), 1e-3);
+  std::filesystem::remove(data);
+}
+
+// 4. Measured peak = planned peak with a teacher, fp32 and bf16 teachers, GPT-2 and Llama: every
+// byte the teacher uses (weights, working set, logits chunk) comes from the plan, which names
+// them (category teacher) in the startup table.
+TEST(DistillTrainer, MeasuredPeakEqualsPlannedPeak) {
+  const std::string data = train::test::learnable_tokens(211, 20000, "distill_peak");
+  struct Case {
+    std::string name;
+    model::Gpt2Config student, teacher;
+    model::Precision teacher_precision;
+  };
+  const std::vector<Case> cases = {
+      {"gpt2 fp32 teacher", student_gpt2(), teacher_gpt2(), model::Precision::kFp32},
+      {"gpt2 bf16 teacher", student_gpt2(), teacher_gpt2(), model::Precision::kBf16},
+      {"llama from a gpt2 teacher", llama_config(2, 64, 4, 2, 211, 32, false), teacher_gpt2(),
+       model::Precision::kFp32},
+      {"gpt2 from a llama teacher", student_gpt2(), llama_config(3, 96, 6, 2, 211, 32, true),
+       model::Precision::kFp32},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const std::string dir = write_teacher(c.teacher, 5, "teacher");
+    train::TrainOptions o = distill_options(c.student, data, 2, 2);
+    add_teacher(&o, c.teacher, dir, 0.5f, 2.0f, c.teacher_precision);
+    std::string table;
+    train::TrainCallbacks cb;
+    std::vector<train::StepStats> steps;
+    cb.on_setup = [&](const train::SetupInfo& s) { table = s.memory_table; };
+    cb.on_step = [&](const train::StepStats& s) { steps.push_back(s); };
+    Result<train::TrainResult> r = train::run_training(o, cb);
+    ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+    ASSERT_EQ(steps.size(), 3u);
+    for (const train::StepStats& s : steps) {
+      EXPECT_EQ(s.device_bytes_peak, s.planned_peak_bytes) << "step " << s.step;
+      EXPECT_TRUE(std::isfinite(s.loss));
+    }
+    EXPECT_EQ(r->device_bytes_peak, r->planned_peak_bytes);
+    EXPECT_NE(table.find("teacher"), std::string::npos) << table;
+    // The plan holds the teacher's weights (fp32) and its working set; the tracked allocations
+    // of category teacher peak at exactly the plan's teacher bytes live at once.
+    plan::Policy p{2, 2, 16, "fp32", o.exec};
+    Result<plan::MemoryPlan> mp = plan::plan_training_memory(c.student, p);
+    ASSERT_TRUE(mp.is_ok()) << mp.status().to_string();
+    const plan::Region* w = plan::persistent_region(*mp, plan::kTeacherWeightsRegion);
+    ASSERT_NE(w, nullptr);
+    EXPECT_GE(w->layout.size,
+              uint64_t(model::gpt2_param_table(c.teacher).num_parameters) * sizeof(float));
+    uint64_t teacher_step = 0;
+    for (const memory::BufferDesc& b : mp->step.buffers) {
+      if (b.category == memory::Category::kTeacher) teacher_step += b.bytes();
+    }
+    EXPECT_GT(teacher_step, 0u);  // its working set and logits chunk, in the step region
+    // The tracked allocations tagged teacher: its weights' region (the step region is one
+    // allocation, tagged activations).
+    EXPECT_EQ(r->memory.by_category[size_t(memory::Category::kTeacher)].peak, w->layout.size);
+  }
+  std::filesystem::remove(data);
+}
+
+// 6. alpha = 0 is plain training bit for bit: the teacher runs, its KL term is weighted 0, and
+// every loss and weight is the plain run's, GPT-2 and Llama.
+TEST(DistillTrainer, AlphaZeroIsPlainTrainingBitForBit) {
+  const std::string data = train::test::learnable_tokens(211, 20000, "distill_a0");
+  for (const model::Gpt2Config& student :
+       {student_gpt2(), llama_config(2, 64, 4, 2, 211, 32, false)}) {
+    SCOPED_TRACE(student.model_type);
+    const std::string dir = write_teacher(teacher_gpt2(), 9, "teacher");
+    train::TrainOptions plain = distill_options(student, data, 2, 2);
+    train::TrainOptions kd = plain;
+    add_teacher(&kd, teacher_gpt2(), dir, 0.0f, 3.0f);
+    const train::test::RunOutput rp = train::test::run_collecting(plain);
+    const train::test::RunOutput rk = train::test::run_collecting(kd);
+    ASSERT_TRUE(rp.result.is_ok()) << rp.result.status().to_string();
+    ASSERT_TRUE(rk.result.is_ok()) << rk.result.status().to_string();
+    const std::vector<double> lp = losses_of(rp), lk = losses_of(rk);
+    ASSERT_EQ(lp.size(), 3u);
+    ASSERT_EQ(lk.size(), 3u);
+    for (size_t i = 0; i < 3; i++) EXPECT_EQ(lk[i], lp[i]) << "step " << i + 1;
+    ASSERT_EQ(rk.params.size(), rp.params.size());
+    EXPECT_EQ(0, std::memcmp(rk.params.data(), rp.params.data(), rp.params.size() * 4));
+    // And the run with the teacher held more memory: its bytes are really there.
+    EXPECT_GT(rk.result->planned_peak_bytes, rp.result->planned_peak_bytes);
+  }
+  std::filesystem::remove(data);
+}
+
+// 5. Bad input gets a clear error naming the directory, the field and the value.
+TEST(DistillErrors, ClearMessages) {
+  const model::Gpt2Config student = student_gpt2();
+  const std::string dir = write_teacher(teacher_gpt2(), 1, "teacher");
+  auto err = [&](const std::string& d, std::optional<float> a, std::optional<float> t,
+                 const std::string& dtype = "auto", model::Gpt2Config s = student_gpt2()) {
+    Result<std::optional<model::Distill>> r =
+        train::resolve_distill(d, a, t, dtype, s, "student-dir");
+    EXPECT_FALSE(r.is_ok());
+    return r.is_ok() ? std::string() : r.status().message();
+  };
+  const std::string missing = dir + "-missing";
+  std::string m = err(missing, std::nullopt, std::nullopt);
+  EXPECT_NE(m.find(missing), std::string::npos) << m;
+  EXPECT_NE(m.find("no such directory"), std::string::npos) << m;
+  std::filesystem::create_directories(missing);
+  m = err(missing, std::nullopt, std::nullopt);
+  EXPECT_NE(m.find("no config.json"), std::string::npos) << m;
+  std::filesystem::remove_all(missing);
+
+  model::Gpt2Config other = student;
+  other.vocab_size = 300;
+  m = err(dir, std::nullopt, std::nullopt, "auto", other);
+  EXPECT_NE(m.find(dir), std::string::npos) << m;
+  EXPECT_NE(m.find("student-dir"), std::string::npos) << m;
+  EXPECT_NE(m.find("211"), std::string::npos) << m;
+  EXPECT_NE(m.find("300"), std::string::npos) << m;
+
+  for (float a : {-0.1f, 1.5f, float(NAN)}) {
+    m = err(dir, a, std::nullopt);
+    EXPECT_NE(m.find("--distill-alpha"), std::string::npos) << m;
+    EXPECT_NE(m.find("[0, 1]"), std::string::npos) << m;
+  }
+  for (float t : {0.0f, -2.0f, float(INFINITY)}) {
+    m = err(dir, std::nullopt, t);
+    EXPECT_NE(m.find("--distill-temperature"), std::string::npos) << m;
+  }
+  m = err(dir, std::nullopt, std::nullopt, "fp16");
+  EXPECT_NE(m.find("--teacher-dtype fp16"), std::string::npos) << m;
+  m = err("", 0.3f, std::nullopt);
+  EXPECT_NE(m.find("--teacher DIR"), std::string::npos) << m;
+
+  // The good case: the defaults, 0.5 and 2, and the teacher's own config.
+  Result<std::optional<model::Distill>> ok =
+      train::resolve_distill(dir, std::nullopt, std::nullopt, "auto", student, "student");
+  ASSERT_TRUE(ok.is_ok()) << ok.status().to_string();
+  ASSERT_TRUE(ok->has_value());
+  EXPECT_EQ((*ok)->loss.alpha, 0.5f);
+  EXPECT_EQ((*ok)->loss.temperature, 2.0f);
+  EXPECT_EQ((*ok)->teacher, teacher_gpt2());
+  EXPECT_EQ((*ok)->teacher_precision, model::Precision::kFp32);
+
+  // The planner refuses what cannot run: full logits, a teacher with fewer positions than seq.
+  model::ExecOptions e;
+  e.distill = **ok;
+  e.head_chunk = 0;
+  Result<plan::MemoryPlan> mp = plan::plan_training_memory(student, plan::Policy{2, 1, 16, "fp32", e});
+  ASSERT_FALSE(mp.is_ok());
+  EXPECT_NE(mp.status().message().find("fused"), std::string::npos) << mp.status().message();
+  e.head_chunk = 16;
+  model::Gpt2Config longer = student;
+  longer.n_positions = 128;
+  mp = plan::plan_training_memory(longer, plan::Policy{2, 1, 64, "fp32", e});
+  ASSERT_FALSE(mp.is_ok());
+  EXPECT_NE(mp.status().message().find("n_positions 32"), std::string::npos)
+      << mp.status().message();
 }
 
 }  // namespace
