@@ -213,13 +213,14 @@ class Ops {
   // dloss * d(sum losses); the teacher gets no gradient. alpha = 0 gives lm_head_ce's bits.
   // scratch: lm_head_ce_scratch_floats(chunk, V, storage), as the CE head; the teacher's chunk
   // of logits in teacher.logits_chunk.
-#define HR_OPS_KD(T)                                                                             \
+#define HR_OPS_KD(T)                                                                               \
   virtual void lm_head_kd_forward(float* losses, float* stats, const T* x, const GemmWeight<T>* w, \
                                   const KdTeacher& teacher, const int32_t* targets, int N, int C,  \
-                                  int V, int chunk, KdLoss kd, float* scratch, int w_rows) const = 0; \
-  virtual void lm_head_kd_backward(T* dx, float* dw, const T* x, const GemmWeight<T>* w,         \
-                                   const KdTeacher& teacher, const int32_t* targets,             \
-                                   const float* stats, int N, int C, int V, int chunk, KdLoss kd, \
+                                  int V, int chunk, KdLoss kd, float* scratch, int w_rows)         \
+      const = 0;                                                                                   \
+  virtual void lm_head_kd_backward(T* dx, float* dw, const T* x, const GemmWeight<T>* w,           \
+                                   const KdTeacher& teacher, const int32_t* targets,               \
+                                   const float* stats, int N, int C, int V, int chunk, KdLoss kd,  \
                                    float dloss, float* scratch, int w_rows) const = 0;
   HR_OPS_KD(float)
   HR_OPS_KD(bf16_t)

@@ -201,12 +201,27 @@ void shift_ids(Gpt2ActivationIds& id, size_t by) {
   auto mv = [by](size_t& i) {
     if (i != SIZE_MAX) i += by;
   };
-  for (size_t* f : {&id.encoded, &id.rope, &id.lnf, &id.lnf_mean, &id.lnf_rstd, &id.logits,
-                    &id.head_lse, &id.head_scratch, &id.kd_teacher_logits, &id.losses,
+  for (size_t* f : {&id.encoded,
+                    &id.rope,
+                    &id.lnf,
+                    &id.lnf_mean,
+                    &id.lnf_rstd,
+                    &id.logits,
+                    &id.head_lse,
+                    &id.head_scratch,
+                    &id.kd_teacher_logits,
+                    &id.losses,
                     &id.att_fwd_scratch,
-                    &id.dresidual, &id.d_c, &id.d_3c, &id.d_4c, &id.att_scratch,
-                    &id.dresidual_low, &id.block_weights_bf16, &id.head_weights_bf16,
-                    &id.f16_staging, &id.bf16_wgrad_staging}) {
+                    &id.dresidual,
+                    &id.d_c,
+                    &id.d_3c,
+                    &id.d_4c,
+                    &id.att_scratch,
+                    &id.dresidual_low,
+                    &id.block_weights_bf16,
+                    &id.head_weights_bf16,
+                    &id.f16_staging,
+                    &id.bf16_wgrad_staging}) {
     mv(*f);
   }
   for (std::vector<Gpt2ActivationIds::Layer>* v : {&id.fwd, &id.bwd}) {
@@ -340,8 +355,8 @@ ActivationTable gpt2_activation_table(const Gpt2Config& c, int B, int T, bool tr
               Category::kLogits);
       if (options.distill) {  // the teacher's chunk of logits beside the student's
         t.ids.kd_teacher_logits =
-            add_as(DType::kF32, "teacher.logits_chunk",
-                   {int64_t(chunk) * ops.logits_row_stride(V)}, Category::kTeacher);
+            add_as(DType::kF32, "teacher.logits_chunk", {int64_t(chunk) * ops.logits_row_stride(V)},
+                   Category::kTeacher);
       }
     } else {
       t.ids.logits = add("logits", {B, T, options.logits_row_stride(V)}, Category::kLogits);
@@ -466,9 +481,9 @@ ActivationTable gpt2_activation_table(const Gpt2Config& c, int B, int T, bool tr
     // the student's activations reuse it too (only its final norm's output stays live).
     HR_CHECK_MSG(options.distill->teacher_precision != Precision::kFp16,
                  "a teacher runs in fp32 or bf16");
-    auto teacher = std::make_shared<ActivationTable>(gpt2_activation_table(
-        options.distill->teacher, B, T, false, teacher_exec(*options.distill, options.pad_rows),
-        ops));
+    auto teacher = std::make_shared<ActivationTable>(
+        gpt2_activation_table(options.distill->teacher, B, T, false,
+                              teacher_exec(*options.distill, options.pad_rows), ops));
     const size_t base = t.buffers.size();
     for (BufferDesc b : teacher->buffers) {
       b.name = "teacher." + b.name;
@@ -663,9 +678,8 @@ void Gpt2::bind_activations(const memory::Arena* arena, const ActivationTable* t
   B_ = B;
   T_ = T;
   // A teacher's forward ops come first in the step's schedule (gpt2_step_ops).
-  op_base_ = table->teacher && table->options.distill
-                 ? table->options.distill->teacher.n_layer + 2
-                 : 0;
+  op_base_ =
+      table->teacher && table->options.distill ? table->options.distill->teacher.n_layer + 2 : 0;
   dlogits_dloss_.reset();  // a gradient in the old arena
 }
 
@@ -1033,8 +1047,8 @@ double Gpt2::forward_t(const int32_t* inputs, const int32_t* targets, int64_t* v
     backend::KdTeacher kt = *teacher_;
     kt.logits_chunk = a.f32(id.kd_teacher_logits);
     timed(OpKind::kLoss, [&] {
-      ops_->lm_head_kd_forward(losses, a.f32(id.head_lse), lnf, gemm_weight<T>(wte), kt,
-                               targets, N, C, V, acts_->options.head_chunk, acts_->options.distill->loss,
+      ops_->lm_head_kd_forward(losses, a.f32(id.head_lse), lnf, gemm_weight<T>(wte), kt, targets, N,
+                               C, V, acts_->options.head_chunk, acts_->options.distill->loss,
                                a.f32(id.head_scratch), head_forward_columns<T>(wte));
     });
   } else if (id.logits == SIZE_MAX) {
@@ -1221,10 +1235,9 @@ void Gpt2::backward_t(const int32_t* inputs, const int32_t* targets, float dloss
     backend::KdTeacher kt = *teacher_;
     kt.logits_chunk = a.f32(id.kd_teacher_logits);
     timed(OpKind::kLoss, [&] {
-      ops_->lm_head_kd_backward(dc, dwte, lnf, gemm_weight<T>(wte), kt, targets,
-                                a.f32(id.head_lse), N, C, V, acts_->options.head_chunk,
-                                acts_->options.distill->loss, dloss, a.f32(id.head_scratch),
-                                head_forward_columns<T>(wte));
+      ops_->lm_head_kd_backward(dc, dwte, lnf, gemm_weight<T>(wte), kt, targets, a.f32(id.head_lse),
+                                N, C, V, acts_->options.head_chunk, acts_->options.distill->loss,
+                                dloss, a.f32(id.head_scratch), head_forward_columns<T>(wte));
     });
   } else if (id.logits == SIZE_MAX) {
     timed(OpKind::kLoss, [&] {

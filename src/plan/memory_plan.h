@@ -71,7 +71,6 @@ inline constexpr const char* kSparsityMaskRegion = "sparsity mask";
 // forward-only working set is in the step region (ActivationTable::teacher).
 inline constexpr const char* kTeacherWeightsRegion = "teacher weights";
 
-
 // A block of memory that the trainer allocates as one arena.
 struct Region {
   std::string name;

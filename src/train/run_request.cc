@@ -236,9 +236,9 @@ Result<ResolvedRun> resolve_run(const RunRequest& request) {
                       resolve_distill(f.teacher, f.distill_alpha, f.distill_temperature,
                                       f.teacher_dtype, o->config, f.model));
   if (distill && f.ranks > 1) {
-    return Status::unsupported(fmt::format(
-        "--teacher {} with {} ranks: distillation runs on one process for now", f.teacher,
-        f.ranks));
+    return Status::unsupported(
+        fmt::format("--teacher {} with {} ranks: distillation runs on one process for now",
+                    f.teacher, f.ranks));
   }
   if (f.plan_file.empty()) {
     plan::SearchRequest req;
@@ -490,10 +490,12 @@ Result<ResolvedRun> resolve_run(const RunRequest& request) {
   return run;
 }
 
-Result<std::optional<model::Distill>> resolve_distill(
-    const std::string& teacher_dir, std::optional<float> alpha, std::optional<float> temperature,
-    const std::string& teacher_dtype, const model::Gpt2Config& student,
-    const std::string& student_name) {
+Result<std::optional<model::Distill>> resolve_distill(const std::string& teacher_dir,
+                                                      std::optional<float> alpha,
+                                                      std::optional<float> temperature,
+                                                      const std::string& teacher_dtype,
+                                                      const model::Gpt2Config& student,
+                                                      const std::string& student_name) {
   if (teacher_dir.empty()) {
     if (alpha || temperature || teacher_dtype != "auto") {
       return Status::invalid_argument(
@@ -524,7 +526,8 @@ Result<std::optional<model::Distill>> resolve_distill(
     return Status::not_found(fmt::format(
         "--teacher {}: {}; the teacher is a model directory (config.json and "
         "model.safetensors, as `headroom train --out` or `headroom prune` write)",
-        teacher_dir, fs::is_directory(teacher_dir, ec) ? "no config.json there" : "no such directory"));
+        teacher_dir,
+        fs::is_directory(teacher_dir, ec) ? "no config.json there" : "no such directory"));
   }
   HR_ASSIGN_OR_RETURN(d.teacher, model::load_config_file(cfg_path));
   if (d.teacher.vocab_size != student.vocab_size) {
@@ -532,8 +535,7 @@ Result<std::optional<model::Distill>> resolve_distill(
         "--teacher {} has vocab_size {} but the student ({}) has {}: teacher and student must "
         "share the tokenizer and vocabulary (distil from a teacher of the same tokenizer, or "
         "give --model a config with vocab_size {})",
-        teacher_dir, d.teacher.vocab_size, student_name, student.vocab_size,
-        d.teacher.vocab_size));
+        teacher_dir, d.teacher.vocab_size, student_name, student.vocab_size, d.teacher.vocab_size));
   }
   if (teacher_dtype == "fp32") {
     d.teacher_precision = model::Precision::kFp32;

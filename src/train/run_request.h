@@ -82,10 +82,12 @@ Result<ResolvedRun> resolve_run(const RunRequest& request);
 // [0, 1], a temperature > 0, and the teacher's precision (auto, fp32 or bf16). An empty
 // teacher_dir with no alpha or temperature is no distillation (nullopt); alpha or temperature
 // without a teacher is an error.
-Result<std::optional<model::Distill>> resolve_distill(
-    const std::string& teacher_dir, std::optional<float> alpha, std::optional<float> temperature,
-    const std::string& teacher_dtype, const model::Gpt2Config& student,
-    const std::string& student_name);
+Result<std::optional<model::Distill>> resolve_distill(const std::string& teacher_dir,
+                                                      std::optional<float> alpha,
+                                                      std::optional<float> temperature,
+                                                      const std::string& teacher_dtype,
+                                                      const model::Gpt2Config& student,
+                                                      const std::string& student_name);
 
 // HEADROOM_CACHE_DIR, else $XDG_CACHE_HOME/headroom, else ~/.cache/headroom.
 std::string cache_dir();

@@ -149,8 +149,10 @@ Reference reference(const std::vector<float>& xs, const std::vector<float>& ws,
     if (tg[size_t(n)] < 0) continue;
     std::vector<double> s(static_cast<size_t>(V)), t(static_cast<size_t>(V));
     for (int v = 0; v < V; v++) {
-      for (int c = 0; c < Cs; c++) s[size_t(v)] += double(xs[size_t(n * Cs + c)]) * ws[size_t(v * Cs + c)];
-      for (int c = 0; c < Ct; c++) t[size_t(v)] += double(xt[size_t(n * Ct + c)]) * wt[size_t(v * Ct + c)];
+      for (int c = 0; c < Cs; c++)
+        s[size_t(v)] += double(xs[size_t(n * Cs + c)]) * ws[size_t(v * Cs + c)];
+      for (int c = 0; c < Ct; c++)
+        t[size_t(v)] += double(xt[size_t(n * Ct + c)]) * wt[size_t(v * Ct + c)];
     }
     auto lse = [&](const std::vector<double>& x, double scale) {
       double m = -INFINITY, sum = 0;
@@ -167,9 +169,10 @@ Reference reference(const std::vector<float>& xs, const std::vector<float>& ws,
     const int y = tg[size_t(n)];
     r.losses[size_t(n)] = (1 - a) * (l - s[size_t(y)]) + a * tau * tau * kl;
     for (int v = 0; v < V; v++) {
-      const double d = dloss * ((1 - a) * (std::exp(s[size_t(v)] - l) - (v == y)) +
-                                a * tau * (std::exp(s[size_t(v)] / tau - ls) -
-                                           std::exp(t[size_t(v)] / tau - lt)));
+      const double d =
+          dloss *
+          ((1 - a) * (std::exp(s[size_t(v)] - l) - (v == y)) +
+           a * tau * (std::exp(s[size_t(v)] / tau - ls) - std::exp(t[size_t(v)] / tau - lt)));
       for (int c = 0; c < Cs; c++) {
         r.dx[size_t(n * Cs + c)] += d * ws[size_t(v * Cs + c)];
         r.dw[size_t(v * Cs + c)] += d * xs[size_t(n * Cs + c)];
@@ -253,7 +256,8 @@ TEST(DistillKernel, Bf16TeacherMatchesReferenceOnItsRoundedValues) {
 TEST(DistillKernel, AlphaZeroIsTheCeHeadBitForBit) {
   std::mt19937 rng(13);
   const int N = 29, V = 211, C = 32, Ct = 24, chunk = 8;
-  const std::vector<float> xs = randn(rng, size_t(N) * C, 1.0f), ws = randn(rng, size_t(V) * C, 0.3f),
+  const std::vector<float> xs = randn(rng, size_t(N) * C, 1.0f),
+                           ws = randn(rng, size_t(V) * C, 0.3f),
                            xt = randn(rng, size_t(N) * Ct, 1.0f),
                            wt = randn(rng, size_t(V) * Ct, 0.3f);
   std::vector<int32_t> tg(static_cast<size_t>(N));
@@ -263,7 +267,8 @@ TEST(DistillKernel, AlphaZeroIsTheCeHeadBitForBit) {
   const backend::KdLoss kd{0.0f, 3.0f};
   const float dloss = 1.0f / 23.0f;
   {
-    std::vector<float> l1(static_cast<size_t>(N)), lse(static_cast<size_t>(N)), dx1(size_t(N) * C), dw1(size_t(V) * C, 0.0f);
+    std::vector<float> l1(static_cast<size_t>(N)), lse(static_cast<size_t>(N)), dx1(size_t(N) * C),
+        dw1(size_t(V) * C, 0.0f);
     std::vector<float> scratch(cpu::lm_head_ce_scratch_floats(chunk, V));
     cpu::lm_head_ce_forward(l1.data(), lse.data(), xs.data(), ws.data(), tg.data(), N, C, V, chunk,
                             scratch.data());
@@ -285,7 +290,8 @@ TEST(DistillKernel, AlphaZeroIsTheCeHeadBitForBit) {
     std::vector<bf16_t> x16(xs.size()), w16(ws.size());
     cpu::cast_to_bf16(x16.data(), xs.data(), int64_t(xs.size()));
     cpu::cast_to_bf16(w16.data(), ws.data(), int64_t(ws.size()));
-    std::vector<float> l1(static_cast<size_t>(N)), lse(static_cast<size_t>(N)), dw1(size_t(V) * C, 0.0f);
+    std::vector<float> l1(static_cast<size_t>(N)), lse(static_cast<size_t>(N)),
+        dw1(size_t(V) * C, 0.0f);
     std::vector<bf16_t> dx1(size_t(N) * C), dx2(size_t(N) * C);
     std::vector<float> scratch(cpu::lm_head_ce_scratch_floats(chunk, V, DType::kBF16));
     cpu::lm_head_ce_forward(l1.data(), lse.data(), x16.data(), w16.data(), tg.data(), N, C, V,
@@ -533,7 +539,8 @@ TEST(DistillErrors, ClearMessages) {
   model::ExecOptions e;
   e.distill = **ok;
   e.head_chunk = 0;
-  Result<plan::MemoryPlan> mp = plan::plan_training_memory(student, plan::Policy{2, 1, 16, "fp32", e});
+  Result<plan::MemoryPlan> mp =
+      plan::plan_training_memory(student, plan::Policy{2, 1, 16, "fp32", e});
   ASSERT_FALSE(mp.is_ok());
   EXPECT_NE(mp.status().message().find("fused"), std::string::npos) << mp.status().message();
   e.head_chunk = 16;

@@ -209,19 +209,19 @@ class CpuOps final : public Ops {
 #undef HR_CPU_T
 
   // Knowledge distillation (distill_kernels.h).
-#define HR_CPU_KD(T)                                                                             \
-  void lm_head_kd_forward(float* losses, float* stats, const T* x, const GemmWeight<T>* w,       \
-                          const KdTeacher& teacher, const int32_t* targets, int N, int C, int V, \
-                          int chunk, KdLoss kd, float* scratch, int w_rows) const override {     \
-    cpu::lm_head_kd_forward(losses, stats, x, w, teacher, targets, N, C, V, chunk, kd, scratch,  \
-                            w_rows);                                                             \
-  }                                                                                              \
-  void lm_head_kd_backward(T* dx, float* dw, const T* x, const GemmWeight<T>* w,                 \
-                           const KdTeacher& teacher, const int32_t* targets, const float* stats, \
+#define HR_CPU_KD(T)                                                                               \
+  void lm_head_kd_forward(float* losses, float* stats, const T* x, const GemmWeight<T>* w,         \
+                          const KdTeacher& teacher, const int32_t* targets, int N, int C, int V,   \
+                          int chunk, KdLoss kd, float* scratch, int w_rows) const override {       \
+    cpu::lm_head_kd_forward(losses, stats, x, w, teacher, targets, N, C, V, chunk, kd, scratch,    \
+                            w_rows);                                                               \
+  }                                                                                                \
+  void lm_head_kd_backward(T* dx, float* dw, const T* x, const GemmWeight<T>* w,                   \
+                           const KdTeacher& teacher, const int32_t* targets, const float* stats,   \
                            int N, int C, int V, int chunk, KdLoss kd, float dloss, float* scratch, \
-                           int w_rows) const override {                                          \
-    cpu::lm_head_kd_backward(dx, dw, x, w, teacher, targets, stats, N, C, V, chunk, kd, dloss,   \
-                             scratch, w_rows);                                                   \
+                           int w_rows) const override {                                            \
+    cpu::lm_head_kd_backward(dx, dw, x, w, teacher, targets, stats, N, C, V, chunk, kd, dloss,     \
+                             scratch, w_rows);                                                     \
   }
   HR_CPU_KD(float)
   HR_CPU_KD(bf16_t)

@@ -61,7 +61,8 @@ inline void chunk_backward(float* dx, float* dw, const float* dlogits, const flo
 inline void chunk_backward(bf16_t* dx, float* dw, const bf16_t* dlogits, const bf16_t* x,
                            const bf16_t* w, int n, int C, int V, int ld) {
   const DType bf = DType::kBF16;
-  if (dx != nullptr) gemm_ex(false, false, n, C, V, bf, dlogits, ld, w, C, bf, dx, C, nullptr, false);
+  if (dx != nullptr)
+    gemm_ex(false, false, n, C, V, bf, dlogits, ld, w, C, bf, dx, C, nullptr, false);
   if (dw != nullptr) {
     gemm_ex(true, false, V, C, n, bf, dlogits, ld, x, C, DType::kF32, dw, C, nullptr, true);
   }
