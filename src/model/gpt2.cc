@@ -998,6 +998,10 @@ double Gpt2::forward_t(const int32_t* inputs, const int32_t* targets, int64_t* v
   const int N = B * Tu;
   const memory::Arena& a = *arena_;
   const std::optional<float> dloss = std::exchange(next_dloss_, std::nullopt);  // this one only
+  // The fused head's chunk as the table sized its scratch (gpt2_activation_table): at most the
+  // micro-batch's tokens. The kernels place the bf16 dlogits at scratch + chunk x ld, so a chunk
+  // larger than the planned one would write past the buffer.
+  const int planned_chunk = std::min(acts_->options.head_chunk, B_ * T_);
   using Phase = OpDesc::Phase;
 
   // Op indices follow gpt2_step_ops: embedding, blocks, head; then backward.
@@ -1048,13 +1052,13 @@ double Gpt2::forward_t(const int32_t* inputs, const int32_t* targets, int64_t* v
     kt.logits_chunk = a.f32(id.kd_teacher_logits);
     timed(OpKind::kLoss, [&] {
       ops_->lm_head_kd_forward(losses, a.f32(id.head_lse), lnf, gemm_weight<T>(wte), kt, targets, N,
-                               C, V, acts_->options.head_chunk, acts_->options.distill->loss,
+                               C, V, planned_chunk, acts_->options.distill->loss,
                                a.f32(id.head_scratch), head_forward_columns<T>(wte));
     });
   } else if (id.logits == SIZE_MAX) {
     timed(OpKind::kLoss, [&] {  // Note [The head's padded columns]
       ops_->lm_head_ce_forward(losses, a.f32(id.head_lse), lnf, gemm_weight<T>(wte), targets, N, C,
-                               V, acts_->options.head_chunk, a.f32(id.head_scratch),
+                               V, planned_chunk, a.f32(id.head_scratch),
                                head_forward_columns<T>(wte));
     });
   } else {
@@ -1139,6 +1143,7 @@ void Gpt2::backward_t(const int32_t* inputs, const int32_t* targets, float dloss
   const int64_t ldv = acts_->options.logits_row_stride(V);
   const memory::Arena& a = *arena_;
   using Phase = OpDesc::Phase;
+  const int planned_chunk = std::min(acts_->options.head_chunk, B_ * T_);  // as forward_t's
   float* dres = a.f32(id.dresidual);
   T* dc = buf<T>(a, id.d_c);
   T* d3c = buf<T>(a, id.d_3c);
@@ -1236,13 +1241,13 @@ void Gpt2::backward_t(const int32_t* inputs, const int32_t* targets, float dloss
     kt.logits_chunk = a.f32(id.kd_teacher_logits);
     timed(OpKind::kLoss, [&] {
       ops_->lm_head_kd_backward(dc, dwte, lnf, gemm_weight<T>(wte), kt, targets, a.f32(id.head_lse),
-                                N, C, V, acts_->options.head_chunk, acts_->options.distill->loss,
-                                dloss, a.f32(id.head_scratch), head_forward_columns<T>(wte));
+                                N, C, V, planned_chunk, acts_->options.distill->loss, dloss,
+                                a.f32(id.head_scratch), head_forward_columns<T>(wte));
     });
   } else if (id.logits == SIZE_MAX) {
     timed(OpKind::kLoss, [&] {
       ops_->lm_head_ce_backward(dc, dwte, lnf, gemm_weight<T>(wte), targets, a.f32(id.head_lse), N,
-                                C, V, acts_->options.head_chunk, dloss, a.f32(id.head_scratch),
+                                C, V, planned_chunk, dloss, a.f32(id.head_scratch),
                                 head_forward_columns<T>(wte));
     });
   } else {

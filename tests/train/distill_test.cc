@@ -552,5 +552,90 @@ TEST(DistillErrors, ClearMessages) {
       << mp.status().message();
 }
 
+// Regression: a fused head whose chunk is larger than the micro-batch's tokens (head_chunk 256,
+// 2 x 16 tokens). The plan sizes the head's scratch for min(chunk, tokens) rows; the kernels were
+// given the larger chunk, and in bf16 put the chunk's dlogits at scratch + chunk x ld, past the
+// buffer, over other step buffers (`headroom train --precision bf16 --global-batch 2 --seq 32`,
+// with or without a teacher, exploded at step 2). The model now passes the planned chunk: the
+// results equal those with a chunk of exactly the tokens, bit for bit, CE and KD heads.
+TEST(DistillTrainer, FusedHeadChunkLargerThanTheTokensStaysInItsScratch) {
+  const model::Gpt2Config c = student_gpt2();
+  for (const bool kd : {false, true}) {
+    SCOPED_TRACE(kd ? "KD head" : "CE head");
+    model::ExecOptions big;
+    big.precision = model::Precision::kBf16;
+    big.head_chunk = 256;
+    if (kd) big.distill = model::Distill{{0.5f, 2.0f}, teacher_gpt2(), model::Precision::kFp32};
+    model::ExecOptions exact = big;
+    exact.head_chunk = 2 * 16;
+    auto run = [&](const model::ExecOptions& e) {
+      std::unique_ptr<train::test::PlannedModel> m =
+          train::test::make_planned_model(c, e, 2, 1, 16, 21);
+      EXPECT_NE(m, nullptr);
+      std::vector<float> teacher_params;
+      std::optional<model::Gpt2> teacher;
+      const model::ParamTable tt = model::gpt2_param_table(teacher_gpt2());
+      std::mt19937 rng(5);
+      std::vector<int32_t> in(32), tg(32);
+      for (int i = 0; i < 32; i++) {
+        in[size_t(i)] = int32_t(rng() % 211u);
+        tg[size_t(i)] = int32_t(rng() % 211u);
+      }
+      m->bind(2, 16);
+      backend::KdTeacher kt;
+      if (kd) {
+        teacher_params.assign(size_t(tt.total_floats), 0.0f);
+        model::gpt2_init_params(teacher_gpt2(), tt, teacher_params.data(), 3);
+        teacher.emplace(teacher_gpt2(), &tt);
+        teacher->bind_params(teacher_params.data(), nullptr);
+        teacher->bind_activations(&*m->arena, m->mp.activations.teacher.get(), 2, 16);
+        teacher->forward(in.data(), nullptr);
+        kt = teacher->kd_teacher();
+        m->net->set_teacher(&kt);
+      }
+      const double loss = m->net->forward(in.data(), tg.data());
+      m->net->backward(in.data(), tg.data(), 1.0f / 32);
+      m->net->set_teacher(nullptr);
+      std::vector<float> out = m->grads;
+      out.push_back(float(loss));
+      return out;
+    };
+    const std::vector<float> a = run(big), b = run(exact);
+    ASSERT_EQ(a.size(), b.size());
+    EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * 4));
+  }
+}
+
+// The same at the kernel: a KD head given a chunk larger than its tokens needs scratch for the
+// tokens only; the bytes after it are untouched (bf16, whose dlogits follow the logits).
+TEST(DistillKernel, ChunkLargerThanTheTokensWritesOnlyItsScratch) {
+  std::mt19937 rng(14);
+  const int N = 32, V = 211, C = 32, Ct = 16, chunk = 256;
+  const std::vector<float> xs = randn(rng, size_t(N) * C, 1.0f),
+                           ws = randn(rng, size_t(V) * C, 0.3f),
+                           xt = randn(rng, size_t(N) * Ct, 1.0f),
+                           wt = randn(rng, size_t(V) * Ct, 0.3f);
+  std::vector<bf16_t> x16(xs.size()), w16(ws.size());
+  cpu::cast_to_bf16(x16.data(), xs.data(), int64_t(xs.size()));
+  cpu::cast_to_bf16(w16.data(), ws.data(), int64_t(ws.size()));
+  std::vector<int32_t> tg(static_cast<size_t>(N));
+  for (int n = 0; n < N; n++) tg[size_t(n)] = int32_t(rng() % uint32_t(V));
+  const size_t need = cpu::lm_head_ce_scratch_floats(N, V, DType::kBF16), guard = 1 << 16;
+  std::vector<float> scratch(need + guard, 12345.0f),
+      tchunk(cpu::lm_head_kd_teacher_floats(N, V) + guard, 12345.0f);
+  const backend::KdTeacher teacher{xt.data(), wt.data(), DType::kF32, Ct, 0, tchunk.data()};
+  std::vector<float> losses(static_cast<size_t>(N)), stats(size_t(4 * N)), dw(size_t(V) * C, 0.0f);
+  std::vector<bf16_t> dx(size_t(N) * C);
+  const backend::KdLoss kd{0.5f, 2.0f};
+  cpu::lm_head_kd_forward(losses.data(), stats.data(), x16.data(), w16.data(), teacher, tg.data(),
+                          N, C, V, chunk, kd, scratch.data());
+  cpu::lm_head_kd_backward(dx.data(), dw.data(), x16.data(), w16.data(), teacher, tg.data(),
+                           stats.data(), N, C, V, chunk, kd, 1.0f / N, scratch.data());
+  EXPECT_TRUE(std::all_of(scratch.begin() + int64_t(need), scratch.end(),
+                          [](float v) { return v == 12345.0f; }));
+  EXPECT_TRUE(std::all_of(tchunk.begin() + int64_t(cpu::lm_head_kd_teacher_floats(N, V)),
+                          tchunk.end(), [](float v) { return v == 12345.0f; }));
+}
+
 }  // namespace
 }  // namespace headroom

@@ -114,6 +114,7 @@ void kd_forward_t(float* losses, float* stats, const T* x, const TW* w,
                   const backend::KdTeacher& teacher, const int32_t* targets, int N, int C, int V,
                   int chunk, backend::KdLoss kd, float* scratch, int w_rows) {
   check_args(teacher, V, chunk, kd);
+  chunk = std::min(chunk, std::max(N, 1));  // scratch for min(chunk, N) rows suffices
   const int ld = head_ld(V), cols = chunk_cols(V, ld, w_rows);
   float* zs_all = scratch;
   float* zt_all = teacher.logits_chunk;
@@ -165,6 +166,7 @@ void kd_backward_t(T* dx, float* dw, const T* x, const TW* w, const backend::KdT
                    const int32_t* targets, const float* stats, int N, int C, int V, int chunk,
                    backend::KdLoss kd, float dloss, float* scratch, int w_rows) {
   check_args(teacher, V, chunk, kd);
+  chunk = std::min(chunk, std::max(N, 1));  // scratch for min(chunk, N) rows suffices
   const int ld = head_ld(V), cols = chunk_cols(V, ld, w_rows);
   float* zs_all = scratch;
   float* zt_all = teacher.logits_chunk;

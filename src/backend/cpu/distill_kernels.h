@@ -18,11 +18,11 @@ namespace headroom::cpu {
 // teacher.w^T the teacher's (teacher.w[V, teacher.C]). The teacher is read only: it gets no
 // gradient. REQUIRES: chunk >= 1, 0 <= alpha <= 1, tau > 0, teacher.dtype kF32 or kBF16.
 //
-// Scratch: `scratch` as lm_head_ce's, lm_head_ce_scratch_floats(chunk, V, storage) floats (the
-// student's chunk of logits, chunk * ld floats with ld = V rounded up to 64, and with bf16
+// Scratch: `scratch` as lm_head_ce's, lm_head_ce_scratch_floats(min(chunk, N), V, storage) floats
+// (the student's chunk of logits, chunk * ld floats with ld = V rounded up to 64, and with bf16
 // storage the chunk's bf16 dlogits after it); teacher.logits_chunk the teacher's chunk, chunk *
-// ld floats (lm_head_kd_teacher_floats), a buffer of its own so that the plan counts it as the
-// teacher's.
+// ld floats (lm_head_kd_teacher_floats(min(chunk, N), V)), a buffer of its own so that the plan
+// counts it as the teacher's.
 size_t lm_head_kd_teacher_floats(int chunk, int V);
 
 // losses[N]: the per-token loss above. stats[4N], saved for the backward and for reports:
