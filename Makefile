@@ -6,7 +6,7 @@ ARGS ?=
 FUZZ_SECONDS ?= 30
 PREFIX ?= /usr/local
 
-.PHONY: setup configure build run test bench fuzz format clean reference install
+.PHONY: setup configure build run test bench fuzz format clean reference install build-cuda test-cuda
 
 setup:
 	@scripts/setup
@@ -34,6 +34,16 @@ test: configure
 install: configure
 	@cmake --build --preset $(PRESET) --target headroom
 	cmake --install $(BUILD) --prefix $(PREFIX)
+
+# The CUDA build (build/cuda: nvcc from /usr/local/cuda, sm_80 and sm_90; docs/notes/cuda.md):
+# the executable and the CUDA tests. It compiles and links without a GPU; the tests skip, saying
+# why, when none is present.
+build-cuda: setup
+	@cmake --preset cuda >/dev/null
+	@cmake --build --preset cuda --target headroom cuda_tests
+
+test-cuda: build-cuda
+	ctest --preset cuda
 
 bench: configure
 	@cmake --build --preset $(PRESET) --target gemm_bench

@@ -17,6 +17,7 @@
 #include <string_view>
 #include <type_traits>
 
+#include "core/check.h"
 #include "core/dtype.h"
 
 namespace headroom::backend {
@@ -65,6 +66,17 @@ struct KdLoss {
   float alpha = 0.5f;
   float temperature = 2.0f;
   bool operator==(const KdLoss&) const = default;
+};
+
+// One AdamW step's hyper-parameters (torch.optim.AdamW semantics; backend/cpu/kernels.h).
+struct AdamWParams {
+  float lr = 0;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  float weight_decay = 0;  // decoupled: param -= lr * weight_decay * param
+  int step = 1;            // 1-based, for bias correction
+  float grad_scale = 1;    // grads are multiplied by this first (clipping, loss-scale undo)
 };
 
 class Ops {
@@ -211,17 +223,22 @@ class Ops {
   // logsumexp(student), logsumexp(student / T), logsumexp(teacher / T), the CE alone. The
   // backward recomputes both chunks and writes dx (OVERWRITTEN) and dw (ACCUMULATES) from
   // dloss * d(sum losses); the teacher gets no gradient. alpha = 0 gives lm_head_ce's bits.
+  // Not pure: a backend without them (CUDA, for now) still builds, and a distillation run on it
+  // stops at the first call with a message naming the backend and the op.
   // scratch: lm_head_ce_scratch_floats(chunk, V, storage), as the CE head; the teacher's chunk
   // of logits in teacher.logits_chunk.
 #define HR_OPS_KD(T)                                                                               \
   virtual void lm_head_kd_forward(float* losses, float* stats, const T* x, const GemmWeight<T>* w, \
                                   const KdTeacher& teacher, const int32_t* targets, int N, int C,  \
-                                  int V, int chunk, KdLoss kd, float* scratch, int w_rows)         \
-      const = 0;                                                                                   \
+                                  int V, int chunk, KdLoss kd, float* scratch, int w_rows) const { \
+    kd_not_built("lm_head_kd_forward");                                                            \
+  }                                                                                                \
   virtual void lm_head_kd_backward(T* dx, float* dw, const T* x, const GemmWeight<T>* w,           \
                                    const KdTeacher& teacher, const int32_t* targets,               \
                                    const float* stats, int N, int C, int V, int chunk, KdLoss kd,  \
-                                   float dloss, float* scratch, int w_rows) const = 0;
+                                   float dloss, float* scratch, int w_rows) const {                \
+    kd_not_built("lm_head_kd_backward");                                                           \
+  }
   HR_OPS_KD(float)
   HR_OPS_KD(bf16_t)
   HR_OPS_KD(f16_t)
@@ -247,6 +264,24 @@ class Ops {
   virtual void cast_to_f16(f16_t* out, const float* inp, int64_t n) const = 0;
   virtual void round_to_f16_values(float* out, const float* inp, int64_t n) const = 0;
   virtual void zero(float* x, int64_t n) const = 0;
+
+  // ---- optimizer (fp32 master, m, v, grads) ------------------------------------------------
+  // params, m, v updated in place from grads; with params_bf16 also the updated parameters
+  // rounded to bf16 there; with zero_grads, grads[0, n) zeroed in the same pass.
+  virtual void adamw_update(float* params, float* grads, float* m, float* v, int64_t n,
+                            const AdamWParams& p, bf16_t* params_bf16, bool zero_grads) const = 0;
+  // Sum of squares in double precision (the global gradient norm), the same for any thread
+  // count; a stream backend synchronizes to return it.
+  virtual double sum_squares(const float* x, int64_t n) const = 0;
+  virtual void scale_inplace(float* x, int64_t n, float s) const = 0;
+
+ protected:
+  [[noreturn]] void kd_not_built(const char* op) const {
+    ::headroom::detail::check_failed(
+        __FILE__, __LINE__, op,
+        "knowledge distillation's fused head is not built on this backend (it is on "
+        "the cpu backend)");
+  }
 };
 
 // The f16 GEMM staging of a scope (Ops::bind_f16_staging), restored when it ends.

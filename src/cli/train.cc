@@ -18,6 +18,7 @@
 #include "core/log.h"
 #include "core/units.h"
 #include "core/utf8.h"
+#include "data/byte_tokenizer.h"
 #include "report/profile.h"
 #include "report/progress.h"
 #include "train/checkpoint.h"
@@ -445,7 +446,12 @@ int run_train(TrainFlags& f) {
                  format_bytes(uint64_t(peaks[size_t(2 * i + 1)])).c_str());
   }
   // The tokenizer travels with the model, so that generate (and any HF program) finds it.
-  if (!f.tokenizer.empty()) {
+  std::error_code dir_ec;
+  if (f.tokenizer == data::kByteTokenizerName && !fs::is_directory(f.tokenizer, dir_ec)) {
+    if (Status st = data::write_byte_tokenizer_config(o.out_dir); !st.is_ok()) {
+      log_warn("{}", st.to_string());
+    }
+  } else if (!f.tokenizer.empty()) {
     for (const char* name : {"tokenizer.json", "tokenizer_config.json", "tokenizer.model",
                              "special_tokens_map.json", "encoder.json", "vocab.bpe"}) {
       std::error_code ec;

@@ -1,6 +1,7 @@
 // load_tokenizer(): picks the reader by the files a directory holds.
 #include <filesystem>
 
+#include "data/byte_tokenizer.h"
 #include "data/hf_tokenizer.h"
 #include "data/spm_tokenizer.h"
 #include "data/tokenizer.h"
@@ -12,10 +13,14 @@ Result<std::unique_ptr<Tokenizer>> load_tokenizer(const std::string& dir,
                                                   const TokenizerOptions& options) {
   namespace fs = std::filesystem;
   std::error_code ec;
+  if (dir == kByteTokenizerName && !fs::is_directory(dir, ec)) {
+    return std::unique_ptr<Tokenizer>(std::make_unique<ByteTokenizer>());
+  }
   if (!fs::is_directory(dir, ec)) {
     return Status::not_found("tokenizer directory '" + dir +
                              "' does not exist or is not a directory; pass a directory holding "
-                             "tokenizer.json, tokenizer.model or encoder.json + vocab.bpe");
+                             "tokenizer.json, tokenizer.model or encoder.json + vocab.bpe, or "
+                             "`bytes` (one token a byte)");
   }
   // The directory's own name ("llama3"), also for "dir/" and ".".
   std::string name = fs::path(dir).lexically_normal().filename().string();

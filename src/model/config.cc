@@ -212,8 +212,15 @@ const Preset kPresets[] = {
     {"gpt2-large", {36, 20, 1280, 50257, 1024, 1e-5f}},
     {"gpt2-xl", {48, 25, 1600, 50257, 1024, 1e-5f}},
     {"llama-tiny", llama_tiny()},
+    // The byte tokenizer's model (data/byte_tokenizer.h): vocabulary 257, so its FLOPs go to the
+    // blocks, not to the LM head (docs/notes/first-run.md).
+    {"bytes-tiny", {4, 4, 128, 257, 256, 1e-5f}},
 };
 }  // namespace
+
+std::string preset_tokenizer(const std::string& name) {
+  return name == "bytes-tiny" ? "bytes" : "";
+}
 
 std::vector<std::string> preset_names() {
   std::vector<std::string> v;

@@ -85,6 +85,9 @@ using Gpt2Config = TransformerConfig;
 // Presets: gpt2-tiny, gpt2 (124M), gpt2-medium, gpt2-large, gpt2-xl, llama-tiny.
 std::vector<std::string> preset_names();
 Result<TransformerConfig> preset_config(const std::string& name);
+// The tokenizer a preset trains with when none is given: "bytes" for bytes-tiny
+// (data/byte_tokenizer.h), "" (GPT-2's) for the others and for anything that is not a preset.
+std::string preset_tokenizer(const std::string& name);
 
 // Parses a Hugging Face style config.json: model_type gpt2 (the default when absent), llama,
 // mistral or qwen2. Unknown fields are ignored (HF files carry many); the required ones must be

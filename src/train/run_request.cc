@@ -16,6 +16,7 @@
 #include "core/log.h"
 #include "core/units.h"
 #include "core/utf8.h"
+#include "data/byte_tokenizer.h"
 #include "data/prepare.h"
 #include "model/safetensors.h"
 #include "plan/calibrate.h"
@@ -35,22 +36,28 @@ std::string cache_dir() {
   return ".headroom-cache";
 }
 
-// The tokenizer directory a model directory carries (tokenizer.json or tokenizer.model), or "".
+// The tokenizer directory a model directory carries (tokenizer.json or tokenizer.model), "bytes"
+// for a model trained with the byte tokenizer (its tokenizer_config.json says so:
+// data::write_byte_tokenizer_config), or "".
 std::string model_dir_tokenizer(const std::string& model) {
   std::error_code ec;
   if (!fs::is_directory(model, ec)) return "";
   for (const char* f : {"tokenizer.json", "tokenizer.model"}) {
     if (fs::exists(fs::path(model) / f, ec)) return model;
   }
+  if (data::is_byte_tokenizer_config(model)) return data::kByteTokenizerName;
   return "";
 }
 
 // The default corpus: Debian's fortunes, tokenised once into the cache (per tokenizer: GPT-2's
-// into fortunes.tokens, another's into fortunes.<name>-<hash of its directory>.tokens).
+// into fortunes.tokens, the byte tokenizer's into fortunes.bytes.tokens, another's into
+// fortunes.<name>-<hash of its directory>.tokens).
 Result<std::string> default_corpus(const std::string& vocab_dir, const std::string& tokenizer_dir) {
   std::string path = cache_dir() + "/fortunes.tokens";
-  if (!tokenizer_dir.empty()) {
-    std::error_code ec;
+  std::error_code ec;
+  if (tokenizer_dir == data::kByteTokenizerName && !fs::is_directory(tokenizer_dir, ec)) {
+    path = cache_dir() + "/fortunes.bytes.tokens";
+  } else if (!tokenizer_dir.empty()) {
     const std::string abs = fs::weakly_canonical(tokenizer_dir, ec).string();
     std::string name = fs::path(abs).filename().string();
     for (char& ch : name) {
@@ -66,7 +73,6 @@ Result<std::string> default_corpus(const std::string& vocab_dir, const std::stri
         "no --data given and the default corpus (Debian's fortunes package, "
         "/usr/share/games/fortunes) is not installed: run `make setup` or pass --data FILE");
   }
-  std::error_code ec;
   fs::create_directories(cache_dir(), ec);
   if (ec)
     return Status::io_error(
@@ -185,6 +191,7 @@ Result<ResolvedRun> resolve_run(const RunRequest& request) {
   HR_ASSIGN_OR_RETURN(o->config, model::resolve_model(f.model));
   o->model_name = f.model;
   if (f.tokenizer.empty()) f.tokenizer = model_dir_tokenizer(f.model);
+  if (f.tokenizer.empty()) f.tokenizer = model::preset_tokenizer(f.model);
   if (f.device != "cpu") {
     return Status::unsupported(fmt::format("--device {}: only the cpu device is built", f.device));
   }

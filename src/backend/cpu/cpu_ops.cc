@@ -271,6 +271,18 @@ class CpuOps final : public Ops {
     cpu::round_to_f16_values(out, inp, n);
   }
   void zero(float* x, int64_t n) const override { cpu::zero(x, n); }
+
+  void adamw_update(float* params, float* grads, float* m, float* v, int64_t n,
+                    const AdamWParams& p, bf16_t* params_bf16, bool zero_grads) const override {
+    const cpu::AdamWParams ap{p.lr, p.beta1, p.beta2, p.eps, p.weight_decay, p.step, p.grad_scale};
+    if (zero_grads) {
+      cpu::adamw_update_and_zero(params, grads, m, v, n, ap, params_bf16);
+    } else {
+      cpu::adamw_update(params, grads, m, v, n, ap, params_bf16);
+    }
+  }
+  double sum_squares(const float* x, int64_t n) const override { return cpu::sum_squares(x, n); }
+  void scale_inplace(float* x, int64_t n, float s) const override { cpu::scale_inplace(x, n, s); }
 };
 
 }  // namespace
