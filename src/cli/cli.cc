@@ -53,7 +53,7 @@ int run(int argc, char** argv) {
       ->capture_default_str();
   add_int_flag(train_cmd, "--sample-tokens", tf.sample_tokens,
                {.min = 0, .max = kMaxCount, .what = "tokens"},
-               "tokens to sample at the end (0: none)", true);
+               "tokens to sample at the end (0: none; default 48, bytes-tiny 320)", true);
   add_int_flag(train_cmd, "--save-every", tf.save_every, {.min = 0, .what = "steps"},
                "write a checkpoint to OUT/checkpoints/step-NNNNNN every N steps and at the end "
                "(0: none)",

@@ -50,8 +50,9 @@ Result<uint64_t> device_budget(const std::string& flag) {
 
 void add_train_flags(CLI::App* app, TrainFlags& f) {
   f.model_option = app->add_option("--model", f.model,
-                                   "preset (gpt2-tiny, gpt2, gpt2-medium, gpt2-large, gpt2-xl), "
-                                   "a config.json, or a directory holding one")
+                                   "preset (bytes-tiny: one token a byte; gpt2-tiny, gpt2, "
+                                   "gpt2-medium, gpt2-large, gpt2-xl, llama-tiny), a config.json, "
+                                   "or a directory holding one")
                        ->capture_default_str();
   app->add_option("--data", f.data,
                   "token file from `headroom prepare` (default: Debian's fortunes, prepared once)");
@@ -63,7 +64,8 @@ void add_train_flags(CLI::App* app, TrainFlags& f) {
   add_int_flag(app, "--global-batch", f.global_batch, kGlobalBatchRule,
                "sequences per optimizer step; a multiple of --batch (default, or auto: --batch "
                "times the ranks, or 8)");
-  add_int_flag(app, "--steps", f.steps, kStepsRule, "optimizer steps", true);
+  add_int_flag(app, "--steps", f.steps, kStepsRule,
+               "optimizer steps (default: 200; bytes-tiny 1500)", true);
   app->add_option("--precision", f.precision,
                   "auto (the planner chooses fp32 or bf16), fp32, bf16 (mixed: bf16 GEMMs and "
                   "activations, fp32 master weights and optimizer state), or fp16 (the same with "

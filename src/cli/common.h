@@ -51,13 +51,13 @@ Result<uint64_t> device_budget(const std::string& flag);
 
 // ---------------------------------------------------------------------------------------------
 struct TrainFlags {
-  std::string model = "gpt2-tiny";
+  std::string model = "bytes-tiny";
   std::string data;
   std::string tokenizer;  // --tokenizer, or the model directory's own
   int seq = 0;
   int batch = 0;
   int global_batch = 0;
-  int steps = 200;
+  int steps = 0;  // 0: the model's default (200; bytes-tiny 1500)
   std::string precision = "auto";
   std::string recompute = "auto";
   std::string offload_activations = "auto";  // --offload-activations auto|on|off
@@ -79,7 +79,7 @@ struct TrainFlags {
   int warmup = -1;
   int eval_every = 0;
   double val_fraction = 0.05;
-  int sample_tokens = 48;
+  int sample_tokens = -1;  // -1: the model's default (48; bytes-tiny 320); 0: none
   int threads = 0;
   std::string vocab;
   bool json = false;

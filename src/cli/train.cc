@@ -341,9 +341,11 @@ int run_train(TrainFlags& f) {
   };
   cb.on_finish = [&](const model::Gpt2Config& cfg, const float* params,
                      memory::MemoryResource* device) -> Status {
-    if (!tok || f.sample_tokens <= 0 || rank != 0) return Status::ok();
+    const int n_sample =
+        f.sample_tokens >= 0 ? f.sample_tokens : model::preset_run_defaults(f.model).sample_tokens;
+    if (!tok || n_sample <= 0 || rank != 0) return Status::ok();
     train::SampleOptions so;
-    so.max_new_tokens = f.sample_tokens;
+    so.max_new_tokens = n_sample;
     so.temperature = 0.8f;
     so.top_k = 40;
     so.seed = f.seed;

@@ -222,6 +222,14 @@ std::string preset_tokenizer(const std::string& name) {
   return name == "bytes-tiny" ? "bytes" : "";
 }
 
+RunDefaults preset_run_defaults(const std::string& name) {
+  // bytes-tiny: 1500 steps of 16 x 128 bytes (3.1M bytes, about 1.3 passes over the fortunes) at
+  // lr 3e-3 reach a validation loss near 1.5 nats a byte in about two minutes on two cores.
+  if (name == "bytes-tiny")
+    return {.steps = 1500, .lr = 3e-3f, .global_batch = 16, .sample_tokens = 320};
+  return {};
+}
+
 std::vector<std::string> preset_names() {
   std::vector<std::string> v;
   for (const Preset& p : kPresets) v.push_back(p.name);

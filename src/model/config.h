@@ -88,6 +88,15 @@ Result<TransformerConfig> preset_config(const std::string& name);
 // The tokenizer a preset trains with when none is given: "bytes" for bytes-tiny
 // (data/byte_tokenizer.h), "" (GPT-2's) for the others and for anything that is not a preset.
 std::string preset_tokenizer(const std::string& name);
+// What `train` uses for a preset when the flags leave it unset: bytes-tiny's are measured for the
+// first run (docs/notes/first-run.md); every other model gets the general defaults.
+struct RunDefaults {
+  int steps = 200;
+  float lr = 0;            // 0: by size (1e-3 under 50M parameters, else 6e-4)
+  int global_batch = 0;    // sequences a step; 0: the planner's micro-batch, no accumulation
+  int sample_tokens = 48;  // the sample printed at the end
+};
+RunDefaults preset_run_defaults(const std::string& name);
 
 // Parses a Hugging Face style config.json: model_type gpt2 (the default when absent), llama,
 // mistral or qwen2. Unknown fields are ignored (HF files carry many); the required ones must be

@@ -158,6 +158,12 @@ Result<ResolvedRun> resolve_run(const RunRequest& request) {
   int warmup = f.warmup.value_or(-1);
   float lr = f.lr.value_or(0);
   const bool bucket_given = f.bucket.has_value();
+  // A preset's own defaults (model::preset_run_defaults) for what neither the flags nor a
+  // checkpoint set.
+  const model::RunDefaults preset = model::preset_run_defaults(f.resume.empty() ? f.model : "");
+  if (f.steps == 0) f.steps = preset.steps;
+  if (lr == 0 && f.resume.empty()) lr = preset.lr;
+  if (global_batch == 0 && batch == 0 && f.resume.empty()) global_batch = preset.global_batch;
   int bucket = f.bucket.value_or(32);
   if (!f.resume.empty()) {
     // Continue with the checkpoint's model, data and batch shape unless flags say otherwise

@@ -18,16 +18,16 @@ namespace headroom::train {
 // The user's choices. Unset optionals and "auto" strings are the engine's to choose. Errors name
 // the choices by their `headroom train` flags (--seq, --plan, ...), as the CLI is their main user.
 struct RunRequest {
-  std::string model = "gpt2-tiny";  // preset, config.json, or a directory holding one
-  bool model_given = false;         // with `resume`: the checkpoint's model unless given
-  std::string data;                 // token file; empty: the default corpus (Debian's fortunes)
-  std::string tokenizer;            // directory; empty: the model directory's own, else GPT-2's
-  std::string vocab;                // GPT-2 vocabulary directory; empty: core/data_dir.h's
-  std::string resume;               // a checkpoint directory or a run's out directory
-  std::optional<int> seq;           // unset: min(128, n_positions)
-  std::optional<int> micro_batch;   // unset: the planner's choice
-  std::optional<int> global_batch;  // unset: micro_batch times the ranks, or 8
-  int steps = 200;
+  std::string model = "bytes-tiny";  // preset, config.json, or a directory holding one
+  bool model_given = false;          // with `resume`: the checkpoint's model unless given
+  std::string data;                  // token file; empty: the default corpus (Debian's fortunes)
+  std::string tokenizer;             // directory; empty: the model directory's own, else GPT-2's
+  std::string vocab;                 // GPT-2 vocabulary directory; empty: core/data_dir.h's
+  std::string resume;                // a checkpoint directory or a run's out directory
+  std::optional<int> seq;            // unset: min(128, n_positions)
+  std::optional<int> micro_batch;    // unset: the planner's choice
+  std::optional<int> global_batch;   // unset: micro_batch times the ranks, or 8
+  int steps = 0;  // 0: the model's default (model::preset_run_defaults: 200 but for bytes-tiny)
   uint64_t seed = 1337;
   std::string precision = "auto";            // auto, fp32, bf16, fp16
   std::string recompute = "auto";            // auto, none, selective, full
