@@ -17,6 +17,7 @@
 #include <string_view>
 #include <type_traits>
 
+#include "core/check.h"
 #include "core/dtype.h"
 
 namespace headroom::backend {
@@ -43,6 +44,28 @@ struct RopeScaling {
   enum class Kind { kNone, kLlama3 } kind = Kind::kNone;
   float factor = 1, low_freq_factor = 1, high_freq_factor = 4;
   int original_max_position_embeddings = 8192;
+};
+
+// ---- knowledge distillation (docs/notes/distillation.md) ----------------------------------
+// The teacher's side of the fused LM head with a KD loss (Ops::lm_head_kd_*): its final hidden
+// states (after its final norm) and its head's weight, both read only, in the teacher's own
+// precision (independent of the student's storage type).
+struct KdTeacher {
+  const void* x = nullptr;    // [N, C] hidden states
+  const void* w = nullptr;    // [V, C] head weight (kOutIn; the tied embedding)
+  DType dtype = DType::kF32;  // of x and w: kF32 or kBF16
+  int C = 0;                  // the teacher's width (may differ from the student's)
+  int w_rows = 0;             // rows of w that may be read (>= V; 0 = V), as lm_head_ce's w_rows
+  // Scratch: the teacher's chunk of logits, chunk x logits_row_stride(V) floats (the student's
+  // chunk and its dlogits take lm_head_ce_scratch_floats in `scratch`, as the CE head's).
+  float* logits_chunk = nullptr;
+};
+// loss = alpha * temperature^2 * KL(softmax(teacher / T) || softmax(student / T))
+//        + (1 - alpha) * cross-entropy, per token with a target.
+struct KdLoss {
+  float alpha = 0.5f;
+  float temperature = 2.0f;
+  bool operator==(const KdLoss&) const = default;
 };
 
 // One AdamW step's hyper-parameters (torch.optim.AdamW semantics; backend/cpu/kernels.h).
@@ -192,6 +215,34 @@ class Ops {
   HR_OPS_T(bf16_t)
   HR_OPS_T(f16_t)
 #undef HR_OPS_T
+
+  // ---- knowledge distillation: the LM head fused with CE + KL against a teacher ------------
+  // (backend/cpu/distill_kernels.h is the reference for the mathematics.) Per chunk of `chunk`
+  // tokens both models' logits are computed into scratch, reduced and gone before the next
+  // chunk: neither N x V logits tensor exists. losses[N] the combined per-token loss; stats[4N]:
+  // logsumexp(student), logsumexp(student / T), logsumexp(teacher / T), the CE alone. The
+  // backward recomputes both chunks and writes dx (OVERWRITTEN) and dw (ACCUMULATES) from
+  // dloss * d(sum losses); the teacher gets no gradient. alpha = 0 gives lm_head_ce's bits.
+  // Not pure: a backend without them (CUDA, for now) still builds, and a distillation run on it
+  // stops at the first call with a message naming the backend and the op.
+  // scratch: lm_head_ce_scratch_floats(chunk, V, storage), as the CE head; the teacher's chunk
+  // of logits in teacher.logits_chunk.
+#define HR_OPS_KD(T)                                                                               \
+  virtual void lm_head_kd_forward(float* losses, float* stats, const T* x, const GemmWeight<T>* w, \
+                                  const KdTeacher& teacher, const int32_t* targets, int N, int C,  \
+                                  int V, int chunk, KdLoss kd, float* scratch, int w_rows) const { \
+    kd_not_built("lm_head_kd_forward");                                                            \
+  }                                                                                                \
+  virtual void lm_head_kd_backward(T* dx, float* dw, const T* x, const GemmWeight<T>* w,           \
+                                   const KdTeacher& teacher, const int32_t* targets,               \
+                                   const float* stats, int N, int C, int V, int chunk, KdLoss kd,  \
+                                   float dloss, float* scratch, int w_rows) const {                \
+    kd_not_built("lm_head_kd_backward");                                                           \
+  }
+  HR_OPS_KD(float)
+  HR_OPS_KD(bf16_t)
+  HR_OPS_KD(f16_t)
+#undef HR_OPS_KD
   // inv_freq[HS/2] and the cos/sin tables [T, HS/2] of positions pos0 .. pos0 + T - 1.
   virtual void rope_inv_freq(float* inv_freq, int HS, float theta,
                              const RopeScaling& scaling) const = 0;
@@ -223,6 +274,14 @@ class Ops {
   // count; a stream backend synchronizes to return it.
   virtual double sum_squares(const float* x, int64_t n) const = 0;
   virtual void scale_inplace(float* x, int64_t n, float s) const = 0;
+
+ protected:
+  [[noreturn]] void kd_not_built(const char* op) const {
+    ::headroom::detail::check_failed(
+        __FILE__, __LINE__, op,
+        "knowledge distillation's fused head is not built on this backend (it is on "
+        "the cpu backend)");
+  }
 };
 
 // The f16 GEMM staging of a scope (Ops::bind_f16_staging), restored when it ends.

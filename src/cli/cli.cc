@@ -33,6 +33,7 @@ int run(int argc, char** argv) {
   TrainFlags tf;
   CLI::App* train_cmd = app.add_subcommand("train", "train a GPT-2 model on a token file");
   add_train_flags(train_cmd, tf);
+  add_distill_flags(train_cmd, tf);
   train_cmd->add_option("--out", tf.out, "directory for the trained model")->capture_default_str();
   train_cmd->add_option("--log-json", tf.log_json,
                         "write one JSON object per step to FILE (text as in --json: invalid "
@@ -165,6 +166,7 @@ int run(int argc, char** argv) {
   CLI::App* plan_cmd = app.add_subcommand(
       "plan", "plan the memory of a training configuration and choose the fastest that fits");
   add_train_flags(plan_cmd, plf.t);
+  add_distill_flags(plan_cmd, plf.t);
   add_int_flag(plan_cmd, "--devices", plf.devices, {.max = 1 << 16, .what = "devices"},
                "data-parallel devices", true);
   if (!plan_cmd->get_option_no_throw("--zero")) {

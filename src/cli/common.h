@@ -99,6 +99,11 @@ struct TrainFlags {
   std::string prune_method = "2:4";  // --prune-method magnitude|N:M
   double prune_sparsity = 0.5;       // --prune-sparsity (magnitude)
   bool prune_per_layer = false;      // --prune-per-layer (magnitude)
+  // train, plan: knowledge distillation (docs/notes/distillation.md).
+  std::string teacher;                       // --teacher DIR
+  std::optional<float> distill_alpha;        // --distill-alpha (default 0.5)
+  std::optional<float> distill_temperature;  // --distill-temperature (default 2)
+  std::string teacher_dtype = "auto";        // --teacher-dtype auto|fp32|bf16
 };
 
 // The integer flags' rules (cli/flag_rules.h, docs/notes/flags.md): counts start at 1 and "auto"
@@ -121,6 +126,9 @@ inline constexpr IntRule kThreadsRule{
 
 // The flags train, plan and bench share (the model, the batch shape, the techniques, the budget).
 void add_train_flags(CLI::App* app, TrainFlags& f);
+// Distillation's flags (train and plan): --teacher, --distill-alpha, --distill-temperature,
+// --teacher-dtype (cli/train_options.cc).
+void add_distill_flags(CLI::App* app, TrainFlags& f);
 
 // --offload-memory: a size, or auto: the host's available memory (MemAvailable, cgroup limits
 // respected) when the offload tier is this host's, or not limited (0) for a named GPU's host.

@@ -50,6 +50,12 @@ int run_plan(PlanFlags& pf) {
     }
     req.zero_stage = pf.zero[0] - '0';
   }
+  // Distillation: the teacher's weights and forward-only working set in every candidate's plan
+  // (the startup table's "teacher" line).
+  Result<std::optional<model::Distill>> distill = train::resolve_distill(
+      f.teacher, f.distill_alpha, f.distill_temperature, f.teacher_dtype, *cfg, f.model);
+  if (!distill.is_ok()) return fail(distill.status());
+  req.distill = *distill;
   if (dev->kind == "cpu") {
     // Plan what `headroom train` runs here under mpirun: each rank exactly as the trainer
     // allocates it (docs/notes/zero.md). Named GPUs are planned as ZeRO designs them.

@@ -1,9 +1,29 @@
 // `headroom train`'s flags into the library's request (train/run_request.h): the CLI's thin layer.
 #include "cli/common.h"
 
+#include <CLI/CLI.hpp>
+
 #include <fmt/format.h>
 
 namespace headroom::cli {
+
+void add_distill_flags(CLI::App* app, TrainFlags& f) {
+  app->add_option("--teacher", f.teacher,
+                  "knowledge distillation: the teacher's model directory (config.json and "
+                  "model.safetensors, e.g. a `headroom train --out` directory), run forward only "
+                  "beside the student; same vocabulary, any width or depth "
+                  "(docs/notes/distillation.md)");
+  app->add_option("--distill-alpha", f.distill_alpha,
+                  "with --teacher: the KD share A of the loss A * T^2 * KL(teacher/T || "
+                  "student/T) + (1 - A) * cross-entropy, in [0, 1] (default 0.5; 0 is plain "
+                  "training)");
+  app->add_option("--distill-temperature", f.distill_temperature,
+                  "with --teacher: the softmax temperature T > 0 of the KD term (default 2)");
+  app->add_option("--teacher-dtype", f.teacher_dtype,
+                  "with --teacher: the teacher's precision, auto (bf16 where its weights are "
+                  "stored in bf16, else fp32), fp32 or bf16")
+      ->capture_default_str();
+}
 
 Status resolve_train_options(TrainFlags& f, train::TrainOptions* o) {
   train::RunRequest r;
@@ -50,6 +70,10 @@ Status resolve_train_options(TrainFlags& f, train::TrainOptions* o) {
   r.sweep = !f.profile.empty();  // the report shows memory versus micro-batch
   r.quiet = f.json;
   r.self_correct = f.self_correct;
+  r.teacher = f.teacher;
+  r.distill_alpha = f.distill_alpha;
+  r.distill_temperature = f.distill_temperature;
+  r.teacher_dtype = f.teacher_dtype;
   HR_ASSIGN_OR_RETURN(train::ResolvedRun run, train::resolve_run(r));
   dist::Communicator* comm = o->comm;  // the caller's
   *o = std::move(run.options);

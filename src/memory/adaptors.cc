@@ -37,6 +37,8 @@ std::string_view category_name(Category c) {
       return "offload";
     case Category::kKvCache:
       return "kv_cache";
+    case Category::kTeacher:
+      return "teacher";
     case Category::kOther:
       return "other";
     case Category::kCount:

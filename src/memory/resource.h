@@ -28,6 +28,7 @@ enum class Category : uint8_t {
   kStaging,
   kOffload,
   kKvCache,  // generation's cached keys and values
+  kTeacher,  // distillation's forward-only teacher: its weights and working set
   kOther,
   kCount,
 };

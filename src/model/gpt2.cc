@@ -196,6 +196,60 @@ const OffloadBlock* ActivationTable::offload_of(int layer) const {
   return nullptr;
 }
 
+namespace {
+// Moves every id of `id` by `by` (a table appended to another's buffers); SIZE_MAX stays.
+void shift_ids(Gpt2ActivationIds& id, size_t by) {
+  auto mv = [by](size_t& i) {
+    if (i != SIZE_MAX) i += by;
+  };
+  for (size_t* f : {&id.encoded,
+                    &id.rope,
+                    &id.lnf,
+                    &id.lnf_mean,
+                    &id.lnf_rstd,
+                    &id.logits,
+                    &id.head_lse,
+                    &id.head_scratch,
+                    &id.kd_teacher_logits,
+                    &id.losses,
+                    &id.att_fwd_scratch,
+                    &id.dresidual,
+                    &id.d_c,
+                    &id.d_3c,
+                    &id.d_4c,
+                    &id.att_scratch,
+                    &id.dresidual_low,
+                    &id.block_weights_bf16,
+                    &id.head_weights_bf16,
+                    &id.f16_staging,
+                    &id.bf16_wgrad_staging}) {
+    mv(*f);
+  }
+  for (std::vector<Gpt2ActivationIds::Layer>* v : {&id.fwd, &id.bwd}) {
+    for (Gpt2ActivationIds::Layer& L : *v) {
+      for (size_t* f : {&L.ln1, &L.ln1_mean, &L.ln1_rstd, &L.qkv, &L.atty, &L.att, &L.residual2,
+                        &L.ln2, &L.ln2_mean, &L.ln2_rstd, &L.fch, &L.fch_gelu, &L.residual3}) {
+        mv(*f);
+      }
+    }
+  }
+}
+
+// The teacher's execution: forward only, to its final norm; tiled attention (no T x T
+// probabilities); in bf16 its GEMM weights cast per layer into its working set (there is no
+// persistent bf16 copy of a teacher).
+ExecOptions teacher_exec(const Distill& d, bool pad_rows) {
+  ExecOptions e;
+  e.tiled_attention = true;
+  e.head_chunk = 0;
+  e.hidden_only = true;
+  e.pad_rows = pad_rows;
+  e.precision = d.teacher_precision;
+  e.bf16_weight_copy = false;
+  return e;
+}
+}  // namespace
+
 ActivationTable gpt2_activation_table(const Gpt2Config& c, int B, int T, bool training,
                                       const ExecOptions& options, const backend::Ops& ops) {
   HR_CHECK(options.recompute.empty() || int(options.recompute.size()) == c.n_layer);
@@ -285,18 +339,31 @@ ActivationTable gpt2_activation_table(const Gpt2Config& c, int B, int T, bool tr
   t.ids.lnf = add_low("lnf", {B, T, C}, A);
   t.ids.lnf_mean = rms ? SIZE_MAX : add("lnf_mean", {B, T}, A);
   t.ids.lnf_rstd = add("lnf_rstd", {B, T}, A);
-  t.ids.logits = t.ids.head_scratch = SIZE_MAX;
-  // Each row's log-sum-exp, saved by the loss's forward for its one-pass backward (both heads).
-  t.ids.head_lse = add("head_lse", {B, T}, Category::kLogits);
-  if (options.head_chunk > 0) {
-    const int chunk = std::min(options.head_chunk, B * T);
-    t.ids.head_scratch =
-        add("head_logits_chunk", {int64_t(ops.lm_head_ce_scratch_floats(chunk, int(V), low))},
-            Category::kLogits);
-  } else {
-    t.ids.logits = add("logits", {B, T, options.logits_row_stride(V)}, Category::kLogits);
+  t.ids.logits = t.ids.head_scratch = t.ids.head_lse = t.ids.losses = SIZE_MAX;
+  HR_CHECK_MSG(!options.distill || options.head_chunk > 0,
+               "distillation fuses its loss into the chunked LM head: it needs head_chunk > 0");
+  HR_CHECK_MSG(!(options.hidden_only && (training || options.distill)),
+               "a forward-only teacher (hidden_only) neither trains nor distils");
+  if (!options.hidden_only) {  // a teacher's table stops at the final norm
+    // Each row's log-sum-exp, saved by the loss's forward for its one-pass backward (both
+    // heads); with distillation the KD head's four statistics per row (distill_kernels.h).
+    t.ids.head_lse =
+        add("head_lse", options.distill ? Shape{4, B, T} : Shape{B, T}, Category::kLogits);
+    if (options.head_chunk > 0) {
+      const int chunk = std::min(options.head_chunk, B * T);
+      t.ids.head_scratch =
+          add("head_logits_chunk", {int64_t(ops.lm_head_ce_scratch_floats(chunk, int(V), low))},
+              Category::kLogits);
+      if (options.distill) {  // the teacher's chunk of logits beside the student's
+        t.ids.kd_teacher_logits =
+            add_as(DType::kF32, "teacher.logits_chunk", {int64_t(chunk) * ops.logits_row_stride(V)},
+                   Category::kTeacher);
+      }
+    } else {
+      t.ids.logits = add("logits", {B, T, options.logits_row_stride(V)}, Category::kLogits);
+    }
+    t.ids.losses = add("losses", {B, T}, Category::kLogits);
   }
-  t.ids.losses = add("losses", {B, T}, Category::kLogits);
   t.ids.att_fwd_scratch =
       tiled ? add("attention_forward_scratch",
                   {int64_t(ops.attention_tiled_scratch_floats(B, T, c.n_embd, c.n_head, NKV, low))},
@@ -409,6 +476,25 @@ ActivationTable gpt2_activation_table(const Gpt2Config& c, int B, int T, bool tr
     }
     t.offloaded.push_back(std::move(ob));
   }
+  if (options.distill) {
+    // The teacher's forward-only working set, appended: the planner places it with the
+    // student's buffers, so the teacher's layers reuse each other's memory and, once it has run,
+    // the student's activations reuse it too (only its final norm's output stays live).
+    HR_CHECK_MSG(options.distill->teacher_precision != Precision::kFp16,
+                 "a teacher runs in fp32 or bf16");
+    auto teacher = std::make_shared<ActivationTable>(
+        gpt2_activation_table(options.distill->teacher, B, T, false,
+                              teacher_exec(*options.distill, options.pad_rows), ops));
+    const size_t base = t.buffers.size();
+    for (BufferDesc b : teacher->buffers) {
+      b.name = "teacher." + b.name;
+      b.category = Category::kTeacher;
+      t.buffers.push_back(std::move(b));
+    }
+    shift_ids(teacher->ids, base);
+    teacher->buffers = t.buffers;  // its ids index the whole list
+    t.teacher = std::move(teacher);
+  }
   return t;
 }
 
@@ -427,6 +513,20 @@ std::vector<OpDesc> gpt2_step_ops(const Gpt2Config& c, const ActivationTable& ta
     std::erase(bufs, SIZE_MAX);
     ops.push_back({std::move(name), ph, layer, std::move(bufs)});
   };
+  // Distillation: the teacher's forward first (op names "teacher ...", layer -1), and its
+  // outputs that the student's head reads on to that head's backward.
+  std::vector<size_t> teacher_out;
+  if (table.teacher) {
+    const Distill& d = *table.options.distill;
+    for (OpDesc op : gpt2_step_ops(d.teacher, *table.teacher, false)) {
+      op.name = "teacher " + op.name;
+      op.layer = -1;
+      ops.push_back(std::move(op));
+    }
+    teacher_out = {table.teacher->ids.lnf, table.teacher->ids.head_weights_bf16,
+                   id.kd_teacher_logits};
+    std::erase(teacher_out, SIZE_MAX);
+  }
   push("forward embedding", Phase::kForward, -1, {id.encoded, id.rope});
   // Offload: block l's saved buffers stay live through the next forward op (the copy out runs
   // during it), and its landing buffers from the backward op before its own (the prefetch).
@@ -455,6 +555,7 @@ std::vector<OpDesc> gpt2_step_ops(const Gpt2Config& c, const ActivationTable& ta
       input_of(L), id.lnf,          id.lnf_mean, id.lnf_rstd,          id.logits,
       id.head_lse, id.head_scratch, id.losses,   id.head_weights_bf16, id.f16_staging};
   if (training) std::ranges::copy(saved_of(L - 1), std::back_inserter(head));
+  std::ranges::copy(teacher_out, std::back_inserter(head));
   push("forward head", Phase::kForward, -1, std::move(head));
   if (!training) return ops;
   std::vector<size_t> bhead = {input_of(L),          id.lnf,         id.lnf_mean,
@@ -462,6 +563,7 @@ std::vector<OpDesc> gpt2_step_ops(const Gpt2Config& c, const ActivationTable& ta
                                id.head_scratch,      id.d_c,         id.dresidual,
                                id.head_weights_bf16, id.f16_staging, id.bf16_wgrad_staging};
   std::ranges::copy(landing_of(L - 1), std::back_inserter(bhead));
+  std::ranges::copy(teacher_out, std::back_inserter(bhead));
   push("backward head", Phase::kBackward, -1, std::move(bhead));
   const size_t dres_low = id.dresidual_low;
   for (int l = L - 1; l >= 0; l--) {
@@ -576,6 +678,9 @@ void Gpt2::bind_activations(const memory::Arena* arena, const ActivationTable* t
   acts_ = table;
   B_ = B;
   T_ = T;
+  // A teacher's forward ops come first in the step's schedule (gpt2_step_ops).
+  op_base_ =
+      table->teacher && table->options.distill ? table->options.distill->teacher.n_layer + 2 : 0;
   dlogits_dloss_.reset();  // a gradient in the old arena
 }
 
@@ -635,6 +740,7 @@ void Gpt2::op_boundary(int next) {
     if (nvtx_op_open_) backend::nvtx::push(step_op_name(config_.n_layer, next).c_str());
   }
   if (!times_ || !times_->record) return;
+  if (next >= 0) next += op_base_;
   auto now = std::chrono::steady_clock::now();
   using us = std::chrono::duration<double, std::micro>;
   if (cur_op_ >= 0) {
@@ -726,6 +832,26 @@ int64_t Gpt2::logits_row_stride() const {
 const float* Gpt2::logits() const {
   HR_CHECK_MSG(acts_->ids.logits != SIZE_MAX, "the fused LM head never holds the logits");
   return arena_->f32(acts_->ids.logits);
+}
+
+backend::KdTeacher Gpt2::kd_teacher() const {
+  HR_CHECK_MSG(acts_ != nullptr && arena_ != nullptr && acts_->options.hidden_only,
+               "kd_teacher: a teacher's forward-only table must be bound");
+  backend::KdTeacher t;
+  t.x = arena_->data(acts_->ids.lnf);
+  t.C = config_.n_embd;
+  switch (acts_->options.precision) {
+    case Precision::kBf16:
+      t.dtype = DType::kBF16;
+      t.w = gemm_weight<bf16_t>(head_weight());  // cast by the forward (cast_head_weights)
+      break;
+    case Precision::kFp32:
+      t.w = head_weight();
+      break;
+    case Precision::kFp16:
+      HR_CHECK_MSG(false, "a teacher runs in fp32 or bf16");
+  }
+  return t;
 }
 
 namespace {
@@ -862,7 +988,10 @@ double Gpt2::forward(const int32_t* inputs, const int32_t* targets, int64_t* val
   HR_CHECK((params_ || hooks_) && arena_);
   const int T = T_used > 0 ? T_used : T_;
   HR_CHECK(T <= T_ && T <= config_.n_positions);
-  HR_CHECK_MSG(targets || acts_->ids.logits != SIZE_MAX, "the fused LM head needs targets");
+  HR_CHECK_MSG(targets || acts_->ids.logits != SIZE_MAX || acts_->options.hidden_only,
+               "the fused LM head needs targets");
+  HR_CHECK_MSG(!teacher_ || (acts_->options.distill && targets),
+               "a teacher is bound but the activation table has no distillation (or no targets)");
   T_used_ = T;
   dlogits_dloss_.reset();  // forward_t sets it again where it uses next_dloss_
   switch (acts_->options.precision) {
@@ -887,6 +1016,10 @@ double Gpt2::forward_t(const int32_t* inputs, const int32_t* targets, int64_t* v
   const int N = B * Tu;
   const memory::Arena& a = *arena_;
   const std::optional<float> dloss = std::exchange(next_dloss_, std::nullopt);  // this one only
+  // The fused head's chunk as the table sized its scratch (gpt2_activation_table): at most the
+  // micro-batch's tokens. The kernels place the bf16 dlogits at scratch + chunk x ld, so a chunk
+  // larger than the planned one would write past the buffer.
+  const int planned_chunk = std::min(acts_->options.head_chunk, B_ * T_);
   using Phase = OpDesc::Phase;
 
   // Op indices follow gpt2_step_ops: embedding, blocks, head; then backward.
@@ -925,11 +1058,25 @@ double Gpt2::forward_t(const int32_t* inputs, const int32_t* targets, int64_t* v
     norm_forward(lnf, id.lnf_mean == SIZE_MAX ? nullptr : a.f32(id.lnf_mean), a.f32(id.lnf_rstd), x,
                  lnf_w, lnf_b, N);
   });
+  if (acts_->options.hidden_only) {  // a teacher: lnf is the output (Gpt2::hidden)
+    wait_out(L - 1);
+    hook_after(Phase::kForward, L);
+    op_boundary(-1);
+    return 0.0;
+  }
   float* losses = a.f32(id.losses);
-  if (id.logits == SIZE_MAX) {
+  if (teacher_ != nullptr) {  // distillation: CE + KL in the chunked head (distill_kernels.h)
+    backend::KdTeacher kt = *teacher_;
+    kt.logits_chunk = a.f32(id.kd_teacher_logits);
+    timed(OpKind::kLoss, [&] {
+      ops_->lm_head_kd_forward(losses, a.f32(id.head_lse), lnf, gemm_weight<T>(wte), kt, targets, N,
+                               C, V, planned_chunk, acts_->options.distill->loss,
+                               a.f32(id.head_scratch), head_forward_columns<T>(wte));
+    });
+  } else if (id.logits == SIZE_MAX) {
     timed(OpKind::kLoss, [&] {  // Note [The head's padded columns]
       ops_->lm_head_ce_forward(losses, a.f32(id.head_lse), lnf, gemm_weight<T>(wte), targets, N, C,
-                               V, acts_->options.head_chunk, a.f32(id.head_scratch),
+                               V, planned_chunk, a.f32(id.head_scratch),
                                head_forward_columns<T>(wte));
     });
   } else {
@@ -964,6 +1111,14 @@ double Gpt2::forward_t(const int32_t* inputs, const int32_t* targets, int64_t* v
     if (targets[i] >= 0) {
       sum += losses[i];
       count++;
+    }
+  }
+  last_ce_sum_ = sum;
+  if (teacher_ != nullptr) {  // the CE part alone, the KD head's fourth statistic
+    const float* ce = a.f32(id.head_lse) + 3 * int64_t(N);
+    last_ce_sum_ = 0.0;
+    for (int i = 0; i < N; i++) {
+      if (targets[i] >= 0) last_ce_sum_ += ce[i];
     }
   }
   if (valid) *valid = count;
@@ -1006,6 +1161,7 @@ void Gpt2::backward_t(const int32_t* inputs, const int32_t* targets, float dloss
   const int64_t ldv = acts_->options.logits_row_stride(V);
   const memory::Arena& a = *arena_;
   using Phase = OpDesc::Phase;
+  const int planned_chunk = std::min(acts_->options.head_chunk, B_ * T_);  // as forward_t's
   float* dres = a.f32(id.dresidual);
   T* dc = buf<T>(a, id.d_c);
   T* d3c = buf<T>(a, id.d_3c);
@@ -1098,10 +1254,18 @@ void Gpt2::backward_t(const int32_t* inputs, const int32_t* targets, float dloss
   hook_before(Phase::kBackward, L);
   const float* wte = head_weight();
   float* dwte = grad_ptr(table_->head);
-  if (id.logits == SIZE_MAX) {
+  if (teacher_ != nullptr) {
+    backend::KdTeacher kt = *teacher_;
+    kt.logits_chunk = a.f32(id.kd_teacher_logits);
+    timed(OpKind::kLoss, [&] {
+      ops_->lm_head_kd_backward(dc, dwte, lnf, gemm_weight<T>(wte), kt, targets, a.f32(id.head_lse),
+                                N, C, V, planned_chunk, acts_->options.distill->loss, dloss,
+                                a.f32(id.head_scratch), head_forward_columns<T>(wte));
+    });
+  } else if (id.logits == SIZE_MAX) {
     timed(OpKind::kLoss, [&] {
       ops_->lm_head_ce_backward(dc, dwte, lnf, gemm_weight<T>(wte), targets, a.f32(id.head_lse), N,
-                                C, V, acts_->options.head_chunk, dloss, a.f32(id.head_scratch),
+                                C, V, planned_chunk, dloss, a.f32(id.head_scratch),
                                 head_forward_columns<T>(wte));
     });
   } else {

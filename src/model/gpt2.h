@@ -10,6 +10,7 @@
 #include <array>
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -91,6 +92,15 @@ std::string_view recompute_name(Recompute r);
 enum class Precision : uint8_t { kFp32, kBf16, kFp16 };
 std::string_view precision_name(Precision p);  // "fp32", "bf16", "fp16"
 
+// Knowledge distillation (docs/notes/distillation.md): the loss (ops.h KdLoss) and the teacher,
+// a model of the same vocabulary that runs forward only in its own precision (fp32 or bf16).
+struct Distill {
+  backend::KdLoss loss;
+  Gpt2Config teacher;
+  Precision teacher_precision = Precision::kFp32;
+  bool operator==(const Distill&) const = default;
+};
+
 // How a micro-batch is executed: choices that change memory and time, never the mathematics
 // beyond rounding (each has an invariance test against the plain path).
 struct ExecOptions {
@@ -121,6 +131,16 @@ struct ExecOptions {
   // refused by the planner.
   std::vector<bool> offload;
 
+  // Knowledge distillation (docs/notes/distillation.md). A teacher runs forward only with
+  // hidden_only: no head, no loss; the forward stops after the final norm, whose output (lnf) is
+  // what the student's head reads (Gpt2::kd_teacher). A student with `distill` has the teacher's
+  // forward-only working set in its own table (ActivationTable::teacher) and fuses the KD loss
+  // into its chunked head (needs head_chunk > 0) whenever a teacher is bound
+  // (Gpt2::set_teacher); head_lse then holds the KD head's 4 x B x T statistics. Without a
+  // teacher bound (validation) the same table runs the plain CE head.
+  bool hidden_only = false;
+  std::optional<Distill> distill;
+
   bool operator==(const ExecOptions&) const = default;
   Recompute recompute_at(int layer) const {
     return recompute.empty() ? Recompute::kNone : recompute[size_t(layer)];
@@ -149,6 +169,9 @@ struct Gpt2ActivationIds {
   size_t logits;        // [B,T,logits_row_stride(V)]; SIZE_MAX with the fused head
   size_t head_lse;      // [B,T] each row's log-sum-exp, saved by the loss's forward (both heads)
   size_t head_scratch;  // [chunk,V] logits chunk of the fused head; SIZE_MAX otherwise
+  // Distillation: the teacher's [chunk, V] logits chunk in the KD head (category teacher);
+  // SIZE_MAX otherwise.
+  size_t kd_teacher_logits = SIZE_MAX;
   size_t losses;
   size_t att_fwd_scratch;  // tiled attention's forward scratch; SIZE_MAX for plain attention
   // Backward-only workspace (SIZE_MAX when not training). d_c, d_3c, d_4c hold the activations'
@@ -190,6 +213,12 @@ struct ActivationTable {
   std::vector<memory::BufferDesc> offload_buffers;
   std::vector<OffloadBlock> offloaded;
   const OffloadBlock* offload_of(int layer) const;
+  // Distillation (ExecOptions::distill): the teacher's forward-only table (hidden_only), whose
+  // buffers are the last ones of `buffers` above (category teacher, named "teacher.*") and whose
+  // ids index `buffers` as a whole, so that the teacher's Gpt2 binds the student's arena with
+  // it. Its ops come first in gpt2_step_ops; its final norm's output (the KD head's input) and,
+  // in bf16, its head's cast weight live on to the student's head backward. Null otherwise.
+  std::shared_ptr<const ActivationTable> teacher;
 };
 // Buffers for forward+backward of a (B, T) micro-batch. With training == false, the
 // backward-only workspace is left out (inference and validation).
@@ -315,6 +344,14 @@ class Gpt2 {
   // (evaluation, generation, a caller that learns dloss later) the forward keeps the logits and
   // the backward computes their gradient in a second pass. No effect with the fused head.
   void set_next_dloss(float dloss) { next_dloss_ = dloss; }
+  // Distillation (ExecOptions::distill): the teacher the next forward/backward pairs read (not
+  // owned; valid until both ran); null: the plain CE head. The CE part of the last forward's
+  // loss sum (equal to forward()'s return without a teacher).
+  void set_teacher(const backend::KdTeacher* teacher) { teacher_ = teacher; }
+  double last_ce_sum() const { return last_ce_sum_; }
+  // After a hidden_only forward (a teacher): the KD head's teacher side, its final norm's output
+  // [B*T, C] and its head's weight in its precision (fp32, or the bf16 cast in its step buffer).
+  backend::KdTeacher kd_teacher() const;
 
   // The logits [B*T, V] of the last forward, row r at logits() + r * logits_row_stride(). Holding
   // their gradient in bf16 (see set_next_dloss), row r's bf16 values start at the same place.
@@ -416,6 +453,9 @@ class Gpt2 {
   OffloadCopier* copier_ = nullptr;
   std::vector<uint64_t> out_tickets_, in_tickets_;  // per block; 0: nothing pending
   OpTimes* times_ = nullptr;
+  const backend::KdTeacher* teacher_ = nullptr;
+  double last_ce_sum_ = 0;
+  int op_base_ = 0;  // the index of this model's first op in gpt2_step_ops (after a teacher's)
   int cur_op_ = -1;
   std::chrono::steady_clock::time_point cur_op_start_;
   bool nvtx_op_open_ = false;  // an op's NVTX range is pushed (op_boundary pops it)

@@ -98,6 +98,32 @@ Result<MemoryPlan> plan_training_memory(const model::Gpt2Config& config, const P
   if (p.exec.head_chunk < 0) {
     return Status::invalid_argument(fmt::format("LM head chunk {} is negative", p.exec.head_chunk));
   }
+  if (const std::optional<model::Distill>& d = p.exec.distill) {
+    // Distillation (docs/notes/distillation.md): the KD loss lives in the chunked LM head.
+    if (p.exec.head_chunk <= 0) {
+      return Status::invalid_argument(
+          "distillation fuses its loss into the chunked LM head: it needs the fused head "
+          "(head chunk > 0), not full logits");
+    }
+    if (d->teacher.vocab_size != config.vocab_size) {
+      return Status::invalid_argument(fmt::format(
+          "the teacher's vocab_size {} differs from the student's {}: distillation needs one "
+          "tokenizer and vocabulary",
+          d->teacher.vocab_size, config.vocab_size));
+    }
+    if (d->teacher.n_positions < p.seq) {
+      return Status::invalid_argument(fmt::format(
+          "the teacher's n_positions {} is below the sequence length {}: use --seq {} or less",
+          d->teacher.n_positions, p.seq, d->teacher.n_positions));
+    }
+    if (d->teacher_precision == model::Precision::kFp16) {
+      return Status::invalid_argument("a teacher runs in fp32 or bf16 (--teacher-dtype)");
+    }
+    if (p.ranks > 1 || p.zero_stage != 0) {
+      return Status::unsupported(
+          "distillation runs on one process (ZeRO and several ranks are not built for it yet)");
+    }
+  }
   plan.activations =
       model::gpt2_activation_table(config, p.micro_batch, p.seq, true, plan.policy.exec);
   plan.ops = model::gpt2_step_ops(config, plan.activations, true);
@@ -178,6 +204,14 @@ Result<MemoryPlan> plan_training_memory(const model::Gpt2Config& config, const P
     plan.persistent.push_back(
         single_region("bf16 weights", Category::kWeights,
                       {{"parameters_bf16", DType::kBF16, Shape{P}, Category::kWeights}}));
+  }
+  if (const std::optional<model::Distill>& d = p.exec.distill) {
+    // The teacher's weights, fp32 whatever its precision (a bf16 teacher casts each layer's GEMM
+    // weights into its working set, in the step region), for the whole run.
+    const int64_t tp = param_table_of(d->teacher).total_floats;
+    plan.persistent.push_back(
+        single_region(kTeacherWeightsRegion, Category::kTeacher,
+                      {{"teacher_parameters", DType::kF32, Shape{tp}, Category::kTeacher}}));
   }
   if (p.sparsity_mask) {
     if (p.zero_stage != 0 || p.offload_optimizer) {
@@ -357,6 +391,13 @@ void offload_optimizer_state(MemoryPlan* plan) {
   plan->peak_bytes = plan->persistent_bytes + plan->step_bytes;
   plan->lower_bound_bytes = plan->persistent_bytes + plan->step_lower_bound;
   plan->policy.offload_optimizer = true;
+}
+
+const Region* persistent_region(const MemoryPlan& plan, const char* name) {
+  for (const Region& r : plan.persistent) {
+    if (r.name == name) return &r;
+  }
+  return nullptr;
 }
 
 const Region* offload_region(const MemoryPlan& plan, const char* name) {

@@ -72,6 +72,10 @@ inline constexpr const char* kOffloadGradientsRegion = "gradients";
 inline constexpr const char* kOffloadedActivationsRegion = "offloaded activations";
 // The persistent region of the sparsity mask (Policy::sparsity_mask), found by name.
 inline constexpr const char* kSparsityMaskRegion = "sparsity mask";
+// Distillation (ExecOptions::distill): the teacher's fp32 weights, a persistent region (category
+// teacher) after the bf16 copy and before the sparsity mask, found by name. The teacher's
+// forward-only working set is in the step region (ActivationTable::teacher).
+inline constexpr const char* kTeacherWeightsRegion = "teacher weights";
 
 // A block of memory that the trainer allocates as one arena.
 struct Region {
@@ -120,6 +124,8 @@ struct MemoryPlan {
   uint64_t offload_bytes = 0;  // the offload tier's regions together
 };
 
+// The persistent region named `name` (kTeacherWeightsRegion, ...), or null.
+const Region* persistent_region(const MemoryPlan& plan, const char* name);
 // The offload region named `name` (kOffload*Region), or null.
 const Region* offload_region(const MemoryPlan& plan, const char* name);
 // The offload tier's two parts: the offloaded activations' region, and the rest (optimizer

@@ -214,6 +214,7 @@ Policy policy_for(const SearchRequest& r, int b, int k) {
   p.ranks = r.devices;
   p.zero_stage = 0;  // planned as a full replica; shard_plan makes it one rank's share
   p.backend_fixed = r.device.backend_fixed;  // the device's context and workspaces
+  p.exec.distill = r.distill;
   return p;
 }
 
@@ -483,8 +484,9 @@ Result<SearchResult> search_leaf(const SearchRequest& r, PlanCache& cache) {
   // The technique options, uniform over blocks.
   std::vector<model::ExecOptions> options;
   std::vector<int> heads;
-  if (!r.fused_head || !*r.fused_head) heads.push_back(0);
-  if (!r.fused_head || *r.fused_head) heads.push_back(r.head_chunk);
+  // Distillation fuses its loss into the chunked head: full logits are no candidate.
+  if ((!r.fused_head || !*r.fused_head) && !r.distill) heads.push_back(0);
+  if (!r.fused_head || *r.fused_head || r.distill) heads.push_back(r.head_chunk);
   std::vector<model::Recompute> modes = {model::Recompute::kNone, model::Recompute::kSelective,
                                          model::Recompute::kFull};
   if (r.recompute) modes = {*r.recompute};
@@ -538,6 +540,7 @@ Result<SearchResult> search_leaf(const SearchRequest& r, PlanCache& cache) {
   auto policy = [&](int b, int k, const model::ExecOptions& e) {
     Policy p = policy_for(r, b, k);
     p.exec = e;
+    p.exec.distill = r.distill;
     return p;
   };
   // Every plan of this search: a full replica from plan_training_memory, then (devices > 1)

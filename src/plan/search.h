@@ -38,6 +38,9 @@ struct SearchRequest {
   std::optional<bool> fused_head;  // unset: the planner chooses
   int head_chunk = 256;            // tokens per chunk of the fused LM head
   bool sweep = false;              // also fill SearchResult::sweep
+  // Distillation (docs/notes/distillation.md): every candidate trains against this teacher,
+  // whose weights and forward-only working set are in each plan; it needs the fused head.
+  std::optional<model::Distill> distill;
   // ZeRO stage 0-3 (--zero N): a constraint; unset: every stage is searched when devices > 1
   // (one device: stage 0). Per-rank memory comes from zero_memory, communication from
   // zero_traffic at device.interconnect_bandwidth (docs/notes/cost-model.md).

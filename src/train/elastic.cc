@@ -155,6 +155,7 @@ Result<ElasticStep::Replan> ElasticStep::replan(uint64_t ceiling, int remaining)
   // The offload tier's regions are allocated for the run: re-plans keep the run's choice.
   req.offload_optimizer = plan_.policy.offload_optimizer;
   req.head_chunk = setup_.head_chunk;
+  req.distill = plan_.policy.exec.distill;  // the teacher stays
   HR_ASSIGN_OR_RETURN(plan::SearchResult res, plan::search_plan(req));
 
   Replan out;

@@ -18,6 +18,7 @@
 #include "core/utf8.h"
 #include "data/byte_tokenizer.h"
 #include "data/prepare.h"
+#include "model/safetensors.h"
 #include "plan/calibrate.h"
 #include "plan/cost_model.h"
 #include "train/checkpoint.h"
@@ -244,9 +245,18 @@ Result<ResolvedRun> resolve_run(const RunRequest& request) {
   } else {
     return Status::invalid_argument(fmt::format("--zero {}: use auto, 0, 1, 2 or 3", f.zero));
   }
+  HR_ASSIGN_OR_RETURN(const std::optional<model::Distill> distill,
+                      resolve_distill(f.teacher, f.distill_alpha, f.distill_temperature,
+                                      f.teacher_dtype, o->config, f.model));
+  if (distill && f.ranks > 1) {
+    return Status::unsupported(
+        fmt::format("--teacher {} with {} ranks: distillation runs on one process for now",
+                    f.teacher, f.ranks));
+  }
   if (f.plan_file.empty()) {
     plan::SearchRequest req;
     req.config = o->config;
+    req.distill = distill;
     HR_ASSIGN_OR_RETURN(req.device, cpu_device(device_budget(f.device_memory), f.quiet));
     o->device = req.device;  // prices re-plans and the expected step time
     HR_RETURN_IF_ERROR(check_precision(f.precision, req.device));
@@ -425,6 +435,18 @@ Result<ResolvedRun> resolve_run(const RunRequest& request) {
     Result<plan::DeviceSpec> dev = cpu_device(device_budget(f.device_memory), f.quiet);
     if (dev.is_ok()) o->device = *dev;
   }
+  if (distill) {
+    // (The search planned every candidate with the teacher; a plan file is this run's schedule
+    // with the teacher's bytes added.)
+    if (!f.plan_file.empty() && o->exec.head_chunk <= 0) {
+      return Status::invalid_argument(fmt::format(
+          "--teacher {} with --plan {}: the plan keeps full logits, and distillation needs the "
+          "fused LM head (plan again with --teacher, or a plan with chosen.head_chunk > 0)",
+          f.teacher, f.plan_file));
+    }
+    o->exec.distill = distill;
+    o->teacher_dir = f.teacher;
+  }
   // Note [Self-correction]: with this machine's measured terms, the run corrects the model by its
   // own op times (the correction kept next to the calibration), and with the micro-batch and
   // recomputation left to the planner re-plans by the corrected model.
@@ -479,6 +501,72 @@ Result<ResolvedRun> resolve_run(const RunRequest& request) {
   run.model = f.model;
   run.tokenizer = f.tokenizer;
   return run;
+}
+
+Result<std::optional<model::Distill>> resolve_distill(const std::string& teacher_dir,
+                                                      std::optional<float> alpha,
+                                                      std::optional<float> temperature,
+                                                      const std::string& teacher_dtype,
+                                                      const model::Gpt2Config& student,
+                                                      const std::string& student_name) {
+  if (teacher_dir.empty()) {
+    if (alpha || temperature || teacher_dtype != "auto") {
+      return Status::invalid_argument(
+          "--distill-alpha, --distill-temperature and --teacher-dtype apply to distillation: "
+          "give the teacher's model directory with --teacher DIR");
+    }
+    return std::optional<model::Distill>();
+  }
+  model::Distill d;
+  d.loss.alpha = alpha.value_or(0.5f);
+  d.loss.temperature = temperature.value_or(2.0f);
+  if (!(d.loss.alpha >= 0.0f && d.loss.alpha <= 1.0f)) {
+    return Status::invalid_argument(fmt::format(
+        "--distill-alpha {}: the KD share of the loss must be in [0, 1] (0: plain cross-entropy, "
+        "1: KD only; default 0.5)",
+        d.loss.alpha));
+  }
+  if (!(d.loss.temperature > 0.0f) || !std::isfinite(d.loss.temperature)) {
+    return Status::invalid_argument(fmt::format(
+        "--distill-temperature {}: the softmax temperature must be a positive number (default "
+        "2)",
+        d.loss.temperature));
+  }
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const std::string cfg_path = (fs::path(teacher_dir) / "config.json").string();
+  if (!fs::is_directory(teacher_dir, ec) || !fs::exists(cfg_path, ec)) {
+    return Status::not_found(fmt::format(
+        "--teacher {}: {}; the teacher is a model directory (config.json and "
+        "model.safetensors, as `headroom train --out` or `headroom prune` write)",
+        teacher_dir,
+        fs::is_directory(teacher_dir, ec) ? "no config.json there" : "no such directory"));
+  }
+  HR_ASSIGN_OR_RETURN(d.teacher, model::load_config_file(cfg_path));
+  if (d.teacher.vocab_size != student.vocab_size) {
+    return Status::invalid_argument(fmt::format(
+        "--teacher {} has vocab_size {} but the student ({}) has {}: teacher and student must "
+        "share the tokenizer and vocabulary (distil from a teacher of the same tokenizer, or "
+        "give --model a config with vocab_size {})",
+        teacher_dir, d.teacher.vocab_size, student_name, student.vocab_size, d.teacher.vocab_size));
+  }
+  if (teacher_dtype == "fp32") {
+    d.teacher_precision = model::Precision::kFp32;
+  } else if (teacher_dtype == "bf16") {
+    d.teacher_precision = model::Precision::kBf16;
+  } else if (teacher_dtype == "auto") {
+    // Its own precision: bf16 where its weights are stored so (a file's first tensor tells).
+    d.teacher_precision = model::Precision::kFp32;
+    Result<model::SafetensorsFile> w =
+        model::SafetensorsFile::open((fs::path(teacher_dir) / "model.safetensors").string());
+    if (w.is_ok() && !w->tensors().empty() && w->tensors().front().dtype == DType::kBF16) {
+      d.teacher_precision = model::Precision::kBf16;
+    }
+  } else {
+    return Status::invalid_argument(
+        fmt::format("--teacher-dtype {}: use auto, fp32 or bf16", teacher_dtype));
+  }
+  return std::optional<model::Distill>(std::move(d));
 }
 
 }  // namespace headroom::train

@@ -52,6 +52,13 @@ struct RunRequest {
   bool sweep = false;                // also plan memory versus micro-batch (for the report)
   bool quiet = false;                // no calibration progress lines
   bool self_correct = true;          // correct the cost model by the run's op times (cost-model.md)
+  // Knowledge distillation (docs/notes/distillation.md): the teacher's model directory (empty:
+  // none), the loss's alpha and temperature (unset: 0.5 and 2), its precision (auto: bf16 where
+  // its weights are stored in bf16, else fp32).
+  std::string teacher;
+  std::optional<float> distill_alpha;
+  std::optional<float> distill_temperature;
+  std::string teacher_dtype = "auto";
 };
 
 struct ResolvedRun {
@@ -68,6 +75,19 @@ struct ResolvedRun {
 // the flag and value; OutOfMemory when nothing fits, with the planner's advice; NotFound for
 // missing files.
 Result<ResolvedRun> resolve_run(const RunRequest& request);
+
+// Distillation's flags for the student `student` (named `student_name` in messages): the teacher
+// directory's config.json (NotFound naming the directory when it is not a model directory), the
+// vocabularies (InvalidArgument naming both directories and both sizes when they differ), alpha in
+// [0, 1], a temperature > 0, and the teacher's precision (auto, fp32 or bf16). An empty
+// teacher_dir with no alpha or temperature is no distillation (nullopt); alpha or temperature
+// without a teacher is an error.
+Result<std::optional<model::Distill>> resolve_distill(const std::string& teacher_dir,
+                                                      std::optional<float> alpha,
+                                                      std::optional<float> temperature,
+                                                      const std::string& teacher_dtype,
+                                                      const model::Gpt2Config& student,
+                                                      const std::string& student_name);
 
 // HEADROOM_CACHE_DIR, else $XDG_CACHE_HOME/headroom, else ~/.cache/headroom.
 std::string cache_dir();

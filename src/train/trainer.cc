@@ -638,6 +638,26 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
   if (params_bf16) cpu::cast_to_bf16(params_bf16, params, table.total_floats);
   model::Gpt2 net(cfg, &table);
   net.bind_params(params, grads, params_bf16);
+  // Distillation (docs/notes/distillation.md): the teacher's fp32 weights in their planned
+  // region (category teacher), read from its model directory; it runs forward only, in the
+  // step region's teacher part, before each micro-batch's forward.
+  memory::Arena teacher_arena;
+  model::ParamTable teacher_table;
+  std::optional<model::Gpt2> teacher_net;
+  if (const std::optional<model::Distill>& d = mp.policy.exec.distill) {
+    const plan::Region* r = plan::persistent_region(mp, plan::kTeacherWeightsRegion);
+    HR_CHECK(r != nullptr);
+    HR_ASSIGN_OR_RETURN(teacher_arena, make(*r));
+    teacher_table = model::gpt2_param_table(d->teacher);
+    // Padding floats between tensors are never read, but are defined.
+    std::memset(teacher_arena.data(0), 0, r->layout.size);
+    if (Status s = model::load_pretrained(o.teacher_dir, teacher_table, teacher_arena.f32(0));
+        !s.is_ok()) {
+      return Status(s.code(), fmt::format("--teacher {}: {}", o.teacher_dir, s.message()));
+    }
+    teacher_net.emplace(d->teacher, &teacher_table);
+    teacher_net->bind_params(teacher_arena.f32(0), nullptr);
+  }
   // ZeRO-2/3: backward writes gradient windows that the communication thread reduce-scatters
   // while backward continues; stage 3 gathers each block's parameters just before use.
   if (zw) net.set_block_hooks(&*zw);
@@ -1297,6 +1317,15 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
       if (bucket_hooks) bucket_hooks->set_active(done + b >= my_rows);
       // dloss is known before the forward: the loss and the logits' gradient in one pass
       // (Note [One-pass loss and gradient] in docs/notes/loss.md).
+      // Distillation: the teacher's forward (no targets, no head) into its part of this step
+      // region; the student's fused head then reads its final hidden states.
+      backend::KdTeacher kd_teacher;
+      if (teacher_net) {
+        teacher_net->bind_activations(&*arena, mbp.activations.teacher.get(), b, len);
+        teacher_net->forward(in, nullptr);
+        kd_teacher = teacher_net->kd_teacher();
+        net.set_teacher(&kd_teacher);
+      }
       net.set_next_dloss(dloss);
       {
         const backend::nvtx::Range r("forward");
@@ -1306,6 +1335,7 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
         const backend::nvtx::Range r("backward");
         net.backward(in, tg, dloss);
       }
+      net.set_teacher(nullptr);
       record("micro-batch", "micro_batch", tm, step, k);
       // Activation offload's copies of this micro-batch, on the profile's copy track.
       if (model::OffloadCopier* copier = rec ? offload_tier->copier() : nullptr) {

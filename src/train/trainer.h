@@ -125,6 +125,10 @@ struct TrainOptions {
   // starts from and whose zeros in the prunable tensors are the mask; its config must be
   // `config`'s. Pruned weights stay exact zeros through AdamW.
   std::string sparsity_mask;
+  // Knowledge distillation (docs/notes/distillation.md), with exec.distill set (the loss, the
+  // teacher's config and precision): the teacher's model directory (config.json and
+  // model.safetensors, as `headroom generate --model-dir` reads), whose weights it loads.
+  std::string teacher_dir;
   // Or pruning during the run: after optimizer step `at_step` (1-based; 0: never) the mask of
   // `spec` is taken from the weights and held from then on. A resumed run past that step takes
   // the mask from the checkpoint's zeros.

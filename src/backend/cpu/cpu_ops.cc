@@ -1,5 +1,6 @@
 // The CPU backend's op table: each op of backend/ops.h is the CPU kernel of the same name
-// (kernels.h, fused_kernels.h, llama_kernels.h), called as it is.
+// (kernels.h, fused_kernels.h, llama_kernels.h, distill_kernels.h), called as it is.
+#include "backend/cpu/distill_kernels.h"
 #include "backend/cpu/fused_kernels.h"
 #include "backend/cpu/kernels.h"
 #include "backend/cpu/kv_cache_kernels.h"
@@ -206,6 +207,26 @@ class CpuOps final : public Ops {
   HR_CPU_T(bf16_t)
   HR_CPU_T(f16_t)
 #undef HR_CPU_T
+
+  // Knowledge distillation (distill_kernels.h).
+#define HR_CPU_KD(T)                                                                               \
+  void lm_head_kd_forward(float* losses, float* stats, const T* x, const GemmWeight<T>* w,         \
+                          const KdTeacher& teacher, const int32_t* targets, int N, int C, int V,   \
+                          int chunk, KdLoss kd, float* scratch, int w_rows) const override {       \
+    cpu::lm_head_kd_forward(losses, stats, x, w, teacher, targets, N, C, V, chunk, kd, scratch,    \
+                            w_rows);                                                               \
+  }                                                                                                \
+  void lm_head_kd_backward(T* dx, float* dw, const T* x, const GemmWeight<T>* w,                   \
+                           const KdTeacher& teacher, const int32_t* targets, const float* stats,   \
+                           int N, int C, int V, int chunk, KdLoss kd, float dloss, float* scratch, \
+                           int w_rows) const override {                                            \
+    cpu::lm_head_kd_backward(dx, dw, x, w, teacher, targets, stats, N, C, V, chunk, kd, dloss,     \
+                             scratch, w_rows);                                                     \
+  }
+  HR_CPU_KD(float)
+  HR_CPU_KD(bf16_t)
+  HR_CPU_KD(f16_t)
+#undef HR_CPU_KD
 
   void rope_inv_freq(float* inv_freq, int HS, float theta, const RopeScaling& s) const override {
     cpu::RopeScaling c;
