@@ -21,12 +21,13 @@ struct RunRequest {
   std::string model = "bytes-tiny";  // preset, config.json, or a directory holding one
   bool model_given = false;          // with `resume`: the checkpoint's model unless given
   std::string data;                  // token file; empty: the default corpus (Debian's fortunes)
-  std::string tokenizer;             // directory; empty: the model directory's own, else GPT-2's
-  std::string vocab;                 // GPT-2 vocabulary directory; empty: core/data_dir.h's
-  std::string resume;                // a checkpoint directory or a run's out directory
-  std::optional<int> seq;            // unset: min(128, n_positions)
-  std::optional<int> micro_batch;    // unset: the planner's choice
-  std::optional<int> global_batch;   // unset: micro_batch times the ranks, or 8
+  std::string tokenizer;   // directory or "bytes"; empty: the model directory's own, else the
+                           // preset's (bytes-tiny: "bytes"), else GPT-2's
+  std::string vocab;       // GPT-2 vocabulary directory; empty: core/data_dir.h's
+  std::string resume;      // a checkpoint directory or a run's out directory
+  std::optional<int> seq;  // unset: min(128, n_positions)
+  std::optional<int> micro_batch;   // unset: the planner's choice
+  std::optional<int> global_batch;  // unset: micro_batch times the ranks, or 8
   int steps = 0;  // 0: the model's default (model::preset_run_defaults: 200 but for bytes-tiny)
   uint64_t seed = 1337;
   std::string precision = "auto";            // auto, fp32, bf16, fp16
@@ -92,7 +93,8 @@ Result<std::optional<model::Distill>> resolve_distill(const std::string& teacher
 // HEADROOM_CACHE_DIR, else $XDG_CACHE_HOME/headroom, else ~/.cache/headroom.
 std::string cache_dir();
 
-// The tokenizer directory a model directory carries (tokenizer.json or tokenizer.model), or "".
+// The tokenizer directory a model directory carries (tokenizer.json or tokenizer.model), "bytes"
+// when its tokenizer_config.json names the byte tokenizer, or "".
 std::string model_dir_tokenizer(const std::string& model);
 
 // The default corpus: Debian's fortunes, tokenised once into the cache (per tokenizer: GPT-2's

@@ -33,7 +33,7 @@ TEST_F(Cli, VersionAndHelp) {
     EXPECT_NE(h.out.find("Usage"), std::string::npos) << cmd;
   }
   EXPECT_NE(run("").code, 0);
-  EXPECT_NE(run("train --no-such-flag").code, 0);
+  EXPECT_NE(run("train --model gpt2-tiny --no-such-flag").code, 0);
 }
 
 TEST_F(Cli, PrepareRejectsEmptyAndBinaryInputs) {
@@ -104,22 +104,24 @@ TEST_F(Cli, ClearErrorsForBadInput) {
   EXPECT_NE(mf.out.find("vocab_size"), std::string::npos) << mf.out;
 
   std::string data = corpus();
-  Outcome tiny = run("train --data " + data + " --seq 32 --batch 4 --steps 1 --device-memory 8MiB");
+  Outcome tiny = run("train --model gpt2-tiny --data " + data +
+                     " --seq 32 --batch 4 --steps 1 --device-memory 8MiB");
   EXPECT_EQ(tiny.code, 1);
   EXPECT_NE(tiny.out.find("budget"), std::string::npos) << tiny.out;
 
-  Outcome mem = run("train --data " + data + " --device-memory lots --steps 1");
+  Outcome mem = run("train --model gpt2-tiny --data " + data + " --device-memory lots --steps 1");
   EXPECT_EQ(mem.code, 1);
   EXPECT_NE(mem.out.find("lots"), std::string::npos) << mem.out;
 
-  Outcome seq = run("train --data " + data + " --seq 100000 --steps 1");
+  Outcome seq = run("train --model gpt2-tiny --data " + data + " --seq 100000 --steps 1");
   EXPECT_EQ(seq.code, 1);
   EXPECT_NE(seq.out.find("--seq"), std::string::npos) << seq.out;
 
   // A token file cut short: the reader names expected and actual sizes.
   fs::copy_file(data, path("cut.tokens"));
   fs::resize_file(path("cut.tokens"), fs::file_size(data) - 3);
-  Outcome cut = run("train --data " + path("cut.tokens") + " --seq 32 --batch 4 --steps 1");
+  Outcome cut =
+      run("train --model gpt2-tiny --data " + path("cut.tokens") + " --seq 32 --batch 4 --steps 1");
   EXPECT_EQ(cut.code, 1);
   EXPECT_NE(cut.out.find("cut.tokens"), std::string::npos) << cut.out;
 }
@@ -281,7 +283,7 @@ TEST_F(Cli, TrainWithAPlanFileMeasuresThePlannedPeak) {
   std::string json_text = e2e::json_text(p.out);
   write("plan.json", json_text);
   auto plan = nlohmann::json::parse(json_text);
-  Outcome t = run("train --plan " + path("plan.json") + " --data " + data +
+  Outcome t = run("train --model gpt2-tiny --plan " + path("plan.json") + " --data " + data +
                   " --steps 2 --sample-tokens 0 --device-memory 1GiB --out " + path("m") +
                   " --log-json " + path("log.jsonl"));
   ASSERT_EQ(t.code, 0) << t.out;
@@ -298,7 +300,8 @@ TEST_F(Cli, TrainWithAPlanFileMeasuresThePlannedPeak) {
   EXPECT_EQ(n, 2);
 
   write("broken_plan.json", R"({"chosen": {"micro_batch": "eight"}})");
-  Outcome b = run("train --plan " + path("broken_plan.json") + " --data " + data + " --steps 1");
+  Outcome b = run("train --model gpt2-tiny --plan " + path("broken_plan.json") + " --data " + data +
+                  " --steps 1");
   EXPECT_EQ(b.code, 1);
   EXPECT_NE(b.out.find("chosen.micro_batch"), std::string::npos) << b.out;
 }
@@ -310,7 +313,8 @@ TEST_F(Cli, TightBudgetTrainsWithRecomputationAndTheSameLoss) {
   auto losses = [&](const std::string& budget, std::string* techniques) {
     // fp32 and no offload in both: this is about recomputation (bf16 and offload have their own
     // tests; with offload allowed, 170 MiB fits without recomputation).
-    Outcome t = run("train --data " + data + " --seq 64 --batch 16 --steps 3 --sample-tokens 0 " +
+    Outcome t = run("train --model gpt2-tiny --data " + data +
+                    " --seq 64 --batch 16 --steps 3 --sample-tokens 0 " +
                     "--precision fp32 --offload-optimizer off --offload-activations off "
                     "--device-memory " +
                     budget + " --out " + path("m" + budget) + " --log-json " + path("l" + budget));
@@ -376,7 +380,8 @@ TEST_F(Cli, ProfileWritesTraceMemoryJsonAndReport) {
 
 TEST_F(Cli, SaveEveryThenResumeFromTheRunDirectory) {
   std::string data = corpus();
-  Outcome a = run("train --data " + data + " --seq 32 --batch 2 --global-batch 4 --steps 6 " +
+  Outcome a = run("train --model gpt2-tiny --data " + data +
+                  " --seq 32 --batch 2 --global-batch 4 --steps 6 " +
                   "--save-every 3 --sample-tokens 0 --out " + path("run"));
   ASSERT_EQ(a.code, 0) << a.out;
   EXPECT_TRUE(fs::exists(path("run/checkpoints/step-000003/model.safetensors")));
@@ -407,7 +412,7 @@ TEST_F(Cli, PlanSaysWhatIsMissingWhenNothingFits) {
   EXPECT_NE(r.out.find("nothing fits"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("ZeRO-3"), std::string::npos) << r.out;
 
-  Outcome d = run("plan --device NoSuchGPU");
+  Outcome d = run("plan --model gpt2-tiny --device NoSuchGPU");
   EXPECT_EQ(d.code, 1);
   EXPECT_NE(d.out.find("H100"), std::string::npos) << d.out;  // the known names are listed
 

@@ -33,17 +33,17 @@ class OffloadCli : public e2e::TempDirTest {
 };
 
 TEST_F(OffloadCli, BadFlagsNameTheFlagAndTheValue) {
-  Outcome a = run("plan --offload-activations maybe");
+  Outcome a = run("plan --model gpt2-tiny --offload-activations maybe");
   EXPECT_NE(a.code, 0);
   EXPECT_NE(a.out.find("--offload-activations maybe: use auto, on or off"), std::string::npos)
       << a.out;
-  Outcome b = run("plan --offload-memory 0");
+  Outcome b = run("plan --model gpt2-tiny --offload-memory 0");
   EXPECT_NE(b.code, 0);
   EXPECT_NE(b.out.find("--offload-memory 0"), std::string::npos) << b.out;
-  Outcome c = run("plan --offload-memory lots");
+  Outcome c = run("plan --model gpt2-tiny --offload-memory lots");
   EXPECT_NE(c.code, 0);
   EXPECT_NE(c.out.find("--offload-memory lots"), std::string::npos) << c.out;
-  Outcome d = run("plan --offload-activations on --recompute full");
+  Outcome d = run("plan --model gpt2-tiny --offload-activations on --recompute full");
   EXPECT_NE(d.code, 0);
   EXPECT_NE(d.out.find("keeps nothing to offload"), std::string::npos) << d.out;
 }
@@ -110,18 +110,18 @@ TEST_F(OffloadCli, TrainWithOffloadOnGivesTheSameLossesAndRoundTripsThePlan) {
 
   // plan --json, then train --plan FILE: the offload choice per block travels in the file.
   Outcome p =
-      run("plan --seq 64 --batch 4 --global-batch 8 --precision fp32 --recompute "
+      run("plan --model gpt2-tiny --seq 64 --batch 4 --global-batch 8 --precision fp32 --recompute "
           "selective --offload-activations on --json");
   ASSERT_EQ(p.code, 0) << p.out;
   write("plan.json", p.out);
   Outcome t =
-      run("train --plan " + path("plan.json") + " --data " + data +
+      run("train --model gpt2-tiny --plan " + path("plan.json") + " --data " + data +
           " --steps 3 --sample-tokens 0 --out " + path("pf") + " --log-json " + path("pf.jsonl"));
   ASSERT_EQ(t.code, 0) << t.out;
   EXPECT_NE(t.out.find("activations offloaded"), std::string::npos) << t.out;
   EXPECT_EQ(losses(path("pf.jsonl")), a);
   // A flag that contradicts the file is refused, naming both.
-  Outcome bad = run("train --plan " + path("plan.json") + " --data " + data +
+  Outcome bad = run("train --model gpt2-tiny --plan " + path("plan.json") + " --data " + data +
                     " --steps 1 --offload-activations off --out " + path("bad"));
   EXPECT_NE(bad.code, 0);
   EXPECT_NE(bad.out.find("--offload-activations off contradicts"), std::string::npos) << bad.out;

@@ -71,7 +71,7 @@ TEST(PlanOffloadCli, BadValuesAreNamed) {
   Outcome t = run("train --model gpt2-tiny --offload-optimizer yes --steps 1");
   EXPECT_EQ(t.code, 1) << t.out;
   EXPECT_TRUE(has(t.out, "--offload-optimizer yes")) << t.out;
-  Outcome h = run("train --help");
+  Outcome h = run("train --model gpt2-tiny --help");
   EXPECT_TRUE(has(h.out, "--offload-optimizer")) << h.out;
   EXPECT_TRUE(has(h.out, "MemAvailable")) << h.out;
 }

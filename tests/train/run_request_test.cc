@@ -23,6 +23,7 @@ std::string write_plan(const std::filesystem::path& dir, int micro_batch, int ac
 TEST(RunRequest, PlanFileChoicesBecomeTheOptions) {
   const auto dir = test::fresh_test_dir("run_request");
   RunRequest r;
+  r.model = "gpt2-tiny";
   r.data = (dir / "unused.tokens").string();  // resolve_run does not open it
   r.plan_file = write_plan(dir, 2, 3, 32);
   r.device_memory = uint64_t(1) << 30;
@@ -42,6 +43,43 @@ TEST(RunRequest, PlanFileChoicesBecomeTheOptions) {
   EXPECT_EQ(o.plan_note, "from " + r.plan_file);  // not searched here
   EXPECT_FALSE(run->search.has_value());
   EXPECT_EQ(run->model, "gpt2-tiny");
+}
+
+// The first run's model (docs/notes/first-run.md): bytes-tiny with the byte tokenizer and its own
+// steps, learning rate and batch, each only where the request leaves it unset.
+TEST(RunRequest, TheDefaultModelReadsBytesWithItsOwnDefaults) {
+  const auto dir = test::fresh_test_dir("run_request");
+  RunRequest r;
+  r.data = (dir / "unused.tokens").string();
+  r.device_memory = uint64_t(1) << 30;
+  r.quiet = true;
+  Result<ResolvedRun> run = resolve_run(r);
+  ASSERT_TRUE(run.is_ok()) << run.status().message();
+  EXPECT_EQ(run->model, "bytes-tiny");
+  EXPECT_EQ(run->tokenizer, "bytes");
+  EXPECT_EQ(run->options.config.vocab_size, 257);
+  EXPECT_EQ(run->options.steps, 1500);
+  EXPECT_FLOAT_EQ(run->options.adamw.lr, 3e-3f);
+  EXPECT_EQ(run->options.micro_batch * run->options.accumulation, 16);
+  // Flags win over the preset's defaults; another preset keeps the general ones.
+  r.steps = 9;
+  r.lr = 5e-4f;
+  r.global_batch = 4;
+  run = resolve_run(r);
+  ASSERT_TRUE(run.is_ok()) << run.status().message();
+  EXPECT_EQ(run->options.steps, 9);
+  EXPECT_FLOAT_EQ(run->options.adamw.lr, 5e-4f);
+  EXPECT_EQ(run->options.micro_batch * run->options.accumulation, 4);
+  RunRequest g;
+  g.model = "gpt2-tiny";
+  g.data = r.data;
+  g.device_memory = r.device_memory;
+  g.quiet = true;
+  run = resolve_run(g);
+  ASSERT_TRUE(run.is_ok()) << run.status().message();
+  EXPECT_EQ(run->options.steps, 200);
+  EXPECT_FLOAT_EQ(run->options.adamw.lr, 1e-3f);
+  EXPECT_EQ(run->tokenizer, "");
 }
 
 TEST(RunRequest, ContradictionsAndBadValuesNameTheFlag) {
