@@ -88,7 +88,7 @@ TEST_F(OffloadCli, PlanShowsThePerBlockScheduleAndTheOffloadTier) {
 
 TEST_F(OffloadCli, TrainWithOffloadOnGivesTheSameLossesAndRoundTripsThePlan) {
   const std::string data = corpus();
-  const std::string common = "train --data " + data +
+  const std::string common = "train --model gpt2-tiny --data " + data +
                              " --seq 64 --batch 4 --global-batch 8 --steps 3 --sample-tokens 0 "
                              "--precision fp32 --recompute selective --out ";
   Outcome off =

@@ -69,7 +69,7 @@ TEST_F(PruneCli, TwoFourAndStructuredModelsReloadEverywhere) {
   for (const char* m : {"p24", "ps"}) {
     Outcome g = run("generate --model-dir " + path(m) + " --max-new-tokens 3 --seed 1 --json");
     EXPECT_EQ(g.code, 0) << g.out;
-    Outcome t = run("train --model gpt2-tiny --sparsity-mask " + path(m) + " --data " + data +
+    Outcome t = run("train --sparsity-mask " + path(m) + " --data " + data +
                     " --steps 3 --batch 2 --global-batch 2 --seq 32 --sample-tokens 0 "
                     "--threads 2 --json --out " +
                     path(std::string(m) + "_ft"));
