@@ -223,22 +223,17 @@ class Ops {
   // logsumexp(student), logsumexp(student / T), logsumexp(teacher / T), the CE alone. The
   // backward recomputes both chunks and writes dx (OVERWRITTEN) and dw (ACCUMULATES) from
   // dloss * d(sum losses); the teacher gets no gradient. alpha = 0 gives lm_head_ce's bits.
-  // Not pure: a backend without them (CUDA, for now) still builds, and a distillation run on it
-  // stops at the first call with a message naming the backend and the op.
   // scratch: lm_head_ce_scratch_floats(chunk, V, storage), as the CE head; the teacher's chunk
   // of logits in teacher.logits_chunk.
 #define HR_OPS_KD(T)                                                                               \
   virtual void lm_head_kd_forward(float* losses, float* stats, const T* x, const GemmWeight<T>* w, \
                                   const KdTeacher& teacher, const int32_t* targets, int N, int C,  \
-                                  int V, int chunk, KdLoss kd, float* scratch, int w_rows) const { \
-    kd_not_built("lm_head_kd_forward");                                                            \
-  }                                                                                                \
+                                  int V, int chunk, KdLoss kd, float* scratch, int w_rows)         \
+      const = 0;                                                                                   \
   virtual void lm_head_kd_backward(T* dx, float* dw, const T* x, const GemmWeight<T>* w,           \
                                    const KdTeacher& teacher, const int32_t* targets,               \
                                    const float* stats, int N, int C, int V, int chunk, KdLoss kd,  \
-                                   float dloss, float* scratch, int w_rows) const {                \
-    kd_not_built("lm_head_kd_backward");                                                           \
-  }
+                                   float dloss, float* scratch, int w_rows) const = 0;
   HR_OPS_KD(float)
   HR_OPS_KD(bf16_t)
   HR_OPS_KD(f16_t)
@@ -274,14 +269,6 @@ class Ops {
   // count; a stream backend synchronizes to return it.
   virtual double sum_squares(const float* x, int64_t n) const = 0;
   virtual void scale_inplace(float* x, int64_t n, float s) const = 0;
-
- protected:
-  [[noreturn]] void kd_not_built(const char* op) const {
-    ::headroom::detail::check_failed(
-        __FILE__, __LINE__, op,
-        "knowledge distillation's fused head is not built on this backend (it is on "
-        "the cpu backend)");
-  }
 };
 
 // The f16 GEMM staging of a scope (Ops::bind_f16_staging), restored when it ends.

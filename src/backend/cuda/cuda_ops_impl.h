@@ -1,7 +1,8 @@
 // The CUDA op table's class (internal to backend/cuda: it includes CUDA's headers). Every op of
 // backend/ops.h is declared here and defined in the .cu file of its family: elementwise.cu
 // (embedding, norms, activations, RoPE, residual, losses over full logits, casts, optimizer),
-// gemm.cu (cuBLASLt matmuls, the fused LM head), attention.cu (plain, tiled and cached
+// gemm.cu (cuBLASLt matmuls, the fused LM head), distill.cu (the LM head fused with a
+// distillation loss), attention.cu (plain, tiled and cached
 // attention). The linker proves that none is missing: the vtable needs them all.
 //
 // Execution model: every op is queued on the compute stream (stream()) and returns without
@@ -170,6 +171,20 @@ class CudaOps final : public Ops {
   HR_OPS_T(bf16_t)
   HR_OPS_T(f16_t)
 #undef HR_OPS_T
+  // The LM head fused with CE + KL against a teacher, in chunks of tokens (distill.cu;
+  // backend/cpu/distill_kernels.h is the reference).
+#define HR_OPS_KD(T)                                                                               \
+  void lm_head_kd_forward(float* losses, float* stats, const T* x, const GemmWeight<T>* w,         \
+                          const KdTeacher& teacher, const int32_t* targets, int N, int C, int V,   \
+                          int chunk, KdLoss kd, float* scratch, int w_rows) const override;        \
+  void lm_head_kd_backward(T* dx, float* dw, const T* x, const GemmWeight<T>* w,                   \
+                           const KdTeacher& teacher, const int32_t* targets, const float* stats,   \
+                           int N, int C, int V, int chunk, KdLoss kd, float dloss, float* scratch, \
+                           int w_rows) const override;
+  HR_OPS_KD(float)
+  HR_OPS_KD(bf16_t)
+  HR_OPS_KD(f16_t)
+#undef HR_OPS_KD
   // inv_freq[HS/2] and the cos/sin tables [T, HS/2] of positions pos0 .. pos0 + T - 1.
   void rope_inv_freq(float* inv_freq, int HS, float theta,
                      const RopeScaling& scaling) const override;

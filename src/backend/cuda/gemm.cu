@@ -18,6 +18,7 @@
 
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/cuda_ops_impl.h"
+#include "backend/cuda/gemm_internal.h"
 #include "core/check.h"
 
 namespace headroom::backend::cuda {
@@ -38,9 +39,11 @@ int64_t padded_cols(int64_t cols, int64_t elem_bytes) {
   const int64_t per16 = elem_bytes > 0 && 16 % elem_bytes == 0 ? 16 / elem_bytes : 1;
   return round_up(cols, per16);
 }
+}  // namespace
 // The row stride of the fused head's chunk of logits (fp32) and of its bf16 dlogits: 8 elements
-// is 16 bytes in bf16 and 32 (one sector) in fp32.
+// is 16 bytes in bf16 and 32 (one sector) in fp32. (gemm_internal.h: distill.cu uses it.)
 int64_t head_ld(int64_t V) { return round_up(V, 8); }
+namespace {
 // The row stride of a widened (fp32) f16 operand or of an fp32 result before its narrowing.
 int64_t staged_ld(int64_t cols) { return round_up(cols, 4); }
 // Regions of the staging area start 256 bytes apart (cuBLASLt's preferred pointer alignment).
@@ -640,6 +643,9 @@ __global__ void head_ce_backward_kernel(D* dlogits, int64_t ldd, const float* lo
   }
 }
 
+}  // namespace
+
+// ---- the chunk's GEMMs (gemm_internal.h: distill.cu's KD head uses them too) -------------
 // The chunk's logits [n, V] (row stride ld) = x[n, C] x w[V, C]^T, fp32.
 void chunk_logits(const Context& ctx, float* logits, const float* x, const float* w, int n, int C,
                   int V, int64_t ld) {
@@ -671,6 +677,8 @@ void chunk_backward(const Context& ctx, f16_t* dx, float* dw, const float* dlogi
   if (dx != nullptr) mm16(ctx, false, false, n, C, V, dlogits, ld, w, C, dx, C, nullptr, false);
   if (dw != nullptr) mm16(ctx, true, false, V, C, n, dlogits, ld, x, C, dw, C, nullptr, true);
 }
+
+namespace {
 
 void check_head_args(int N, int C, int V, int chunk, int w_rows) {
   HR_CHECK_MSG(chunk >= 1 && V >= 1 && C >= 1 && N >= 0,
