@@ -170,8 +170,10 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
   HR_ASSIGN_OR_RETURN(data::TokenFile file, data::TokenFile::open(o.data));
   if (file.vocab_size() > cfg.vocab_size) {
     return Status::invalid_argument(fmt::format(
-        "{}: the token file's vocabulary ({}) is larger than the model's vocab_size ({})", o.data,
-        file.vocab_size(), cfg.vocab_size));
+        "{}: the token file's vocabulary ({}) is larger than the model's vocab_size ({}); train a "
+        "model whose vocabulary holds it ({}), or prepare the text with the model's tokenizer",
+        o.data, file.vocab_size(), cfg.vocab_size,
+        file.vocab_size() == 50257 ? "--model gpt2-tiny, for GPT-2's tokens" : "--model"));
   }
   // Not a structured binding: a lambda below captures val_range, which clang 14 cannot do.
   const auto split = data::split_train_val(file, o.val_fraction, T + 1);

@@ -20,8 +20,9 @@ class Fp16Cli : public e2e::TempDirTest {};
 
 TEST_F(Fp16Cli, BadLossScaleFlagsGetClearErrors) {
   const std::string data = corpus();
-  const std::string base = "train --model gpt2-tiny --data " + data + " --seq 32 --batch 2 --steps 1 --out " +
-                           path("m") + " --sample-tokens 0 ";
+  const std::string base = "train --model gpt2-tiny --data " + data +
+                           " --seq 32 --batch 2 --steps 1 --out " + path("m") +
+                           " --sample-tokens 0 ";
   for (const char* bad : {"-3", "foo", "0"}) {
     Outcome r = run(base + "--precision fp16 --loss-scale " + bad);
     EXPECT_EQ(r.code, 1) << bad << ": " << r.out;

@@ -41,7 +41,7 @@ run "$hr" plan --model gpt2-tiny --device-memory 1GiB --seq 32 --global-batch 4 
   >plan-tiny.json || fail "plan gpt2-tiny"
 printf 'the quick brown fox jumps over the lazy dog. %.0s' $(seq 1 200) >text.txt
 run "$hr" prepare text.txt --out text.tokens >/dev/null || fail "prepare (the installed vocabulary)"
-run "$hr" train --data text.tokens --steps 2 --seq 32 --batch 2 --global-batch 2 \
+run "$hr" train --model gpt2-tiny --data text.tokens --steps 2 --seq 32 --batch 2 --global-batch 2 \
   --device-memory 1GiB --sample-tokens 4 --out run --json --profile prof >train.json \
   || fail "train --steps 2"
 [ -s prof/report.html ] || fail "train --profile: no report.html (the installed Chart.js)"
