@@ -40,7 +40,7 @@ install: configure
 # why, when none is present.
 build-cuda: setup
 	@cmake --preset cuda >/dev/null
-	@cmake --build --preset cuda --target headroom cuda_tests
+	@cmake --build --preset cuda --target cuda_all_tests
 
 test-cuda: build-cuda
 	ctest --preset cuda
