@@ -6,13 +6,17 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <cstring>
+#include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_ops.h"
 #include "backend/ops.h"
+#include "core/dtype.h"
 
 namespace headroom::cudatest {
 
@@ -55,5 +59,47 @@ class DeviceBuffer {
   T* p_ = nullptr;
   size_t n_ = 0;
 };
+
+// Host-side inputs and storage conversions shared by the op tests (round to nearest even, as
+// both backends store).
+using VecF = std::vector<float>;
+inline VecF rnd(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(lo, hi);
+  VecF v(n);
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+template <typename T>
+T from_f(float x) {
+  if constexpr (std::is_same_v<T, float>) {
+    return x;
+  } else if constexpr (std::is_same_v<T, bf16_t>) {
+    return bf16_t{f32_to_bf16_bits(x)};
+  } else {
+    return f16_t{f32_to_f16_bits(x)};
+  }
+}
+template <typename T>
+constexpr DType dtype_of() {
+  return std::is_same_v<T, float>    ? DType::kF32
+         : std::is_same_v<T, bf16_t> ? DType::kBF16
+                                     : DType::kF16;
+}
+inline float to_f(float x) { return x; }
+inline float to_f(bf16_t x) { return bf16_bits_to_f32(x.bits); }
+inline float to_f(f16_t x) { return f16_bits_to_f32(x.bits); }
+template <typename T>
+std::vector<T> cast(const VecF& v) {
+  std::vector<T> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = from_f<T>(v[i]);
+  return out;
+}
+template <typename T>
+VecF widen(const std::vector<T>& v) {
+  VecF out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = to_f(v[i]);
+  return out;
+}
 
 }  // namespace headroom::cudatest

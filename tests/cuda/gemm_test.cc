@@ -18,66 +18,11 @@
 namespace headroom {
 namespace {
 
+using namespace cudatest;  // DeviceBuffer, rnd, cast, widen, ...
+
 using backend::MatmulStrides;
 using backend::WeightLayout;
-using VecF = std::vector<float>;
 
-// cudatest::DeviceBuffer whose uploads have landed when they return: a pageable cudaMemcpy may
-// return before its DMA completes, and the ops run on a non-blocking stream that does not wait
-// for the legacy stream's copy.
-template <typename T>
-class DeviceBuffer : public cudatest::DeviceBuffer<T> {
- public:
-  explicit DeviceBuffer(size_t n) : cudatest::DeviceBuffer<T>(n) {}
-  explicit DeviceBuffer(const std::vector<T>& host) : cudatest::DeviceBuffer<T>(host.size()) {
-    upload(host);
-  }
-  void upload(const std::vector<T>& host) {
-    cudatest::DeviceBuffer<T>::upload(host);
-    HR_CUDA_CHECK(cudaDeviceSynchronize());
-  }
-};
-
-VecF rnd(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> dist(lo, hi);
-  VecF v(n);
-  for (float& x : v) x = dist(rng);
-  return v;
-}
-
-template <typename T>
-T from_f(float x) {
-  if constexpr (std::is_same_v<T, float>) {
-    return x;
-  } else if constexpr (std::is_same_v<T, bf16_t>) {
-    return bf16_t{f32_to_bf16_bits(x)};
-  } else {
-    return f16_t{f32_to_f16_bits(x)};
-  }
-}
-template <typename T>
-constexpr DType dtype_of() {
-  return std::is_same_v<T, float>    ? DType::kF32
-         : std::is_same_v<T, bf16_t> ? DType::kBF16
-                                     : DType::kF16;
-}
-float to_f(float x) { return x; }
-float to_f(bf16_t x) { return bf16_bits_to_f32(x.bits); }
-float to_f(f16_t x) { return f16_bits_to_f32(x.bits); }
-
-template <typename T>
-std::vector<T> cast(const VecF& v) {
-  std::vector<T> out(v.size());
-  for (size_t i = 0; i < v.size(); ++i) out[i] = from_f<T>(v[i]);
-  return out;
-}
-template <typename T>
-VecF widen(const std::vector<T>& v) {
-  VecF out(v.size());
-  for (size_t i = 0; i < v.size(); ++i) out[i] = to_f(v[i]);
-  return out;
-}
 // fp32 holding f16 values (the f16 GEMMs' weights, the LM head's f16 dlogits).
 VecF f16_values(const VecF& v) { return widen(cast<f16_t>(v)); }
 
