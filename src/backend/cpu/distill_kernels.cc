@@ -13,31 +13,15 @@
 #include "backend/cpu/bf16.h"
 #include "backend/cpu/fast_math.h"
 #include "backend/cpu/gemm.h"
+#include "backend/cpu/head_chunks.h"
 #include "backend/cpu/kernels.h"
 #include "core/check.h"
 
 namespace headroom::cpu {
 namespace {
 
-inline int head_ld(int V) { return int(logits_row_stride(V)); }
-// The columns a chunk's logits GEMM computes: all ld where the weight holds ld rows (as
-// fused_head.cc, so that the student's logits are the CE head's bits), else V.
-inline int chunk_cols(int V, int ld, int w_rows) { return w_rows >= ld ? ld : V; }
+using namespace head_chunks;  // head_ld, chunk_cols, chunk_logits, chunk_backward, to_dlogit
 
-// The student's chunk of logits, as fused_head.cc computes them (same GEMM calls, same bits).
-inline void chunk_logits(float* logits, const float* x, const float* w, int n, int C, int cols,
-                         int ld) {
-  gemm(false, true, n, cols, C, x, C, w, C, logits, ld, nullptr, false);
-}
-inline void chunk_logits(float* logits, const bf16_t* x, const bf16_t* w, int n, int C, int cols,
-                         int ld) {
-  gemm_ex(false, true, n, cols, C, DType::kBF16, x, C, w, C, DType::kF32, logits, ld, nullptr,
-          false);
-}
-inline void chunk_logits(float* logits, const f16_t* x, const float* w, int n, int C, int cols,
-                         int ld) {
-  gemm_f16(false, true, n, cols, C, x, C, w, C, logits, ld, nullptr, false);
-}
 // The teacher's chunk of logits in its own precision (fp32 logits either way).
 void teacher_logits(float* logits, const backend::KdTeacher& t, int row0, int n, int V, int ld) {
   const int cols = chunk_cols(V, ld, t.w_rows);
@@ -49,38 +33,6 @@ void teacher_logits(float* logits, const backend::KdTeacher& t, int row0, int n,
     const float* x = static_cast<const float*>(t.x) + int64_t{row0} * t.C;
     gemm(false, true, n, cols, t.C, x, t.C, static_cast<const float*>(t.w), t.C, logits, ld,
          nullptr, false);
-  }
-}
-
-// dx = dlogits x w; dw += dlogits^T x x (the kOutIn matmul_backward), as fused_head.cc.
-inline void chunk_backward(float* dx, float* dw, const float* dlogits, const float* x,
-                           const float* w, int n, int C, int V, int ld) {
-  if (dx != nullptr) gemm(false, false, n, C, V, dlogits, ld, w, C, dx, C, nullptr, false);
-  if (dw != nullptr) gemm(true, false, V, C, n, dlogits, ld, x, C, dw, C, nullptr, true);
-}
-inline void chunk_backward(bf16_t* dx, float* dw, const bf16_t* dlogits, const bf16_t* x,
-                           const bf16_t* w, int n, int C, int V, int ld) {
-  const DType bf = DType::kBF16;
-  if (dx != nullptr)
-    gemm_ex(false, false, n, C, V, bf, dlogits, ld, w, C, bf, dx, C, nullptr, false);
-  if (dw != nullptr) {
-    gemm_ex(true, false, V, C, n, bf, dlogits, ld, x, C, DType::kF32, dw, C, nullptr, true);
-  }
-}
-inline void chunk_backward(f16_t* dx, float* dw, const float* dlogits, const f16_t* x,
-                           const float* w, int n, int C, int V, int ld) {
-  if (dx != nullptr) gemm_f16(false, false, n, C, V, dlogits, ld, w, C, dx, C, nullptr);
-  if (dw != nullptr) gemm_f16(true, false, V, C, n, dlogits, ld, x, C, dw, C, nullptr, true);
-}
-
-template <typename T>
-using DlogitsT = std::conditional_t<std::is_same_v<T, bf16_t>, bf16_t, float>;
-template <typename T>
-inline DlogitsT<T> to_dlogit(float x) {
-  if constexpr (std::is_same_v<T, f16_t>) {
-    return round_f16(x);
-  } else {
-    return from_f32<T>(x);
   }
 }
 
