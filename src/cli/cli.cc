@@ -154,8 +154,8 @@ int run(int argc, char** argv) {
                        "default: each file is one document");
   prep_cmd->add_option("--vocab", pf.vocab, "directory with the GPT-2 vocabulary");
   prep_cmd->add_option("--tokenizer", pf.tokenizer,
-                       "directory with tokenizer.json, tokenizer.model or GPT-2's files "
-                       "(default: GPT-2)");
+                       "directory with tokenizer.json, tokenizer.model or GPT-2's files, or "
+                       "`bytes` (one token a byte) (default: GPT-2)");
   prep_cmd
       ->add_option("--field", pf.field,
                    "JSON Lines: the member of each line's object that holds the text")

@@ -102,7 +102,8 @@ void add_train_flags(CLI::App* app, TrainFlags& f) {
   app->add_option("--tokenizer", f.tokenizer,
                   "directory with tokenizer.json, tokenizer.model or GPT-2's files: the default "
                   "corpus is tokenised with it, samples decoded, and its files saved with the "
-                  "model (default: the --model directory's own, else GPT-2's)");
+                  "model; `bytes`: one token a byte (default: the --model directory's own, else "
+                  "the preset's: bytes for bytes-tiny, else GPT-2's)");
   app->add_option("--offload-optimizer", f.offload_optimizer,
                   "optimizer offload: auto (the planner chooses: on only where it fits and no "
                   "offload does not, or is faster), on (fp32 master weights and AdamW m, v in the "
