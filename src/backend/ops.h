@@ -86,6 +86,23 @@ class Ops {
   // Stream hook: every op queued so far has finished (the CPU runs each op to completion).
   virtual void synchronize() const {}
 
+  // ---- where the ops' memory lives (docs/notes/device-trainer.md) ---------------------------
+  // Whether the host may read and write the memory the ops take directly (the CPU's). False
+  // (a GPU): the caller reaches that memory only through the ops, and through the copies below.
+  virtual bool host_addressable() const = 0;
+  // Copies of `bytes` bytes between host memory and the ops' memory, ordered after every op
+  // queued before them; each has finished, and its source may be reused, when it returns. The
+  // CPU's are memcpy.
+  virtual void copy_to_device(void* dst, const void* src, size_t bytes) const = 0;
+  virtual void copy_to_host(void* dst, const void* src, size_t bytes) const = 0;
+  // Fills `bytes` bytes of the ops' memory with `value` (memset).
+  virtual void fill_bytes(void* dst, int value, size_t bytes) const = 0;
+  // The sum over i < N with targets[i] >= 0 of losses[i] in double precision, and in *count how
+  // many; both on the host (a stream backend synchronizes). losses and targets are the ops'
+  // memory. The CPU adds in index order; every backend gives the same bits on every run.
+  virtual double masked_loss_sum(const float* losses, const int32_t* targets, int N,
+                                 int64_t* count) const = 0;
+
   // ---- sizes the planner plans (elements or floats; functions of shapes only) -------------
   virtual int64_t activation_row_stride(int64_t cols, int64_t elem_bytes) const = 0;
   virtual int64_t logits_row_stride(int64_t V) const = 0;

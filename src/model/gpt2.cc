@@ -154,15 +154,15 @@ ParamTable gpt2_param_table(const Gpt2Config& c) {
   return t;
 }
 
-int64_t ExecOptions::mlp_row_stride(int64_t four_c) const {
+int64_t ExecOptions::mlp_row_stride(int64_t four_c, const backend::Ops& ops) const {
   // bf16 rows of 4C = 3072 are 6 KiB apart, not a multiple of 4 KiB: no padding, and oneDNN's
   // AMX kernels take dense rows (padded ones fell back to its slower gemm:jit path).
   const int64_t elem = precision == Precision::kFp32 ? 4 : 2;
-  return pad_rows ? backend::cpu_ops().activation_row_stride(four_c, elem) : four_c;
+  return pad_rows ? ops.activation_row_stride(four_c, elem) : four_c;
 }
 
-int64_t ExecOptions::logits_row_stride(int64_t V) const {
-  return pad_rows ? backend::cpu_ops().logits_row_stride(V) : V;
+int64_t ExecOptions::logits_row_stride(int64_t V, const backend::Ops& ops) const {
+  return pad_rows ? ops.logits_row_stride(V) : V;
 }
 
 std::string_view precision_name(Precision p) {
@@ -284,8 +284,8 @@ ActivationTable gpt2_activation_table(const Gpt2Config& c, int B, int T, bool tr
   const bool rms = c.norm == NormKind::kRmsNorm;
   // The MLP's wide activations get padded rows (cpu::activation_row_stride): its first GEMM's
   // output (4C, or gate | up) and the activation's (4C, or the intermediate size).
-  const int64_t ld_fc = options.mlp_row_stride(c.fc_width());
-  const int64_t ld_act = options.mlp_row_stride(c.mlp_width());
+  const int64_t ld_fc = options.mlp_row_stride(c.fc_width(), ops);
+  const int64_t ld_act = options.mlp_row_stride(c.mlp_width(), ops);
   const int64_t QKV = c.qkv_width();
   // One block's GEMM weights, in floats: q|k|v, the attention's projection, the MLP's two.
   const int64_t block_gemm = C * QKV + C * C + C * c.fc_width() + int64_t(c.mlp_width()) * C;
@@ -360,7 +360,7 @@ ActivationTable gpt2_activation_table(const Gpt2Config& c, int B, int T, bool tr
                    Category::kTeacher);
       }
     } else {
-      t.ids.logits = add("logits", {B, T, options.logits_row_stride(V)}, Category::kLogits);
+      t.ids.logits = add("logits", {B, T, options.logits_row_stride(V, ops)}, Category::kLogits);
     }
     t.ids.losses = add("losses", {B, T}, Category::kLogits);
   }
@@ -812,7 +812,7 @@ int Gpt2::head_forward_columns(const float* wte) const {
   if constexpr (!std::is_same_v<T, bf16_t>) {
     return V;
   } else {
-    const int64_t ldv = acts_->options.logits_row_stride(V);
+    const int64_t ldv = acts_->options.logits_row_stride(V, *ops_);
     const ParamDesc& p = table_->params[table_->head];
     const bool flat = acts_->options.bf16_weight_copy && params_ != nullptr &&
                       params_bf16_ != nullptr && wte == params_ + p.offset;
@@ -826,7 +826,7 @@ template int Gpt2::head_forward_columns<bf16_t>(const float*) const;
 
 int64_t Gpt2::logits_row_stride() const {
   HR_CHECK(acts_ != nullptr);
-  return acts_->options.logits_row_stride(config_.vocab_size);
+  return acts_->options.logits_row_stride(config_.vocab_size, *ops_);
 }
 
 const float* Gpt2::logits() const {
@@ -916,8 +916,8 @@ void Gpt2::block_forward(int l, const Gpt2ActivationIds::Layer& s, const float* 
   const int NKV = config_.kv_heads(), HS = config_.head_size();
   const int QKV = int(config_.qkv_width()), FC = int(config_.fc_width()),
             I = int(config_.mlp_width());
-  const int64_t ld_fc = acts_->options.mlp_row_stride(FC);
-  const int64_t ld_act = acts_->options.mlp_row_stride(I);
+  const int64_t ld_fc = acts_->options.mlp_row_stride(FC, *ops_);
+  const int64_t ld_act = acts_->options.mlp_row_stride(I, *ops_);
   const backend::WeightLayout layout =
       config_.is_gpt2() ? backend::WeightLayout::kInOut : backend::WeightLayout::kOutIn;
   const memory::Arena& a = *arena_;
@@ -1012,7 +1012,7 @@ template <typename T>
 double Gpt2::forward_t(const int32_t* inputs, const int32_t* targets, int64_t* valid) {
   const Gpt2ActivationIds& id = acts_->ids;
   const int B = B_, Tu = T_used_, C = config_.n_embd, V = config_.vocab_size, L = config_.n_layer;
-  const int64_t ldv = acts_->options.logits_row_stride(V);  // the logits' row stride
+  const int64_t ldv = acts_->options.logits_row_stride(V, *ops_);  // the logits' row stride
   const int N = B * Tu;
   const memory::Arena& a = *arena_;
   const std::optional<float> dloss = std::exchange(next_dloss_, std::nullopt);  // this one only
@@ -1105,21 +1105,12 @@ double Gpt2::forward_t(const int32_t* inputs, const int32_t* targets, int64_t* v
       });
     }
   }
-  double sum = 0.0;
   int64_t count = 0;
-  for (int i = 0; i < N; i++) {
-    if (targets[i] >= 0) {
-      sum += losses[i];
-      count++;
-    }
-  }
+  const double sum = ops_->masked_loss_sum(losses, targets, N, &count);
   last_ce_sum_ = sum;
   if (teacher_ != nullptr) {  // the CE part alone, the KD head's fourth statistic
     const float* ce = a.f32(id.head_lse) + 3 * int64_t(N);
-    last_ce_sum_ = 0.0;
-    for (int i = 0; i < N; i++) {
-      if (targets[i] >= 0) last_ce_sum_ += ce[i];
-    }
+    last_ce_sum_ = ops_->masked_loss_sum(ce, targets, N, nullptr);
   }
   if (valid) *valid = count;
   wait_out(L - 1);
@@ -1158,7 +1149,7 @@ void Gpt2::backward_t(const int32_t* inputs, const int32_t* targets, float dloss
   const backend::WeightLayout layout =
       config_.is_gpt2() ? backend::WeightLayout::kInOut : backend::WeightLayout::kOutIn;
   const int N = B * Tu;
-  const int64_t ldv = acts_->options.logits_row_stride(V);
+  const int64_t ldv = acts_->options.logits_row_stride(V, *ops_);
   const memory::Arena& a = *arena_;
   using Phase = OpDesc::Phase;
   const int planned_chunk = std::min(acts_->options.head_chunk, B_ * T_);  // as forward_t's
@@ -1167,8 +1158,8 @@ void Gpt2::backward_t(const int32_t* inputs, const int32_t* targets, float dloss
   T* d3c = buf<T>(a, id.d_3c);
   T* d4c = buf<T>(a, id.d_4c);
   T* lnf = buf<T>(a, id.lnf);
-  const int64_t ld_fc = acts_->options.mlp_row_stride(FC);
-  const int64_t ld_act = acts_->options.mlp_row_stride(I);
+  const int64_t ld_fc = acts_->options.mlp_row_stride(FC, *ops_);
+  const int64_t ld_act = acts_->options.mlp_row_stride(I, *ops_);
   auto mean_of = [&](size_t i) { return i == SIZE_MAX ? nullptr : a.f32(i); };
   // The residual stream's gradient as the GEMMs read it: itself in fp32; in bf16 / f16 its
   // rounding (dresidual_low), which every norm backward inside the blocks refreshes in the

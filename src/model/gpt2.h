@@ -104,13 +104,13 @@ struct Distill {
 // How a micro-batch is executed: choices that change memory and time, never the mathematics
 // beyond rounding (each has an invariance test against the plain path).
 struct ExecOptions {
-  // The row stride of the MLP's 4C-wide activations for these options.
-  int64_t mlp_row_stride(int64_t four_c) const;
+  // The row stride of the MLP's 4C-wide activations for these options on the backend `ops`.
+  int64_t mlp_row_stride(int64_t four_c, const backend::Ops& ops) const;
   // The row stride of the full logits [B*T, V] (floats; their bf16 gradient's is twice it in
   // bf16 elements, each row over its own fp32 row) for these options: V rounded up to 64 elements
   // with pad_rows, so every row starts on a cache line (oneDNN's bf16 head GEMMs ran 1.4-2x faster
   // so: docs/notes/lm-head-rows.md).
-  int64_t logits_row_stride(int64_t V) const;
+  int64_t logits_row_stride(int64_t V, const backend::Ops& ops) const;
 
   bool tiled_attention = true;  // online-softmax attention: no T x T probabilities are kept
   int head_chunk = 0;  // > 0: fused LM head + cross-entropy over chunks of this many tokens

@@ -1,5 +1,7 @@
 // The CPU backend's op table: each op of backend/ops.h is the CPU kernel of the same name
 // (kernels.h, fused_kernels.h, llama_kernels.h, distill_kernels.h), called as it is.
+#include <cstring>
+
 #include "backend/cpu/distill_kernels.h"
 #include "backend/cpu/fused_kernels.h"
 #include "backend/cpu/kernels.h"
@@ -282,6 +284,30 @@ class CpuOps final : public Ops {
     }
   }
   double sum_squares(const float* x, int64_t n) const override { return cpu::sum_squares(x, n); }
+
+  bool host_addressable() const override { return true; }
+  void copy_to_device(void* dst, const void* src, size_t bytes) const override {
+    if (bytes > 0) std::memcpy(dst, src, bytes);
+  }
+  void copy_to_host(void* dst, const void* src, size_t bytes) const override {
+    if (bytes > 0) std::memcpy(dst, src, bytes);
+  }
+  void fill_bytes(void* dst, int value, size_t bytes) const override {
+    if (bytes > 0) std::memset(dst, value, bytes);
+  }
+  double masked_loss_sum(const float* losses, const int32_t* targets, int N,
+                         int64_t* count) const override {
+    double sum = 0.0;
+    int64_t n = 0;
+    for (int i = 0; i < N; i++) {
+      if (targets[i] >= 0) {
+        sum += losses[i];
+        n++;
+      }
+    }
+    if (count) *count = n;
+    return sum;
+  }
   void scale_inplace(float* x, int64_t n, float s) const override { cpu::scale_inplace(x, n, s); }
 };
 

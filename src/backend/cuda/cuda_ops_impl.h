@@ -46,6 +46,15 @@ class CudaOps final : public Ops {
   ~CudaOps() override;
   std::string_view name() const override { return "cuda"; }
   void synchronize() const override;
+
+  // Device memory: reached through the ops and these copies, on the compute stream
+  // (elementwise.cu).
+  bool host_addressable() const override { return false; }
+  void copy_to_device(void* dst, const void* src, size_t bytes) const override;
+  void copy_to_host(void* dst, const void* src, size_t bytes) const override;
+  void fill_bytes(void* dst, int value, size_t bytes) const override;
+  double masked_loss_sum(const float* losses, const int32_t* targets, int N,
+                         int64_t* count) const override;
   const Context& context() const { return ctx_; }
   cudaStream_t stream() const { return ctx_.compute; }
 

@@ -382,7 +382,83 @@ __global__ void sum_partials_kernel(double* out, const double* partial, int bloc
   if (threadIdx.x == 0) *out = s;
 }
 
+// ---- the masked loss sum: as the sum of squares, a partition fixed by N, each thread's share
+// summed in index order, then fixed trees; the count alongside.
+__global__ void masked_loss_partial_kernel(double* partial, long long* counts, const float* losses,
+                                           const int32_t* targets, int N) {
+  __shared__ double sh[32];
+  __shared__ double shc[32];
+  double s = 0.0, c = 0.0;
+  const int stride = gridDim.x * blockDim.x;
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < N; i += stride) {
+    if (targets[i] >= 0) {
+      s += double(losses[i]);
+      c += 1.0;
+    }
+  }
+  s = elem::block_reduce(s, elem::Sum{}, sh);
+  c = elem::block_reduce(c, elem::Sum{}, shc);
+  if (threadIdx.x == 0) {
+    partial[blockIdx.x] = s;
+    counts[blockIdx.x] = (long long)(c);
+  }
+}
+__global__ void sum_counts_kernel(long long* out, const long long* counts, int blocks) {
+  if (threadIdx.x != 0) return;
+  long long n = 0;
+  for (int b = 0; b < blocks; b++) n += counts[b];
+  *out = n;
+}
+
 }  // namespace
+
+void CudaOps::copy_to_device(void* dst, const void* src, size_t bytes) const {
+  if (bytes == 0) return;
+  HR_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream()));
+  // The source is the caller's again on return (pageable memory is staged by then, pinned
+  // memory is not): wait.
+  HR_CUDA_CHECK(cudaStreamSynchronize(stream()));
+}
+void CudaOps::copy_to_host(void* dst, const void* src, size_t bytes) const {
+  if (bytes == 0) return;
+  HR_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream()));
+  HR_CUDA_CHECK(cudaStreamSynchronize(stream()));
+}
+void CudaOps::fill_bytes(void* dst, int value, size_t bytes) const {
+  if (bytes == 0) return;
+  HR_CUDA_CHECK(cudaMemsetAsync(dst, value, bytes, stream()));
+}
+double CudaOps::masked_loss_sum(const float* losses, const int32_t* targets, int N,
+                                int64_t* count) const {
+  if (N <= 0) {
+    if (count) *count = 0;
+    return 0.0;
+  }
+  const int blocks =
+      int(std::min<int64_t>(kSumMaxBlocks, (int64_t(N) + kSumThreads - 1) / kSumThreads));
+  // [sum | partials] doubles, then [count | counts] 64-bit integers.
+  const size_t doubles = size_t(blocks + 1);
+  void* ws = elem::op_workspace(*this, doubles * sizeof(double) + doubles * sizeof(long long),
+                                "masked_loss_sum");
+  double* partial = static_cast<double*>(ws);
+  long long* counts = reinterpret_cast<long long*>(partial + doubles);
+  masked_loss_partial_kernel<<<blocks, kSumThreads, 0, stream()>>>(partial + 1, counts + 1, losses,
+                                                                   targets, N);
+  HR_CUDA_LAUNCH_CHECK();
+  sum_partials_kernel<<<1, kSumThreads, 0, stream()>>>(partial, partial + 1, blocks);
+  HR_CUDA_LAUNCH_CHECK();
+  sum_counts_kernel<<<1, 32, 0, stream()>>>(counts, counts + 1, blocks);
+  HR_CUDA_LAUNCH_CHECK();
+  double host_sum = 0.0;
+  long long host_count = 0;
+  HR_CUDA_CHECK(
+      cudaMemcpyAsync(&host_sum, partial, sizeof(double), cudaMemcpyDeviceToHost, stream()));
+  HR_CUDA_CHECK(
+      cudaMemcpyAsync(&host_count, counts, sizeof(long long), cudaMemcpyDeviceToHost, stream()));
+  HR_CUDA_CHECK(cudaStreamSynchronize(stream()));
+  if (count) *count = int64_t(host_count);
+  return host_sum;
+}
 
 // ---- GELU, SwiGLU, RoPE per storage type -----------------------------------------------------
 #define HR_ELEM_T(T)                                                                              \
