@@ -124,8 +124,8 @@ Result<MemoryPlan> plan_training_memory(const model::Gpt2Config& config, const P
           "distillation runs on one process (ZeRO and several ranks are not built for it yet)");
     }
   }
-  plan.activations =
-      model::gpt2_activation_table(config, p.micro_batch, p.seq, true, plan.policy.exec);
+  plan.activations = model::gpt2_activation_table(
+      config, p.micro_batch, p.seq, true, plan.policy.exec, p.ops ? *p.ops : backend::cpu_ops());
   plan.ops = model::gpt2_step_ops(config, plan.activations, true);
 
   const int64_t P = plan.params.total_floats;

@@ -47,6 +47,9 @@ struct Policy {
   // in the peak, and in by_category (the workspaces as workspace, the context as other), but in
   // no region: the backend allocates them itself. Zero on the CPU backend.
   BackendFixedBytes backend_fixed = {};
+  // The backend whose scratch sizes and row strides the step's buffers take (the one that will
+  // run it); null: the CPU's. Not owned.
+  const backend::Ops* ops = nullptr;
 };
 
 // The ZeRO units (train/zero.h's gpt2_zero_units) as the executor's windows hold them: the

@@ -3,8 +3,6 @@
 
 #include <cmath>
 
-#include "backend/cpu/kernels.h"
-
 namespace headroom::train {
 
 float cosine_lr(int step, int total, int warmup, float lr, float min_lr_ratio) {
@@ -16,9 +14,9 @@ float cosine_lr(int step, int total, int warmup, float lr, float min_lr_ratio) {
   return min_lr + 0.5f * (1.0f + std::cos(float(M_PI) * progress)) * (lr - min_lr);
 }
 
-double grad_norm(const model::ParamTable& table, const float* grads) {
+double grad_norm(const model::ParamTable& table, const float* grads, const backend::Ops& ops) {
   // One pass over the flat buffer: the alignment padding between tensors is zero.
-  return std::sqrt(cpu::sum_squares(grads, table.total_floats));
+  return std::sqrt(ops.sum_squares(grads, table.total_floats));
 }
 
 namespace {
@@ -26,10 +24,10 @@ namespace {
 // adamw_step (grads_out null) and adamw_step_and_zero (grads_out == grads).
 double adamw_step_impl(const model::ParamTable& table, float* params, const float* grads,
                        float* grads_out, float* m, float* v, const AdamWConfig& config, float lr,
-                       int step, bf16_t* params_bf16, float loss_scale) {
-  const double norm = grad_norm(table, grads) / (loss_scale > 0 ? double(loss_scale) : 1.0);
+                       int step, bf16_t* params_bf16, float loss_scale, const backend::Ops& ops) {
+  const double norm = grad_norm(table, grads, ops) / (loss_scale > 0 ? double(loss_scale) : 1.0);
   if (loss_scale > 0 && !std::isfinite(norm)) {  // overflow: the caller skips the step
-    if (grads_out != nullptr) cpu::zero(grads_out, table.total_floats);
+    if (grads_out != nullptr) ops.zero(grads_out, table.total_floats);
     return norm;
   }
   float scale = 1.0f;
@@ -42,15 +40,13 @@ double adamw_step_impl(const model::ParamTable& table, float* params, const floa
   // Two contiguous ranges (ParamTable puts decayed tensors first). The padding between tensors
   // has zero gradient and zero parameter, so AdamW leaves it zero.
   const int64_t split = table.decay_floats;
-  cpu::AdamWParams ap{lr, config.beta1, config.beta2, config.eps, config.weight_decay, step, scale};
+  backend::AdamWParams ap{lr,   config.beta1, config.beta2, config.eps, config.weight_decay,
+                          step, scale};
   const auto update = [&](int64_t begin, int64_t count) {
     bf16_t* copy = params_bf16 == nullptr ? nullptr : params_bf16 + begin;
-    if (grads_out != nullptr) {
-      cpu::adamw_update_and_zero(params + begin, grads_out + begin, m + begin, v + begin, count, ap,
-                                 copy);
-    } else {
-      cpu::adamw_update(params + begin, grads + begin, m + begin, v + begin, count, ap, copy);
-    }
+    // adamw_update reads grads and, with zero_grads, zeroes them: grads_out is grads then.
+    ops.adamw_update(params + begin, const_cast<float*>(grads) + begin, m + begin, v + begin, count,
+                     ap, copy, grads_out != nullptr);
   };
   update(0, split);
   ap.weight_decay = 0.0f;
@@ -62,16 +58,16 @@ double adamw_step_impl(const model::ParamTable& table, float* params, const floa
 
 double adamw_step(const model::ParamTable& table, float* params, const float* grads, float* m,
                   float* v, const AdamWConfig& config, float lr, int step, bf16_t* params_bf16,
-                  float loss_scale) {
+                  float loss_scale, const backend::Ops& ops) {
   return adamw_step_impl(table, params, grads, nullptr, m, v, config, lr, step, params_bf16,
-                         loss_scale);
+                         loss_scale, ops);
 }
 
 double adamw_step_and_zero(const model::ParamTable& table, float* params, float* grads, float* m,
                            float* v, const AdamWConfig& config, float lr, int step,
-                           bf16_t* params_bf16, float loss_scale) {
+                           bf16_t* params_bf16, float loss_scale, const backend::Ops& ops) {
   return adamw_step_impl(table, params, grads, grads, m, v, config, lr, step, params_bf16,
-                         loss_scale);
+                         loss_scale, ops);
 }
 
 }  // namespace headroom::train

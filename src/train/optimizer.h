@@ -21,7 +21,9 @@ struct AdamWConfig {
 float cosine_lr(int step, int total, int warmup, float lr, float min_lr_ratio);
 
 // Global L2 norm of all gradients (double accumulation, deterministic).
-double grad_norm(const model::ParamTable& table, const float* grads);
+// Every function here runs on the backend `ops` (the buffers are its memory).
+double grad_norm(const model::ParamTable& table, const float* grads,
+                 const backend::Ops& ops = backend::cpu_ops());
 
 // One AdamW step (torch.optim.AdamW semantics, with clip_grad_norm_ folded in as a gradient
 // scale). `step` is 1-based. m and v have the parameter buffer's layout. Returns the gradient
@@ -34,14 +36,16 @@ double grad_norm(const model::ParamTable& table, const float* grads);
 // clipping factor (grad_scale = clip / loss_scale: exact for power-of-two scales).
 double adamw_step(const model::ParamTable& table, float* params, const float* grads, float* m,
                   float* v, const AdamWConfig& config, float lr, int step,
-                  bf16_t* params_bf16 = nullptr, float loss_scale = 0.0f);
+                  bf16_t* params_bf16 = nullptr, float loss_scale = 0.0f,
+                  const backend::Ops& ops = backend::cpu_ops());
 
 // adamw_step that leaves the gradients zero for the next step, as a cpu::zero after adamw_step
-// would: in AdamW's pass (cpu::adamw_update_and_zero, one pass over them fewer) when the step is
-// applied, with cpu::zero when loss scaling skips it. Params, m, v, params_bf16 and the returned
-// norm are adamw_step's, bit for bit.
+// would: in AdamW's pass (Ops::adamw_update with zero_grads, one pass over them fewer) when the
+// step is applied, with Ops::zero when loss scaling skips it. Params, m, v, params_bf16 and the
+// returned norm are adamw_step's, bit for bit.
 double adamw_step_and_zero(const model::ParamTable& table, float* params, float* grads, float* m,
                            float* v, const AdamWConfig& config, float lr, int step,
-                           bf16_t* params_bf16 = nullptr, float loss_scale = 0.0f);
+                           bf16_t* params_bf16 = nullptr, float loss_scale = 0.0f,
+                           const backend::Ops& ops = backend::cpu_ops());
 
 }  // namespace headroom::train

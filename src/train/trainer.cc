@@ -86,6 +86,35 @@ Status check_options(const TrainOptions& o) {
   return Status::ok();
 }
 
+// What a backend whose memory the host cannot address (a GPU) runs so far; the rest is refused
+// here, before anything is allocated (docs/notes/device-trainer.md, "Left").
+Status check_device_options(const TrainOptions& o, std::string_view backend, int ranks) {
+  auto refuse = [&](std::string_view what, std::string_view instead) {
+    return Status::unsupported(fmt::format(
+        "the {} backend does not run {} yet; {} (or train on the CPU)", backend, what, instead));
+  };
+  if (o.device_leaf == nullptr) {
+    return Status::invalid_argument(fmt::format(
+        "the {} backend's memory is not the host's: the run needs its device memory leaf "
+        "(TrainOptions::device_leaf)",
+        backend));
+  }
+  if (ranks > 1) return refuse("several ranks", "train on one");
+  if (o.zero_stage != 0) return refuse("ZeRO stages 1-3", "use --zero 0");
+  if (o.batching != data::Batching::kPacked)
+    return refuse("bucketed batching", "use --batching packed");
+  if (o.offload_optimizer) return refuse("optimizer offload", "use --offload-optimizer off");
+  if (!o.exec.offload.empty() &&
+      std::any_of(o.exec.offload.begin(), o.exec.offload.end(), [](bool b) { return b; })) {
+    return refuse("activation offload", "use --offload-activations off");
+  }
+  if (!o.sparsity_mask.empty() || o.prune.at_step > 0) {
+    return refuse("sparsity masks", "drop --sparsity-mask and --prune-at");
+  }
+  if (!o.teacher_dir.empty() || o.exec.distill) return refuse("distillation", "drop --teacher");
+  return Status::ok();
+}
+
 // Pre-flight: the output directory exists (or can be made), takes a file, and has room for
 // `bytes` (a checkpoint and the final model), so that a run does not train for hours and then
 // fail to save.
@@ -156,6 +185,13 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
                               dist::Communicator& comm, bool* setup_agreed) {
   HR_RETURN_IF_ERROR(check_options(o));
   const int R = comm.size(), rank = comm.rank();
+  // The backend (docs/notes/device-trainer.md): on one the host cannot address, every touch of
+  // the planned regions is an op or a copy of the table.
+  const backend::Ops& ops = o.ops ? *o.ops : backend::cpu_ops();
+  const bool on_device = !ops.host_addressable();
+  if (on_device) {
+    HR_RETURN_IF_ERROR(check_device_options(o, ops.name(), R));
+  }
   // This rank's budget file: `{rank}` in the path replaced (one file for all without it).
   const std::string budget_file =
       o.device_memory_file.empty() ? "" : budget_file_for_rank(o.device_memory_file, rank);
@@ -213,6 +249,7 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
   policy.zero_stage = o.zero_stage;
   policy.offload_optimizer = o.offload_optimizer;
   policy.sparsity_mask = !o.sparsity_mask.empty() || o.prune.at_step > 0;
+  policy.ops = &ops;  // the backend's scratch sizes and row strides
   if (!o.sparsity_mask.empty() && o.prune.at_step > 0) {
     return Status::invalid_argument(
         "--sparsity-mask and --prune-at both set the mask: give one (--sparsity-mask keeps a "
@@ -256,9 +293,14 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
           format_bytes(o.device_memory)));
     }
   }
+  // The leaf of the device budget: host memory on the CPU, the backend's device memory else.
   memory::HostResource host;
-  memory::LimitResource limit(&host, o.device_memory);
+  memory::MemoryResource* const leaf = on_device ? o.device_leaf : &host;
+  memory::LimitResource limit(leaf, o.device_memory);
   memory::TrackingResource tracking(&limit);
+  // Host memory outside the device budget, on a device the host cannot address: the loader's
+  // token slots and the final weights' copy (pinned staging and I/O on a GPU).
+  memory::HostResource host_io;
   const model::ParamTable& table = mp.params;
   auto make = [&](const plan::Region& r) -> Result<memory::Arena> {
     if (r.layout.size == 0) return memory::Arena();  // the optimizer region, when offloaded
@@ -268,7 +310,23 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
   HR_ASSIGN_OR_RETURN(memory::Arena grads_arena, make(mp.persistent[1]));
   HR_ASSIGN_OR_RETURN(memory::Arena opt_arena, make(mp.persistent[2]));
   HR_ASSIGN_OR_RETURN(memory::Arena staging, make(mp.persistent[3]));
-  // Mixed precision: the bf16 copy of the weights that the GEMMs read (refreshed by AdamW).
+  // The loader writes token slots on the host: the staging region itself on the CPU; on a
+  // device, a host copy of its layout, each slot copied over before its step reads it.
+  memory::Arena host_staging_copy;
+  if (on_device) {
+    const plan::Region& r = mp.persistent[3];
+    HR_ASSIGN_OR_RETURN(host_staging_copy,
+                        memory::Arena::create(&host_io, r.buffers, r.layout, r.category));
+  }
+  memory::Arena& host_staging = on_device ? host_staging_copy : staging;
+  // Copies host_staging's buffers [first, first + n) to the device's staging (nothing on the CPU).
+  auto upload_staging = [&](size_t first, size_t n) {
+    if (!on_device) return;
+    for (size_t i = first; i < first + n; i++) {
+      ops.copy_to_device(staging.data(i), host_staging.data(i),
+                         mp.persistent[3].buffers[i].bytes());
+    }
+  };  // Mixed precision: the bf16 copy of the weights that the GEMMs read (refreshed by AdamW).
   memory::Arena bf16_arena;
   if (mp.persistent.size() > plan::MemoryPlan::kBf16WeightsRegion &&
       mp.persistent[plan::MemoryPlan::kBf16WeightsRegion].name == "bf16 weights") {
@@ -356,7 +414,7 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
   float* grad_shard = stage > 0 ? grads_arena.f32(stage < 2 ? 1 : grad_windows.size()) : nullptr;
   // The optimizer's collectives, recorded as ops of its step when profiling (step_events.h).
   TracedCommunicator zcomm(&comm);
-  ZeroOptimizer zopt(&zcomm, &table, stage);
+  ZeroOptimizer zopt(&zcomm, &table, stage, {}, ops);
   // The offload tier: its own host resource under one budget, holding every offload region of
   // the plan (optimizer state, offloaded activations, or both), and the copy thread (made
   // before the model, so that it outlives every forward and backward).
@@ -401,7 +459,12 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
                                     ? offload->shard_floats()
                                     : int64_t(mp.persistent[2].buffers[0].bytes() / sizeof(float));
   HR_CHECK_MSG(zopt.sizes().m <= moment_floats, "the plan's optimizer shard is too small");
-  if (stage < 3) {
+  if (stage < 3 && on_device) {
+    // Made in host memory (zeros between the tensors, as a fresh arena's), then copied over.
+    std::vector<float> init(static_cast<size_t>(P));
+    model::gpt2_init_params(cfg, table, init.data(), o.seed);
+    ops.copy_to_device(params, init.data(), size_t(P) * sizeof(float));
+  } else if (stage < 3) {
     model::gpt2_init_params(cfg, table, params, o.seed);
     // --sparsity-mask DIR: start from DIR's weights (a pruned model), its zeros the mask.
     if (!o.sparsity_mask.empty()) {
@@ -449,10 +512,12 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
                     stage == 1 ? &zopt.layout() : nullptr, grad_shard);
     bucket_hooks.emplace(&table, params, grads, &*reducer);
   }
-  if (grads) cpu::zero(grads, P);
-  if (grad_shard) cpu::zero(grad_shard, moment_floats);
-  cpu::zero(m, moment_floats);
-  cpu::zero(v, moment_floats);
+  if (grads) ops.zero(grads, P);
+  if (grad_shard) ops.zero(grad_shard, moment_floats);
+  // The moments: the backend's when on the device, the offload tier's (host) otherwise.
+  const backend::Ops& moment_ops = offload ? backend::cpu_ops() : ops;
+  moment_ops.zero(m, moment_floats);
+  moment_ops.zero(v, moment_floats);
   int start_step = 0;
   // fp16: loss scaling (Note [Loss scaling] in docs/notes/mixed-precision.md); its state is
   // restored from the checkpoint when resuming. `applied` counts the updates AdamW made (its
@@ -526,7 +591,15 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
           "warmup {} now; {}, {}, {} then): the continuation follows the new schedule",
           ck.dir, o.steps, o.adamw.lr, o.warmup_steps, st.total_steps, st.lr, st.warmup_steps);
     }
-    if (stage == 0) {
+    if (stage == 0 && on_device) {
+      // Read into host memory (as a GPU run reads a file), then copied over.
+      std::vector<float> hp(static_cast<size_t>(P)), hm(static_cast<size_t>(P)),
+          hv(static_cast<size_t>(P));
+      HR_RETURN_IF_ERROR(load_checkpoint(ck, table, hp.data(), hm.data(), hv.data()));
+      ops.copy_to_device(params, hp.data(), size_t(P) * sizeof(float));
+      ops.copy_to_device(m, hm.data(), size_t(P) * sizeof(float));
+      ops.copy_to_device(v, hv.data(), size_t(P) * sizeof(float));
+    } else if (stage == 0) {
       HR_RETURN_IF_ERROR(load_checkpoint(ck, table, params, m, v));
     } else if (stage >= 2) {
       // No full device buffer to read the moments (stage 3: the parameters) through: host
@@ -546,7 +619,7 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
       HR_RETURN_IF_ERROR(load_checkpoint(ck, table, params, grads, full_v.data()));
       zopt.scatter_params(grads, m);
       zopt.scatter_params(full_v.data(), v);
-      cpu::zero(grads, P);
+      ops.zero(grads, P);
     }
     if (bucketed) {
       docs->set_position(st.data_position);
@@ -600,7 +673,17 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     const float* full_v = v;
     std::vector<float> host_p, host_m, host_v;
     if (zw) zw->quiesce();  // a checkpoint taken mid-step: the windows' reductions are done
-    if (stage >= 2) {
+    if (on_device) {        // stage 0: host copies, the checkpoint's I/O staging
+      host_p.resize(static_cast<size_t>(P));
+      host_m.resize(static_cast<size_t>(P));
+      host_v.resize(static_cast<size_t>(P));
+      ops.copy_to_host(host_p.data(), params, size_t(P) * sizeof(float));
+      ops.copy_to_host(host_m.data(), m, size_t(P) * sizeof(float));
+      ops.copy_to_host(host_v.data(), v, size_t(P) * sizeof(float));
+      full_p = host_p.data();
+      full_m = host_m.data();
+      full_v = host_v.data();
+    } else if (stage >= 2) {
       // Gathered unit by unit through the embedding's gradient window (free at a step boundary,
       // or once quiesced) into host copies on rank 0: the checkpoint's I/O staging.
       auto gather = [&](const float* shard, std::vector<float>* host) -> Status {
@@ -628,7 +711,7 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
       written = save_checkpoint(o.out_dir + "/checkpoints",
                                 {&cfg, &table, full_p, full_m, full_v, st}, o.keep_checkpoints);
     }
-    if (stage == 1) cpu::zero(grads, P);
+    if (stage == 1) ops.zero(grads, P);
     HR_RETURN_IF_ERROR(dist::agree(comm, written.status()));
     return written;
   };
@@ -637,8 +720,8 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
   if (offload) offload->load_master(stage == 3 ? param_shard : params);
   bf16_t* params_bf16 = bf16_arena.size() > 0 ? static_cast<bf16_t*>(bf16_arena.data(0)) : nullptr;
 
-  if (params_bf16) cpu::cast_to_bf16(params_bf16, params, table.total_floats);
-  model::Gpt2 net(cfg, &table);
+  if (params_bf16) ops.cast_to_bf16(params_bf16, params, table.total_floats);
+  model::Gpt2 net(cfg, &table, ops);
   net.bind_params(params, grads, params_bf16);
   // Distillation (docs/notes/distillation.md): the teacher's fp32 weights in their planned
   // region (category teacher), read from its model directory; it runs forward only, in the
@@ -711,8 +794,15 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     }
   };
   const int depth = mp.policy.prefetch_depth;
-  int32_t* val_inputs = static_cast<int32_t*>(staging.data(size_t(2 * depth)));
-  int32_t* val_targets = static_cast<int32_t*>(staging.data(size_t(2 * depth + 1)));
+  // Validation's slot: read on the host, computed from the backend's copy.
+  int32_t* host_val_inputs = static_cast<int32_t*>(host_staging.data(size_t(2 * depth)));
+  int32_t* host_val_targets = static_cast<int32_t*>(host_staging.data(size_t(2 * depth + 1)));
+  const int32_t* val_inputs = static_cast<const int32_t*>(staging.data(size_t(2 * depth)));
+  const int32_t* val_targets = static_cast<const int32_t*>(staging.data(size_t(2 * depth + 1)));
+  auto next_val_batch = [&] {
+    val_batches->next(host_val_inputs, host_val_targets);
+    upload_staging(size_t(2 * depth), 2);
+  };
   // Sequences per optimizer step, all ranks: invariant (DESIGN.md principle 2). This rank
   // computes `share` of them, from sequence `first` of the step on.
   const int G = B * K * R;
@@ -1147,7 +1237,7 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
       }
       net.bind_activations(&*arena, &elastic.plan().activations, b, T);
       for (int i = 0; i < o.eval_batches; i++) {
-        val_batches->next(val_inputs, val_targets);
+        next_val_batch();
         for (int q = 0; q < B; q += b) {
           int64_t valid = 0;
           if (zw) zw->begin_micro_batch(false);
@@ -1158,7 +1248,7 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     } else {
       // Only after a re-plan (several ranks re-plan together: the same pieces on every rank).
       for (int i = 0; i < o.eval_batches; i++) {
-        val_batches->next(val_inputs, val_targets);
+        next_val_batch();
         for (int q = 0; q < B;) {
           const plan::MemoryPlan* shape = nullptr;
           Result<memory::Arena> piece = acquire(step, "for validation", share, T, B - q, &shape);
@@ -1197,8 +1287,8 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
       static_cast<size_t>(depth));
   data::Prefetcher loader(depth, [&](int slot) {
     const Clock::time_point tf = Clock::now();
-    int32_t* in = static_cast<int32_t*>(staging.data(size_t(2 * slot)));
-    int32_t* tg = static_cast<int32_t*>(staging.data(size_t(2 * slot + 1)));
+    int32_t* in = static_cast<int32_t*>(host_staging.data(size_t(2 * slot)));
+    int32_t* tg = static_cast<int32_t*>(host_staging.data(size_t(2 * slot + 1)));
     if (bucketed) {
       slot_shape[size_t(slot)] = docs->next(in, tg);
       fill_times[size_t(slot)] = {tf, Clock::now()};
@@ -1252,8 +1342,13 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     record_op("wait for data", EventPhase::kData, td, Clock::now(), step);
     record_op("load batch", EventPhase::kData, fill_times[size_t(batch.slot)].first,
               fill_times[size_t(batch.slot)].second, step, kEventThreadLoader);
+    // The slot's tokens on the backend (copied over from the loader's host slot on a device);
+    // the host's copy for what the trainer itself reads (the valid-token count).
+    upload_staging(size_t(2 * batch.slot), 2);
     const int32_t* inputs = static_cast<const int32_t*>(staging.data(size_t(2 * batch.slot)));
     const int32_t* targets = static_cast<const int32_t*>(staging.data(size_t(2 * batch.slot + 1)));
+    const int32_t* host_targets =
+        static_cast<const int32_t*>(host_staging.data(size_t(2 * batch.slot + 1)));
     // The step's shape: G x T when packed; one bucket's rows x length when bucketed.
     const int len = bucketed ? slot_shape[size_t(batch.slot)].length : T;
     const int step_rows = bucketed ? slot_shape[size_t(batch.slot)].rows : G;
@@ -1262,7 +1357,7 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     const int my_rows = bucketed ? step_rows : share, row0 = bucketed ? 0 : first;
     // Every rank has the whole step's tokens: the loss is normalised by the global step's.
     int64_t step_valid = 0;
-    for (int64_t i = 0; i < int64_t(step_rows) * len; i++) step_valid += targets[i] >= 0;
+    for (int64_t i = 0; i < int64_t(step_rows) * len; i++) step_valid += host_targets[i] >= 0;
     // fp16 scales the loss gradient by S (exact for a power of two); fp32 and bf16 by 1.
     const float loss_scale = scaler ? scaler->scale() : 1.0f;
     float dloss = step_valid ? loss_scale / float(step_valid) : 0.0f;
@@ -1416,7 +1511,7 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
       model::apply_mask(mask, params, P);
       model::apply_mask(mask, m, P);
       model::apply_mask(mask, v, P);
-      if (params_bf16) cpu::cast_to_bf16(params_bf16, params, P);
+      if (params_bf16) ops.cast_to_bf16(params_bf16, params, P);
       const model::MaskCounts mc = model::count_mask(table, m0);
       cur.events.push_back(fmt::format(
           "step {}: pruned {} of {} prunable weights ({:.1f}%, {}); the mask holds from here",
@@ -1425,7 +1520,7 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     }
     const bool skipped = scaler && !scaler->update(norm);
     const Clock::time_point tz = Clock::now();
-    if (grads && !zb.zero_grads) cpu::zero(grads, P);
+    if (grads && !zb.zero_grads) ops.zero(grads, P);
     record_op("zero gradients", EventPhase::kOptimizer, tz, Clock::now(), step);
     nvtx_opt.reset();
     if (rec) rec->events.end_op(us_since_start(Clock::now()), opt_op, EventPhase::kOptimizer, step);
@@ -1569,7 +1664,11 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
   // callback's input, I/O staging as a checkpoint's).
   const float* final_params = params;
   std::vector<float> gathered;
-  if (stage == 3) {
+  if (on_device) {  // the final weights in host memory: the model file's and the callback's
+    gathered.resize(static_cast<size_t>(P));
+    ops.copy_to_host(gathered.data(), params, size_t(P) * sizeof(float));
+    final_params = gathered.data();
+  } else if (stage == 3) {
     gathered.resize(static_cast<size_t>(P));
     finish = gather_through(&comm, zopt.layout(), param_shard, grad_windows[0], staging_floats,
                             gathered.data());
@@ -1581,7 +1680,10 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     // The step region is done: release it, so that what the callback plans (e.g. the sampling
     // arena) is served from the same budget.
     elastic.release_unused();
-    finish = cb.on_finish(cfg, final_params, &tracking);
+    // On a device the callback computes on the host copy, from host memory (outside the
+    // device budget); on the CPU from the same budget as the run.
+    memory::TrackingResource host_tracking(&host_io);
+    finish = cb.on_finish(cfg, final_params, on_device ? &host_tracking : &tracking);
   }
   HR_RETURN_IF_ERROR(dist::agree(comm, finish));
   return result;

@@ -136,6 +136,14 @@ struct TrainOptions {
     int at_step = 0;
     model::MaskSpec spec;
   } prune;
+  // The backend the run computes on (docs/notes/device-trainer.md): its op table, and the leaf
+  // that every planned region (the device budget's bytes) comes from. Null: the CPU's
+  // (backend::cpu_ops(), host memory). A backend whose memory the host cannot address
+  // (Ops::host_addressable() false: a GPU) needs a leaf, and reaches its memory only through the
+  // table and its copies; it runs ZeRO stage 0 on one rank with packed batching, without
+  // offload, sparsity masks or a teacher, so far (each refused with a message).
+  const backend::Ops* ops = nullptr;
+  memory::MemoryResource* device_leaf = nullptr;
 };
 
 // The start-up line for the rank layout: "2 ranks, ZeRO-1: optimizer state sharded (...)".

@@ -7,7 +7,6 @@
 #include <map>
 #include <utility>
 
-#include "backend/cpu/kernels.h"
 #include "core/check.h"
 
 namespace headroom::train {
@@ -34,10 +33,11 @@ Status reduce_scatter_units(dist::Communicator* comm, const dist::ShardLayout& l
 }
 
 Result<double> sharded_grad_norm(dist::Communicator* comm, const dist::ShardLayout& layout,
-                                 const float* grad_shard, float loss_scale) {
+                                 const float* grad_shard, float loss_scale,
+                                 const backend::Ops& ops) {
   double sq = 0.0;
   for (size_t u = 0; u < layout.units().size(); ++u) {
-    sq += cpu::sum_squares(grad_shard + layout.local_offset(u), layout.piece(u).size());
+    sq += ops.sum_squares(grad_shard + layout.local_offset(u), layout.piece(u).size());
   }
   HR_RETURN_IF_ERROR(comm->all_reduce(&sq, 1));
   return std::sqrt(sq) / (loss_scale > 0 ? double(loss_scale) : 1.0);
@@ -45,16 +45,17 @@ Result<double> sharded_grad_norm(dist::Communicator* comm, const dist::ShardLayo
 
 void sharded_adamw(const dist::ShardLayout& layout, const model::ParamTable& table, float* params,
                    bool params_full, const float* grad_shard, float* m, float* v,
-                   const AdamWConfig& config, float lr, int step, double norm, float loss_scale) {
+                   const AdamWConfig& config, float lr, int step, double norm, float loss_scale,
+                   const backend::Ops& ops) {
   // fp16 (loss_scale > 0): the gradients are scaled; the update is not (the unscaling folded
   // into the clipping factor).
-  cpu::AdamWParams ap{lr,
-                      config.beta1,
-                      config.beta2,
-                      config.eps,
-                      config.weight_decay,
-                      step,
-                      clip_scale(config, norm) / (loss_scale > 0 ? loss_scale : 1.0f)};
+  backend::AdamWParams ap{lr,
+                          config.beta1,
+                          config.beta2,
+                          config.eps,
+                          config.weight_decay,
+                          step,
+                          clip_scale(config, norm) / (loss_scale > 0 ? loss_scale : 1.0f)};
   const float weight_decay = ap.weight_decay;
   const int64_t decay_floats = table.decay_floats;
   for (size_t u = 0; u < layout.units().size(); ++u) {
@@ -68,8 +69,8 @@ void sharded_adamw(const dist::ShardLayout& layout, const model::ParamTable& tab
       if (g.empty()) continue;
       const int64_t l = base + (g.begin - p.begin);
       ap.weight_decay = i == 0 ? weight_decay : 0.0f;
-      cpu::adamw_update(params + (params_full ? g.begin : l), grad_shard + l, m + l, v + l,
-                        g.size(), ap);
+      ops.adamw_update(params + (params_full ? g.begin : l), const_cast<float*>(grad_shard) + l,
+                       m + l, v + l, g.size(), ap, nullptr, false);
     }
   }
 }
@@ -132,14 +133,15 @@ std::vector<dist::Range> gpt2_backward_order(const model::ParamTable& table) {
 }
 
 ZeroOptimizer::ZeroOptimizer(dist::Communicator* comm, const model::ParamTable* table, int stage,
-                             std::vector<dist::Range> units)
+                             std::vector<dist::Range> units, const backend::Ops& ops)
     : comm_(comm),
       table_(table),
       stage_(stage),
       layout_(stage == 3
                   ? dist::ShardLayout(units.empty() ? gpt2_zero_units(*table) : std::move(units),
                                       comm->rank(), comm->size())
-                  : dist::ShardLayout::flat(table->total_floats, comm->rank(), comm->size())) {
+                  : dist::ShardLayout::flat(table->total_floats, comm->rank(), comm->size())),
+      ops_(&ops) {
   HR_CHECK_MSG(stage >= 0 && stage <= 3, "ZeroOptimizer: stage must be 0, 1, 2 or 3");
   HR_CHECK(table->decay_floats % dist::kShardAlign == 0);
 }
@@ -167,9 +169,9 @@ Result<double> ZeroOptimizer::step(const ZeroBuffers& b, const AdamWConfig& conf
     HR_CHECK(b.grads);
     if (!b.grads_reduced) HR_RETURN_IF_ERROR(comm_->all_reduce(b.grads, table_->total_floats));
     return b.zero_grads ? adamw_step_and_zero(*table_, b.params, b.grads, b.m, b.v, config, lr,
-                                              step, params_bf16, loss_scale)
+                                              step, params_bf16, loss_scale, *ops_)
                         : adamw_step(*table_, b.params, b.grads, b.m, b.v, config, lr, step,
-                                     params_bf16, loss_scale);
+                                     params_bf16, loss_scale, *ops_);
   }
   // Stages 1-3: reduce-scatter, then each rank updates only what it owns.
   HR_CHECK(b.grad_shard || layout_.local_floats() == 0);
@@ -178,10 +180,10 @@ Result<double> ZeroOptimizer::step(const ZeroBuffers& b, const AdamWConfig& conf
     HR_RETURN_IF_ERROR(reduce_scatter_units(comm_, layout_, b.grads, b.grad_shard));
   }
   HR_ASSIGN_OR_RETURN(const double norm,
-                      sharded_grad_norm(comm_, layout_, b.grad_shard, loss_scale));
+                      sharded_grad_norm(comm_, layout_, b.grad_shard, loss_scale, *ops_));
   if (loss_scale > 0 && !std::isfinite(norm)) return norm;  // overflow: every rank skips
   sharded_adamw(layout_, *table_, b.params, /*params_full=*/stage_ < 3, b.grad_shard, b.m, b.v,
-                config, lr, step, norm, loss_scale);
+                config, lr, step, norm, loss_scale, *ops_);
 
   if (stage_ < 3) {  // every rank needs the whole updated buffer: gather the pieces in place
     for (size_t u = 0; u < layout_.units().size(); ++u) {
@@ -190,7 +192,7 @@ Result<double> ZeroOptimizer::step(const ZeroBuffers& b, const AdamWConfig& conf
     }
     // The bf16 copy, cast from the gathered fp32 values with adamw_update's rounding (nearest
     // even). Gathering bf16 instead would halve the traffic (docs/notes/zero.md, "Left").
-    if (params_bf16) cpu::cast_to_bf16(params_bf16, b.params, table_->total_floats);
+    if (params_bf16) ops_->cast_to_bf16(params_bf16, b.params, table_->total_floats);
   }
   return norm;
 }

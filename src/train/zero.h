@@ -30,14 +30,17 @@ Status reduce_scatter_units(dist::Communicator* comm, const dist::ShardLayout& l
                             float* grad_shard);
 // The global gradient norm of the shards: each piece's double sum of squares in unit order,
 // summed over the ranks (a collective), then unscaled by loss_scale (> 0: fp16).
+// The shards are the backend `ops`'s memory (sharded_adamw's too).
 Result<double> sharded_grad_norm(dist::Communicator* comm, const dist::ShardLayout& layout,
-                                 const float* grad_shard, float loss_scale);
+                                 const float* grad_shard, float loss_scale,
+                                 const backend::Ops& ops = backend::cpu_ops());
 // Clip-scaled AdamW on this rank's pieces, per unit and decay part (the decay split is a
 // multiple of 16 floats, like every piece boundary). params index the full buffer's coordinates
 // (params_full) or the shard's; grad_shard, m and v the shard's.
 void sharded_adamw(const dist::ShardLayout& layout, const model::ParamTable& table, float* params,
                    bool params_full, const float* grad_shard, float* m, float* v,
-                   const AdamWConfig& config, float lr, int step, double norm, float loss_scale);
+                   const AdamWConfig& config, float lr, int step, double norm, float loss_scale,
+                   const backend::Ops& ops = backend::cpu_ops());
 
 // The buffers of one rank. "full" = table.total_floats floats; "shard" =
 // layout().local_floats() floats.
@@ -88,8 +91,9 @@ struct ZeroBuffers {
 class ZeroOptimizer {
  public:
   // units: the stage-3 units (sorted, disjoint, covering the buffer; empty = gpt2_zero_units).
+  // The buffers of step() are the memory of `ops`, which runs the update.
   ZeroOptimizer(dist::Communicator* comm, const model::ParamTable* table, int stage,
-                std::vector<dist::Range> units = {});
+                std::vector<dist::Range> units = {}, const backend::Ops& ops = backend::cpu_ops());
 
   int stage() const { return stage_; }
   const dist::ShardLayout& layout() const { return layout_; }
@@ -122,6 +126,7 @@ class ZeroOptimizer {
   const model::ParamTable* table_;
   int stage_;
   dist::ShardLayout layout_;
+  const backend::Ops* ops_;
 };
 
 }  // namespace headroom::train
