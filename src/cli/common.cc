@@ -79,7 +79,9 @@ void add_train_flags(CLI::App* app, TrainFlags& f) {
                   "activation offload to the offload tier: auto (the planner chooses, per block), "
                   "on (every block that keeps activations) or off")
       ->capture_default_str();
-  app->add_option("--device", f.device, "cpu or a GPU name for `plan` (H100-80GB, L4, ...)")
+  app->add_option("--device", f.device,
+                  "cpu; for `train`, cuda in a CUDA build (the process's GPU: stage 0, one rank, "
+                  "packed batching, so far); for `plan`, a GPU name (H100-80GB, L4, ...)")
       ->capture_default_str();
   add_size_flag(app, "--device-memory", f.device_memory, true,
                 "device memory budget, e.g. 4GiB (default, or auto: available memory less a "

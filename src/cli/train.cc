@@ -62,7 +62,8 @@ Status write_profile(const std::string& dir, const TrainFlags& f, const train::T
   p.title = "headroom profile: " + o.model_name;
   p.model = fmt::format("{} ({:.1f}M parameters), {} layers, d_model {}", o.model_name,
                         double(mp.params.num_parameters) / 1e6, o.config.n_layer, o.config.n_embd);
-  p.device = fmt::format("cpu, budget {}", format_bytes(o.device_memory));
+  p.device = fmt::format("{}, budget {}", o.ops ? o.ops->name() : "cpu",
+                         format_bytes(o.device_memory));
   p.run = fmt::format("seq {}, micro-batch {} x {} accumulation, {}, {}, {} steps", o.seq,
                       o.micro_batch, o.accumulation, model::precision_name(o.exec.precision),
                       plan::describe_exec(o.exec), o.steps);
@@ -279,7 +280,9 @@ int run_train(TrainFlags& f) {
                  static_cast<long long>(info.train_tokens),
                  static_cast<long long>(info.val_tokens));
     std::fprintf(
-        stderr, "device: cpu, %d threads, budget %s%s\nmemory plan:\n%s", omp_get_max_threads(),
+        stderr, "device: %s, %d threads, budget %s%s\nmemory plan:\n%s",
+        o.ops && !o.ops->host_addressable() ? std::string(o.ops->name()).c_str() : "cpu",
+        omp_get_max_threads(),
         format_bytes(o.device_memory).c_str(),
         o.device_memory_file.empty()
             ? ""

@@ -214,6 +214,7 @@ Policy policy_for(const SearchRequest& r, int b, int k) {
   p.ranks = r.devices;
   p.zero_stage = 0;  // planned as a full replica; shard_plan makes it one rank's share
   p.backend_fixed = r.device.backend_fixed;  // the device's context and workspaces
+  p.ops = r.ops;
   p.exec.distill = r.distill;
   return p;
 }

@@ -18,6 +18,9 @@ namespace headroom::plan {
 struct SearchRequest {
   model::Gpt2Config config;
   DeviceSpec device;               // speed; memory comes from device_memory
+  // The backend that will run the plan, for its scratch sizes and row strides (Policy::ops);
+  // null: the CPU's. Not owned.
+  const backend::Ops* ops = nullptr;
   uint64_t device_memory = 0;      // budget per device, bytes
   int devices = 1;                 // data-parallel ranks
   int seq = 0;                     // T

@@ -13,6 +13,11 @@
 #include <fmt/format.h>
 
 #include "backend/cpu/device.h"
+#if defined(HEADROOM_HAVE_CUDA)
+#include "backend/cuda/build_info.h"
+#include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/device_memory.h"
+#endif
 #include "core/log.h"
 #include "core/units.h"
 #include "core/utf8.h"
@@ -97,6 +102,70 @@ uint64_t offload_budget(std::optional<uint64_t> bytes, bool this_host) {
   if (bytes) return *bytes;
   return this_host ? cpu::query_cpu_device().available_bytes : uint64_t(0);
 }
+
+#if defined(HEADROOM_HAVE_CUDA)
+constexpr bool kCudaBuilt = true;
+#else
+constexpr bool kCudaBuilt = false;
+#endif
+
+namespace {
+
+// --device cuda: the process's GPU (its op table, a device memory leaf) and its spec for the
+// planner: the datasheet figures of the named GPU it is, the budget its free memory less a margin
+// (or --device-memory).
+struct GpuRun {
+  const backend::Ops* ops = nullptr;
+  std::shared_ptr<memory::MemoryResource> leaf;
+  plan::DeviceSpec spec;
+};
+
+Result<GpuRun> open_gpu(std::optional<uint64_t> device_memory) {
+#if defined(HEADROOM_HAVE_CUDA)
+  std::string why;
+  GpuRun g;
+  g.ops = backend::cuda::cuda_ops(&why);
+  if (g.ops == nullptr) {
+    return Status::unsupported(fmt::format(
+        "--device cuda: no CUDA device can be used by this process ({}); train with --device cpu",
+        why));
+  }
+  HR_ASSIGN_OR_RETURN(const int device, backend::cuda::process_device());
+  HR_ASSIGN_OR_RETURN(std::unique_ptr<backend::cuda::CudaDeviceResource> leaf,
+                      backend::cuda::CudaDeviceResource::create(device));
+  g.leaf = std::move(leaf);
+  // "NVIDIA H200" -> the table's "H200"; "NVIDIA H100 80GB HBM3" -> "H100-80GB".
+  const std::string name = backend::cuda::build_info().device_name;
+  std::optional<plan::DeviceSpec> spec;
+  for (const std::string& known : plan::named_device_names()) {
+    const std::string stem = known.substr(0, known.find('-'));
+    if (name.find(stem) != std::string::npos) {
+      HR_ASSIGN_OR_RETURN(plan::DeviceSpec s, plan::named_device(known));
+      spec = s;
+      if (name.find(known.substr(known.find('-') + 1)) != std::string::npos) break;
+    }
+  }
+  if (!spec) {
+    log_warn("--device cuda: {} is not in the planner's table of GPUs; its time estimates use "
+             "the H100's figures (memory is measured)", name);
+    HR_ASSIGN_OR_RETURN(spec, plan::named_device("H100-80GB"));
+  }
+  // The budget: free device memory less 1 GiB for what the driver and cuBLAS may still take.
+  constexpr uint64_t kMargin = uint64_t(1) << 30;
+  HR_ASSIGN_OR_RETURN(const uint64_t free_less_margin,
+                      backend::cuda::device_budget_bytes(kMargin, device));
+  spec->memory_bytes = device_memory ? std::min(*device_memory, free_less_margin) : free_less_margin;
+  g.spec = *spec;
+  return g;
+#else
+  (void)device_memory;
+  return Status::unsupported(
+      "--device cuda: this headroom was built without CUDA; build it with `make build-cuda` "
+      "(-DHEADROOM_CUDA=ON, nvcc from /usr/local/cuda) and run build/cuda/headroom");
+#endif
+}
+
+}  // namespace
 
 Result<plan::DeviceSpec> cpu_device(uint64_t budget, bool quiet) {
   auto progress = [quiet](const std::string& line) {
@@ -198,8 +267,18 @@ Result<ResolvedRun> resolve_run(const RunRequest& request) {
   o->model_name = f.model;
   if (f.tokenizer.empty()) f.tokenizer = model_dir_tokenizer(f.model);
   if (f.tokenizer.empty()) f.tokenizer = model::preset_tokenizer(f.model);
-  if (f.device != "cpu") {
-    return Status::unsupported(fmt::format("--device {}: only the cpu device is built", f.device));
+  if (f.device != "cpu" && f.device != "cuda") {
+    return Status::invalid_argument(
+        fmt::format("--device {}: use cpu{}", f.device, kCudaBuilt ? " or cuda" : ""));
+  }
+  const bool on_gpu = f.device == "cuda";
+  std::optional<plan::DeviceSpec> gpu_spec;
+  if (on_gpu) {
+    HR_ASSIGN_OR_RETURN(GpuRun gpu, open_gpu(f.device_memory));
+    o->ops = gpu.ops;
+    o->device_leaf = gpu.leaf.get();
+    run.device_leaf = std::move(gpu.leaf);
+    gpu_spec = gpu.spec;
   }
   if (seq < 0) return Status::invalid_argument(fmt::format("--seq {} must be positive", seq));
   if (batch < 0) return Status::invalid_argument(fmt::format("--batch {} must be positive", batch));
@@ -208,7 +287,7 @@ Result<ResolvedRun> resolve_run(const RunRequest& request) {
         fmt::format("--global-batch {} must be positive", global_batch));
   }
   o->seq = seq > 0 ? seq : std::min(128, o->config.n_positions);
-  o->device_memory = device_budget(f.device_memory);
+  o->device_memory = gpu_spec ? gpu_spec->memory_bytes : device_budget(f.device_memory);
   if (!f.device_memory_file.empty()) {
     if (f.device_memory) {
       return Status::invalid_argument(fmt::format(
@@ -257,7 +336,12 @@ Result<ResolvedRun> resolve_run(const RunRequest& request) {
     plan::SearchRequest req;
     req.config = o->config;
     req.distill = distill;
-    HR_ASSIGN_OR_RETURN(req.device, cpu_device(device_budget(f.device_memory), f.quiet));
+    if (gpu_spec) {
+      req.device = *gpu_spec;
+      req.ops = o->ops;
+    } else {
+      HR_ASSIGN_OR_RETURN(req.device, cpu_device(device_budget(f.device_memory), f.quiet));
+    }
     o->device = req.device;  // prices re-plans and the expected step time
     HR_RETURN_IF_ERROR(check_precision(f.precision, req.device));
     req.precision = f.precision;

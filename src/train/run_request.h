@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -37,7 +38,7 @@ struct RunRequest {
   std::optional<uint64_t> device_memory;     // bytes; unset: available memory less a margin
   std::string device_memory_file;            // the budget, read again before every step
   std::optional<uint64_t> offload_memory;    // bytes; unset: the host's available memory
-  std::string device = "cpu";                // only the cpu device is built
+  std::string device = "cpu";                // cpu, or cuda in a CUDA build (the process's GPU)
   std::string plan_file;                     // `headroom plan --json`'s file; empty: plan here
   std::string zero = "auto";                 // auto, 0, 1, 2, 3
   std::string batching;                      // packed or bucketed; empty: packed or the resume's
@@ -64,6 +65,9 @@ struct RunRequest {
 
 struct ResolvedRun {
   TrainOptions options;  // comm, out_dir, checkpoints and profile are the caller's to set
+  // --device cuda: the device memory leaf that options.device_leaf points to (kept alive with
+  // the run; options.ops is the process's CUDA op table). Null on the CPU.
+  std::shared_ptr<memory::MemoryResource> device_leaf;
   std::optional<plan::SearchResult> search;  // the planner's search, when it planned
   std::string model;                         // the model (a resume's checkpoint directory)
   std::string tokenizer;                     // the tokenizer directory used, or "" for GPT-2's
