@@ -18,7 +18,7 @@ configure: setup
 build: configure
 	@cmake --build --preset $(PRESET)
 
-# Trains the default model (gpt2-tiny) on the default corpus (Debian's fortunes). Builds the
+# Trains the default model (bytes-tiny) on the default corpus (Debian's fortunes). Builds the
 # headroom executable only (about 70 of the build's steps), not the tests and benchmarks.
 run: configure
 	@cmake --build --preset $(PRESET) --target headroom

@@ -65,7 +65,13 @@ void add_train_flags(CLI::App* app, TrainFlags& f) {
                "sequences per optimizer step; a multiple of --batch (default, or auto: --batch "
                "times the ranks, or 8)");
   add_int_flag(app, "--steps", f.steps, kStepsRule,
-               "optimizer steps (default: 200; bytes-tiny 1500)", true);
+               "optimizer steps (default: 200; bytes-tiny 3000 within 3 minutes, see --minutes)",
+               true);
+  app->add_option("--minutes", f.minutes,
+                  "a time budget: after its first 4 steps the run fixes its step count so that "
+                  "it ends about M minutes after its first step, validation included, with the "
+                  "learning rate's decay complete (--steps is then the most it may take)")
+      ->check(CLI::PositiveNumber);
   app->add_option("--precision", f.precision,
                   "auto (the planner chooses fp32 or bf16), fp32, bf16 (mixed: bf16 GEMMs and "
                   "activations, fp32 master weights and optimizer state), or fp16 (the same with "

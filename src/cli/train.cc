@@ -24,6 +24,7 @@
 #include "train/checkpoint.h"
 #include "train/elastic.h"
 #include "train/generate.h"
+#include "train/time_budget.h"
 
 namespace headroom::cli {
 
@@ -62,11 +63,11 @@ Status write_profile(const std::string& dir, const TrainFlags& f, const train::T
   p.title = "headroom profile: " + o.model_name;
   p.model = fmt::format("{} ({:.1f}M parameters), {} layers, d_model {}", o.model_name,
                         double(mp.params.num_parameters) / 1e6, o.config.n_layer, o.config.n_embd);
-  p.device = fmt::format("{}, budget {}", o.ops ? o.ops->name() : "cpu",
-                         format_bytes(o.device_memory));
+  p.device =
+      fmt::format("{}, budget {}", o.ops ? o.ops->name() : "cpu", format_bytes(o.device_memory));
   p.run = fmt::format("seq {}, micro-batch {} x {} accumulation, {}, {}, {} steps", o.seq,
                       o.micro_batch, o.accumulation, model::precision_name(o.exec.precision),
-                      plan::describe_exec(o.exec), o.steps);
+                      plan::describe_exec(o.exec), r.steps_done);
   auto cat = [](memory::Category c) { return std::string(memory::category_name(c)); };
   // Spans: trainer phases, ops, kernels.
   for (const auto& sp : rec.spans) {
@@ -112,7 +113,7 @@ Status write_profile(const std::string& dir, const TrainFlags& f, const train::T
     p.spans.push_back({kind, kind, report::kThreadCompute, k.start_us, k.dur_us, -1, -1, -1});
     by_kind[kind] += k.dur_us / 1e3;
   }
-  for (auto& [k, ms] : by_kind) p.time_by_category_ms[k] = ms / double(o.steps);
+  for (auto& [k, ms] : by_kind) p.time_by_category_ms[k] = ms / double(std::max(1, r.steps_done));
   // The cost model's figure for each of the kinds (docs/notes/cost-model.md), per step.
   const plan::StepCost predicted = plan::estimate_step(o.config, mp, o.device);
   for (size_t k = 0; k < plan::kCostKinds; k++) {
@@ -125,7 +126,7 @@ Status write_profile(const std::string& dir, const TrainFlags& f, const train::T
   p.events = log;
   // The timeline shows the last step.
   for (const auto& sp : rec.spans) {
-    if (sp.step != o.steps - 1) continue;
+    if (sp.step != r.steps_done - 1) continue;
     if (p.window_start_us == 0 || sp.start_us < p.window_start_us) p.window_start_us = sp.start_us;
     p.window_end_us = std::max(p.window_end_us, sp.start_us + sp.dur_us);
   }
@@ -260,11 +261,15 @@ int run_train(TrainFlags& f) {
   train::TrainCallbacks cb;
   cb.on_setup = [&](const train::SetupInfo& info) {
     if (f.json) return;
+    const std::string steps = o.minutes > 0
+                                  ? fmt::format("{:g} minutes (steps fixed after step {})",
+                                                o.minutes, train::kMinutesDecisionStep)
+                                  : fmt::format("{} steps", o.steps);
     std::fprintf(stderr,
                  "headroom train: %s, %.1fM parameters, micro-batch %d x seq %d, accumulation %d, "
-                 "%d steps, lr %.2g\n",
+                 "%s, lr %.2g\n",
                  o.model_name.c_str(), double(info.num_parameters) / 1e6, o.micro_batch, o.seq,
-                 o.accumulation, o.steps, double(o.adamw.lr));
+                 o.accumulation, steps.c_str(), double(o.adamw.lr));
     if (f.ranks > 1) {
       std::fprintf(stderr,
                    "ranks: %s\n  global batch %d = %d ranks x micro-batch %d x accumulation %d; "
@@ -282,8 +287,7 @@ int run_train(TrainFlags& f) {
     std::fprintf(
         stderr, "device: %s, %d threads, budget %s%s\nmemory plan:\n%s",
         o.ops && !o.ops->host_addressable() ? std::string(o.ops->name()).c_str() : "cpu",
-        omp_get_max_threads(),
-        format_bytes(o.device_memory).c_str(),
+        omp_get_max_threads(), format_bytes(o.device_memory).c_str(),
         o.device_memory_file.empty()
             ? ""
             : fmt::format(" (from {}, read before every step)", o.device_memory_file).c_str(),
@@ -380,6 +384,8 @@ int run_train(TrainFlags& f) {
   }
   if (f.json) {
     json j = {{"final_loss", r->final_loss},
+              {"steps", r->steps_done},
+              {"total_steps", r->total_steps},
               {"tokens_per_s", r->tokens_per_s},
               {"device_bytes_peak", r->device_bytes_peak},
               {"planned_peak_bytes", r->planned_peak_bytes},

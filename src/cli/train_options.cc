@@ -39,6 +39,7 @@ Status resolve_train_options(TrainFlags& f, train::TrainOptions* o) {
   r.micro_batch = count(f.batch);
   r.global_batch = count(f.global_batch);
   r.steps = f.steps;
+  r.minutes = f.minutes;
   r.seed = f.seed;
   r.precision = f.precision;
   r.recompute = f.recompute;

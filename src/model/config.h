@@ -95,6 +95,9 @@ struct RunDefaults {
   float lr = 0;            // 0: by size (1e-3 under 50M parameters, else 6e-4)
   int global_batch = 0;    // sequences a step; 0: the planner's micro-batch, no accumulation
   int sample_tokens = 48;  // the sample printed at the end
+  // A time budget in minutes that bounds `steps` when neither --steps nor --minutes is given
+  // (train --minutes: the count is fixed after the first steps); 0: none.
+  double minutes = 0;
 };
 RunDefaults preset_run_defaults(const std::string& name);
 

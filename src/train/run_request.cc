@@ -1,6 +1,7 @@
 // A training run's choices, as `headroom train`'s flags give them, resolved into the trainer's
 // options: the planner's plan (or a plan file's), the schedule, loss scaling, the data.
 #include "train/run_request.h"
+#include "train/time_budget.h"
 
 #include <algorithm>
 #include <cctype>
@@ -32,6 +33,9 @@
 namespace headroom::train {
 
 namespace fs = std::filesystem;
+
+// --minutes without --steps: the bound on the count (the budget sets it well below).
+constexpr int kMinutesMaxSteps = 100'000'000;
 using nlohmann::json;
 
 std::string cache_dir() {
@@ -146,15 +150,18 @@ Result<GpuRun> open_gpu(std::optional<uint64_t> device_memory) {
     }
   }
   if (!spec) {
-    log_warn("--device cuda: {} is not in the planner's table of GPUs; its time estimates use "
-             "the H100's figures (memory is measured)", name);
+    log_warn(
+        "--device cuda: {} is not in the planner's table of GPUs; its time estimates use "
+        "the H100's figures (memory is measured)",
+        name);
     HR_ASSIGN_OR_RETURN(spec, plan::named_device("H100-80GB"));
   }
   // The budget: free device memory less 1 GiB for what the driver and cuBLAS may still take.
   constexpr uint64_t kMargin = uint64_t(1) << 30;
   HR_ASSIGN_OR_RETURN(const uint64_t free_less_margin,
                       backend::cuda::device_budget_bytes(kMargin, device));
-  spec->memory_bytes = device_memory ? std::min(*device_memory, free_less_margin) : free_less_margin;
+  spec->memory_bytes =
+      device_memory ? std::min(*device_memory, free_less_margin) : free_less_margin;
   g.spec = *spec;
   return g;
 #else
@@ -230,7 +237,14 @@ Result<ResolvedRun> resolve_run(const RunRequest& request) {
   // A preset's own defaults (model::preset_run_defaults) for what neither the flags nor a
   // checkpoint set.
   const model::RunDefaults preset = model::preset_run_defaults(f.resume.empty() ? f.model : "");
-  if (f.steps == 0) f.steps = preset.steps;
+  // --minutes without --steps: the budget alone sets the count (the cap is only a bound).
+  // Neither: the preset's steps, bounded by its time budget if it has one (bytes-tiny's first
+  // run ends in minutes on a slow host too).
+  if (f.steps == 0 && f.minutes > 0) f.steps = kMinutesMaxSteps;
+  if (f.steps == 0) {
+    f.steps = preset.steps;
+    f.minutes = preset.minutes;
+  }
   if (lr == 0 && f.resume.empty()) lr = preset.lr;
   if (global_batch == 0 && batch == 0 && f.resume.empty()) global_batch = preset.global_batch;
   int bucket = f.bucket.value_or(32);
@@ -543,13 +557,17 @@ Result<ResolvedRun> resolve_run(const RunRequest& request) {
                              f.ranks == 1 && f.device_memory_file.empty();
   }
   o->steps = f.steps;
+  o->minutes = f.minutes;
   o->seed = f.seed;
   const int64_t nparams = model::gpt2_param_table(o->config).num_parameters;
   o->adamw.lr = lr > 0 ? lr : (nparams < 50'000'000 ? 1e-3f : 6e-4f);
   if (lr < 0 || !std::isfinite(lr)) {
     return Status::invalid_argument(fmt::format("--lr {} must be positive", lr));
   }
-  o->warmup_steps = warmup >= 0 ? warmup : std::min(100, std::max(1, f.steps / 10));
+  // (--minutes fixes the count after step kMinutesDecisionStep, inside the warmup.)
+  o->warmup_steps =
+      warmup >= 0 ? warmup
+                  : std::min(100, std::max(f.minutes > 0 ? kMinutesDecisionStep : 1, f.steps / 10));
   o->val_fraction = f.val_fraction;
   if (!(f.val_fraction >= 0 && f.val_fraction < 0.5)) {
     return Status::invalid_argument(

@@ -30,6 +30,9 @@ struct RunRequest {
   std::optional<int> micro_batch;   // unset: the planner's choice
   std::optional<int> global_batch;  // unset: micro_batch times the ranks, or 8
   int steps = 0;  // 0: the model's default (model::preset_run_defaults: 200 but for bytes-tiny)
+  // A time budget in minutes (0: none; TrainOptions::minutes): with it, unset steps mean no cap
+  // but the budget's.
+  double minutes = 0;
   uint64_t seed = 1337;
   std::string precision = "auto";            // auto, fp32, bf16, fp16
   std::string recompute = "auto";            // auto, none, selective, full

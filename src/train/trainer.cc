@@ -41,6 +41,7 @@
 #include "train/offload_tier.h"
 #include "train/shape_plans.h"
 #include "train/step_events.h"
+#include "train/time_budget.h"
 #include "train/zero.h"
 #include "train/zero_windows.h"
 
@@ -69,6 +70,16 @@ Status check_options(const TrainOptions& o) {
   }
   if (o.steps <= 0)
     return Status::invalid_argument(fmt::format("--steps {} must be positive", o.steps));
+  if (!(o.minutes >= 0) || !std::isfinite(o.minutes)) {
+    return Status::invalid_argument(
+        fmt::format("--minutes {} must be a positive number of minutes", o.minutes));
+  }
+  if (o.minutes > 0 && o.warmup_steps < kMinutesDecisionStep) {
+    return Status::invalid_argument(fmt::format(
+        "--minutes fixes the step count from the first {} steps' times, before the learning "
+        "rate's decay begins, so it needs --warmup {} or more (it is {}), or give --steps instead",
+        kMinutesDecisionStep, kMinutesDecisionStep, o.warmup_steps));
+  }
   if (int64_t(o.micro_batch) * o.seq > (int64_t(1) << 24)) {
     return Status::invalid_argument(fmt::format(
         "--batch {} x --seq {} tokens per micro-batch is too large", o.micro_batch, o.seq));
@@ -519,6 +530,10 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
   moment_ops.zero(m, moment_floats);
   moment_ops.zero(v, moment_floats);
   int start_step = 0;
+  // The schedule's steps: --steps, or (with --minutes) the count fixed after step
+  // kMinutesDecisionStep, or a checkpoint's where that count was fixed before it.
+  int total_steps = o.steps;
+  bool steps_fixed = o.minutes <= 0;
   // fp16: loss scaling (Note [Loss scaling] in docs/notes/mixed-precision.md); its state is
   // restored from the checkpoint when resuming. `applied` counts the updates AdamW made (its
   // bias-correction step): the steps done less the skipped ones.
@@ -579,17 +594,27 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
       return Status::corrupt(fmt::format("{}: data_position {} is outside the training data of {}",
                                          ck.dir, st.data_position, o.data));
     }
-    if (st.step >= o.steps) {
+    if (o.minutes > 0 && st.step >= kMinutesDecisionStep) {
+      // The budget's count was fixed before this checkpoint: the run continues to it.
+      total_steps = std::min(st.total_steps, o.steps);
+      steps_fixed = true;
+      if (rank == 0) {
+        log_info("{}: --minutes: continuing to the {} steps the run chose at step {}", ck.dir,
+                 total_steps, kMinutesDecisionStep);
+      }
+    }
+    if (st.step >= total_steps) {
       return Status::invalid_argument(
           fmt::format("{} is at step {}, and --steps is {}: nothing left to do (raise --steps)",
-                      ck.dir, st.step, o.steps));
+                      ck.dir, st.step, total_steps));
     }
-    if (rank == 0 &&
-        (st.total_steps != o.steps || st.lr != o.adamw.lr || st.warmup_steps != o.warmup_steps)) {
+    if (rank == 0 && steps_fixed &&
+        (st.total_steps != total_steps || st.lr != o.adamw.lr ||
+         st.warmup_steps != o.warmup_steps)) {
       log_warn(
           "{}: the learning-rate schedule differs from the checkpointed run's ({} steps, lr {}, "
           "warmup {} now; {}, {}, {} then): the continuation follows the new schedule",
-          ck.dir, o.steps, o.adamw.lr, o.warmup_steps, st.total_steps, st.lr, st.warmup_steps);
+          ck.dir, total_steps, o.adamw.lr, o.warmup_steps, st.total_steps, st.lr, st.warmup_steps);
     }
     if (stage == 0 && on_device) {
       // Read into host memory (as a GPU run reads a file), then copied over.
@@ -653,7 +678,7 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     }
     TrainerState st{steps_done,
                     data_position,
-                    o.steps,
+                    total_steps,
                     o.warmup_steps,
                     o.adamw.lr,
                     o.min_lr_ratio,
@@ -1196,7 +1221,7 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     }
     sc_steps = -1;
     if (!keep_op_times) net.set_op_times(nullptr);
-    if (!sc.replan || R > 1 || step + 1 >= o.steps) return Status::ok();
+    if (!sc.replan || R > 1 || step + 1 >= total_steps) return Status::ok();
     Result<ElasticStep::Replan> rp = elastic.replan(ceiling, G);
     if (!rp.is_ok()) return Status::ok();  // the current plan still fits: keep it
     if (rp->changed) {
@@ -1312,16 +1337,58 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
   // Set-up succeeded on this rank; from here every rank reaches the same collectives.
   *setup_agreed = true;
   HR_RETURN_IF_ERROR(dist::agree(comm, Status::ok()));
+  // --minutes: the budget counts from here (the first validation, then the steps).
+  const Clock::time_point budget_start = Clock::now();
+  double eval_at_start_s = 0;
+  std::vector<double> budget_step_s;  // the measured steps' times
   if (o.eval_at_start) {
     // The validation loss before this run's first step: what the end's figure is measured from.
     auto tv = Clock::now();
     Result<std::optional<double>> val = evaluate(start_step);
     HR_RETURN_IF_ERROR(settle(val.status()));
     record("validation", "validation", tv, start_step, -1);
+    eval_at_start_s = ms_since(tv) / 1e3;
     result.initial_val_loss = *val;
     if (*val && cb.on_initial_validation) cb.on_initial_validation(**val);
   }
-  for (int step = start_step; step < o.steps; step++) {
+  // --minutes: after step kMinutesDecisionStep, while the learning rate still warms up (its
+  // rates so far do not depend on the count), the count that fits the rest of the budget at the
+  // median measured step time; rank 0's, so that every rank stops at the same step.
+  auto fix_steps = [&](int steps_now, StepStats& s) -> Status {
+    std::sort(budget_step_s.begin(), budget_step_s.end());
+    const double measured = budget_step_s.empty() ? 0 : budget_step_s[budget_step_s.size() / 2];
+    TimeBudget b;
+    b.budget_s = o.minutes * 60;
+    b.steps_done = steps_now;
+    b.step_s = o.minutes_assume_step_s > 0 ? o.minutes_assume_step_s : measured;
+    b.elapsed_s = o.minutes_assume_step_s > 0 ? steps_now * o.minutes_assume_step_s
+                                              : ms_since(budget_start) / 1e3;
+    // A validation's time: measured before the first step, or taken as a step's (it runs
+    // eval_batches forward passes where a step runs G / B forward and backward ones).
+    b.eval_s = o.minutes_assume_step_s > 0 ? o.minutes_assume_step_s
+               : eval_at_start_s > 0       ? eval_at_start_s
+                                           : b.step_s;
+    b.eval_every = o.eval_every;
+    b.max_steps = o.steps;
+    int64_t n = steps_within(b);
+    if (R > 1) HR_RETURN_IF_ERROR(comm.broadcast(&n, int64_t(sizeof(n)), 0));
+    total_steps = int(n);
+    steps_fixed = true;
+    s.steps = total_steps;
+    s.events.push_back(fmt::format(
+        "--minutes {:g}: {} steps (a step {:.0f} ms, the median of steps 2-{}; {:.1f} s of the "
+        "budget spent{})",
+        o.minutes, total_steps, b.step_s * 1e3, kMinutesDecisionStep, b.elapsed_s,
+        total_steps == o.steps ? fmt::format(", capped by --steps {}", o.steps) : ""));
+    if (total_steps < 2 * o.warmup_steps) {
+      s.events.push_back(fmt::format(
+          "--minutes {:g}: the warmup of {} steps is over half the run's {}: a shorter --warmup "
+          "leaves more of it at the peak rate",
+          o.minutes, o.warmup_steps, total_steps));
+    }
+    return Status::ok();
+  };
+  for (int step = start_step; step < total_steps; step++) {
     // Nsight Systems: the step, its data wait, micro-batches, forward, backward and optimizer.
     const backend::nvtx::Range nvtx_step(
         backend::nvtx::kEnabled ? fmt::format("step {}", step).c_str() : "");
@@ -1465,7 +1532,7 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     }
     HR_RETURN_IF_ERROR(settle(local));
     HR_RETURN_IF_ERROR(comm.all_reduce(&loss_sum, 1));
-    const float lr = cosine_lr(step, o.steps, o.warmup_steps, o.adamw.lr, o.min_lr_ratio);
+    const float lr = cosine_lr(step, total_steps, o.warmup_steps, o.adamw.lr, o.min_lr_ratio);
     std::optional<backend::nvtx::Range> nvtx_opt;  // the optimizer step, to "zero gradients"
     nvtx_opt.emplace("optimizer");
     auto topt = Clock::now();
@@ -1532,7 +1599,7 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     steps_done = step + 1;
     done_position = batch.tag;
     s.step = step + 1;
-    s.steps = o.steps;
+    s.steps = total_steps;
     s.loss = step_valid ? loss_sum / double(step_valid) : 0.0;
     s.lr = lr;
     s.grad_norm = norm;
@@ -1558,7 +1625,11 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     s.step_ms = ms_since(t0);
     s.step_cpu_ms = process_cpu_ms() - cpu0;
     s.tokens_per_s = double(s.tokens) / (s.step_ms / 1000.0);
-    const bool last = step + 1 == o.steps;
+    if (!steps_fixed) {
+      if (step > start_step) budget_step_s.push_back(s.step_ms / 1e3);
+      if (step + 1 >= kMinutesDecisionStep) HR_RETURN_IF_ERROR(fix_steps(step + 1, s));
+    }
+    const bool last = step + 1 == total_steps;
     if ((o.eval_every > 0 && (step + 1) % o.eval_every == 0) || last) {
       auto tv = Clock::now();
       // Every rank evaluates the same validation batches on the same weights (the same result).
@@ -1616,7 +1687,7 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
       return Status::internal(
           fmt::format("loss became {} at step {} (lr {}); try a lower --lr", s.loss, s.step, lr));
     }
-    if (o.save_every > 0 && ((step + 1) % o.save_every == 0 || step + 1 == o.steps)) {
+    if (o.save_every > 0 && ((step + 1) % o.save_every == 0 || step + 1 == total_steps)) {
       HR_ASSIGN_OR_RETURN(s.checkpoint, checkpoint(step + 1, batch.tag));
     }
     if (step > start_step) tps.push_back(s.tokens_per_s);
@@ -1632,6 +1703,8 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
       }
     }
   }
+  result.total_steps = total_steps;
+  result.steps_done = steps_done;
   if (!tps.empty()) {
     std::nth_element(tps.begin(), tps.begin() + tps.size() / 2, tps.end());
     result.tokens_per_s = tps[tps.size() / 2];

@@ -55,7 +55,13 @@ struct TrainOptions {
   int micro_batch = 8;      // B: sequences per micro-batch
   int accumulation = 1;     // k: micro-batches per optimizer step
   model::ExecOptions exec;  // attention kernel, LM head, recomputation per block
-  int steps = 200;          // optimizer steps
+  int steps = 200;          // optimizer steps (with `minutes`: the most the run may take)
+  // A time budget, minutes (0: none): after the first steps the run fixes its step count so that
+  // its steps and validations end near `minutes` after the first of them, and the cosine
+  // schedule ends at its floor (train/time_budget.h; needs warmup_steps >= 4). The run is then
+  // exactly `steps = N` with the N it chose (TrainResult::total_steps; kept in checkpoints).
+  double minutes = 0;
+  double minutes_assume_step_s = 0;  // tests: the step time `minutes` fixes the count from
   int warmup_steps = 20;
   float min_lr_ratio = 0.1f;
   AdamWConfig adamw;
@@ -239,6 +245,8 @@ struct ProfileRecord {
 
 struct TrainResult {
   bool stopped = false;  // should_stop ended the run early
+  int total_steps = 0;   // the schedule's steps: TrainOptions::steps, or the count `minutes` chose
+  int steps_done = 0;    // steps completed when the run ended
   double final_loss = 0;
   std::optional<double> initial_val_loss;  // with TrainOptions::eval_at_start
   std::optional<double> final_val_loss;

@@ -58,16 +58,34 @@ TEST(RunRequest, TheDefaultModelReadsBytesWithItsOwnDefaults) {
   EXPECT_EQ(run->model, "bytes-tiny");
   EXPECT_EQ(run->tokenizer, "bytes");
   EXPECT_EQ(run->options.config.vocab_size, 257);
-  EXPECT_EQ(run->options.steps, 1500);
+  EXPECT_EQ(run->options.steps, 3000);
+  EXPECT_EQ(run->options.minutes, 3.0);  // bounded in time too: the first run ends in minutes
+  EXPECT_EQ(run->options.warmup_steps, 100);
   EXPECT_FLOAT_EQ(run->options.adamw.lr, 3e-3f);
   EXPECT_EQ(run->options.micro_batch * run->options.accumulation, 16);
-  // Flags win over the preset's defaults; another preset keeps the general ones.
+  // --minutes alone: the budget sets the count (no cap but a large one), warmup 100.
+  r.minutes = 0.5;
+  run = resolve_run(r);
+  ASSERT_TRUE(run.is_ok()) << run.status().message();
+  EXPECT_EQ(run->options.minutes, 0.5);
+  EXPECT_GT(run->options.steps, 1'000'000);
+  EXPECT_EQ(run->options.warmup_steps, 100);
+  // --minutes with a few --steps: they cap it, and the warmup still outlasts the 4 timed steps.
+  r.steps = 20;
+  run = resolve_run(r);
+  ASSERT_TRUE(run.is_ok()) << run.status().message();
+  EXPECT_EQ(run->options.steps, 20);
+  EXPECT_EQ(run->options.warmup_steps, 4);
+  r.minutes = 0;
+  // Flags win over the preset's defaults (--steps drops its time budget); another preset keeps
+  // the general ones.
   r.steps = 9;
   r.lr = 5e-4f;
   r.global_batch = 4;
   run = resolve_run(r);
   ASSERT_TRUE(run.is_ok()) << run.status().message();
   EXPECT_EQ(run->options.steps, 9);
+  EXPECT_EQ(run->options.minutes, 0.0);
   EXPECT_FLOAT_EQ(run->options.adamw.lr, 5e-4f);
   EXPECT_EQ(run->options.micro_batch * run->options.accumulation, 4);
   RunRequest g;
