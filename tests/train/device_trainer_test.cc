@@ -203,8 +203,8 @@ TEST_F(DeviceTrainer, ResumeEqualsTheUninterruptedRun) {
 // The rest of what the device path runs, each on the CPU and on the fenced device with the same
 // options and compared bit for bit: fp16 with loss scaling and an overflowed (skipped) step, a
 // Llama-family model (RMSNorm, RoPE tables, SwiGLU), plain attention in file order, out-of-memory
-// recoveries that re-plan the step region (and validate in pieces of the new micro-batch), a
-// budget file that lowers the budget mid-run, and the profiled, timed run.
+// recoveries that re-plan the step region, a budget file that lowers the budget mid-run (the new
+// micro-batch validating in pieces), and the profiled, timed run.
 TEST_F(DeviceTrainer, TheRestOfThePathMatchesTheCpu) {
   const std::string budget = (dir_ / "budget").string();
   auto write_budget = [&](uint64_t bytes) {
@@ -215,12 +215,17 @@ TEST_F(DeviceTrainer, TheRestOfThePathMatchesTheCpu) {
   base.out_dir.clear();
   base.steps = 4;
   base.eval_every = 2;
-  Result<plan::MemoryPlan> mp = plan::plan_training_memory(
-      base.config, plan::Policy{base.micro_batch, base.accumulation, base.seq, "fp32", base.exec});
-  ASSERT_TRUE(mp.is_ok()) << mp.status().to_string();
-  const uint64_t full = mp->peak_bytes + 64 * kKiB;
-  // Room for three quarters of the step region: micro-batch 1 x 4 fits, 2 x 2 does not.
-  const uint64_t lowered = mp->persistent_bytes + mp->step_bytes * 3 / 4;
+  // The budget case runs 3 x 2 and lowers the budget to between the step regions of micro-
+  // batches 2 and 3: the re-plan takes 2 x 3, which does not divide the validation batch of 3,
+  // so validation runs in pieces of their own shapes' plans.
+  auto plan_of = [&](int b, int k) {
+    return plan::plan_training_memory(base.config, plan::Policy{b, k, base.seq, "fp32", base.exec});
+  };
+  Result<plan::MemoryPlan> mp3 = plan_of(3, 2), mp2 = plan_of(2, 3);
+  ASSERT_TRUE(mp3.is_ok() && mp2.is_ok());
+  ASSERT_LT(mp2->step_bytes, mp3->step_bytes);
+  const uint64_t full3 = mp3->peak_bytes + 64 * kKiB;
+  const uint64_t lowered = mp3->persistent_bytes + (mp2->step_bytes + mp3->step_bytes) / 2;
   struct Case {
     const char* name;
     std::function<void(train::TrainOptions*)> edit;
@@ -250,7 +255,9 @@ TEST_F(DeviceTrainer, TheRestOfThePathMatchesTheCpu) {
        }},
       {"budget lowered after step 1",
        [&](train::TrainOptions* o) {
-         o->device_memory = full;
+         o->micro_batch = 3;
+         o->accumulation = 2;
+         o->device_memory = full3;
          o->device_memory_file = budget;
        },
        [&](int step) {
@@ -268,7 +275,7 @@ TEST_F(DeviceTrainer, TheRestOfThePathMatchesTheCpu) {
     c.edit(&o);
     std::vector<RunOutput> runs;
     for (bool fenced : {false, true}) {
-      write_budget(full);
+      write_budget(o.device_memory);
       backend::FencedResource device;
       device.fence();
       backend::FencedOps ops(&device);
@@ -299,7 +306,8 @@ TEST_F(DeviceTrainer, TheRestOfThePathMatchesTheCpu) {
     if (!o.inject_overflow_steps.empty()) EXPECT_TRUE(runs[1].steps[1].skipped);
     if (!o.device_memory_file.empty()) {
       EXPECT_EQ(dev.replans, 1);
-      EXPECT_LT(runs[1].steps[1].micro_batch, o.micro_batch);
+      EXPECT_EQ(runs[1].steps[1].micro_batch, 2);  // and validation after step 2 in pieces
+      EXPECT_TRUE(runs[1].steps[1].val_loss.has_value());
     }
     if (o.profile) EXPECT_TRUE(dev.profile.has_value());
   }
