@@ -229,7 +229,7 @@ TEST_F(DeviceTrainer, TheRestOfThePathMatchesTheCpu) {
   struct Case {
     const char* name;
     std::function<void(train::TrainOptions*)> edit;
-    std::function<void(int)> after_step;  // e.g. edits the budget file
+    std::function<void(int)> after_step = nullptr;  // e.g. edits the budget file
   };
   const Case cases[] = {
       {"fp16, an overflow at step 2",
@@ -302,14 +302,20 @@ TEST_F(DeviceTrainer, TheRestOfThePathMatchesTheCpu) {
       EXPECT_EQ(runs[1].steps[i].skipped, runs[0].steps[i].skipped);
       EXPECT_EQ(runs[1].steps[i].loss_scale, runs[0].steps[i].loss_scale);
     }
-    if (!o.fail_step_allocations.empty()) EXPECT_EQ(dev.oom_recoveries, 2);
-    if (!o.inject_overflow_steps.empty()) EXPECT_TRUE(runs[1].steps[1].skipped);
+    if (!o.fail_step_allocations.empty()) {
+      EXPECT_EQ(dev.oom_recoveries, 2);
+    }
+    if (!o.inject_overflow_steps.empty()) {
+      EXPECT_TRUE(runs[1].steps[1].skipped);
+    }
     if (!o.device_memory_file.empty()) {
       EXPECT_EQ(dev.replans, 1);
       EXPECT_EQ(runs[1].steps[1].micro_batch, 2);  // and validation after step 2 in pieces
       EXPECT_TRUE(runs[1].steps[1].val_loss.has_value());
     }
-    if (o.profile) EXPECT_TRUE(dev.profile.has_value());
+    if (o.profile) {
+      EXPECT_TRUE(dev.profile.has_value());
+    }
   }
 }
 
