@@ -30,12 +30,23 @@ FencedResource::~FencedResource() {
 }
 
 void FencedResource::protect_all_locked(bool closed) {
-  for (const auto& [base, len] : blocks_) {
+  // One call per run of adjacent blocks (the kernel often maps them next to each other): each
+  // call costs a TLB shootdown, so fewer calls make each op's window cheaper.
+  auto protect = [&](uintptr_t begin, uintptr_t end) {
     // Failing to change a block's protection would make the fence lie: abort.
-    HR_CHECK_MSG(mprotect(reinterpret_cast<void*>(base), len, prot(closed)) == 0,
+    HR_CHECK_MSG(mprotect(reinterpret_cast<void*>(begin), end - begin, prot(closed)) == 0,
                  (std::string("FencedResource: mprotect failed: ") + std::strerror(errno)).c_str());
     protect_calls_++;
+  };
+  uintptr_t begin = 0, end = 0;
+  for (const auto& [base, len] : blocks_) {
+    if (base != end) {
+      if (end > begin) protect(begin, end);
+      begin = base;
+    }
+    end = base + len;
   }
+  if (end > begin) protect(begin, end);
 }
 
 void FencedResource::fence() {

@@ -46,8 +46,8 @@ class FencedResource final : public memory::MemoryResource {
   // Whether [p, p + bytes) lies inside one live block (tests).
   bool contains(const void* p, size_t bytes = 1) const;
   size_t live_blocks() const;
-  // mprotect calls made so far: the fence's cost, two per block per op (docs/notes/
-  // fenced-device.md).
+  // mprotect calls made so far: the fence's cost, two per op for each run of adjacent blocks
+  // (docs/notes/fenced-device.md).
   uint64_t protect_calls() const;
 
  private:
