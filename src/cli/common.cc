@@ -68,9 +68,10 @@ void add_train_flags(CLI::App* app, TrainFlags& f) {
                "optimizer steps (default: 200; bytes-tiny 3000 within 3 minutes, see --minutes)",
                true);
   app->add_option("--minutes", f.minutes,
-                  "a time budget: after its first 4 steps the run fixes its step count so that "
-                  "it ends about M minutes after its first step, validation included, with the "
-                  "learning rate's decay complete (--steps is then the most it may take)")
+                  "a time budget: at the end of the warmup (4 steps or more) the run fixes its "
+                  "step count from the steps' times so that it ends about M minutes after its "
+                  "first step, validation included, with the learning rate's decay complete "
+                  "(--steps is then the most it may take)")
       ->check(CLI::PositiveNumber);
   app->add_option("--precision", f.precision,
                   "auto (the planner chooses fp32 or bf16), fp32, bf16 (mixed: bf16 GEMMs and "

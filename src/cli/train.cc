@@ -24,7 +24,6 @@
 #include "train/checkpoint.h"
 #include "train/elastic.h"
 #include "train/generate.h"
-#include "train/time_budget.h"
 
 namespace headroom::cli {
 
@@ -261,10 +260,10 @@ int run_train(TrainFlags& f) {
   train::TrainCallbacks cb;
   cb.on_setup = [&](const train::SetupInfo& info) {
     if (f.json) return;
-    const std::string steps = o.minutes > 0
-                                  ? fmt::format("{:g} minutes (steps fixed after step {})",
-                                                o.minutes, train::kMinutesDecisionStep)
-                                  : fmt::format("{} steps", o.steps);
+    const std::string steps =
+        o.minutes > 0
+            ? fmt::format("{:g} minutes (steps fixed after step {})", o.minutes, o.warmup_steps)
+            : fmt::format("{} steps", o.steps);
     std::fprintf(stderr,
                  "headroom train: %s, %.1fM parameters, micro-batch %d x seq %d, accumulation %d, "
                  "%s, lr %.2g\n",
@@ -357,6 +356,8 @@ int run_train(TrainFlags& f) {
     so.top_k = 40;
     so.seed = f.seed;
     so.stop_token = tok->eos_token();
+    // Within the positions the run trained (--seq): a longer sample slides that window.
+    so.window = o.seq;
     HR_ASSIGN_OR_RETURN(
         std::vector<int32_t> ids,
         train::sample_tokens(cfg, params, {std::max(tok->eos_token(), 0)}, so, device));

@@ -213,8 +213,9 @@ const Preset kPresets[] = {
     {"gpt2-xl", {48, 25, 1600, 50257, 1024, 1e-5f}},
     {"llama-tiny", llama_tiny()},
     // The byte tokenizer's model (data/byte_tokenizer.h): vocabulary 257, so its FLOPs go to the
-    // blocks, not to the LM head (docs/notes/first-run.md).
-    {"bytes-tiny", {4, 4, 128, 257, 256, 1e-5f}},
+    // blocks, not to the LM head; 128 positions, the length it trains at, so that `generate`
+    // slides a window of trained positions (docs/notes/first-run.md).
+    {"bytes-tiny", {4, 4, 128, 257, 128, 1e-5f}},
 };
 }  // namespace
 

@@ -9,19 +9,20 @@
 namespace headroom::plan {
 
 GenerationShape generation_shape(const model::TransformerConfig& c, int prompt_tokens,
-                                 int max_new_tokens) {
-  HR_CHECK(prompt_tokens >= 1 && max_new_tokens >= 0);
+                                 int max_new_tokens, int window) {
+  HR_CHECK(prompt_tokens >= 1 && max_new_tokens >= 0 && window >= 0);
   const int64_t history = int64_t(prompt_tokens) + max_new_tokens;
+  const int64_t positions = window > 0 ? std::min(window, c.n_positions) : c.n_positions;
   GenerationShape s;
-  s.context = int(std::min<int64_t>(c.n_positions, history));
-  s.rows = history > c.n_positions ? s.context : prompt_tokens;
+  s.context = int(std::min<int64_t>(positions, history));
+  s.rows = history > positions ? s.context : std::min<int64_t>(prompt_tokens, positions);
   return s;
 }
 
 GenerationPlan plan_generation(const model::TransformerConfig& c, int prompt_tokens,
-                               int max_new_tokens) {
+                               int max_new_tokens, int window) {
   GenerationPlan p;
-  p.shape = generation_shape(c, prompt_tokens, max_new_tokens);
+  p.shape = generation_shape(c, prompt_tokens, max_new_tokens, window);
   p.table = model::decode_table(c, p.shape.context, p.shape.rows);
   p.cache_layout = memory::sequential_layout(p.table.cache);
   p.work_layout = memory::sequential_layout(p.table.work);

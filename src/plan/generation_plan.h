@@ -21,8 +21,10 @@ namespace headroom::plan {
 struct GenerationShape {
   int context = 0, rows = 0;
 };
+// `window` > 0 caps the context below n_positions (a model trained on shorter sequences than
+// its position table: positions past them were never trained).
 GenerationShape generation_shape(const model::TransformerConfig& config, int prompt_tokens,
-                                 int max_new_tokens);
+                                 int max_new_tokens, int window = 0);
 
 struct GenerationPlan {
   GenerationShape shape;
@@ -34,6 +36,6 @@ struct GenerationPlan {
 };
 // REQUIRES: prompt_tokens >= 1, max_new_tokens >= 0.
 GenerationPlan plan_generation(const model::TransformerConfig& config, int prompt_tokens,
-                               int max_new_tokens);
+                               int max_new_tokens, int window = 0);
 
 }  // namespace headroom::plan

@@ -33,8 +33,10 @@ Result<std::vector<int32_t>> sample_tokens(const model::Gpt2Config& config, cons
           fmt::format("prompt token {} is outside the vocabulary [0, {})", t, config.vocab_size));
     }
   }
-  const int P = int(std::min<size_t>(prompt.size(), size_t(config.n_positions)));
-  const plan::GenerationPlan gp = plan::plan_generation(config, P, o.max_new_tokens);
+  if (o.window < 0) return Status::invalid_argument(fmt::format("window {} is negative", o.window));
+  const int positions = o.window > 0 ? std::min(o.window, config.n_positions) : config.n_positions;
+  const int P = int(std::min<size_t>(prompt.size(), size_t(positions)));
+  const plan::GenerationPlan gp = plan::plan_generation(config, P, o.max_new_tokens, positions);
   const int window = gp.shape.context;
   const model::ParamTable table = model::gpt2_param_table(config);
   HR_ASSIGN_OR_RETURN(

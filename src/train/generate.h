@@ -18,11 +18,14 @@ struct SampleOptions {
   int top_k = 40;            // 0 = the whole vocabulary
   uint64_t seed = 42;
   int32_t stop_token = -1;  // stop after emitting this token (e.g. end of text); -1 = never
+  // The context window, tokens: 0 = n_positions. A model trained on sequences shorter than its
+  // position table samples within what it was trained on (train's sample passes --seq).
+  int window = 0;
 };
 
-// Continues `prompt` (at least one token). The context window is the model's n_positions; longer
-// histories keep their last n_positions tokens. `on_token` (optional) sees each new token as it
-// is sampled. Allocates its buffers from `resource`.
+// Continues `prompt` (at least one token). The context window is the model's n_positions (or
+// SampleOptions::window); longer histories keep their last window tokens. `on_token` (optional)
+// sees each new token as it is sampled. Allocates its buffers from `resource`.
 Result<std::vector<int32_t>> sample_tokens(const model::Gpt2Config& config, const float* params,
                                            const std::vector<int32_t>& prompt,
                                            const SampleOptions& options,

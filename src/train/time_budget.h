@@ -19,9 +19,10 @@ struct TimeBudget {
 // of the budget; at least steps_done + 1, at most max_steps.
 int steps_within(const TimeBudget& b);
 
-// Steps measured before the count is fixed (the first is not: it warms caches and pages); the
-// count is fixed after step kMinutesDecisionStep (1-based), while the schedule is still warming
-// up, so that the run is exactly `--steps N` with that N.
+// The step after which the count is first estimated (steps 2-4 timed; the first warms caches and
+// pages) and the shortest warmup `--minutes` takes: the count is fixed after the warmup's last
+// step, the last whose learning rate does not depend on it, so that the run is exactly
+// `--steps N` with that N.
 inline constexpr int kMinutesDecisionStep = 4;
 
 }  // namespace headroom::train

@@ -530,8 +530,8 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
   moment_ops.zero(m, moment_floats);
   moment_ops.zero(v, moment_floats);
   int start_step = 0;
-  // The schedule's steps: --steps, or (with --minutes) the count fixed after step
-  // kMinutesDecisionStep, or a checkpoint's where that count was fixed before it.
+  // The schedule's steps: --steps, or (with --minutes) the count fixed after the warmup's last
+  // step, or a checkpoint's where that count was fixed before it.
   int total_steps = o.steps;
   bool steps_fixed = o.minutes <= 0;
   // fp16: loss scaling (Note [Loss scaling] in docs/notes/mixed-precision.md); its state is
@@ -594,13 +594,13 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
       return Status::corrupt(fmt::format("{}: data_position {} is outside the training data of {}",
                                          ck.dir, st.data_position, o.data));
     }
-    if (o.minutes > 0 && st.step >= kMinutesDecisionStep) {
+    if (o.minutes > 0 && st.step >= o.warmup_steps) {
       // The budget's count was fixed before this checkpoint: the run continues to it.
       total_steps = std::min(st.total_steps, o.steps);
       steps_fixed = true;
       if (rank == 0) {
         log_info("{}: --minutes: continuing to the {} steps the run chose at step {}", ck.dir,
-                 total_steps, kMinutesDecisionStep);
+                 total_steps, o.warmup_steps);
       }
     }
     if (st.step >= total_steps) {
@@ -1351,16 +1351,19 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     result.initial_val_loss = *val;
     if (*val && cb.on_initial_validation) cb.on_initial_validation(**val);
   }
-  // --minutes: after step kMinutesDecisionStep, while the learning rate still warms up (its
-  // rates so far do not depend on the count), the count that fits the rest of the budget at the
-  // median measured step time; rank 0's, so that every rank stops at the same step.
-  auto fix_steps = [&](int steps_now, StepStats& s) -> Status {
-    std::sort(budget_step_s.begin(), budget_step_s.end());
-    const double measured = budget_step_s.empty() ? 0 : budget_step_s[budget_step_s.size() / 2];
+  // --minutes: the count that fits the rest of the budget at the mean time of the steps so far
+  // (the first excepted): estimated after step kMinutesDecisionStep, for the progress line, and
+  // fixed after the warmup's last step, the last whose rate does not depend on the count; rank
+  // 0's, so that every rank stops at the same step.
+  int estimated_steps = 0;
+  auto budget_steps = [&](int steps_now, bool fix, StepStats& s) -> Status {
+    double mean = 0;
+    for (double t : budget_step_s) mean += t;
+    mean = budget_step_s.empty() ? 0 : mean / double(budget_step_s.size());
     TimeBudget b;
     b.budget_s = o.minutes * 60;
     b.steps_done = steps_now;
-    b.step_s = o.minutes_assume_step_s > 0 ? o.minutes_assume_step_s : measured;
+    b.step_s = o.minutes_assume_step_s > 0 ? o.minutes_assume_step_s : mean;
     b.elapsed_s = o.minutes_assume_step_s > 0 ? steps_now * o.minutes_assume_step_s
                                               : ms_since(budget_start) / 1e3;
     // A validation's time: measured before the first step, or taken as a step's (it runs
@@ -1372,20 +1375,35 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     b.max_steps = o.steps;
     int64_t n = steps_within(b);
     if (R > 1) HR_RETURN_IF_ERROR(comm.broadcast(&n, int64_t(sizeof(n)), 0));
-    total_steps = int(n);
-    steps_fixed = true;
-    s.steps = total_steps;
-    s.events.push_back(fmt::format(
-        "--minutes {:g}: {} steps (a step {:.0f} ms, the median of steps 2-{}; {:.1f} s of the "
-        "budget spent{})",
-        o.minutes, total_steps, b.step_s * 1e3, kMinutesDecisionStep, b.elapsed_s,
-        total_steps == o.steps ? fmt::format(", capped by --steps {}", o.steps) : ""));
-    if (total_steps < 2 * o.warmup_steps) {
+    const std::string capped =
+        n == o.steps ? fmt::format(", capped by --steps {}", o.steps) : std::string();
+    if (!fix) {
+      estimated_steps = int(n);
       s.events.push_back(fmt::format(
-          "--minutes {:g}: the warmup of {} steps is over half the run's {}: a shorter --warmup "
-          "leaves more of it at the peak rate",
-          o.minutes, o.warmup_steps, total_steps));
+          "--minutes {:g}: about {} steps (a step {:.0f} ms over steps 2-{}{}); the count is "
+          "fixed after step {}, the warmup's last",
+          o.minutes, n, b.step_s * 1e3, steps_now, capped, o.warmup_steps));
+      if (n <= o.warmup_steps) {
+        s.events.push_back(fmt::format(
+            "--minutes {:g}: the budget ends inside the warmup of {} steps, which the run "
+            "completes: give a shorter --warmup",
+            o.minutes, o.warmup_steps));
+      }
+    } else {
+      total_steps = int(n);
+      steps_fixed = true;
+      s.events.push_back(fmt::format(
+          "--minutes {:g}: {} steps (a step {:.0f} ms, the mean of steps 2-{}; {:.1f} s of the "
+          "budget spent{})",
+          o.minutes, total_steps, b.step_s * 1e3, steps_now, b.elapsed_s, capped));
+      if (total_steps < 2 * o.warmup_steps) {
+        s.events.push_back(fmt::format(
+            "--minutes {:g}: the warmup of {} steps is over half the run's {}: a shorter "
+            "--warmup leaves more of it at the peak rate",
+            o.minutes, o.warmup_steps, total_steps));
+      }
     }
+    s.steps = int(n);
     return Status::ok();
   };
   for (int step = start_step; step < total_steps; step++) {
@@ -1627,7 +1645,13 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     s.tokens_per_s = double(s.tokens) / (s.step_ms / 1000.0);
     if (!steps_fixed) {
       if (step > start_step) budget_step_s.push_back(s.step_ms / 1e3);
-      if (step + 1 >= kMinutesDecisionStep) HR_RETURN_IF_ERROR(fix_steps(step + 1, s));
+      if (step + 1 >= o.warmup_steps) {
+        HR_RETURN_IF_ERROR(budget_steps(step + 1, true, s));
+      } else if (step + 1 == kMinutesDecisionStep) {
+        HR_RETURN_IF_ERROR(budget_steps(step + 1, false, s));
+      } else if (estimated_steps > 0) {
+        s.steps = estimated_steps;
+      }
     }
     const bool last = step + 1 == total_steps;
     if ((o.eval_every > 0 && (step + 1) % o.eval_every == 0) || last) {

@@ -56,8 +56,8 @@ struct TrainOptions {
   int accumulation = 1;     // k: micro-batches per optimizer step
   model::ExecOptions exec;  // attention kernel, LM head, recomputation per block
   int steps = 200;          // optimizer steps (with `minutes`: the most the run may take)
-  // A time budget, minutes (0: none): after the first steps the run fixes its step count so that
-  // its steps and validations end near `minutes` after the first of them, and the cosine
+  // A time budget, minutes (0: none): after the warmup's last step the run fixes its step count so
+  // that its steps and validations end near `minutes` after the first of them, and the cosine
   // schedule ends at its floor (train/time_budget.h; needs warmup_steps >= 4). The run is then
   // exactly `steps = N` with the N it chose (TrainResult::total_steps; kept in checkpoints).
   double minutes = 0;

@@ -106,12 +106,13 @@ TEST(Generation, KvCacheLogitsEqualTheFullForward) {
 // What sample_tokens did before the cache: the full forward over the window's last tokens for
 // every new token, greedy.
 std::vector<int32_t> greedy_by_recomputing(const model::TransformerConfig& c, const float* params,
-                                           std::vector<int32_t> tokens, int new_tokens) {
+                                           std::vector<int32_t> tokens, int new_tokens,
+                                           int window = 0) {
   const model::ParamTable t = model::gpt2_param_table(c);
   FullForward full(c, t, params);
   std::vector<int32_t> out;
   for (int i = 0; i < new_tokens; i++) {
-    const int len = std::min<int>(int(tokens.size()), c.n_positions);
+    const int len = std::min<int>(int(tokens.size()), window > 0 ? window : c.n_positions);
     const std::vector<float> l = full.logits(tokens.data() + tokens.size() - size_t(len), len);
     const int32_t next = int32_t(std::max_element(l.begin(), l.end()) - l.begin());
     tokens.push_back(next);
@@ -147,6 +148,31 @@ TEST(Generation, SlidingWindowEqualsRecomputingTheWindowAndMeasuredPeakIsPlanned
       EXPECT_EQ(gp.table.cache_bytes(),
                 2ull * 4 * c.n_layer * c.kv_heads() * gp.shape.context * c.head_size());
     }
+  }
+}
+
+// A window below n_positions (train's sample: the positions the run trained) slides as
+// n_positions does, and plans no more cache than it.
+TEST(Generation, AShorterWindowSlidesWithinIt) {
+  for (model::TransformerConfig c : configs()) {
+    SCOPED_TRACE(c.model_type);
+    c.n_positions = 12;
+    const model::ParamTable t = model::gpt2_param_table(c);
+    const std::vector<float> p = weights(c, t);
+    const std::vector<int32_t> prompt = {5, 17, 3, 99, 8, 8, 1, 40, 2, 7};  // longer than 8
+    SampleOptions o;
+    o.max_new_tokens = 20;
+    o.temperature = 0;
+    o.window = 8;
+    memory::HostResource upstream;
+    memory::TrackingResource host(&upstream);
+    Result<std::vector<int32_t>> got = sample_tokens(c, p.data(), prompt, o, &host);
+    ASSERT_TRUE(got.is_ok()) << got.status().to_string();
+    EXPECT_EQ(*got, greedy_by_recomputing(c, p.data(), prompt, 20, 8));
+    EXPECT_NE(*got, greedy_by_recomputing(c, p.data(), prompt, 20)) << "the window matters here";
+    const plan::GenerationPlan gp = plan::plan_generation(c, 8, 20, 8);
+    EXPECT_EQ(gp.shape.context, 8);
+    EXPECT_EQ(host.stats().peak, gp.peak_bytes - gp.weights_bytes);
   }
 }
 
