@@ -6,7 +6,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -72,9 +74,21 @@ struct Pass {
   std::vector<float> grads;  // of the mean loss
 };
 
-// One forward + backward of B x T tokens, activations in a sequential arena poisoned with NaN
-// (a kernel that reads past what it should, or a buffer too small for the attention's width,
-// shows as NaN in the loss or the gradients).
+// Every buffer followed by a guard band of kGuard bytes: a buffer sized for the wrong width
+// (activations, scratch) shows as a write into its band.
+constexpr uint64_t kGuard = 64 << 10;
+memory::Layout guarded_layout(const std::vector<memory::BufferDesc>& buffers) {
+  memory::Layout l;
+  for (const memory::BufferDesc& b : buffers) {
+    l.offsets.push_back(l.size);
+    l.size += (b.bytes() + 63) / 64 * 64 + kGuard;
+  }
+  return l;
+}
+
+// One forward + backward of B x T tokens, activations in an arena poisoned with NaN (a kernel
+// that reads what nothing wrote shows as NaN in the loss or the gradients) whose buffers are
+// followed by guard bands that must stay untouched.
 Pass run(const TransformerConfig& c, const ParamTable& t, const std::vector<float>& params,
          const ExecOptions& exec, int B = 2, int T = 8) {
   Pass r;
@@ -89,8 +103,9 @@ Pass run(const TransformerConfig& c, const ParamTable& t, const std::vector<floa
   net.bind_params(p.data(), r.grads.data(), copy.empty() ? nullptr : copy.data());
   const ActivationTable acts = gpt2_activation_table(c, B, T, /*training=*/true, exec);
   memory::HostResource host;
-  Result<memory::Arena> arena = memory::Arena::create(
-      &host, acts.buffers, memory::sequential_layout(acts.buffers), memory::Category::kActivations);
+  const memory::Layout layout = guarded_layout(acts.buffers);
+  Result<memory::Arena> arena =
+      memory::Arena::create(&host, acts.buffers, layout, memory::Category::kActivations);
   EXPECT_TRUE(arena.is_ok());
   if (!arena.is_ok()) return r;
   std::fill_n(static_cast<float*>(arena->base()), arena->size() / 4, NAN);
@@ -103,6 +118,21 @@ Pass run(const TransformerConfig& c, const ParamTable& t, const std::vector<floa
   int64_t valid = 0;
   r.loss = net.forward(in.data(), tg.data(), &valid) / double(valid);
   net.backward(in.data(), tg.data(), 1.0f / float(valid));
+  const uint32_t nan_bits = std::bit_cast<uint32_t>(NAN);
+  for (size_t i = 0; i < acts.buffers.size(); i++) {
+    const uint64_t end = i + 1 < acts.buffers.size() ? layout.offsets[i + 1] : layout.size;
+    const uint64_t from = (layout.offsets[i] + acts.buffers[i].bytes() + 3) / 4 * 4;
+    const auto* base = static_cast<const char*>(arena->base());
+    for (uint64_t o = from; o < end; o += 4) {
+      uint32_t bits;
+      std::memcpy(&bits, base + o, 4);
+      if (bits != nan_bits) {
+        ADD_FAILURE() << "a write past " << acts.buffers[i].name << " (" << acts.buffers[i].bytes()
+                      << " bytes), at byte " << o - layout.offsets[i];
+        break;
+      }
+    }
+  }
   return r;
 }
 
@@ -162,7 +192,9 @@ TEST(HeadDim, PrunedHeadsTrainAsTheFullModelWithTheirOutputZeroed) {
 
 // Wider heads than n_embd / n_head (A = 24 > C = 16): the attention's output and its gradient
 // are wider than the residual stream. Central differences of the loss in double against the
-// backward's gradient, for the weights of largest gradient in every attention tensor.
+// backward's gradient, for the weights of largest gradient in every attention tensor. One
+// sequence: with as many scratch slots as threads, a scratch sized for the wrong head size shows
+// in the guard bands.
 TEST(HeadDim, WiderHeadsHaveGradientsThatMatchFiniteDifferences) {
   TransformerConfig g = gpt2_small();
   g.n_head = 2;
@@ -176,7 +208,7 @@ TEST(HeadDim, WiderHeadsHaveGradientsThatMatchFiniteDifferences) {
       SCOPED_TRACE(c.model_type + (e.tiled_attention ? " tiled" : " plain"));
       const ParamTable t = gpt2_param_table(c);
       const std::vector<float> params = init(c, t, 23);
-      const Pass base = run(c, t, params, e);
+      const Pass base = run(c, t, params, e, /*B=*/1);
       ASSERT_TRUE(std::isfinite(base.loss));
       for (const ParamDesc& d : t.params) {
         const bool attention = d.name.find("attn") != std::string::npos && d.site == 1;
@@ -192,9 +224,9 @@ TEST(HeadDim, WiderHeadsHaveGradientsThatMatchFiniteDifferences) {
           const float eps = 1e-2f;
           std::vector<float> p = params;
           p[size_t(i)] = params[size_t(i)] + eps;
-          const double up = run(c, t, p, e).loss;
+          const double up = run(c, t, p, e, 1).loss;
           p[size_t(i)] = params[size_t(i)] - eps;
-          const double down = run(c, t, p, e).loss;
+          const double down = run(c, t, p, e, 1).loss;
           const double fd = (up - down) / (2.0 * eps);
           const double got = base.grads[size_t(i)];
           // fp32 forward (relative error ~1e-7 of a loss ~4 over 2 eps = 0.02: ~2e-5) plus the
