@@ -24,6 +24,7 @@
 #include "model/prune.h"
 #include "model/weights.h"
 #include "plan/memory_plan.h"
+#include "train/run_request.h"
 
 namespace headroom::cli {
 
@@ -232,10 +233,9 @@ int run_prune(PruneFlags& f,
   std::string data_path = f.data;
   if (!f.data.empty()) {
     if (f.data == "default") {
-      std::error_code ec;
-      const bool own = fs::exists(fs::path(f.model_dir) / "tokenizer.json", ec) ||
-                       fs::exists(fs::path(f.model_dir) / "tokenizer.model", ec);
-      Result<std::string> p = default_corpus(own ? f.model_dir : "");
+      // The model's own tokenizer (its tokenizer.json / .model, or the byte tokenizer its
+      // tokenizer_config.json names), as generate finds it; else GPT-2's.
+      Result<std::string> p = default_corpus(train::model_dir_tokenizer(f.model_dir));
       if (!p.is_ok()) return prune_fail(p.status());
       data_path = *p;
     }

@@ -144,6 +144,25 @@ TEST_F(PruneCli, HeadPrunedModelsReloadPlanAndTrain) {
   }
 }
 
+// Regression: --data default for a model of the byte tokenizer (its tokenizer_config.json says
+// so) took GPT-2's default corpus and refused it (tokens up to 50257 for a vocabulary of 257).
+// (Without --json: train --json does not save the tokenizer with the model yet.)
+TEST_F(PruneCli, DefaultDataOfAByteModelIsTheByteCorpus) {
+  write("config.json",
+        R"({"model_type": "gpt2", "n_layer": 1, "n_head": 2, "n_embd": 16,
+            "vocab_size": 257, "n_positions": 32})");
+  Outcome t = run("train --model " + path("config.json") +
+                  " --tokenizer bytes --steps 1 --batch 1 --global-batch 1 --seq 16 "
+                  "--sample-tokens 0 --out " +
+                  path("m"));
+  ASSERT_EQ(t.code, 0) << t.out;
+  Outcome p = run("prune --model-dir " + path("m") + " --out " + path("o") +
+                  " --method structured --what heads --data default --seq 16 --batch 1 --json");
+  ASSERT_EQ(p.code, 0) << p.out;
+  EXPECT_TRUE(json_of(p.out)["after"]["val_loss"].is_number()) << p.out;
+  EXPECT_TRUE(has(json_of(p.out)["data"].get<std::string>(), "bytes")) << p.out;
+}
+
 TEST_F(PruneCli, BadFlagsAreRefusedWithTheValue) {
   write("config.json",
         R"({"model_type": "gpt2", "n_layer": 1, "n_head": 2, "n_embd": 16,
