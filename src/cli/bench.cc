@@ -178,9 +178,9 @@ int run_bench(BenchFlags& bf) {
   constexpr int kProbeReps = 3;               // per timed step: ~40-80 ms of bf16, ~0.2 s of fp32
   std::vector<double> probe_flops, step_mfu;  // per timed step
   const model::ParamTable table = model::gpt2_param_table(*cfg);
-  const double C = cfg->n_embd;
   const double n_no_pos = double(table.num_parameters) - double(cfg->lookup_parameters());
-  const double flops_per_token = 6.0 * n_no_pos + 12.0 * cfg->n_layer * o.seq * C;
+  const double flops_per_token =
+      6.0 * n_no_pos + 12.0 * cfg->n_layer * o.seq * double(cfg->attn_width());
   const double tokens = double(o.micro_batch) * o.seq;
   std::vector<double> step_ms, step_cpu_ms;
   // --alternate: step s (from 1, warm-up included) runs with value (s - 1) % 2; the timed steps'

@@ -114,8 +114,9 @@ int run(int argc, char** argv) {
                       "--prune-method magnitude: rank each block's weights alone");
 
   PruneFlags prf;
-  CLI::App* prune_cmd = app.add_subcommand(
-      "prune", "prune a saved model (magnitude, N:M, or structured MLP channels) into a new one");
+  CLI::App* prune_cmd = app.add_subcommand("prune",
+                                           "prune a saved model (magnitude, N:M, or structured: "
+                                           "MLP channels, attention heads) into a new one");
   add_prune_flags(prune_cmd, prf);
 
   GenerateFlags gf;

@@ -24,6 +24,7 @@
 #include "model/prune.h"
 #include "model/weights.h"
 #include "plan/memory_plan.h"
+#include "train/run_request.h"
 
 namespace headroom::cli {
 
@@ -135,13 +136,19 @@ void add_prune_flags(CLI::App* cmd, PruneFlags& f) {
   cmd->add_option("--out", f.out, "directory for the pruned model")->required();
   cmd->add_option("--method", f.method,
                   "magnitude (unstructured: the smallest |w|), n:m (semi-structured, --nm), an "
-                  "N:M pattern such as 2:4, or structured (removes MLP channels: a smaller "
-                  "model)")
+                  "N:M pattern such as 2:4, or structured (removes MLP channels and/or attention "
+                  "heads, --what: a smaller model)")
       ->required();
   f.sparsity_option = cmd->add_option("--sparsity", f.sparsity,
                                       "share in [0, 1) of the prunable weights (magnitude) or of "
-                                      "the MLP channels (structured) to remove; not for N:M")
+                                      "the MLP channels / heads (structured) to remove; not for "
+                                      "N:M")
                           ->capture_default_str();
+  f.what_option = cmd->add_option("--what", f.what,
+                                  "structured: what to remove: mlp (hidden channels), heads "
+                                  "(attention heads; whole KV groups with grouped-query "
+                                  "attention), or both (each by --sparsity)")
+                      ->capture_default_str();
   cmd->add_option("--nm", f.nm, "the N:M pattern of --method n:m: keep N of every M weights")
       ->capture_default_str();
   cmd->add_flag("--per-layer", f.per_layer,
@@ -197,10 +204,21 @@ int run_prune(PruneFlags& f,
           f.sparsity, f.method, spec->n, spec->m, 100.0 * (spec->m - spec->n) / spec->m)));
     }
   }
+  const bool what_given = f.what_option && f.what_option->count() > 0;
+  if (what_given && !structured) {
+    return prune_fail(Status::invalid_argument(fmt::format(
+        "--what {} applies to --method structured only (masks prune single weights)", f.what)));
+  }
+  if (structured && f.what != "mlp" && f.what != "heads" && f.what != "both") {
+    return prune_fail(Status::invalid_argument(
+        fmt::format("--what '{}': use mlp (MLP channels), heads (attention heads or KV groups) "
+                    "or both",
+                    f.what)));
+  }
   if (f.per_layer && (structured || spec->kind != model::MaskSpec::Kind::kMagnitude)) {
     return prune_fail(Status::invalid_argument(
         "--per-layer applies to --method magnitude only (N:M is per group, structured removes "
-        "the same channels count in every block)"));
+        "the same count of channels or heads in every block)"));
   }
   const int T = f.seq > 0 ? f.seq : std::min(128, cfg->n_positions);
   if (T > cfg->n_positions) {
@@ -215,10 +233,9 @@ int run_prune(PruneFlags& f,
   std::string data_path = f.data;
   if (!f.data.empty()) {
     if (f.data == "default") {
-      std::error_code ec;
-      const bool own = fs::exists(fs::path(f.model_dir) / "tokenizer.json", ec) ||
-                       fs::exists(fs::path(f.model_dir) / "tokenizer.model", ec);
-      Result<std::string> p = default_corpus(own ? f.model_dir : "");
+      // The model's own tokenizer (its tokenizer.json / .model, or the byte tokenizer its
+      // tokenizer_config.json names), as generate finds it; else GPT-2's.
+      Result<std::string> p = default_corpus(train::model_dir_tokenizer(f.model_dir));
       if (!p.is_ok()) return prune_fail(p.status());
       data_path = *p;
     }
@@ -239,21 +256,56 @@ int run_prune(PruneFlags& f,
   std::string what;
   json detail;
   if (structured) {
-    Result<model::StructuredPrune> sp =
-        model::prune_mlp_channels(*cfg, table, params.data(), f.sparsity);
-    if (!sp.is_ok()) return prune_fail(sp.status());
-    out_cfg = sp->config;
-    out_table = sp->table;
-    out_params = std::move(sp->params);
-    what = fmt::format("structured: {} of {} MLP channels removed in every block ({} -> {})",
-                       cfg->mlp_width() - out_cfg.mlp_width(), cfg->mlp_width(), cfg->mlp_width(),
-                       out_cfg.mlp_width());
-    detail = {{"mlp_width_before", cfg->mlp_width()},
-              {"mlp_width_after", out_cfg.mlp_width()},
-              {"importance",
-               "L2 norm of each channel's weights and bias across the MLP's "
-               "projections"},
-              {"removed_channels", sp->removed}};
+    // Heads first, then the MLP (they own disjoint tensors, so the order changes nothing).
+    out_params = params;
+    std::vector<std::string> parts;
+    if (f.what == "heads" || f.what == "both") {
+      Result<model::StructuredPrune> sp =
+          model::prune_attention_heads(out_cfg, out_table, out_params.data(), f.sparsity);
+      if (!sp.is_ok()) return prune_fail(sp.status());
+      const bool gqa = cfg->kv_heads() < cfg->n_head;
+      const int groups_after = sp->config.kv_heads();
+      parts.push_back(
+          gqa ? fmt::format("{} of {} KV groups ({} query heads each) removed in every block "
+                            "(heads {} -> {}, kv heads {} -> {})",
+                            cfg->kv_heads() - groups_after, cfg->kv_heads(),
+                            cfg->n_head / cfg->kv_heads(), cfg->n_head, sp->config.n_head,
+                            cfg->kv_heads(), groups_after)
+              : fmt::format("{} of {} attention heads removed in every block ({} -> {})",
+                            cfg->n_head - sp->config.n_head, cfg->n_head, cfg->n_head,
+                            sp->config.n_head));
+      detail["heads_before"] = cfg->n_head;
+      detail["heads_after"] = sp->config.n_head;
+      detail["kv_heads_before"] = cfg->kv_heads();
+      detail["kv_heads_after"] = groups_after;
+      detail["head_dim"] = cfg->head_size();
+      detail["attention_width_before"] = cfg->attn_width();
+      detail["attention_width_after"] = sp->config.attn_width();
+      detail["removed_heads"] = sp->removed;  // per block: KV groups (heads in MHA)
+      detail["heads_importance"] =
+          "L2 norm of each KV group's q, k, v rows and biases and its output-projection columns";
+      out_cfg = sp->config;
+      out_table = sp->table;
+      out_params = std::move(sp->params);
+    }
+    if (f.what == "mlp" || f.what == "both") {
+      Result<model::StructuredPrune> sp =
+          model::prune_mlp_channels(out_cfg, out_table, out_params.data(), f.sparsity);
+      if (!sp.is_ok()) return prune_fail(sp.status());
+      parts.push_back(fmt::format("{} of {} MLP channels removed in every block ({} -> {})",
+                                  cfg->mlp_width() - sp->config.mlp_width(), cfg->mlp_width(),
+                                  cfg->mlp_width(), sp->config.mlp_width()));
+      detail["mlp_width_before"] = cfg->mlp_width();
+      detail["mlp_width_after"] = sp->config.mlp_width();
+      detail["importance"] =
+          "L2 norm of each channel's weights and bias across the MLP's projections";
+      detail["removed_channels"] = sp->removed;
+      out_cfg = sp->config;
+      out_table = sp->table;
+      out_params = std::move(sp->params);
+    }
+    what = "structured: " + parts[0] + (parts.size() > 1 ? "; " + parts[1] : "");
+    detail["what"] = f.what;
   } else {
     Result<model::SparsityMask> mask = model::make_mask(*cfg, table, params.data(), *spec);
     if (!mask.is_ok()) return prune_fail(mask.status());

@@ -1,6 +1,6 @@
-// `headroom prune`: magnitude, N:M or structured (MLP channel) pruning of a saved model into a
-// new model directory, with parameters, planned memory and validation loss before and after
-// (docs/notes/pruning.md).
+// `headroom prune`: magnitude, N:M or structured (MLP channels, attention heads / KV groups)
+// pruning of a saved model into a new model directory, with parameters, planned memory and
+// validation loss before and after (docs/notes/pruning.md).
 #pragma once
 
 #include <functional>
@@ -20,6 +20,8 @@ struct PruneFlags {
   CLI::Option* sparsity_option = nullptr;  // to tell a given --sparsity from the default
   std::string nm = "2:4";
   bool per_layer = false;
+  std::string what = "mlp";  // structured: mlp | heads | both
+  CLI::Option* what_option = nullptr;
   std::string data;  // a token file, "default" (the default corpus), or empty: no validation
   int seq = 0;       // 0: min(128, n_positions)
   int batch = 8;

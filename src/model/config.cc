@@ -38,8 +38,8 @@ std::string describe(const nlohmann::json& v) {
 int64_t TransformerConfig::block_parameters() const {
   const int64_t C = n_embd, norm_params = norm == NormKind::kLayerNorm ? 2 * C : C;
   const int64_t q = qkv_width(), f = fc_width();
-  return 2 * norm_params + C * q + (qkv_bias ? q : 0) + C * C + C * f + int64_t(mlp_width()) * C +
-         (other_bias ? C + f + C : 0);
+  return 2 * norm_params + C * q + (qkv_bias ? q : 0) + attn_width() * C + C * f +
+         int64_t(mlp_width()) * C + (other_bias ? C + f + C : 0);
 }
 
 int64_t TransformerConfig::num_parameters() const {
@@ -67,9 +67,13 @@ Status TransformerConfig::validate() const {
     return Status::invalid_argument(
         fmt::format("intermediate_size = {} must be positive", intermediate_size));
   }
-  if (n_embd % n_head != 0) {
-    return Status::invalid_argument(
-        fmt::format("n_embd = {} is not divisible by n_head = {}", n_embd, n_head));
+  if (head_dim < 0) {
+    return Status::invalid_argument(fmt::format("head_dim = {} must be positive", head_dim));
+  }
+  if (head_dim == 0 && n_embd % n_head != 0) {
+    return Status::invalid_argument(fmt::format(
+        "n_embd = {} is not divisible by n_head = {} (give head_dim for another head size)", n_embd,
+        n_head));
   }
   if (n_head % kv_heads() != 0) {
     return Status::invalid_argument(
@@ -78,7 +82,8 @@ Status TransformerConfig::validate() const {
   }
   if (positions == PositionKind::kRope && head_size() % 2 != 0) {
     return Status::invalid_argument(fmt::format(
-        "head size {} (hidden_size / num_attention_heads) must be even for rotary embeddings",
+        "head size {} (head_dim, or hidden_size / num_attention_heads) must be even for rotary "
+        "embeddings",
         head_size()));
   }
   if (!(layer_norm_epsilon > 0 && layer_norm_epsilon < 1)) {
@@ -103,9 +108,10 @@ Status TransformerConfig::validate() const {
   }
   // The parameter count, in 128 bits so that the check cannot overflow.
   const __int128 C = n_embd;
-  const __int128 params = (__int128(vocab_size) * 2 + n_positions + 2) * C +
-                          __int128(n_layer) * (C * (qkv_width() + C + fc_width() + mlp_width()) +
-                                               4 * C + qkv_width() + fc_width());
+  const __int128 params =
+      (__int128(vocab_size) * 2 + n_positions + 2) * C +
+      __int128(n_layer) * (C * (qkv_width() + attn_width() + fc_width() + mlp_width()) + 4 * C +
+                           qkv_width() + fc_width());
   if (params > kMaxParameters) {
     return Status::invalid_argument(fmt::format(
         "n_layer = {}, n_embd = {}, vocab_size = {} give more than 2^40 parameters; this build "
@@ -115,6 +121,11 @@ Status TransformerConfig::validate() const {
   if (mlp_width() > (int64_t(1) << 30)) {
     return Status::invalid_argument(
         fmt::format("n_embd = {} gives an MLP width of {}, more than 2^30", n_embd, mlp_width()));
+  }
+  // The attention's widths stay within the kernels' int arithmetic, as the MLP's do.
+  if (qkv_width() > (int64_t(1) << 30)) {
+    return Status::invalid_argument(fmt::format(
+        "n_head = {} x head_dim = {} gives an attention wider than 2^30", n_head, head_size()));
   }
   return Status::ok();
 }
@@ -145,6 +156,10 @@ std::string TransformerConfig::to_json() const {
     // Hugging Face's GPT-2 reads the MLP's width from n_inner (null: 4 n_embd); written only
     // when it is not 4 n_embd (a pruned MLP), so that unpruned configs stay as they were.
     if (mlp_width() != 4 * int64_t(n_embd)) j["n_inner"] = mlp_width();
+    // The head size when it is not n_embd / n_head (pruned heads): headroom's own field, which
+    // Hugging Face's GPT2Config ignores (its GPT-2 derives head_dim and would refuse the smaller
+    // c_attn / c_proj tensors). Absent otherwise, so that unpruned configs stay as they were.
+    if (head_dim > 0) j["head_dim"] = head_dim;
     j["activation_function"] = "gelu_new";
     j["tie_word_embeddings"] = true;
     return dump_json(j, 2) + "\n";
@@ -305,6 +320,9 @@ Status parse_gpt2(const Fields& f, TransformerConfig* c) {
   // n_inner: the MLP's width (absent or null: 4 n_embd), as Hugging Face's GPT2Config.
   HR_RETURN_IF_ERROR(f.integer("n_inner", nullptr, &c->intermediate_size, /*required=*/false));
   if (c->intermediate_size == 4 * c->n_embd) c->intermediate_size = 0;  // the default, spelt out
+  int hd = 0;
+  HR_RETURN_IF_ERROR(f.integer("head_dim", nullptr, &hd, /*required=*/false));
+  c->set_head_dim(hd);
   if (f.j.contains("layer_norm_epsilon")) {
     HR_RETURN_IF_ERROR(
         f.number(f.j["layer_norm_epsilon"], "layer_norm_epsilon", 0, 1, &c->layer_norm_epsilon));
@@ -332,16 +350,11 @@ Status parse_llama_family(const Fields& f, const std::string& type, TransformerC
   HR_RETURN_IF_ERROR(f.integer("max_position_embeddings", nullptr, &c->n_positions));
   c->n_kv_head = c->n_head;
   HR_RETURN_IF_ERROR(f.integer("num_key_value_heads", nullptr, &c->n_kv_head, false));
-  if (f.has("head_dim")) {
-    int hd = 0;
-    HR_RETURN_IF_ERROR(f.integer("head_dim", nullptr, &hd));
-    if (int64_t(hd) * c->n_head != c->n_embd) {
-      return Status::unsupported(fmt::format(
-          "{}: field 'head_dim' = {} is not hidden_size / num_attention_heads = {} / {}; headroom "
-          "supports only that head size",
-          src, hd, c->n_embd, c->n_head));
-    }
-  }
+  // head_dim (absent or null: hidden_size / num_attention_heads, as transformers' LlamaConfig);
+  // another value makes the attention n_head x head_dim wide (Note [Attention width]).
+  int hd = 0;
+  HR_RETURN_IF_ERROR(f.integer("head_dim", nullptr, &hd, /*required=*/false));
+  c->set_head_dim(hd);
   c->layer_norm_epsilon = 1e-6f;  // transformers' LlamaConfig default
   if (f.has("rms_norm_eps")) {
     HR_RETURN_IF_ERROR(f.number(f.j["rms_norm_eps"], "rms_norm_eps", 0, 1, &c->layer_norm_epsilon));

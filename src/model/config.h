@@ -39,19 +39,30 @@ struct TransformerConfig {
   MlpKind mlp = MlpKind::kGelu;
   int n_kv_head = 0;          // key/value heads (grouped-query attention); 0: n_head
   int intermediate_size = 0;  // the MLP's width; 0: 4 n_embd
-  bool qkv_bias = true;       // biases on the q, k, v projections
-  bool other_bias = true;     // biases on the output projections and the MLP (and LayerNorm)
-  bool tied_head = true;      // the LM head is the token embedding
+  // Each attention head's width; 0: n_embd / n_head. Explicit where the attention is not
+  // n_embd wide (config.json's head_dim; a model whose heads were pruned): the attention's width
+  // A = n_head x head_dim is then the q projection's output and the output projection's input,
+  // while the residual stream stays n_embd wide (Note [Attention width] in docs/notes/pruning.md).
+  int head_dim = 0;
+  bool qkv_bias = true;    // biases on the q, k, v projections
+  bool other_bias = true;  // biases on the output projections and the MLP (and LayerNorm)
+  bool tied_head = true;   // the LM head is the token embedding
   float rope_theta = 10000.0f;
   RopeScalingConfig rope_scaling;
 
-  int head_size() const { return n_embd / n_head; }
+  int head_size() const { return head_dim > 0 ? head_dim : n_embd / n_head; }
   int kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
+  // The attention's width A = n_head x head_size: the attention's output [B, T, A] and the output
+  // projection's input (n_embd unless head_dim says otherwise).
+  int64_t attn_width() const { return int64_t(n_head) * head_size(); }
+  // Sets head_dim, as 0 where it is the default n_embd / n_head (so configs compare equal
+  // however the head size was given).
+  void set_head_dim(int hd) { head_dim = n_head > 0 && int64_t(hd) * n_head == n_embd ? 0 : hd; }
   int64_t mlp_width() const {
     return intermediate_size > 0 ? intermediate_size : 4 * int64_t(n_embd);
   }
   // Columns of the fused q | k | v projection's output: (n_head + 2 kv_heads) head_size.
-  int64_t qkv_width() const { return int64_t(n_head + 2 * kv_heads()) * head_size(); }
+  int64_t qkv_width() const { return (int64_t(n_head) + 2 * int64_t(kv_heads())) * head_size(); }
   // Columns of the MLP's first GEMM: its width (GELU), or gate | up (SwiGLU).
   int64_t fc_width() const { return mlp == MlpKind::kSwiGlu ? 2 * mlp_width() : mlp_width(); }
   bool is_gpt2() const { return model_type == "gpt2"; }
@@ -60,7 +71,7 @@ struct TransformerConfig {
   int64_t num_parameters() const;
   // Weights of one block's GEMMs (12 C^2 in GPT-2), and of the position table (0 with RoPE).
   int64_t block_gemm_weights() const {
-    return int64_t(n_embd) * (qkv_width() + n_embd + fc_width() + mlp_width());
+    return int64_t(n_embd) * (qkv_width() + attn_width() + fc_width() + mlp_width());
   }
   int64_t position_parameters() const {
     return positions == PositionKind::kLearned ? int64_t(n_positions) * n_embd : 0;
@@ -103,8 +114,9 @@ RunDefaults preset_run_defaults(const std::string& name);
 
 // Parses a Hugging Face style config.json: model_type gpt2 (the default when absent), llama,
 // mistral or qwen2. Unknown fields are ignored (HF files carry many); the required ones must be
-// positive integers; a setting headroom does not implement (another activation, a head_dim that
-// is not hidden_size / heads, sliding-window attention, ...) is refused with the field and value.
+// positive integers; a setting headroom does not implement (another activation, MLP biases, a
+// rope_scaling type, ...) is refused with the field and value. head_dim is read for
+// both families (GPT-2's is headroom's own field: Hugging Face's GPT2Config has none).
 Result<TransformerConfig> parse_config_json(const std::string& text,
                                             const std::string& source_name);
 Result<TransformerConfig> load_config_file(const std::string& path);

@@ -83,9 +83,11 @@ ParamTable gpt2_param_table(const Gpt2Config& c) {
       ParamTable::Layer y;
       y.ln1_w = add(p + "ln_1.weight", {C}, l);
       y.ln1_b = add(p + "ln_1.bias", {C}, l);
-      y.qkv_w = add(p + "attn.c_attn.weight", {C, 3 * C}, l);
-      y.qkv_b = add(p + "attn.c_attn.bias", {3 * C}, l);
-      y.attproj_w = add(p + "attn.c_proj.weight", {C, C}, l);
+      // q | k | v, each A = n_head x head_size wide (C unless head_dim says otherwise).
+      const int64_t QKV = c.qkv_width();
+      y.qkv_w = add(p + "attn.c_attn.weight", {C, QKV}, l);
+      y.qkv_b = add(p + "attn.c_attn.bias", {QKV}, l);
+      y.attproj_w = add(p + "attn.c_proj.weight", {c.attn_width(), C}, l);
       y.attproj_b = add(p + "attn.c_proj.bias", {C}, l);
       y.ln2_w = add(p + "ln_2.weight", {C}, l);
       y.ln2_b = add(p + "ln_2.bias", {C}, l);
@@ -287,8 +289,11 @@ ActivationTable gpt2_activation_table(const Gpt2Config& c, int B, int T, bool tr
   const int64_t ld_fc = options.mlp_row_stride(c.fc_width(), ops);
   const int64_t ld_act = options.mlp_row_stride(c.mlp_width(), ops);
   const int64_t QKV = c.qkv_width();
+  // The attention's width (Note [Attention width] in docs/notes/pruning.md): its output and the
+  // output projection's input, C unless head_dim says otherwise.
+  const int64_t AW = c.attn_width();
   // One block's GEMM weights, in floats: q|k|v, the attention's projection, the MLP's two.
-  const int64_t block_gemm = C * QKV + C * C + C * c.fc_width() + int64_t(c.mlp_width()) * C;
+  const int64_t block_gemm = C * QKV + AW * C + C * c.fc_width() + int64_t(c.mlp_width()) * C;
   auto att_shape = [&]() { return tiled ? Shape{B, NH, T} : Shape{B, NH, T, T}; };
   // Every buffer of one block, named by `prefix`, tagged `cat`.
   auto block = [&](const std::string& p, Category cat, bool with_output) {
@@ -297,7 +302,7 @@ ActivationTable gpt2_activation_table(const Gpt2Config& c, int B, int T, bool tr
     L.ln1_mean = rms ? SIZE_MAX : add(p + "ln1_mean", {B, T}, cat);
     L.ln1_rstd = add(p + "ln1_rstd", {B, T}, cat);
     L.qkv = add_low(p + "qkv", {B, T, QKV}, cat);
-    L.atty = add_low(p + "atty", {B, T, C}, cat);
+    L.atty = add_low(p + "atty", {B, T, AW}, cat);
     L.att = add(p + (tiled ? "att_lse" : "att"), att_shape(), cat);
     L.residual2 = add(p + "residual2", {B, T, C}, cat);
     L.ln2 = add_low(p + "ln2", {B, T, C}, cat);
@@ -329,7 +334,7 @@ ActivationTable gpt2_activation_table(const Gpt2Config& c, int B, int T, bool tr
     const int64_t N = int64_t(B) * T;
     size_t staging = 0;
     for (auto [ic, oc] : std::initializer_list<std::pair<int64_t, int64_t>>{
-             {C, QKV}, {C, C}, {C, c.fc_width()}, {c.mlp_width(), C}}) {
+             {C, QKV}, {AW, C}, {C, c.fc_width()}, {c.mlp_width(), C}}) {
       staging = std::max(staging, ops.f16_matmul_staging_floats(N, ic, oc));
     }
     t.ids.f16_staging = add("f16_gemm_staging", {int64_t(staging)}, Category::kWorkspace);
@@ -366,7 +371,7 @@ ActivationTable gpt2_activation_table(const Gpt2Config& c, int B, int T, bool tr
   }
   t.ids.att_fwd_scratch =
       tiled ? add("attention_forward_scratch",
-                  {int64_t(ops.attention_tiled_scratch_floats(B, T, c.n_embd, c.n_head, NKV, low))},
+                  {int64_t(ops.attention_tiled_scratch_floats(B, T, int(AW), c.n_head, NKV, low))},
                   Category::kWorkspace)
             : SIZE_MAX;
   if (!training) {
@@ -377,7 +382,8 @@ ActivationTable gpt2_activation_table(const Gpt2Config& c, int B, int T, bool tr
   }
   const Category W = Category::kWorkspace;
   t.ids.dresidual = add("d_residual", {B, T, C}, W);
-  t.ids.d_c = add_low("d_c", {B, T, C}, W);
+  // d_c holds d(ln) (C wide) and the attention output's gradient (A wide) in turn.
+  t.ids.d_c = add_low("d_c", {B, T, std::max(C, AW)}, W);
   t.ids.d_3c = add_low("d_3c", {B, T, QKV}, W);
   // The gradient of the MLP's activation output (GELU's runs in place there; SwiGLU's writes
   // gate|up's gradient over fch, which its backward no longer reads).
@@ -385,7 +391,7 @@ ActivationTable gpt2_activation_table(const Gpt2Config& c, int B, int T, bool tr
   t.ids.att_scratch = add(
       "attention_backward_scratch",
       {int64_t(tiled
-                   ? ops.attention_tiled_backward_scratch_floats(B, T, c.n_embd, c.n_head, NKV, low)
+                   ? ops.attention_tiled_backward_scratch_floats(B, T, int(AW), c.n_head, NKV, low)
                    : ops.attention_backward_scratch_floats(B, T, c.n_head, NKV))},
       W);
   // bf16: the transposed operands of the weight gradients, sized for the largest GEMM that
@@ -396,7 +402,7 @@ ActivationTable gpt2_activation_table(const Gpt2Config& c, int B, int T, bool tr
     const int64_t N = int64_t(B) * T;
     int64_t elems = 0;
     for (auto [ic, oc] : std::initializer_list<std::pair<int64_t, int64_t>>{
-             {C, QKV}, {C, C}, {C, c.fc_width()}, {c.mlp_width(), C}}) {
+             {C, QKV}, {AW, C}, {C, c.fc_width()}, {c.mlp_width(), C}}) {
       if (ops.bf16_wgrad_transposes(int(N), int(ic), int(oc))) {
         elems = std::max(elems, N * (ic + oc));
       }
@@ -640,7 +646,7 @@ void Gpt2::cast_block_weights(int l) {
   char* dst = static_cast<char*>(arena_->data(id.block_weights_bf16));
   const std::array<std::pair<const float*, int64_t>, 4> parts = {
       {{w.qkv_w, C * config_.qkv_width()},
-       {w.attproj_w, C * C},
+       {w.attproj_w, config_.attn_width() * C},
        {w.fc_w, C * config_.fc_width()},
        {w.fcproj_w, int64_t(config_.mlp_width()) * C}}};
   timed(OpKind::kElementwise, [&] {
@@ -913,7 +919,7 @@ template <typename T>
 void Gpt2::block_forward(int l, const Gpt2ActivationIds::Layer& s, const float* x,
                          bool with_output) {
   const int B = B_, Tu = T_used_, C = config_.n_embd, NH = config_.n_head, N = B * Tu;
-  const int NKV = config_.kv_heads(), HS = config_.head_size();
+  const int NKV = config_.kv_heads(), HS = config_.head_size(), AW = int(config_.attn_width());
   const int QKV = int(config_.qkv_width()), FC = int(config_.fc_width()),
             I = int(config_.mlp_width());
   const int64_t ld_fc = acts_->options.mlp_row_stride(FC, *ops_);
@@ -944,16 +950,16 @@ void Gpt2::block_forward(int l, const Gpt2ActivationIds::Layer& s, const float* 
   timed(OpKind::kAttention, [&] {
     if constexpr (std::is_same_v<T, float>) {
       if (!acts_->options.tiled_attention) {
-        ops_->attention_forward(atty, a.f32(s.att), qkv, B, Tu, C, NH, NKV);
+        ops_->attention_forward(atty, a.f32(s.att), qkv, B, Tu, AW, NH, NKV);
         return;
       }
     }
-    ops_->attention_tiled_forward(atty, a.f32(s.att), qkv, B, Tu, C, NH, NKV,
+    ops_->attention_tiled_forward(atty, a.f32(s.att), qkv, B, Tu, AW, NH, NKV,
                                   a.f32(acts_->ids.att_fwd_scratch));
   });
   // The projection is written straight into residual2 (fp32), then the residual is added in place.
   timed(OpKind::kGemm, [&] {
-    ops_->matmul_forward(a.f32(s.residual2), atty, gemm_weight<T>(w.attproj_w), w.attproj_b, N, C,
+    ops_->matmul_forward(a.f32(s.residual2), atty, gemm_weight<T>(w.attproj_w), w.attproj_b, N, AW,
                          C, layout, {});
   });
   timed(OpKind::kElementwise,
@@ -1142,7 +1148,7 @@ void Gpt2::backward_t(const int32_t* inputs, const int32_t* targets, float dloss
   const Gpt2ActivationIds& id = acts_->ids;
   const int B = B_, Tu = T_used_, C = config_.n_embd, NH = config_.n_head, V = config_.vocab_size,
             L = config_.n_layer;
-  const int NKV = config_.kv_heads(), HS = config_.head_size();
+  const int NKV = config_.kv_heads(), HS = config_.head_size(), AW = int(config_.attn_width());
   const int QKV = int(config_.qkv_width()), FC = int(config_.fc_width()),
             I = int(config_.mlp_width());
   const bool rms = config_.norm == NormKind::kRmsNorm;
@@ -1363,17 +1369,17 @@ void Gpt2::backward_t(const int32_t* inputs, const int32_t* targets, float dloss
     const T* dres2 = dres_for_gemm(false);
     timed(OpKind::kGemm, [&] {
       block_matmul_backward(dc, g.attproj_w, g.attproj_b, dres2, atty, gemm_weight<T>(w.attproj_w),
-                            C, C, {});
+                            AW, C, {});
     });
     timed(OpKind::kAttention, [&] {
       if constexpr (std::is_same_v<T, float>) {
         if (!acts_->options.tiled_attention) {
-          ops_->attention_backward(d3c, a.f32(id.att_scratch), dc, qkv, a.f32(s.att), B, Tu, C, NH,
+          ops_->attention_backward(d3c, a.f32(id.att_scratch), dc, qkv, a.f32(s.att), B, Tu, AW, NH,
                                    NKV);
           return;
         }
       }
-      ops_->attention_tiled_backward(d3c, dc, qkv, atty, a.f32(s.att), B, Tu, C, NH, NKV,
+      ops_->attention_tiled_backward(d3c, dc, qkv, atty, a.f32(s.att), B, Tu, AW, NH, NKV,
                                      a.f32(id.att_scratch));
     });
     if (rope_cos) {

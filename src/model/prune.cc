@@ -188,26 +188,184 @@ MaskCounts count_mask(const ParamTable& table, const SparsityMask& mask) {
 
 namespace {
 
-// One block's MLP channel j: calls f(flat offset) for every weight and bias it owns.
+// What structured pruning removes: an MLP hidden channel, or a KV group (one key/value head with
+// the query heads that read it; in MHA a group is one head).
+using Unit = StructuredPrune::Unit;
+
+int64_t unit_count(Unit u, const TransformerConfig& c) {
+  return u == Unit::kMlpChannel ? c.mlp_width() : c.kv_heads();
+}
+
+// One block's unit j: calls f(flat offset) for every weight and bias it owns, in an order that
+// depends only on the shapes that pruning keeps (C, the head size, the group size), so that the
+// same unit at another index, or in the pruned model, is visited in the same order.
 template <typename F>
-void for_channel(const TransformerConfig& c, const ParamTable& t, int l, int64_t j, F&& f) {
+void for_unit(Unit u, const TransformerConfig& c, const ParamTable& t, int l, int64_t j, F&& f) {
   const ParamTable::Layer& y = t.layers[size_t(l)];
-  const int64_t C = c.n_embd, I = c.mlp_width();
+  const int64_t C = c.n_embd;
+  auto off = [&](size_t i) { return t.params[i].offset; };
+  if (u == Unit::kMlpChannel) {
+    const int64_t I = c.mlp_width();
+    if (c.is_gpt2()) {
+      const int64_t fc = off(y.fc_w), proj = off(y.fcproj_w);
+      for (int64_t i = 0; i < C; i++) f(fc + i * I + j);  // c_fc [C, I]: column j
+      f(off(y.fc_b) + j);
+      for (int64_t i = 0; i < C; i++) f(proj + j * C + i);  // c_proj [I, C]: row j
+    } else {
+      const int64_t gate = off(y.fc_w), up = off(y.fc_w + 1), down = off(y.fcproj_w);
+      for (int64_t i = 0; i < C; i++) f(gate + j * C + i);  // gate [I, C]: row j
+      for (int64_t i = 0; i < C; i++) f(up + j * C + i);    // up [I, C]: row j
+      for (int64_t i = 0; i < C; i++) f(down + i * I + j);  // down [C, I]: column j
+    }
+    return;
+  }
+  // KV group j: query heads j G .. (j + 1) G - 1 (G = n_head / kv_heads) and kv head j. Head h's
+  // features are h HS .. (h + 1) HS - 1 of q's output (and of the output projection's input);
+  // kv head j's are j HS .. of k's and of v's.
+  const int64_t HS = c.head_size(), G = c.n_head / c.kv_heads();
+  const int64_t A = c.attn_width(), KV = int64_t(c.kv_heads()) * HS;
+  const int64_t q0 = j * G * HS, kv0 = j * HS;  // first q feature, first k (v) feature
   if (c.is_gpt2()) {
-    const int64_t fc = t.params[y.fc_w].offset, proj = t.params[y.fcproj_w].offset;
-    for (int64_t i = 0; i < C; i++) f(fc + i * I + j);  // c_fc [C, I]: column j
-    f(t.params[y.fc_b].offset + j);
-    for (int64_t i = 0; i < C; i++) f(proj + j * C + i);  // c_proj [I, C]: row j
-  } else {
-    const int64_t gate = t.params[y.fc_w].offset, up = t.params[y.fc_w + 1].offset;
-    const int64_t down = t.params[y.fcproj_w].offset;
-    for (int64_t i = 0; i < C; i++) f(gate + j * C + i);  // gate [I, C]: row j
-    for (int64_t i = 0; i < C; i++) f(up + j * C + i);    // up [I, C]: row j
-    for (int64_t i = 0; i < C; i++) f(down + i * I + j);  // down [C, I]: column j
+    // c_attn [C, A + 2 KV] (q | k | v columns; GPT-2 is MHA: KV = A), its bias; c_proj [A, C].
+    const int64_t W = c.qkv_width(), at = off(y.qkv_w), proj = off(y.attproj_w);
+    for (int64_t part = 0; part < 3; part++) {
+      const int64_t col0 = part == 0 ? q0 : A + (part - 1) * KV + kv0;
+      const int64_t n = part == 0 ? G * HS : HS;
+      for (int64_t i = 0; i < C; i++) {
+        for (int64_t d = 0; d < n; d++) f(at + i * W + col0 + d);
+      }
+      if (y.qkv_b != ParamTable::kNone) {
+        for (int64_t d = 0; d < n; d++) f(off(y.qkv_b) + col0 + d);
+      }
+    }
+    for (int64_t d = 0; d < G * HS; d++) {
+      for (int64_t i = 0; i < C; i++) f(proj + (q0 + d) * C + i);  // c_proj: rows of the heads
+    }
+    return;
+  }
+  // q_proj [A, C], k_proj and v_proj [KV, C] (rows), their biases (Qwen2); o_proj [C, A].
+  const int64_t rows0[3] = {q0, kv0, kv0}, rows[3] = {G * HS, HS, HS};
+  for (size_t part = 0; part < 3; part++) {
+    const int64_t w = off(y.qkv_w + part);
+    for (int64_t r = 0; r < rows[part]; r++) {
+      for (int64_t i = 0; i < C; i++) f(w + (rows0[part] + r) * C + i);
+    }
+    if (y.qkv_b != ParamTable::kNone) {
+      for (int64_t r = 0; r < rows[part]; r++) f(off(y.qkv_b + part) + rows0[part] + r);
+    }
+  }
+  const int64_t o = off(y.attproj_w);
+  for (int64_t i = 0; i < C; i++) {
+    for (int64_t d = 0; d < G * HS; d++) f(o + i * A + q0 + d);  // o_proj: columns of the heads
+  }
+}
+
+// The tensors whose shapes a unit's removal changes (the rest are copied whole).
+std::vector<bool> unit_tensors(Unit u, const TransformerConfig& c, const ParamTable& t) {
+  std::vector<bool> owned(t.params.size(), false);
+  auto mark = [&](size_t i, int n) {
+    if (i == ParamTable::kNone) return;
+    for (int k = 0; k < n; k++) owned[i + size_t(k)] = true;
+  };
+  const int fused = c.is_gpt2() ? 1 : 3;  // c_attn, or q_proj | k_proj | v_proj
+  for (const ParamTable::Layer& y : t.layers) {
+    if (u == Unit::kMlpChannel) {
+      mark(y.fc_w, c.is_gpt2() ? 1 : 2);  // c_fc, or gate | up
+      mark(y.fc_b, 1);
+      mark(y.fcproj_w, 1);
+    } else {
+      mark(y.qkv_w, fused);
+      mark(y.qkv_b, fused);
+      mark(y.attproj_w, 1);
+    }
+  }
+  return owned;
+}
+
+// Keeps in every block the `keep` units of largest L2 norm (in their original order) and writes
+// `out_config`'s smaller model. REQUIRES: out_config has `keep` units and otherwise the shapes
+// of `config`.
+StructuredPrune prune_units(Unit u, const TransformerConfig& config, const ParamTable& table,
+                            const float* params, const TransformerConfig& out_config,
+                            int64_t keep) {
+  const int64_t n_units = unit_count(u, config);
+  StructuredPrune out;
+  out.config = out_config;
+  out.table = gpt2_param_table(out.config);
+  HR_CHECK_MSG(out.table.params.size() == table.params.size() && unit_count(u, out_config) == keep,
+               "prune_units: the pruned model's tensors differ");
+  // Each block keeps the `keep` units of largest L2 norm (ties: the lower index stays) and
+  // removes the rest; gather_kept keeps the original order.
+  out.unit = u;
+  out.removed.resize(table.layers.size());
+  for (int l = 0; l < int(table.layers.size()); l++) {
+    std::vector<double> score(size_t(n_units), 0.0);
+    for (int64_t j = 0; j < n_units; j++) {
+      double s = 0;
+      for_unit(u, config, table, l, j, [&](int64_t k) { s += double(params[k]) * params[k]; });
+      score[size_t(j)] = std::sqrt(s);
+    }
+    std::vector<int64_t> order(static_cast<size_t>(n_units));
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int64_t a, int64_t b) { return score[size_t(a)] > score[size_t(b)]; });
+    out.removed[size_t(l)].assign(order.begin() + keep, order.end());
+    std::sort(out.removed[size_t(l)].begin(), out.removed[size_t(l)].end());
+  }
+  out.params = gather_kept(config, table, params, out);
+  return out;
+}
+
+void zero_units(Unit u, const TransformerConfig& config, const ParamTable& table, float* params,
+                const std::vector<std::vector<int64_t>>& removed) {
+  for (int l = 0; l < int(removed.size()); l++) {
+    for (int64_t j : removed[size_t(l)]) {
+      for_unit(u, config, table, l, j, [&](int64_t k) { params[k] = 0.0f; });
+    }
   }
 }
 
 }  // namespace
+
+std::vector<float> gather_kept(const TransformerConfig& config, const ParamTable& table,
+                               const float* buffer, const StructuredPrune& pruned) {
+  const Unit u = pruned.unit;
+  const int64_t n_units = unit_count(u, config), keep = unit_count(u, pruned.config);
+  HR_CHECK_MSG(pruned.removed.size() == table.layers.size(),
+               "gather_kept: the pruning is of another model");
+  std::vector<float> out(size_t(pruned.table.total_floats), 0.0f);
+  // Copy every tensor; the units' tensors gather the kept units. A unit's weights and biases are
+  // visited in the same order in both models (for_unit), so pairing the visits copies each one
+  // to its place.
+  const std::vector<bool> owned = unit_tensors(u, config, table);
+  for (size_t i = 0; i < table.params.size(); i++) {
+    if (owned[i]) continue;
+    const ParamDesc& src = table.params[i];
+    const ParamDesc& dst = pruned.table.params[i];
+    HR_CHECK_MSG(src.name == dst.name && src.shape == dst.shape,
+                 "gather_kept: a tensor outside the pruned units changed");
+    std::copy(buffer + src.offset, buffer + src.offset + src.shape.numel(),
+              out.data() + dst.offset);
+  }
+  std::vector<int64_t> from;
+  for (int l = 0; l < int(table.layers.size()); l++) {
+    const std::vector<int64_t>& removed = pruned.removed[size_t(l)];
+    HR_CHECK_MSG(int64_t(removed.size()) == n_units - keep,
+                 "gather_kept: a block's removed units do not match the pruned model");
+    int64_t n = 0;
+    for (int64_t j = 0; j < n_units; j++) {
+      if (std::binary_search(removed.begin(), removed.end(), j)) continue;
+      from.clear();
+      for_unit(u, config, table, l, j, [&](int64_t k) { from.push_back(k); });
+      size_t q = 0;
+      for_unit(u, pruned.config, pruned.table, l, n,
+               [&](int64_t k) { out[size_t(k)] = buffer[from[q++]]; });
+      HR_CHECK(q == from.size());
+      n++;
+    }
+  }
+  return out;
+}
 
 Result<StructuredPrune> prune_mlp_channels(const TransformerConfig& config, const ParamTable& table,
                                            const float* params, double sparsity) {
@@ -223,71 +381,62 @@ Result<StructuredPrune> prune_mlp_channels(const TransformerConfig& config, cons
                     "smaller share",
                     sparsity, I));
   }
-  StructuredPrune out;
-  out.config = config;
-  out.config.intermediate_size = int(keep);
-  HR_RETURN_IF_ERROR(out.config.validate());
-  out.table = gpt2_param_table(out.config);
-  HR_CHECK_MSG(out.table.params.size() == table.params.size(),
-               "prune_mlp_channels: the pruned model's tensors differ");
-  out.params.assign(size_t(out.table.total_floats), 0.0f);
-  // Which channels each block keeps: the `keep` of largest L2 norm, in their original order.
-  std::vector<std::vector<int64_t>> kept(table.layers.size());
-  out.removed.resize(table.layers.size());
-  for (int l = 0; l < int(table.layers.size()); l++) {
-    std::vector<double> score(size_t(I), 0.0);
-    for (int64_t j = 0; j < I; j++) {
-      double s = 0;
-      for_channel(config, table, l, j, [&](int64_t k) { s += double(params[k]) * params[k]; });
-      score[size_t(j)] = std::sqrt(s);
-    }
-    std::vector<int64_t> order(static_cast<size_t>(I));
-    std::iota(order.begin(), order.end(), 0);
-    std::stable_sort(order.begin(), order.end(),
-                     [&](int64_t a, int64_t b) { return score[size_t(a)] > score[size_t(b)]; });
-    kept[size_t(l)].assign(order.begin(), order.begin() + keep);
-    out.removed[size_t(l)].assign(order.begin() + keep, order.end());
-    std::sort(kept[size_t(l)].begin(), kept[size_t(l)].end());
-    std::sort(out.removed[size_t(l)].begin(), out.removed[size_t(l)].end());
+  TransformerConfig c = config;
+  c.intermediate_size = int(keep);
+  HR_RETURN_IF_ERROR(c.validate());
+  return prune_units(Unit::kMlpChannel, config, table, params, c, keep);
+}
+
+Result<StructuredPrune> prune_attention_heads(const TransformerConfig& config,
+                                              const ParamTable& table, const float* params,
+                                              double sparsity) {
+  const int groups = config.kv_heads(), G = config.n_head / config.kv_heads();
+  const std::string unit = G == 1 ? "attention heads" : "KV groups";
+  if (!(sparsity >= 0 && sparsity < 1)) {
+    return Status::invalid_argument(
+        fmt::format("--sparsity {}: use a share in [0, 1) of the {} to remove", sparsity, unit));
   }
-  // Copy every tensor; the MLP's channel tensors gather the kept channels. A channel's weights
-  // and biases are visited in the same order in both models (for_channel), so pairing the
-  // visits copies each one to its place.
-  std::vector<bool> mlp(table.params.size(), false);
-  for (const ParamTable::Layer& y : table.layers) {
-    mlp[y.fc_w] = mlp[y.fcproj_w] = true;
-    if (!config.is_gpt2()) mlp[y.fc_w + 1] = true;
-    if (y.fc_b != ParamTable::kNone) mlp[y.fc_b] = true;
+  const auto keep = int64_t(std::llround((1 - sparsity) * double(groups)));
+  if (keep < 1) {
+    return Status::invalid_argument(fmt::format(
+        "--sparsity {} would remove all {} {} of every block (each keeps round((1 - {}) x {}) = "
+        "0); use a smaller share",
+        sparsity, groups, unit, sparsity, groups));
   }
-  for (size_t i = 0; i < table.params.size(); i++) {
-    if (mlp[i]) continue;
-    const ParamDesc& src = table.params[i];
-    const ParamDesc& dst = out.table.params[i];
-    HR_CHECK_MSG(src.name == dst.name && src.shape == dst.shape,
-                 "prune_mlp_channels: a tensor outside the MLP changed");
-    std::copy(params + src.offset, params + src.offset + src.shape.numel(),
-              out.params.data() + dst.offset);
-  }
-  std::vector<int64_t> from;
-  for (int l = 0; l < int(table.layers.size()); l++) {
-    for (int64_t n = 0; n < keep; n++) {
-      from.clear();
-      for_channel(config, table, l, kept[size_t(l)][size_t(n)],
-                  [&](int64_t k) { from.push_back(k); });
-      size_t q = 0;
-      for_channel(out.config, out.table, l, n,
-                  [&](int64_t k) { out.params[size_t(k)] = params[from[q++]]; });
-      HR_CHECK(q == from.size());
-    }
-  }
-  return out;
+  TransformerConfig c = config;
+  const int HS = config.head_size();
+  c.n_head = int(keep) * G;
+  // GPT-2's n_kv_head stays 0 (= n_head); the Llama family's says how many groups are left.
+  if (config.n_kv_head > 0) c.n_kv_head = int(keep);
+  c.head_dim = 0;
+  c.set_head_dim(HS);  // explicit unless the kept heads happen to span n_embd again
+  HR_RETURN_IF_ERROR(c.validate());
+  return prune_units(Unit::kKvGroup, config, table, params, c, keep);
 }
 
 void zero_mlp_channels(const TransformerConfig& config, const ParamTable& table, float* params,
                        const std::vector<std::vector<int64_t>>& removed) {
+  zero_units(Unit::kMlpChannel, config, table, params, removed);
+}
+
+void zero_attention_heads(const TransformerConfig& config, const ParamTable& table, float* params,
+                          const std::vector<std::vector<int64_t>>& removed) {
+  zero_units(Unit::kKvGroup, config, table, params, removed);
+}
+
+void zero_attention_output(const TransformerConfig& config, const ParamTable& table, float* params,
+                           const std::vector<std::vector<int64_t>>& removed) {
+  const int64_t C = config.n_embd, HS = config.head_size(), A = config.attn_width();
+  const int64_t G = config.n_head / config.kv_heads();
   for (int l = 0; l < int(removed.size()); l++) {
+    const int64_t o = table.params[table.layers[size_t(l)].attproj_w].offset;
     for (int64_t j : removed[size_t(l)]) {
-      for_channel(config, table, l, j, [&](int64_t k) { params[k] = 0.0f; });
+      for (int64_t d = j * G * HS; d < (j + 1) * G * HS; d++) {
+        for (int64_t i = 0; i < C; i++) {
+          // GPT-2's c_proj [A, C]: row d; Llama's o_proj [C, A]: column d.
+          params[config.is_gpt2() ? o + d * C + i : o + i * A + d] = 0.0f;
+        }
+      }
     }
   }
 }

@@ -1,5 +1,6 @@
 // Pruning the transformer's weights (docs/notes/pruning.md): unstructured magnitude masks, N:M
-// semi-structured masks, and structured pruning of MLP channels that writes a smaller model.
+// semi-structured masks, and structured pruning of MLP channels or of attention heads / KV groups
+// that writes a smaller model.
 // Everything here works on the flat parameter buffer of a ParamTable; nothing allocates device
 // memory (the caller owns the buffers).
 #pragma once
@@ -86,19 +87,52 @@ MaskCounts count_mask(const ParamTable& table, const SparsityMask& mask);
 // column. Errors: InvalidArgument for a sparsity outside [0, 1) or one that would keep no
 // channel.
 struct StructuredPrune {
-  TransformerConfig config;                   // intermediate_size updated
+  enum class Unit : uint8_t { kMlpChannel, kKvGroup } unit = Unit::kMlpChannel;  // what went
+  TransformerConfig config;                   // intermediate_size (or the heads) updated
   ParamTable table;                           // the smaller model's table
   std::vector<float> params;                  // its flat buffer (table.total_floats)
-  std::vector<std::vector<int64_t>> removed;  // per block: the removed channels, ascending
+  std::vector<std::vector<int64_t>> removed;  // per block: the removed channels (or KV groups),
+                                              // ascending
 };
 Result<StructuredPrune> prune_mlp_channels(const TransformerConfig& config, const ParamTable& table,
                                            const float* params, double sparsity);
+
+// Any parameter-shaped buffer of the unpruned model (weights, gradients, optimizer moments:
+// table.total_floats) in the pruned model's layout (pruned.table.total_floats): what the removed
+// units own is dropped, the rest moves where the pruned weights went.
+std::vector<float> gather_kept(const TransformerConfig& config, const ParamTable& table,
+                               const float* buffer, const StructuredPrune& pruned);
 
 // For tests and reports: zeroes, in the unpruned model's buffer, the weights and biases of the
 // channels `removed` (per block) owns, so that the unpruned model computes what the pruned one
 // does.
 void zero_mlp_channels(const TransformerConfig& config, const ParamTable& table, float* params,
                        const std::vector<std::vector<int64_t>>& removed);
+
+// Structured pruning of the attention: removes the same number of KV groups from every block
+// (one key/value head with the n_head / kv_heads query heads that read it; in GPT-2 and other
+// MHA models a group is one head), keeping in each block the round((1 - sparsity) x kv_heads)
+// groups of the largest importance, in their original order. A group's importance is the L2 norm
+// of every weight and bias it owns: its query heads' q rows (GPT-2: c_attn columns) and their
+// biases, its k and v rows and biases, and its query heads' columns of the output projection
+// (GPT-2: c_proj rows). Removing whole groups keeps one group size in every block, as one
+// num_key_value_heads requires. The result has n_head = kept groups x group size, kv heads (Llama
+// family) = kept groups, and an explicit head_dim (the original head size): its attention is
+// n_head x head_dim wide while the residual stream keeps n_embd. `removed` lists the removed
+// groups per block. Errors: InvalidArgument for a sparsity outside [0, 1) or one that would keep
+// no group (naming the count).
+Result<StructuredPrune> prune_attention_heads(const TransformerConfig& config,
+                                              const ParamTable& table, const float* params,
+                                              double sparsity);
+
+// For tests and reports, in the unpruned model's buffer: zero_attention_heads zeroes every
+// weight and bias the groups `removed` (per block) own; zero_attention_output only their query
+// heads' columns of the output projection (GPT-2: rows of c_proj), which alone makes the groups
+// contribute nothing, so the unpruned model computes what the pruned one does.
+void zero_attention_heads(const TransformerConfig& config, const ParamTable& table, float* params,
+                          const std::vector<std::vector<int64_t>>& removed);
+void zero_attention_output(const TransformerConfig& config, const ParamTable& table, float* params,
+                           const std::vector<std::vector<int64_t>>& removed);
 
 // The mean loss of `sequences` sequences of T tokens (inputs and targets, sequences x T each;
 // targets -1 ignored) in micro-batches of B (the last may be shorter), forward only, with

@@ -29,6 +29,7 @@ std::array<double, kCostKinds> measured_kinds(const model::Gpt2Config& c, const 
   std::array<double, kCostKinds> kind{};
   const double b = plan.policy.micro_batch, T = plan.policy.seq, k = plan.policy.accumulation;
   const double N = b * T, C = c.n_embd, L = c.n_layer, V = c.vocab_size;
+  const double A = double(c.attn_width());  // the attention's width (C unless head_dim is set)
   const bool bf16 = plan.policy.precision == "bf16" && t.gemm_large[1].rate > 0;
   double full = 0, selective = 0;
   for (int l = 0; l < c.n_layer; l++) {
@@ -39,7 +40,7 @@ std::array<double, kCostKinds> measured_kinds(const model::Gpt2Config& c, const 
     return t.gemm(gemm_class(int64_t(ic), int64_t(oc)), bf16).seconds(flops, rows);
   };
   const std::pair<double, double> shapes[] = {
-      {C, double(c.qkv_width())}, {C, C}, {C, double(c.fc_width())}, {double(c.mlp_width()), C}};
+      {C, double(c.qkv_width())}, {A, C}, {C, double(c.fc_width())}, {double(c.mlp_width()), C}};
   double g = 0;
   for (const auto& [ic, oc] : shapes) {
     // Forward and backward (6 FLOPs per weight per row) in every block, a forward more in each
@@ -59,7 +60,7 @@ std::array<double, kCostKinds> measured_kinds(const model::Gpt2Config& c, const 
   const double recomputed_forwards = (selective + full) / 3.0;
   kind[size_t(CostKind::kGemm)] = k * g;
   kind[size_t(CostKind::kAttention)] =
-      k * t.attention[bf16 ? 1 : 0].seconds(L + full / 3.0, (L + full / 3.0) * 12.0 * T * C * N);
+      k * t.attention[bf16 ? 1 : 0].seconds(L + full / 3.0, (L + full / 3.0) * 12.0 * T * A * N);
   const double norm_pairs = 2.0 * L + 1.0 + 2.0 * recomputed_forwards;
   kind[size_t(CostKind::kNorm)] = k * t.norm.seconds(norm_pairs, norm_pairs * N * C);
   const double gelu_pairs = L + recomputed_forwards;
@@ -80,11 +81,11 @@ double offload_exposed_seconds(const model::Gpt2Config& c, const MemoryPlan& pla
   if (t.offloaded.empty()) return 0;
   HR_CHECK_MSG(bandwidth > 0, "offload priced without an offload bandwidth");
   const double rows = double(plan.policy.micro_batch) * plan.policy.seq;
-  const double C = c.n_embd, T = plan.policy.seq, V = c.vocab_size;
+  const double C = c.n_embd, T = plan.policy.seq, V = c.vocab_size, A = double(c.attn_width());
   const double G = double(c.block_gemm_weights());
   const double rate = gemm_rate(plan, d);
   // A block's forward GEMMs and attention per micro-batch, and the LM head's.
-  const double block_fwd = (2.0 * G + 4.0 * T * C) * rows / rate;
+  const double block_fwd = (2.0 * G + 4.0 * T * A) * rows / rate;
   const double head_fwd = 2.0 * V * C * rows / rate;
   const double head_bwd = (plan.policy.exec.head_chunk > 0 ? 6.0 : 4.0) * V * C * rows / rate;
   double exposed = 0;
@@ -106,8 +107,10 @@ double offload_exposed_seconds(const model::Gpt2Config& c, const MemoryPlan& pla
 }
 
 std::string correction_model_key(const model::Gpt2Config& c, const std::string& precision) {
-  return fmt::format("{}-L{}-C{}-H{}-V{}-{}", c.is_gpt2() ? "gpt2" : "llama", c.n_layer, c.n_embd,
-                     c.n_head, c.vocab_size, precision);
+  // An explicit head_dim (pruned heads) is part of the shape; absent, the key is as before.
+  const std::string hd = c.head_dim > 0 ? fmt::format("-D{}", c.head_dim) : "";
+  return fmt::format("{}-L{}-C{}-H{}{}-V{}-{}", c.is_gpt2() ? "gpt2" : "llama", c.n_layer, c.n_embd,
+                     c.n_head, hd, c.vocab_size, precision);
 }
 
 StepCost estimate_step(const model::Gpt2Config& c, const MemoryPlan& plan, const DeviceSpec& d,
@@ -115,13 +118,14 @@ StepCost estimate_step(const model::Gpt2Config& c, const MemoryPlan& plan, const
   StepCost s;
   const double b = plan.policy.micro_batch, T = plan.policy.seq, k = plan.policy.accumulation;
   const double C = c.n_embd, L = c.n_layer, V = c.vocab_size;
+  const double A = double(c.attn_width());  // the attention's width: C, or n_head x head_dim
   const double G = double(c.block_gemm_weights());  // 12 C^2 in GPT-2
   const double rows = b * T;
   // Matmul weights touched per token: 12 C^2 per block plus the tied LM head.
   const double matmul_params = L * G + V * C;
-  // Forward 2 FLOPs per weight per token, backward 4; attention scores and mixing: 4 T C per
+  // Forward 2 FLOPs per weight per token, backward 4; attention scores and mixing: 4 T A per
   // token per layer forward, 8 backward.
-  const double per_token = 6.0 * matmul_params + 12.0 * L * T * C;
+  const double per_token = 6.0 * matmul_params + 12.0 * L * T * A;
   const double tokens = rows * k;
   s.gemm_flops = per_token * tokens;
   // Recomputation re-runs work inside the backward: a full block's forward (its GEMMs and
@@ -131,11 +135,11 @@ StepCost estimate_step(const model::Gpt2Config& c, const MemoryPlan& plan, const
     full_blocks += plan.policy.exec.recompute_at(l) == model::Recompute::kFull;
     selective_blocks += plan.policy.exec.recompute_at(l) == model::Recompute::kSelective;
   }
-  s.gemm_flops += full_blocks * (2.0 * G + 4.0 * T * C) * tokens;
+  s.gemm_flops += full_blocks * (2.0 * G + 4.0 * T * A) * tokens;
   // The fused LM head recomputes each chunk's logits in the backward: one more head GEMM.
   if (plan.policy.exec.head_chunk > 0) s.gemm_flops += 2.0 * V * C * tokens;
   const double non_embedding = double(plan.params.num_parameters) - double(c.lookup_parameters());
-  s.model_flops = (6.0 * non_embedding + 12.0 * L * T * C) * tokens;
+  s.model_flops = (6.0 * non_embedding + 12.0 * L * T * A) * tokens;
 
   // fp16 runs at the device's fp16 rate where it has fp16 GEMMs (a GPU's tensor cores); the CPU
   // backend has none (flops_fp16 0: oneDNN 2.6 has no f16 matmul on x86), so its fp16 GEMMs are
@@ -218,7 +222,8 @@ StepCost estimate_step(const model::Gpt2Config& c, const MemoryPlan& plan, const
       const cpu::Bf16WgradCopies c = cpu::bf16_wgrad_copies(N, layout);
       return 4.0 * rows * ((c.inp_t ? ic : 0) + (c.out_t ? oc : 0));
     };
-    for (auto [ic, oc] : {std::pair{ci, 3 * ci}, {ci, ci}, {ci, 4 * ci}, {4 * ci, ci}}) {
+    const int ai = int(A);
+    for (auto [ic, oc] : {std::pair{ci, 3 * ai}, {ai, ci}, {ci, 4 * ci}, {4 * ci, ci}}) {
       if (cpu::bf16_wgrad_transposes(N, ic, oc))
         wgrad_transpose_bytes += L * copied(ic, oc, cpu::WeightLayout::kInOut);
     }
@@ -248,7 +253,7 @@ StepCost estimate_step(const model::Gpt2Config& c, const MemoryPlan& plan, const
     kind[size_t(CostKind::kElementwise)] += (bf16_bytes - bf16_copy_bytes) / d.mem_bandwidth;
     kind[size_t(CostKind::kOptimizer)] += bf16_copy_bytes / d.mem_bandwidth;
   } else {
-    const double attention_flops = (12.0 * L * T * C + full_blocks * 4.0 * T * C) * tokens;
+    const double attention_flops = (12.0 * L * T * A + full_blocks * 4.0 * T * A) * tokens;
     const double attention_seconds = attention_flops / (peak * efficiency);
     const double optimizer_seconds =
         ((offload ? 0.0 : optimizer_bytes) + bf16_copy_bytes) / d.mem_bandwidth;

@@ -252,12 +252,70 @@ TEST(ConfigJson, LlamaUnsupportedSettingsNameFieldAndValue) {
   expect_refused(gelu, {"'hidden_act'", "gelu"});
   expect_refused(llama_json("llama", "\"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4}"),
                  {"rope_scaling.rope_type", "yarn"});
-  expect_refused(llama_json("llama", "\"head_dim\": 32"), {"'head_dim'", "32"});
+  // An odd head size cannot be rotated in pairs; a head_dim that is not an integer is refused
+  // as the other integer fields are.
+  expect_refused(llama_json("llama", "\"head_dim\": 15"), {"head size 15", "even"});
+  expect_refused(llama_json("llama", "\"head_dim\": 0"), {"'head_dim'", "= 0"});
+  expect_refused(llama_json("llama", "\"head_dim\": 8.5"), {"'head_dim'", "8.5"});
   expect_refused(llama_json("llama", "\"mlp_bias\": true"), {"'mlp_bias'"});
   expect_refused(llama_json("llama", "\"num_key_value_heads\": 3"), {"num_key_value_heads = 3"});
   expect_refused(llama_json("llama", "\"tie_word_embeddings\": 1"), {"'tie_word_embeddings'"});
   expect_refused(llama_json("llama", "\"rope_scaling\": {\"rope_type\": \"llama3\"}"),
                  {"rope_scaling.factor"});
+}
+
+// head_dim other than hidden_size / heads (Note [Attention width]): the attention is
+// n_head x head_dim wide, the residual stream hidden_size; the config writes and reads it back,
+// and the parameter table's shapes follow it.
+TEST(ConfigJson, HeadDimThatIsNotHiddenOverHeadsRoundTripsAndShapesTheTable) {
+  Result<TransformerConfig> c = parse_config_json(llama_json("llama", "\"head_dim\": 24"), "x");
+  ASSERT_TRUE(c.is_ok()) << c.status().to_string();
+  EXPECT_EQ(c->head_size(), 24);
+  EXPECT_EQ(c->attn_width(), 4 * 24);
+  EXPECT_EQ(c->qkv_width(), (4 + 2 * 2) * 24);
+  Result<TransformerConfig> back = parse_config_json(c->to_json(), "y");
+  ASSERT_TRUE(back.is_ok()) << back.status().to_string();
+  EXPECT_EQ(*back, *c);
+  const ParamTable t = gpt2_param_table(*c);
+  EXPECT_EQ(t.find("model.layers.0.self_attn.q_proj.weight")->shape, (Shape{96, 64}));
+  EXPECT_EQ(t.find("model.layers.0.self_attn.k_proj.weight")->shape, (Shape{48, 64}));
+  EXPECT_EQ(t.find("model.layers.0.self_attn.o_proj.weight")->shape, (Shape{64, 96}));
+  EXPECT_EQ(t.num_parameters, c->num_parameters());
+  // head_dim spelt out as hidden_size / heads is the default: the same config as without it.
+  Result<TransformerConfig> plain = parse_config_json(llama_json("llama"), "x");
+  Result<TransformerConfig> spelt = parse_config_json(llama_json("llama", "\"head_dim\": 16"), "x");
+  ASSERT_TRUE(plain.is_ok() && spelt.is_ok());
+  EXPECT_EQ(*spelt, *plain);
+  EXPECT_EQ(plain->head_dim, 0);
+
+  // GPT-2: headroom's own head_dim field, written only when it differs (HF's GPT-2 has none).
+  TransformerConfig g;
+  g.n_layer = 2;
+  g.n_head = 2;
+  g.n_embd = 16;
+  g.vocab_size = 40;
+  g.n_positions = 16;
+  EXPECT_EQ(g.to_json().find("head_dim"), std::string::npos);  // unpruned configs unchanged
+  g.head_dim = 4;  // A = 8 < C = 16, as after pruning half the heads of a 4-head model
+  ASSERT_TRUE(g.validate().is_ok());
+  const std::string text = g.to_json();
+  EXPECT_NE(text.find("\"head_dim\": 4"), std::string::npos) << text;
+  Result<TransformerConfig> gb = parse_config_json(text, "config.json");
+  ASSERT_TRUE(gb.is_ok()) << gb.status().to_string();
+  EXPECT_EQ(*gb, g);
+  const ParamTable gt = gpt2_param_table(g);
+  EXPECT_EQ(gt.find("h.1.attn.c_attn.weight")->shape, (Shape{16, 24}));
+  EXPECT_EQ(gt.find("h.1.attn.c_attn.bias")->shape, (Shape{24}));
+  EXPECT_EQ(gt.find("h.1.attn.c_proj.weight")->shape, (Shape{8, 16}));
+  EXPECT_EQ(gt.num_parameters, g.num_parameters());
+  // A head size that does not divide n_embd needs head_dim; given, it is fine.
+  g.n_head = 3;
+  g.head_dim = 0;
+  Status s = g.validate();
+  EXPECT_FALSE(s.is_ok());
+  EXPECT_NE(s.to_string().find("head_dim"), std::string::npos) << s.to_string();
+  g.head_dim = 5;
+  EXPECT_TRUE(g.validate().is_ok());
 }
 
 TEST(ParamTable, LlamaNamesGroupsAndSites) {

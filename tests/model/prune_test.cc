@@ -1,6 +1,6 @@
-// Pruning (model/prune.h): the masks' patterns and counts, and structured MLP pruning that writes
-// a smaller model which reloads and computes what the unpruned one does with those channels
-// zeroed.
+// Pruning (model/prune.h): the masks' patterns and counts, and structured pruning (MLP channels,
+// attention heads / KV groups) that writes a smaller model which reloads and computes what the
+// unpruned one does with those channels or heads zeroed.
 #include "model/prune.h"
 
 #include <gtest/gtest.h>
@@ -229,6 +229,146 @@ TEST(Prune, BadInputsAreRefusedWithTheValue) {
   refused(prune_mlp_channels(m.config, m.table, m.params.data(), -0.1).status(), "-0.1");
   refused(prune_mlp_channels(m.config, m.table, m.params.data(), 0.999).status(),
           "would remove all");
+}
+
+// Head pruning writes a model that reloads (its config carries head_dim and the new head counts)
+// and computes what the unpruned one does with every weight of those heads zeroed.
+TEST(Prune, HeadPruningWritesAModelThatReloadsAndMatchesTheZeroedOne) {
+  TransformerConfig gpt2 = gpt2_tiny();
+  gpt2.n_head = 4;
+  for (const TransformerConfig& c : {gpt2, llama_tiny()}) {
+    const Model m = make_model(c, 13);
+    Result<StructuredPrune> sp = prune_attention_heads(c, m.table, m.params.data(), 0.5);
+    ASSERT_TRUE(sp.is_ok()) << sp.status().to_string();
+    EXPECT_EQ(sp->unit, StructuredPrune::Unit::kKvGroup);
+    EXPECT_EQ(sp->config.n_head, 2) << c.model_type;
+    EXPECT_EQ(sp->config.kv_heads(), c.is_gpt2() ? 2 : 1);
+    EXPECT_EQ(sp->config.head_size(), c.head_size());
+    EXPECT_EQ(sp->config.n_embd, c.n_embd);
+    EXPECT_EQ(sp->config.mlp_width(), c.mlp_width());
+    EXPECT_LT(sp->table.num_parameters, m.table.num_parameters);
+    EXPECT_EQ(sp->table.num_parameters, sp->config.num_parameters());
+    for (const auto& r : sp->removed) EXPECT_EQ(r.size(), size_t(c.kv_heads() / 2));
+
+    Model zeroed = m;
+    zero_attention_heads(c, zeroed.table, zeroed.params.data(), sp->removed);
+    const double want = loss_of(zeroed);
+    EXPECT_GT(std::fabs(loss_of(m) - want), 1e-6) << "zeroing the heads changed nothing";
+    // The output projection's columns alone decide: q, k, v of a head without them do nothing.
+    Model out_only = m;
+    zero_attention_output(c, out_only.table, out_only.params.data(), sp->removed);
+    EXPECT_NEAR(loss_of(out_only), want, 1e-6 * want);
+
+    const fs::path dir = fs::path(::testing::TempDir()) / ("heads_pruned_" + c.model_type);
+    fs::remove_all(dir);
+    ASSERT_TRUE(save_pretrained(dir.string(), sp->config, sp->table, sp->params.data()).is_ok());
+    Result<TransformerConfig> back = load_config_file((dir / "config.json").string());
+    ASSERT_TRUE(back.is_ok()) << back.status().to_string();
+    EXPECT_EQ(*back, sp->config) << c.model_type;
+    EXPECT_EQ(back->head_dim, c.head_size());
+    Model reloaded{*back, gpt2_param_table(*back), {}};
+    reloaded.params.assign(size_t(reloaded.table.total_floats), NAN);
+    Status s = load_pretrained(dir.string(), reloaded.table, reloaded.params.data());
+    ASSERT_TRUE(s.is_ok()) << s.to_string();
+    EXPECT_NEAR(loss_of(reloaded), want, 1e-5 * want) << c.model_type;
+    std::vector<float> full(size_t(m.table.total_floats));
+    EXPECT_FALSE(load_pretrained(dir.string(), m.table, full.data()).is_ok());
+    // And its MLP can be pruned after its heads (--what both).
+    Result<StructuredPrune> both =
+        prune_mlp_channels(sp->config, sp->table, sp->params.data(), 0.25);
+    ASSERT_TRUE(both.is_ok()) << both.status().to_string();
+    EXPECT_EQ(both->config.n_head, 2);
+    EXPECT_EQ(both->config.head_dim, c.head_size());
+    fs::remove_all(dir);
+  }
+}
+
+// GQA: the unit is a whole KV group (its k and v heads with the query heads that read them), so
+// every block keeps one group size. The least important groups go (here the groups whose weights
+// were shrunk), the kept groups' weights move unchanged and in their original order.
+TEST(Prune, GqaPruningRemovesWholeKvGroupsByImportance) {
+  TransformerConfig c = llama_tiny();
+  c.n_head = 8;  // 4 groups of 2 query heads, head size 2
+  c.n_kv_head = 4;
+  c.qkv_bias = true;
+  Model m = make_model(c, 19);
+  const int64_t C = c.n_embd, HS = c.head_size(), G = 2, A = c.attn_width();
+  // Block 0: group 1 and group 3 tiny; block 1: group 0 and group 2 (every block ranks alone).
+  const std::vector<std::vector<int64_t>> weak = {{1, 3}, {0, 2}};
+  for (int l = 0; l < 2; l++) {
+    const ParamTable::Layer& y = m.table.layers[size_t(l)];
+    for (int64_t j : weak[size_t(l)]) {
+      auto shrink = [&](size_t tensor, int64_t row0, int64_t rows, int64_t cols) {
+        float* w = m.params.data() + m.table.params[tensor].offset;
+        for (int64_t r = row0; r < row0 + rows; r++)
+          for (int64_t i = 0; i < cols; i++) w[r * cols + i] *= 1e-3f;
+      };
+      shrink(y.qkv_w, j * G * HS, G * HS, C);  // q rows
+      shrink(y.qkv_w + 1, j * HS, HS, C);      // k rows
+      shrink(y.qkv_w + 2, j * HS, HS, C);      // v rows
+      float* o = m.params.data() + m.table.params[y.attproj_w].offset;
+      for (int64_t i = 0; i < C; i++)
+        for (int64_t d = j * G * HS; d < (j + 1) * G * HS; d++) o[i * A + d] *= 1e-3f;
+    }
+  }
+  Result<StructuredPrune> sp = prune_attention_heads(c, m.table, m.params.data(), 0.5);
+  ASSERT_TRUE(sp.is_ok()) << sp.status().to_string();
+  EXPECT_EQ(sp->removed, weak);
+  EXPECT_EQ(sp->config.n_head, 4);
+  EXPECT_EQ(sp->config.kv_heads(), 2);
+  EXPECT_EQ(sp->config.n_head / sp->config.kv_heads(), G);  // the group size is kept
+  // Block 0 keeps groups 0 and 2: new group 1 is old group 2, rows and biases unchanged.
+  const ParamTable::Layer& y = m.table.layers[0];
+  const ParamTable::Layer& z = sp->table.layers[0];
+  auto at = [](const Model& mm, size_t tensor) {
+    return mm.params.data() + mm.table.params[tensor].offset;
+  };
+  const Model pm{sp->config, sp->table, sp->params};
+  for (int64_t r = 0; r < G * HS; r++) {
+    for (int64_t i = 0; i < C; i++) {
+      EXPECT_EQ(at(pm, z.qkv_w)[(G * HS + r) * C + i], at(m, y.qkv_w)[(2 * G * HS + r) * C + i]);
+    }
+    EXPECT_EQ(at(pm, z.qkv_b)[G * HS + r], at(m, y.qkv_b)[2 * G * HS + r]);
+  }
+  for (int64_t r = 0; r < HS; r++) {
+    for (int64_t i = 0; i < C; i++) {
+      EXPECT_EQ(at(pm, z.qkv_w + 1)[(HS + r) * C + i], at(m, y.qkv_w + 1)[(2 * HS + r) * C + i]);
+      EXPECT_EQ(at(pm, z.qkv_w + 2)[(HS + r) * C + i], at(m, y.qkv_w + 2)[(2 * HS + r) * C + i]);
+    }
+    EXPECT_EQ(at(pm, z.qkv_b + 2)[HS + r], at(m, y.qkv_b + 2)[2 * HS + r]);
+  }
+  const int64_t A2 = sp->config.attn_width();
+  for (int64_t i = 0; i < C; i++) {
+    for (int64_t d = 0; d < G * HS; d++) {
+      EXPECT_EQ(at(pm, z.attproj_w)[i * A2 + G * HS + d],
+                at(m, y.attproj_w)[i * A + 2 * G * HS + d]);
+    }
+  }
+  // The shrunk groups cost little: the pruned model's loss is near the unpruned one's.
+  EXPECT_NEAR(loss_of(pm), loss_of(m), 1e-2 * loss_of(m));
+}
+
+TEST(Prune, HeadPruningRefusesWhatWouldLeaveNoHead) {
+  auto refused = [](const Status& s, const std::vector<std::string>& parts) {
+    EXPECT_FALSE(s.is_ok());
+    for (const std::string& p : parts)
+      EXPECT_NE(s.to_string().find(p), std::string::npos) << s.to_string();
+  };
+  const Model g = make_model(gpt2_tiny(), 1);  // 2 heads
+  refused(prune_attention_heads(g.config, g.table, g.params.data(), 0.8).status(),
+          {"--sparsity 0.8", "would remove all 2 attention heads"});
+  refused(prune_attention_heads(g.config, g.table, g.params.data(), 1.0).status(),
+          {"--sparsity 1", "[0, 1)"});
+  refused(prune_attention_heads(g.config, g.table, g.params.data(), -0.5).status(),
+          {"--sparsity -0.5"});
+  const Model l = make_model(llama_tiny(), 1);  // 2 KV groups of 2 query heads
+  refused(prune_attention_heads(l.config, l.table, l.params.data(), 0.9).status(),
+          {"would remove all 2 KV groups"});
+  // Zero sparsity removes nothing and keeps the config.
+  Result<StructuredPrune> none = prune_attention_heads(g.config, g.table, g.params.data(), 0.0);
+  ASSERT_TRUE(none.is_ok());
+  EXPECT_EQ(none->config, g.config);
+  EXPECT_EQ(none->params, g.params);
 }
 
 TEST(Prune, Gpt2ConfigCarriesThePrunedMlpWidth) {

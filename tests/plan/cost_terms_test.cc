@@ -131,6 +131,30 @@ TEST(CostFit, ShapeClasses) {
   EXPECT_EQ(gemm_class(768, 50257), GemmClass::kHead);
 }
 
+// Pruned heads (an explicit head_dim, Note [Attention width]): the attention's FLOPs and its
+// output projection's are those of A = n_head x head_dim, not of n_embd, in the analytic count
+// and in the measured terms' prices.
+TEST(CostModel, AnAttentionNarrowerThanNEmbdIsPricedAtItsWidth) {
+  const model::Gpt2Config c = tiny();  // 4 heads of 32
+  model::Gpt2Config half = c;
+  half.n_head = 2;
+  half.head_dim = 32;  // A = 64 of C = 128
+  const MemoryPlan mp = plan_of(c, 8, 1), mh = plan_of(half, 8, 1);
+  for (const DeviceSpec& d : {measured_cpu(8 * kGiB), *named_device("A100-80GB")}) {
+    SCOPED_TRACE(d.name);
+    const StepCost full = estimate_step(c, mp, d), pruned = estimate_step(half, mh, d);
+    const double tokens = 8.0 * 128, L = 4, T = 128, A = 64;
+    const double non_embedding =
+        double(mh.params.num_parameters) - double(half.lookup_parameters());
+    EXPECT_DOUBLE_EQ(pruned.model_flops, (6.0 * non_embedding + 12.0 * L * T * A) * tokens);
+    // Heads removed: 2 C x A fewer q, k, v columns and A x C fewer projection weights per block.
+    EXPECT_DOUBLE_EQ(full.gemm_flops - pruned.gemm_flops,
+                     (6.0 * L * 4.0 * 128 * 64 + 12.0 * L * T * 64) * tokens);
+    EXPECT_LT(pruned.by_kind[size_t(CostKind::kAttention)],
+              full.by_kind[size_t(CostKind::kAttention)]);
+  }
+}
+
 TEST(CostModel, MeasuredTermsPriceEachKind) {
   const model::Gpt2Config c = tiny();
   const MemoryPlan mp = plan_of(c, 8, 2);

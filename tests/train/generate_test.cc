@@ -23,7 +23,13 @@ std::vector<model::TransformerConfig> configs() {
   model::TransformerConfig gpt2 = test::tiny_config();
   model::TransformerConfig llama = test::llama_config(2, 64, 4, 2, 211, 32, false);
   model::TransformerConfig tied = test::llama_config(2, 64, 8, 4, 211, 32, true);
-  return {gpt2, llama, tied};
+  // Attention n_head x head_dim wide, not n_embd (pruned heads; Note [Attention width]): the
+  // cache holds head_dim per kv head, the output projection reads A columns.
+  model::TransformerConfig narrow = gpt2;
+  narrow.head_dim = 8;  // A = 32 < C = 64
+  model::TransformerConfig wide = test::llama_config(2, 64, 4, 2, 211, 32, false);
+  wide.head_dim = 24;  // A = 96 > C = 64
+  return {gpt2, llama, tied, narrow, wide};
 }
 
 // Initial weights made larger, so that the logits depend clearly on every position.

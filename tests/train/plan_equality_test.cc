@@ -4,7 +4,9 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <random>
 
@@ -295,6 +297,39 @@ TEST(PlanEquality, PlannedOffsetsGiveBitIdenticalGradients) {
   EXPECT_EQ(planned.second, plain.second);
   ASSERT_EQ(planned.first.size(), plain.first.size());
   EXPECT_EQ(0, std::memcmp(planned.first.data(), plain.first.data(), planned.first.size() * 4));
+}
+
+// An attention n_head x head_dim wide, narrower (pruned heads) or wider than n_embd (Note
+// [Attention width]): the plan sizes atty and the attention output's gradient by it, and its
+// offsets give the sequential layout's bits, with every recompute policy and in a Llama with
+// grouped-query attention.
+TEST(PlanEquality, AnAttentionWidthOtherThanNEmbdPlansAndRunsAsTheSequentialLayout) {
+  model::TransformerConfig llama = train::test::llama_config(2, 64, 4, 2, 300, 64, false);
+  for (model::TransformerConfig c : {gpt2_config(3, 64, 4, 300, 64), llama}) {
+    for (int hd : {8, 24}) {
+      c.head_dim = hd;
+      for (model::Recompute rc :
+           {model::Recompute::kNone, model::Recompute::kSelective, model::Recompute::kFull}) {
+        SCOPED_TRACE(c.model_type + " head_dim " + std::to_string(hd) + " recompute " +
+                     std::string(model::recompute_name(rc)));
+        model::ExecOptions e;
+        e.recompute.assign(size_t(c.n_layer), rc);
+        Result<plan::MemoryPlan> mp =
+            plan::plan_training_memory(c, plan::Policy{2, 1, 32, "fp32", e});
+        ASSERT_TRUE(mp.is_ok()) << mp.status().to_string();
+        const model::Gpt2ActivationIds& id = mp->activations.ids;
+        EXPECT_EQ(mp->step.buffers[id.fwd[0].atty].shape, (Shape{2, 32, 4 * hd}));
+        EXPECT_EQ(mp->step.buffers[id.d_c].shape, (Shape{2, 32, std::max(64, 4 * hd)}));
+        auto planned = one_micro_batch(c, *mp, mp->step.layout);
+        auto plain = one_micro_batch(c, *mp, memory::sequential_layout(mp->step.buffers));
+        EXPECT_TRUE(std::isfinite(planned.second));
+        EXPECT_EQ(planned.second, plain.second);
+        ASSERT_EQ(planned.first.size(), plain.first.size());
+        EXPECT_EQ(0,
+                  std::memcmp(planned.first.data(), plain.first.data(), planned.first.size() * 4));
+      }
+    }
+  }
 }
 
 // Padding the MLP rows off 4 KiB multiples (C = 256: 4C = 1024 floats = 4 KiB) is a layout
