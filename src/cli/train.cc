@@ -383,6 +383,23 @@ int run_train(TrainFlags& f) {
                    f.profile.c_str(), f.profile.c_str(), f.profile.c_str());
     }
   }
+  // The tokenizer travels with the model, so that generate (and any HF program) finds it (with
+  // --json too).
+  std::error_code dir_ec;
+  if (f.tokenizer == data::kByteTokenizerName && !fs::is_directory(f.tokenizer, dir_ec)) {
+    if (Status st = data::write_byte_tokenizer_config(o.out_dir); !st.is_ok()) {
+      log_warn("{}", st.to_string());
+    }
+  } else if (!f.tokenizer.empty()) {
+    for (const char* name : {"tokenizer.json", "tokenizer_config.json", "tokenizer.model",
+                             "special_tokens_map.json", "encoder.json", "vocab.bpe"}) {
+      std::error_code ec;
+      const fs::path src = fs::path(f.tokenizer) / name;
+      if (!fs::exists(src, ec) || fs::equivalent(f.tokenizer, o.out_dir, ec)) continue;
+      fs::copy_file(src, fs::path(o.out_dir) / name, fs::copy_options::overwrite_existing, ec);
+      if (ec) log_warn("could not copy {} into {}: {}", src.string(), o.out_dir, ec.message());
+    }
+  }
   if (f.json) {
     json j = {{"final_loss", r->final_loss},
               {"steps", r->steps_done},
@@ -456,22 +473,6 @@ int run_train(TrainFlags& f) {
     std::fprintf(stderr, "  rank %d: peak %s measured, %s planned\n", i,
                  format_bytes(uint64_t(peaks[size_t(2 * i)])).c_str(),
                  format_bytes(uint64_t(peaks[size_t(2 * i + 1)])).c_str());
-  }
-  // The tokenizer travels with the model, so that generate (and any HF program) finds it.
-  std::error_code dir_ec;
-  if (f.tokenizer == data::kByteTokenizerName && !fs::is_directory(f.tokenizer, dir_ec)) {
-    if (Status st = data::write_byte_tokenizer_config(o.out_dir); !st.is_ok()) {
-      log_warn("{}", st.to_string());
-    }
-  } else if (!f.tokenizer.empty()) {
-    for (const char* name : {"tokenizer.json", "tokenizer_config.json", "tokenizer.model",
-                             "special_tokens_map.json", "encoder.json", "vocab.bpe"}) {
-      std::error_code ec;
-      const fs::path src = fs::path(f.tokenizer) / name;
-      if (!fs::exists(src, ec) || fs::equivalent(f.tokenizer, o.out_dir, ec)) continue;
-      fs::copy_file(src, fs::path(o.out_dir) / name, fs::copy_options::overwrite_existing, ec);
-      if (ec) log_warn("could not copy {} into {}: {}", src.string(), o.out_dir, ec.message());
-    }
   }
   std::fprintf(stderr, "model saved to %s/ (config.json, model.safetensors%s)\n", o.out_dir.c_str(),
                f.tokenizer.empty() ? "" : ", the tokenizer");

@@ -219,6 +219,32 @@ TEST_F(FirstHour, SummaryCarriesTheValidationLossAtStartAndEnd) {
   EXPECT_TRUE(has(h.out, "sample:\n")) << h.out;
 }
 
+// Regression: `train --json` returned before saving the tokenizer with the model, so `generate
+// --model-dir` of a byte model trained with --json could not decode. And `--minutes`: the run
+// fixes its count at the end of the warmup, reports it, and takes exactly that many steps.
+TEST_F(FirstHour, JsonRunSavesTheTokenizerAndMinutesFixesTheCount) {
+  const std::string data = path("bytes.tokens");
+  Outcome p =
+      run("prepare /usr/share/games/fortunes/computers --doc-separator % --tokenizer bytes "
+          "--out " +
+          data);
+  ASSERT_EQ(p.code, 0) << p.out;
+  Outcome t = run("train --data " + data +
+                  " --seq 32 --global-batch 4 --minutes 0.05 --warmup 6 --sample-tokens 8 --json "
+                  "--out " +
+                  path("m"));
+  ASSERT_EQ(t.code, 0) << t.out;
+  const json r = e2e::json_of(t.out);
+  EXPECT_GT(r["total_steps"].get<int>(), 6) << t.out;  // 3 s hold more than the warmup here
+  EXPECT_EQ(r["steps"].get<int>(), r["total_steps"].get<int>());
+  EXPECT_TRUE(has(t.out, "--minutes 0.05: about")) << t.out;
+  EXPECT_TRUE(fs::exists(path("m") + "/tokenizer_config.json"));
+  Outcome g =
+      run("generate --model-dir " + path("m") + " --prompt 'The ' --max-new-tokens 6 --json");
+  ASSERT_EQ(g.code, 0) << g.out;
+  EXPECT_TRUE(e2e::json_of(g.out)["completion"].is_string()) << g.out;
+}
+
 // Issue #26: `prepare` reads JSON Lines (--field) and directories; a bad line is refused naming
 // the file and the line, and nothing is written.
 TEST_F(FirstHour, PrepareReadsJsonLinesAndDirectories) {
