@@ -16,11 +16,13 @@
 #include "backend/cpu/amx_gemm.h"
 #include "backend/cpu/fused_kernels.h"
 #include "backend/cpu/kernels.h"
+#include "cli/flag_rules.h"
 #include "core/units.h"
 #include "core/utf8.h"
 #include "data/token_file.h"
 #include "plan/calibrate.h"
 #include "report/progress.h"
+#include "train/run_request.h"
 
 namespace headroom::cli {
 
@@ -133,11 +135,32 @@ int run_bench(BenchFlags& bf) {
   o.exec.bf16_weight_copy = bf.bf16_weights == "copy";
   o.exec.pad_rows = bf.pad_rows;
   o.profile = bf.record;
-  Result<uint64_t> budget = device_budget(f.device_memory);
-  if (!budget.is_ok()) return fail(budget.status());
-  o.device_memory = *budget;
-  Result<plan::DeviceSpec> dev = resolve_device("cpu", f.device_memory, f.json);
-  if (!dev.is_ok()) return fail(dev.status());
+  // --device cuda: the trainer on the process's GPU (docs/notes/device-trainer.md); the budget
+  // and the MFU's peak from its spec, and no CPU GEMM probe between steps.
+  std::shared_ptr<memory::MemoryResource> gpu_leaf;
+  Result<plan::DeviceSpec> dev = Status::internal("no device");
+  if (f.device == "cuda") {
+    Result<std::optional<uint64_t>> bytes =
+        parse_size_flag("--device-memory", f.device_memory, true);
+    if (!bytes.is_ok()) return fail(bytes.status());
+    Result<train::GpuRun> gpu = train::open_gpu(*bytes);
+    if (!gpu.is_ok()) return fail(gpu.status());
+    o.ops = gpu->ops;
+    gpu_leaf = gpu->leaf;
+    o.device_leaf = gpu_leaf.get();
+    o.device_memory = gpu->spec.memory_bytes;
+    dev = gpu->spec;
+    bf.peak_between_steps = false;
+  } else if (f.device == "cpu") {
+    Result<uint64_t> budget = device_budget(f.device_memory);
+    if (!budget.is_ok()) return fail(budget.status());
+    o.device_memory = *budget;
+    dev = resolve_device("cpu", f.device_memory, f.json);
+    if (!dev.is_ok()) return fail(dev.status());
+  } else {
+    return fail(Status::invalid_argument(
+        fmt::format("--device {}: use cpu, or cuda in a CUDA build", f.device)));
+  }
   // bench measures one configuration: auto means fp32 here.
   if (Status st = check_precision(f.precision, *dev); !st.is_ok()) return fail(st);
   o.exec.precision = precision_of(f.precision);
@@ -271,7 +294,9 @@ int run_bench(BenchFlags& bf) {
               {"model_flops_per_s", mflops},
               {"gemm_peak_flops_per_s", gemm_peak},
               {"mfu", mfu},
-              {"peak_device_bytes", peak}};
+              {"peak_device_bytes", peak},
+              {"planned_peak_bytes", r->planned_peak_bytes},
+              {"device", o.ops ? std::string(o.ops->name()) : std::string("cpu")}};
     if (probe) {
       j["gemm_peak_in_run"] = probe->describe();
       j["gemm_peak_in_run_flops_per_s"] = run_peak;

@@ -197,6 +197,11 @@ int run(int argc, char** argv) {
   add_int_flag(bench_cmd, "--steps", bnf.t.steps, {.what = "timed steps"}, "timed steps", true);
   add_int_flag(bench_cmd, "--warmup", bnf.warmup, {.min = 0, .what = "steps"},
                "untimed steps first (0: none)", true);
+  bench_cmd
+      ->add_option("--device", bnf.t.device,
+                   "cpu, or cuda in a CUDA build (the process's GPU; MFU against its spec's "
+                   "peak)")
+      ->capture_default_str();
   add_size_flag(bench_cmd, "--device-memory", bnf.t.device_memory, true,
                 "device memory budget (default, or auto: available memory less a margin)", true);
   add_int_flag(bench_cmd, "--threads", bnf.t.threads, kThreadsRule,

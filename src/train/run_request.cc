@@ -113,17 +113,6 @@ constexpr bool kCudaBuilt = true;
 constexpr bool kCudaBuilt = false;
 #endif
 
-namespace {
-
-// --device cuda: the process's GPU (its op table, a device memory leaf) and its spec for the
-// planner: the datasheet figures of the named GPU it is, the budget its free memory less a margin
-// (or --device-memory).
-struct GpuRun {
-  const backend::Ops* ops = nullptr;
-  std::shared_ptr<memory::MemoryResource> leaf;
-  plan::DeviceSpec spec;
-};
-
 Result<GpuRun> open_gpu(std::optional<uint64_t> device_memory) {
 #if defined(HEADROOM_HAVE_CUDA)
   std::string why;
@@ -171,8 +160,6 @@ Result<GpuRun> open_gpu(std::optional<uint64_t> device_memory) {
       "(-DHEADROOM_CUDA=ON, nvcc from /usr/local/cuda) and run build/cuda/headroom");
 #endif
 }
-
-}  // namespace
 
 Result<plan::DeviceSpec> cpu_device(uint64_t budget, bool quiet) {
   auto progress = [quiet](const std::string& line) {

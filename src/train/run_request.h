@@ -66,6 +66,17 @@ struct RunRequest {
   std::string teacher_dtype = "auto";
 };
 
+// --device cuda: the process's GPU (its op table, a device memory leaf) and its spec for the
+// planner: the datasheet figures of the named GPU it is, the budget its free memory less a margin
+// (or `device_memory`). Unsupported in a build without CUDA (saying how to build one), or where
+// the runtime finds no usable device (saying why).
+struct GpuRun {
+  const backend::Ops* ops = nullptr;
+  std::shared_ptr<memory::MemoryResource> leaf;
+  plan::DeviceSpec spec;
+};
+Result<GpuRun> open_gpu(std::optional<uint64_t> device_memory);
+
 struct ResolvedRun {
   TrainOptions options;  // comm, out_dir, checkpoints and profile are the caller's to set
   // --device cuda: the device memory leaf that options.device_leaf points to (kept alive with
