@@ -269,6 +269,10 @@ int run_train(TrainFlags& f) {
                  "%s, lr %.2g\n",
                  o.model_name.c_str(), double(info.num_parameters) / 1e6, o.micro_batch, o.seq,
                  o.accumulation, steps.c_str(), double(o.adamw.lr));
+    if (!o.init_from.empty() && o.resume.empty()) {
+      std::fprintf(stderr, "weights: from %s (pass its config.json to start from --seed instead)\n",
+                   o.init_from.c_str());
+    }
     if (f.ranks > 1) {
       std::fprintf(stderr,
                    "ranks: %s\n  global batch %d = %d ranks x micro-batch %d x accumulation %d; "

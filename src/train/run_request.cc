@@ -266,6 +266,17 @@ Result<ResolvedRun> resolve_run(const RunRequest& request) {
   o->bucket = bucket;
   HR_ASSIGN_OR_RETURN(o->config, model::resolve_model(f.model));
   o->model_name = f.model;
+  // --model DIR holding weights: the run starts from them (a fine-tune), as from_pretrained does;
+  // a config.json file alone, or a preset, starts from the seed. A resume's checkpoint wins.
+  {
+    std::error_code ec;
+    const fs::path d(f.model);
+    if (f.resume.empty() && fs::is_directory(d, ec) &&
+        (fs::exists(d / "model.safetensors", ec) ||
+         fs::exists(d / "model.safetensors.index.json", ec))) {
+      o->init_from = f.model;
+    }
+  }
   if (f.tokenizer.empty()) f.tokenizer = model_dir_tokenizer(f.model);
   if (f.tokenizer.empty()) f.tokenizer = model::preset_tokenizer(f.model);
   if (f.device != "cpu" && f.device != "cuda") {

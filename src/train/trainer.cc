@@ -474,9 +474,13 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     // Made in host memory (zeros between the tensors, as a fresh arena's), then copied over.
     std::vector<float> init(static_cast<size_t>(P));
     model::gpt2_init_params(cfg, table, init.data(), o.seed);
+    if (!o.init_from.empty())
+      HR_RETURN_IF_ERROR(model::load_pretrained(o.init_from, table, init.data()));
     ops.copy_to_device(params, init.data(), size_t(P) * sizeof(float));
   } else if (stage < 3) {
     model::gpt2_init_params(cfg, table, params, o.seed);
+    if (!o.init_from.empty())
+      HR_RETURN_IF_ERROR(model::load_pretrained(o.init_from, table, params));
     // --sparsity-mask DIR: start from DIR's weights (a pruned model), its zeros the mask.
     if (!o.sparsity_mask.empty()) {
       HR_ASSIGN_OR_RETURN(const model::Gpt2Config from,
@@ -494,6 +498,8 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     // checkpoint is read), then each rank keeps its pieces.
     std::vector<float> full(static_cast<size_t>(P));
     model::gpt2_init_params(cfg, table, full.data(), o.seed);
+    if (!o.init_from.empty())
+      HR_RETURN_IF_ERROR(model::load_pretrained(o.init_from, table, full.data()));
     zopt.scatter_params(full.data(), param_shard);
   }
   // ZeRO-2/3's executor hooks and the communication thread they submit to (docs/notes/zero.md).

@@ -126,6 +126,10 @@ struct TrainOptions {
   // Fault injection for tests: the 0-based steps whose backward on this rank starts from an
   // infinite loss gradient, so that its gradients overflow as an fp16 overflow would.
   std::vector<int> inject_overflow_steps;
+  // A model directory (config.json and model.safetensors or its shards, as `train --out` and
+  // Hugging Face write) whose weights the run starts from, as from_pretrained does; its tensors
+  // must have `config`'s shapes. Empty: initialised from `seed`. A resume's checkpoint wins.
+  std::string init_from;
   // Training with a sparsity mask (docs/notes/pruning.md; stage 0 without optimizer offload).
   // sparsity_mask: a model directory (a pruned model, `headroom prune`) whose weights the run
   // starts from and whose zeros in the prunable tensors are the mask; its config must be
