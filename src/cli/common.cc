@@ -52,7 +52,8 @@ void add_train_flags(CLI::App* app, TrainFlags& f) {
   f.model_option = app->add_option("--model", f.model,
                                    "preset (bytes-tiny: one token a byte; gpt2-tiny, gpt2, "
                                    "gpt2-medium, gpt2-large, gpt2-xl, llama-tiny), a config.json, "
-                                   "or a directory holding one")
+                                   "or a directory holding one (train starts from its "
+                                   "model.safetensors when it has one)")
                        ->capture_default_str();
   app->add_option("--data", f.data,
                   "token file from `headroom prepare` (default: Debian's fortunes, prepared once)");
