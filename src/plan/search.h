@@ -17,7 +17,7 @@ namespace headroom::plan {
 
 struct SearchRequest {
   model::Gpt2Config config;
-  DeviceSpec device;               // speed; memory comes from device_memory
+  DeviceSpec device;  // speed; memory comes from device_memory
   // The backend that will run the plan, for its scratch sizes and row strides (Policy::ops);
   // null: the CPU's. Not owned.
   const backend::Ops* ops = nullptr;
