@@ -57,8 +57,8 @@ struct TrainFlags {
   int seq = 0;
   int batch = 0;
   int global_batch = 0;
-  int steps = 0;       // 0: the model's default (200; bytes-tiny 1500)
-  double minutes = 0;  // a time budget (0: none): the step count fixed from the first steps
+  int steps = 0;        // 0: the model's default (200; bytes-tiny 1500)
+  std::string minutes;  // a time budget in minutes (empty: none), parsed by resolve_train_options
   std::string precision = "auto";
   std::string recompute = "auto";
   std::string offload_activations = "auto";  // --offload-activations auto|on|off

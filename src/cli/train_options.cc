@@ -3,7 +3,12 @@
 
 #include <CLI/CLI.hpp>
 
+#include <cmath>
+#include <cstdlib>
+
 #include <fmt/format.h>
+
+#include "core/utf8.h"
 
 namespace headroom::cli {
 
@@ -39,7 +44,15 @@ Status resolve_train_options(TrainFlags& f, train::TrainOptions* o) {
   r.micro_batch = count(f.batch);
   r.global_batch = count(f.global_batch);
   r.steps = f.steps;
-  r.minutes = f.minutes;
+  if (!f.minutes.empty()) {
+    char* end = nullptr;
+    r.minutes = std::strtod(f.minutes.c_str(), &end);
+    if (end == f.minutes.c_str() || *end != '\0' || !(r.minutes > 0) || !std::isfinite(r.minutes)) {
+      return Status::invalid_argument(
+          fmt::format("--minutes {}: not a positive number of minutes (give one such as 2 or 0.5)",
+                      valid_utf8(f.minutes)));
+    }
+  }
   r.seed = f.seed;
   r.precision = f.precision;
   r.recompute = f.recompute;

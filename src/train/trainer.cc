@@ -76,9 +76,9 @@ Status check_options(const TrainOptions& o) {
   }
   if (o.minutes > 0 && o.warmup_steps < kMinutesDecisionStep) {
     return Status::invalid_argument(fmt::format(
-        "--minutes fixes the step count from the first {} steps' times, before the learning "
-        "rate's decay begins, so it needs --warmup {} or more (it is {}), or give --steps instead",
-        kMinutesDecisionStep, kMinutesDecisionStep, o.warmup_steps));
+        "--minutes fixes the step count at the end of the warmup, from its steps' times, so it "
+        "needs --warmup {} or more (it is {}), or give --steps instead",
+        kMinutesDecisionStep, o.warmup_steps));
   }
   if (int64_t(o.micro_batch) * o.seq > (int64_t(1) << 24)) {
     return Status::invalid_argument(fmt::format(

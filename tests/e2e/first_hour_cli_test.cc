@@ -105,6 +105,8 @@ TEST_F(FirstHour, IntegerAndSizeFlagsAreRefusedNamingTheFlagTheValueAndWhatToDo)
       {"train --global-batch 99999999999", "--global-batch 99999999999: too large"},
       {"train --seq 0", "--seq 0: must be at least 1"},
       {"train --steps 0", "--steps 0: must be at least 1"},
+      {"train --minutes 0", "--minutes 0: not a positive number of minutes"},
+      {"train --minutes 2x", "--minutes 2x: not a positive number of minutes"},
       {"bench --steps 0", "--steps 0: must be at least 1"},
       {"train --seed -1", "--seed -1: must not be negative"},
       {"train --warmup -1", "--warmup -1: must not be negative"},
