@@ -470,17 +470,21 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
                                     ? offload->shard_floats()
                                     : int64_t(mp.persistent[2].buffers[0].bytes() / sizeof(float));
   HR_CHECK_MSG(zopt.sizes().m <= moment_floats, "the plan's optimizer shard is too small");
+  // The initial weights into host memory at `dst`: drawn from the seed (which also zeroes the
+  // padding between tensors), then --model DIR's weights over them when it has some. A
+  // --sparsity-mask directory's weights, loaded below, win over both, so DIR is not read twice.
+  auto initial_weights = [&](float* dst) -> Status {
+    model::gpt2_init_params(cfg, table, dst, o.seed);
+    if (o.init_from.empty() || !o.sparsity_mask.empty()) return Status::ok();
+    return model::load_pretrained(o.init_from, table, dst);
+  };
   if (stage < 3 && on_device) {
     // Made in host memory (zeros between the tensors, as a fresh arena's), then copied over.
     std::vector<float> init(static_cast<size_t>(P));
-    model::gpt2_init_params(cfg, table, init.data(), o.seed);
-    if (!o.init_from.empty())
-      HR_RETURN_IF_ERROR(model::load_pretrained(o.init_from, table, init.data()));
+    HR_RETURN_IF_ERROR(initial_weights(init.data()));
     ops.copy_to_device(params, init.data(), size_t(P) * sizeof(float));
   } else if (stage < 3) {
-    model::gpt2_init_params(cfg, table, params, o.seed);
-    if (!o.init_from.empty())
-      HR_RETURN_IF_ERROR(model::load_pretrained(o.init_from, table, params));
+    HR_RETURN_IF_ERROR(initial_weights(params));
     // --sparsity-mask DIR: start from DIR's weights (a pruned model), its zeros the mask.
     if (!o.sparsity_mask.empty()) {
       HR_ASSIGN_OR_RETURN(const model::Gpt2Config from,
@@ -497,9 +501,7 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     // The initialisation draws every tensor from one generator: made whole in host memory (as a
     // checkpoint is read), then each rank keeps its pieces.
     std::vector<float> full(static_cast<size_t>(P));
-    model::gpt2_init_params(cfg, table, full.data(), o.seed);
-    if (!o.init_from.empty())
-      HR_RETURN_IF_ERROR(model::load_pretrained(o.init_from, table, full.data()));
+    HR_RETURN_IF_ERROR(initial_weights(full.data()));
     zopt.scatter_params(full.data(), param_shard);
   }
   // ZeRO-2/3's executor hooks and the communication thread they submit to (docs/notes/zero.md).
@@ -1346,7 +1348,8 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
   // --minutes: the budget counts from here (the first validation, then the steps).
   const Clock::time_point budget_start = Clock::now();
   double eval_at_start_s = 0;
-  std::vector<double> budget_step_s;  // the measured steps' times
+  double budget_step_sum_s = 0;  // the timed steps (the first excepted), for their mean
+  int budget_steps_timed = 0;
   if (o.eval_at_start) {
     // The validation loss before this run's first step: what the end's figure is measured from.
     auto tv = Clock::now();
@@ -1363,9 +1366,7 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
   // 0's, so that every rank stops at the same step.
   int estimated_steps = 0;
   auto budget_steps = [&](int steps_now, bool fix, StepStats& s) -> Status {
-    double mean = 0;
-    for (double t : budget_step_s) mean += t;
-    mean = budget_step_s.empty() ? 0 : mean / double(budget_step_s.size());
+    const double mean = budget_steps_timed ? budget_step_sum_s / budget_steps_timed : 0.0;
     TimeBudget b;
     b.budget_s = o.minutes * 60;
     b.steps_done = steps_now;
@@ -1650,7 +1651,10 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     s.step_cpu_ms = process_cpu_ms() - cpu0;
     s.tokens_per_s = double(s.tokens) / (s.step_ms / 1000.0);
     if (!steps_fixed) {
-      if (step > start_step) budget_step_s.push_back(s.step_ms / 1e3);
+      if (step > start_step) {
+        budget_step_sum_s += s.step_ms / 1e3;
+        budget_steps_timed++;
+      }
       if (step + 1 >= o.warmup_steps) {
         HR_RETURN_IF_ERROR(budget_steps(step + 1, true, s));
       } else if (step + 1 == kMinutesDecisionStep) {

@@ -128,7 +128,8 @@ struct TrainOptions {
   std::vector<int> inject_overflow_steps;
   // A model directory (config.json and model.safetensors or its shards, as `train --out` and
   // Hugging Face write) whose weights the run starts from, as from_pretrained does; its tensors
-  // must have `config`'s shapes. Empty: initialised from `seed`. A resume's checkpoint wins.
+  // must have `config`'s shapes. Empty: initialised from `seed`. A resume's checkpoint and a
+  // sparsity_mask directory's weights win.
   std::string init_from;
   // Training with a sparsity mask (docs/notes/pruning.md; stage 0 without optimizer offload).
   // sparsity_mask: a model directory (a pruned model, `headroom prune`) whose weights the run

@@ -18,15 +18,8 @@ namespace {
 namespace fs = std::filesystem;
 using train::test::tiny_config;
 
-class Checkpoints : public ::testing::Test {
+class Checkpoints : public train::test::RandomTokensTest {
  protected:
-  void SetUp() override {
-    dir_ = train::test::fresh_test_dir("headroom_ckpt");
-    data_ = (dir_ / "data.tok").string();
-    train::test::write_random_tokens(data_, 5, 30000);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
   train::TrainOptions options(const std::string& out) {
     train::TrainOptions o;
     o.config = tiny_config();
@@ -52,8 +45,6 @@ class Checkpoints : public ::testing::Test {
     if (!r.params.empty()) *params = std::move(r.params);
     return std::move(r.result);
   }
-  fs::path dir_;
-  std::string data_;
 };
 
 // The micro-batch only says how a step is cut (principle 2): a checkpoint of 2 x 2 continues at

@@ -14,14 +14,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-class InitFrom : public ::testing::Test {
+class InitFrom : public train::test::RandomTokensTest {
  protected:
-  void SetUp() override {
-    dir_ = train::test::fresh_test_dir("headroom_init_from");
-    data_ = (dir_ / "data.tok").string();
-    train::test::write_random_tokens(data_, 5, 30000);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
   train::TrainOptions options() {
     train::TrainOptions o;
     o.config = train::test::tiny_config();
@@ -36,8 +30,6 @@ class InitFrom : public ::testing::Test {
     o.eval_at_start = true;
     return o;
   }
-  fs::path dir_;
-  std::string data_;
 };
 
 TEST_F(InitFrom, StartsAtTheLossTheSavedModelEndedAt) {

@@ -57,14 +57,8 @@ TEST(TimeBudget, LargestCountThatFits) {
   }
 }
 
-class Minutes : public ::testing::Test {
+class Minutes : public train::test::RandomTokensTest {
  protected:
-  void SetUp() override {
-    dir_ = train::test::fresh_test_dir("headroom_minutes");
-    data_ = (dir_ / "data.tok").string();
-    train::test::write_random_tokens(data_, 5, 30000);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
   train::TrainOptions options() {
     train::TrainOptions o;
     o.config = train::test::tiny_config();
@@ -79,8 +73,6 @@ class Minutes : public ::testing::Test {
     o.eval_every = 10;
     return o;
   }
-  fs::path dir_;
-  std::string data_;
 };
 
 // 0.5 minutes at an assumed second a step, a validation also a second: after the warmup's 5 steps,

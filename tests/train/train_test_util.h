@@ -88,6 +88,22 @@ inline void write_random_tokens(const std::string& path, uint32_t seed, size_t c
   ASSERT_TRUE(data::write_token_file(path, toks, 211, 210, 1).is_ok()) << path;
 }
 
+// A test with a fresh directory (fresh_test_dir, prefixed with the suite's name) holding
+// `data.tok`, 30,000 random tokens of tiny_config()'s vocabulary (write_random_tokens, seed 5),
+// removed afterwards.
+class RandomTokensTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fresh_test_dir(std::string("headroom_") +
+                          testing::UnitTest::GetInstance()->current_test_info()->test_suite_name());
+    data_ = (dir_ / "data.tok").string();
+    write_random_tokens(data_, 5, 30000);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::filesystem::path dir_;
+  std::string data_;
+};
+
 // A run's outcome: the result, every step's stats (on_step) and the final weights (on_finish;
 // empty when the run failed or was stopped early).
 struct RunOutput {
