@@ -93,7 +93,7 @@ TEST_F(PruneCli, TwoFourAndStructuredModelsReloadEverywhere) {
 }
 
 // Head pruning (--what heads, and both): a smaller attention (head_dim kept, fewer heads) in a
-// model that plan, generate and train load; train fine-tunes it from its weights.
+// model that plan, generate and train load; train --model fine-tunes it from its weights.
 TEST_F(PruneCli, HeadPrunedModelsReloadPlanAndTrain) {
   const std::string data = corpus();
   const std::string base = trained_model(data);
@@ -132,9 +132,8 @@ TEST_F(PruneCli, HeadPrunedModelsReloadPlanAndTrain) {
   for (const char* m : {"ph", "pb"}) {
     Outcome g = run("generate --model-dir " + path(m) + " --max-new-tokens 3 --seed 1 --json");
     EXPECT_EQ(g.code, 0) << g.out;
-    // train starts from a model directory's weights with --sparsity-mask (a head-pruned model is
-    // dense: its mask holds nothing but exact zeros).
-    Outcome t = run("train --sparsity-mask " + path(m) + " --data " + data +
+    // train --model DIR fine-tunes from DIR's weights (a head-pruned model is dense: no mask).
+    Outcome t = run("train --model " + path(m) + " --data " + data +
                     " --steps 3 --batch 2 --global-batch 2 --seq 32 --sample-tokens 0 "
                     "--threads 2 --json --out " +
                     path(std::string(m) + "_ft"));
