@@ -72,7 +72,8 @@ void add_train_flags(CLI::App* app, TrainFlags& f) {
                   "a time budget: at the end of the warmup (4 steps or more) the run fixes its "
                   "step count from the steps' times so that it ends about M minutes after its "
                   "first step, validation included, with the learning rate's decay complete "
-                  "(--steps is then the most it may take)");
+                  "(--steps is then the most it may take)")
+      ->type_name("FLOAT");
   app->add_option("--precision", f.precision,
                   "auto (the planner chooses fp32 or bf16), fp32, bf16 (mixed: bf16 GEMMs and "
                   "activations, fp32 master weights and optimizer state), or fp16 (the same with "
