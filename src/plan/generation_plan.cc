@@ -15,7 +15,7 @@ GenerationShape generation_shape(const model::TransformerConfig& c, int prompt_t
   const int64_t positions = window > 0 ? std::min(window, c.n_positions) : c.n_positions;
   GenerationShape s;
   s.context = int(std::min<int64_t>(positions, history));
-  s.rows = history > positions ? s.context : std::min<int64_t>(prompt_tokens, positions);
+  s.rows = history > positions ? s.context : prompt_tokens;
   return s;
 }
 
