@@ -176,6 +176,9 @@ int run(int argc, char** argv) {
                      "ZeRO stage with --devices above 1: auto (the planner chooses), 0, 1, 2 or 3")
         ->capture_default_str();
   }
+  plan_cmd->add_flag("!--no-self-correct", plf.t.self_correct,
+                     "price the candidates with the nominal cost model, without the corrections "
+                     "that earlier `headroom train` runs of this model measured on this machine");
   plan_cmd->add_flag("--sweep", plf.sweep, "also print memory versus micro-batch");
   plan_cmd->add_flag("--json", plf.t.json, "print the plan as one JSON object");
 

@@ -62,6 +62,12 @@ int run_plan(PlanFlags& pf) {
     req.executor_layout = true;
     req.max_zero_stage = 3;
   }
+  // Note [Self-correction]: what `headroom train` would choose here, by the same corrected model.
+  train::StoredCorrections stored;
+  if (dev->kind == "cpu" && dev->terms.fitted && f.self_correct) {
+    stored = train::stored_corrections(*cfg);
+    req.corrections = stored.by_precision;
+  }
   Result<plan::SearchResult> r = plan::search_plan(req);
   if (!r.is_ok()) return fail(r.status());
   const int64_t nparams = model::gpt2_param_table(*cfg).num_parameters;
@@ -89,6 +95,15 @@ int run_plan(PlanFlags& pf) {
           {"context_source", dev->backend_fixed.context_source},
           {"cublaslt_workspace", dev->backend_fixed.cublaslt_workspace},
           {"op_workspace", dev->backend_fixed.op_workspace}}}};
+    j["cost_corrections"] = json::object();  // by precision: the scales that priced them
+    for (const auto& [precision, c] : stored.by_precision) {
+      json scale = json::object();
+      for (size_t k = 0; k < plan::kCostKinds; k++)
+        scale[std::string(plan::cost_kind_name(plan::CostKind(k)))] = c.scale[k];
+      j["cost_corrections"][precision] = {{"scale", scale},
+                                          {"other_seconds_per_token", c.other_seconds_per_token},
+                                          {"steps", c.steps}};
+    }
     j["offload_memory"] = req.offload_memory;
     j["devices"] = pf.devices;
     j["seq"] = req.seq;
@@ -114,6 +129,7 @@ int run_plan(PlanFlags& pf) {
       "(%s each; %s)\n",
       f.model.c_str(), double(nparams) / 1e6, req.seq, req.global_batch, pf.devices,
       dev->name.c_str(), format_bytes(dev->memory_bytes).c_str(), dev->source.c_str());
+  if (!stored.note.empty()) std::printf("%s\n", stored.note.c_str());
   const bool multi = pf.devices > 1;
   // " ZeRO-2," for several devices: the stage of a candidate in the lists below.
   auto stage_of = [&](const plan::Candidate& o) {

@@ -457,6 +457,14 @@ Result<SearchResult> search_leaf(const SearchRequest& r, PlanCache& cache) {
     return Status::invalid_argument(
         fmt::format("--precision {}: expected auto, fp32, bf16 or fp16", r.precision));
   }
+  if (!r.corrections.empty()) {  // this precision's own correction prices its candidates
+    SearchRequest own = r;
+    own.corrections.clear();
+    if (auto it = r.corrections.find(r.precision); it != r.corrections.end()) {
+      own.device.correction = it->second;
+    }
+    return search_leaf(own, cache);
+  }
   auto t0 = std::chrono::steady_clock::now();
   HR_RETURN_IF_ERROR(r.config.validate());
   if (r.devices <= 0)

@@ -4,6 +4,7 @@
 // candidate list.
 #pragma once
 
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -70,6 +71,11 @@ struct SearchRequest {
   // The offload tier's budget per device (bytes); 0: not limited. A plan whose offload bytes
   // exceed it does not fit.
   uint64_t offload_memory = 0;
+  // Note [Self-correction]: the corrections this machine measured on earlier runs of this model,
+  // by precision ("fp32", "bf16", "fp16"): each precision's candidates are priced with its own
+  // (in place of device.correction), so that the choice between precisions, and every choice
+  // within one, is made by the corrected model. A precision without one keeps device.correction.
+  std::map<std::string, CostCorrection> corrections;
 };
 
 // "tiled attention, fused LM head (chunk 256), recompute: 4 full, 8 none".

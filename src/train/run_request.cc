@@ -170,6 +170,33 @@ Result<plan::DeviceSpec> cpu_device(uint64_t budget, bool quiet) {
   return plan::cpu_device_spec(cal, budget);
 }
 
+StoredCorrections stored_corrections(const model::Gpt2Config& config) {
+  StoredCorrections out;
+  const std::string path = plan::corrections_path(plan::default_calibration_path());
+  const std::string machine =
+      plan::correction_machine_key(plan::current_cpu_model(), plan::calibration_threads());
+  for (const char* precision : {"fp32", "bf16", "fp16"}) {
+    Result<plan::CostCorrection> c =
+        plan::load_correction(path, machine, plan::correction_model_key(config, precision));
+    if (c.is_ok()) {
+      out.by_precision[precision] = *c;
+    } else if (c.status().code() != StatusCode::kNotFound && out.note.empty()) {
+      out.note = "cost model: " + c.status().message() + " -- not used";
+    }
+  }
+  if (out.note.empty() && !out.by_precision.empty()) {
+    std::string which;
+    for (const auto& [precision, c] : out.by_precision) {
+      which += fmt::format("{}{} ({} steps)", which.empty() ? "" : ", ", precision, c.steps);
+    }
+    out.note = fmt::format(
+        "cost model: candidates priced with the corrections earlier runs measured on this "
+        "machine: {} (--no-self-correct: without)",
+        which);
+  }
+  return out;
+}
+
 // --offload-optimizer, --offload-activations (`name`): auto (unset: the planner chooses), on, off.
 Result<std::optional<bool>> parse_offload(const std::string& flag, const char* name) {
   if (flag == "auto") return std::optional<bool>();
@@ -375,6 +402,12 @@ Result<ResolvedRun> resolve_run(const RunRequest& request) {
     req.offload_activations = offload_flag;
     req.offload_memory = o->offload_memory;
     req.sweep = f.sweep;  // the report shows memory versus micro-batch
+    std::string correction_note;
+    if (!gpu_spec && f.self_correct && req.device.terms.fitted) {
+      StoredCorrections stored = stored_corrections(o->config);
+      req.corrections = std::move(stored.by_precision);
+      correction_note = std::move(stored.note);
+    }
     HR_ASSIGN_OR_RETURN(plan::SearchResult res, plan::search_plan(req));
     if (!res.chosen) {
       return Status::out_of_memory(
@@ -391,6 +424,7 @@ Result<ResolvedRun> resolve_run(const RunRequest& request) {
         "chosen by the planner: fastest of {} that fit, {} rejected; the "
         "largest micro-batch that fits is {}",
         res.candidates.size(), res.rejected.size(), res.max_micro_batch);
+    if (!correction_note.empty()) o->plan_note += "; " + correction_note;
   } else {
     std::ifstream in(f.plan_file);
     if (!in) return Status::not_found(fmt::format("cannot open --plan '{}'", f.plan_file));

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -131,6 +132,15 @@ uint64_t offload_budget(std::optional<uint64_t> bytes, bool this_host);
 // This CPU as the planner sees it: its calibrated speeds (measured once and cached;
 // `quiet`: without progress lines) and `budget` bytes.
 Result<plan::DeviceSpec> cpu_device(uint64_t budget, bool quiet);
+
+// Note [Self-correction]: the corrections that earlier runs of `config` measured on this machine
+// (the cache next to the calibration), by precision, for plan::SearchRequest::corrections, and a
+// line saying which were used (or why a damaged cache was not: it is a cache, never an error).
+struct StoredCorrections {
+  std::map<std::string, plan::CostCorrection> by_precision;
+  std::string note;  // empty: none stored
+};
+StoredCorrections stored_corrections(const model::Gpt2Config& config);
 
 // auto (unset: the planner chooses), on, off; `name` is the flag for the error message.
 Result<std::optional<bool>> parse_offload(const std::string& flag, const char* name);

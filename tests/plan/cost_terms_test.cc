@@ -328,6 +328,55 @@ TEST(CostCorrection, CorrectedModelChangesThePlannersChoice) {
   EXPECT_GT(flips, 0);
 }
 
+// The corrections a machine measured are per precision (SearchRequest::corrections): with
+// --precision auto, a bf16 correction that says its GEMMs run 4x slower than the terms say must
+// make fp32 the choice, while the same correction for fp32 leaves bf16 chosen; and the chosen
+// plan's prediction is the one its precision's correction gives.
+TEST(CostCorrection, EachPrecisionIsPricedWithItsOwnCorrection) {
+  SearchRequest r;
+  r.config = tiny();
+  r.seq = 128;
+  r.global_batch = 8;
+  r.precision = "auto";
+  r.device = measured_cpu(8 * kGiB);
+  r.device_memory = 8 * kGiB;
+  CostCorrection slow;
+  slow.steps = 3;
+  slow.scale.fill(1.0);
+  slow.scale[size_t(CostKind::kGemm)] = 4;
+  slow.scale[size_t(CostKind::kAttention)] = 4;
+  Result<SearchResult> plain = search_plan(r);
+  ASSERT_TRUE(plain.is_ok() && plain->chosen);
+  EXPECT_EQ(plain->chosen->policy.precision, "bf16");
+
+  SearchRequest bf16_slow = r;
+  bf16_slow.corrections["bf16"] = slow;
+  Result<SearchResult> a = search_plan(bf16_slow);
+  ASSERT_TRUE(a.is_ok() && a->chosen);
+  EXPECT_EQ(a->chosen->policy.precision, "fp32");
+  // fp32 had no correction: its prediction is the uncorrected one.
+  DeviceSpec d = r.device;
+  EXPECT_DOUBLE_EQ(a->chosen->cost.step_seconds,
+                   estimate_step(r.config, *a->chosen_plan, d).step_seconds);
+
+  SearchRequest fp32_slow = r;
+  fp32_slow.corrections["fp32"] = slow;
+  Result<SearchResult> b = search_plan(fp32_slow);
+  ASSERT_TRUE(b.is_ok() && b->chosen);
+  EXPECT_EQ(b->chosen->policy.precision, "bf16");
+  EXPECT_DOUBLE_EQ(b->chosen->cost.step_seconds, plain->chosen->cost.step_seconds);
+
+  // An explicit precision takes its own correction too.
+  SearchRequest only_bf16 = bf16_slow;
+  only_bf16.precision = "bf16";
+  Result<SearchResult> c = search_plan(only_bf16);
+  ASSERT_TRUE(c.is_ok() && c->chosen);
+  d.correction = slow;
+  EXPECT_DOUBLE_EQ(c->chosen->cost.step_seconds,
+                   estimate_step(r.config, *c->chosen_plan, d).step_seconds);
+  EXPECT_GT(c->chosen->cost.step_seconds, plain->chosen->cost.step_seconds);
+}
+
 // Two processes asking for the calibration at once (two ranks of `mpirun -np 2` on one machine):
 // one measures, the other waits for it and loads its figures.
 TEST(CalibrationLock, TwoProcessesMeasureOnce) {

@@ -4,8 +4,12 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <fstream>
 
+#include "plan/calibrate.h"
+#include "plan/cost_model.h"
+#include "plan/cost_terms.h"
 #include "train_test_util.h"
 
 namespace headroom::train {
@@ -127,6 +131,73 @@ TEST(RunRequest, ContradictionsAndBadValuesNameTheFlag) {
   ASSERT_FALSE(run.is_ok());
   EXPECT_EQ(run.status().code(), StatusCode::kNotFound);
   EXPECT_EQ(run.status().message(), "cannot open --plan '" + r.plan_file + "'");
+}
+
+// Note [Self-correction]: the corrections earlier runs measured on this machine price the search
+// (each precision its own), so that a precision measured slow loses the choice; --no-self-correct
+// plans without them. The cache is this test's (HEADROOM_CACHE_DIR), with this machine's
+// calibration copied in.
+TEST(RunRequest, StoredCorrectionsPriceTheSearch) {
+  const auto dir = test::fresh_test_dir("run_request");
+  Result<plan::DeviceSpec> dev = cpu_device(uint64_t(1) << 30, true);  // calibrated once
+  ASSERT_TRUE(dev.is_ok()) << dev.status().message();
+  if (!dev->terms.fitted || !(dev->flops_bf16 > 0)) {
+    GTEST_SKIP() << "needs this machine's measured terms and bf16 GEMMs";
+  }
+  const std::string calibration = plan::default_calibration_path();
+  const char* old = std::getenv("HEADROOM_CACHE_DIR");
+  const std::string restore = old ? old : "";
+  std::filesystem::copy_file(calibration, dir / "calibration.json");
+  setenv("HEADROOM_CACHE_DIR", dir.c_str(), 1);
+  RunRequest r;
+  r.model = "gpt2-tiny";
+  r.data = (dir / "unused.tokens").string();
+  r.device_memory = uint64_t(1) << 30;
+  r.quiet = true;
+  Result<ResolvedRun> plain = resolve_run(r);
+  ASSERT_TRUE(plain.is_ok()) << plain.status().message();
+  const std::string first =
+      plain->options.exec.precision == model::Precision::kBf16 ? "bf16" : "fp32";
+  EXPECT_EQ(plain->options.plan_note.find("cost model"), std::string::npos);
+  // The chosen precision measured 20x slower than its terms say in every kind.
+  plan::CostCorrection slow;
+  slow.steps = 2;
+  slow.scale.fill(20);
+  const std::string machine =
+      plan::correction_machine_key(plan::current_cpu_model(), plan::calibration_threads());
+  const std::string cache = plan::corrections_path(plan::default_calibration_path());
+  ASSERT_TRUE(plan::save_correction(cache, machine,
+                                    plan::correction_model_key(plain->options.config, first), slow)
+                  .is_ok());
+  Result<ResolvedRun> corrected = resolve_run(r);
+  ASSERT_TRUE(corrected.is_ok()) << corrected.status().message();
+  const std::string second =
+      corrected->options.exec.precision == model::Precision::kBf16 ? "bf16" : "fp32";
+  EXPECT_NE(second, first);
+  EXPECT_NE(corrected->options.plan_note.find("corrections earlier runs measured"),
+            std::string::npos)
+      << corrected->options.plan_note;
+  EXPECT_NE(corrected->options.plan_note.find(first + " (2 steps)"), std::string::npos);
+  // Without self-correction: the uncorrected choice.
+  r.self_correct = false;
+  Result<ResolvedRun> off = resolve_run(r);
+  ASSERT_TRUE(off.is_ok());
+  EXPECT_EQ(off->options.exec.precision, plain->options.exec.precision);
+  // A damaged cache is a note, never an error.
+  r.self_correct = true;
+  std::ofstream(cache) << "{\"" << machine << "\": {\""
+                       << "gpt2-L2"
+                       << "\": 3";
+  Result<ResolvedRun> damaged = resolve_run(r);
+  ASSERT_TRUE(damaged.is_ok()) << damaged.status().message();
+  EXPECT_EQ(damaged->options.exec.precision, plain->options.exec.precision);
+  EXPECT_NE(damaged->options.plan_note.find("-- not used"), std::string::npos)
+      << damaged->options.plan_note;
+  if (old) {
+    setenv("HEADROOM_CACHE_DIR", restore.c_str(), 1);
+  } else {
+    unsetenv("HEADROOM_CACHE_DIR");
+  }
 }
 
 }  // namespace
