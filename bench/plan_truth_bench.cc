@@ -4,7 +4,7 @@
 // round), so that each cell's measurements are spread over the run; medians over rounds.
 //
 //   plan_truth_bench [--models gpt2-tiny,gpt2] [--precisions fp32,bf16] [--batches 1,8,32]
-//                    [--recompute none,full] [--rounds 3] [--steps 2] [--seq-tiny 256]
+//                    [--recompute none,full] [--rounds 3] [--steps 3] [--seq-tiny 256]
 //                    [--seq-large 32] [--json FILE]
 //
 // Round 1 is the runs' "first steps": each (model, precision) learns its correction there, from
@@ -105,7 +105,7 @@ int main(int argc, char** argv) {
                                           {"--batches", "1,8,32"},
                                           {"--recompute", "none,full"},
                                           {"--rounds", "3"},
-                                          {"--steps", "2"},
+                                          {"--steps", "3"},
                                           {"--seq-tiny", "256"},
                                           {"--seq-large", "32"},
                                           {"--json", ""}};
@@ -261,8 +261,12 @@ int main(int argc, char** argv) {
     dev_own.push_back(std::abs(ro - 1));
     std::printf("| %s | %s | %d x %d | %s | %.1f | %.1f | %.3f | %.3f | %.3f |\n", c.model.c_str(),
                 c.precision.c_str(), c.batch, c.seq, c.recompute.c_str(), p, m, rb, ra, ro);
-    by_group[c.group()].push_back(
-        {&c, {p / (c.batch * c.seq), after_ms / (c.batch * c.seq), m / (c.batch * c.seq)}});
+    // Within one precision, and across them (the model's group: --precision auto's choice,
+    // each precision priced with its own correction, as SearchRequest::corrections does).
+    const std::array<double, 3> per_token = {p / (c.batch * c.seq), after_ms / (c.batch * c.seq),
+                                             m / (c.batch * c.seq)};
+    by_group[c.group()].push_back({&c, per_token});
+    by_group[c.model + " auto"].push_back({&c, per_token});
     json kinds_pred = json::object(), kinds_meas = json::object();
     std::array<double, hr::plan::kCostKinds> mk{};
     for (size_t r = 1; r < c.measured_kinds.size(); r++)
@@ -323,11 +327,15 @@ int main(int argc, char** argv) {
           if (!best[i] || t[i] < best_t[i]) best[i] = c, best_t[i] = t[i];
         }
       }
-      auto name = [](const Cell* c) { return fmt::format("b{} {}", c->batch, c->recompute); };
+      auto name = [](const Cell* c) {
+        return fmt::format("{} b{} {}", c->precision, c->batch, c->recompute);
+      };
       std::printf("  %s, budget %s: before %s, corrected %s, measured %s%s\n", group.c_str(),
                   hr::format_bytes(budget).c_str(), name(best[0]).c_str(), name(best[1]).c_str(),
                   name(best[2]).c_str(),
-                  best[0] != best[1] ? "  <- the correction changes it" : "");
+                  best[0] == best[1]   ? ""
+                  : best[1] == best[2] ? "  <- the correction changes it, to the measured best"
+                                       : "  <- the correction changes it");
       out["choices"].push_back({{"group", group},
                                 {"budget_bytes", budget},
                                 {"before", name(best[0])},

@@ -59,8 +59,10 @@ std::array<double, kCostKinds> measured_kinds(const model::Gpt2Config& c, const 
   }
   const double recomputed_forwards = (selective + full) / 3.0;
   kind[size_t(CostKind::kGemm)] = k * g;
+  const double attention_calls = L + full / 3.0;  // a recomputed forward: a third of the pair
   kind[size_t(CostKind::kAttention)] =
-      k * t.attention[bf16 ? 1 : 0].seconds(L + full / 3.0, (L + full / 3.0) * 12.0 * T * A * N);
+      k * t.attention[bf16 ? 1 : 0].seconds(attention_calls * b * c.n_head,
+                                            attention_calls * 12.0 * T * A * N);
   const double norm_pairs = 2.0 * L + 1.0 + 2.0 * recomputed_forwards;
   kind[size_t(CostKind::kNorm)] = k * t.norm.seconds(norm_pairs, norm_pairs * N * C);
   const double gelu_pairs = L + recomputed_forwards;

@@ -92,6 +92,26 @@ GemmTerm fit_gemm(const std::vector<GemmSample>& samples) {
   return t;
 }
 
+KernelTerm fit_attention(const std::vector<AttentionSample>& samples) {
+  // Least squares of heads/s * a + units/s * b = 1 (relative error), through the origin.
+  double hh = 0, hu = 0, uu = 0, h1 = 0, u1 = 0;
+  for (const AttentionSample& s : samples) {
+    if (!(s.seconds > 0)) continue;
+    const double h = s.heads / s.seconds, u = s.units / s.seconds;
+    hh += h * h, hu += h * u, uu += u * u, h1 += h, u1 += u;
+  }
+  HR_CHECK_MSG(uu > 0, "fit_attention: no usable sample");
+  const double det = hh * uu - hu * hu;
+  KernelTerm t;
+  if (det > 1e-12 * hh * uu) {
+    t.call_seconds = (h1 * uu - u1 * hu) / det;
+    t.unit_seconds = (u1 * hh - h1 * hu) / det;
+  }
+  // Collinear samples, or a negative cost (noise): one term alone.
+  if (!(t.call_seconds >= 0 && t.unit_seconds > 0)) t = {0, u1 / uu};
+  return t;
+}
+
 KernelTerm fit_kernel(const std::vector<std::pair<double, double>>& units_seconds) {
   LineFit f = fit_line(units_seconds);
   // Whether the seconds grow with the units at all (the unconstrained slope's sign).

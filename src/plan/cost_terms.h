@@ -64,6 +64,16 @@ struct KernelTerm {
 // From (units, seconds) samples of one pair each.
 KernelTerm fit_kernel(const std::vector<std::pair<double, double>>& units_seconds);
 
+// The tiled attention: a forward and backward over `heads` (sequence, head) pairs and `units`
+// FLOP units takes heads * call_seconds + units * unit_seconds, call_seconds being the cost of one
+// (sequence, head) pair beyond its FLOPs (packing its rows, the partial tiles of a short
+// sequence). Fitted to minimise the relative error of the samples (each is weighted by its own
+// time, so the short sequences count as much as the long ones); neither cost is negative.
+struct AttentionSample {
+  double heads, units, seconds;
+};
+KernelTerm fit_attention(const std::vector<AttentionSample>& samples);
+
 // Where a GEMM of in_cols x out_cols weights falls: the LM head (out_cols or in_cols at least
 // kHeadCols; narrow when its other side is at most kSmallCols), small (the narrower side at most
 // kSmallCols), or large.
@@ -78,11 +88,12 @@ GemmClass gemm_class(int64_t in_cols, int64_t out_cols);
 struct CostTerms {
   bool fitted = false;
   std::array<GemmTerm, 2> gemm_small, gemm_large, gemm_head_small, gemm_head;
-  std::array<KernelTerm, 2> attention;  // units: 12 T C FLOPs per token (forward + backward)
-  KernelTerm norm;                      // layernorm forward + backward, units: rows x C
-  KernelTerm gelu;                      // GELU forward + backward, units: elements
-  KernelTerm residual;                  // residual add forward + backward, units: elements
-  KernelTerm loss;                      // the one-pass cross-entropy, units: rows x V
+  // Forward + backward; calls: (sequence, head) pairs, units: 12 T A FLOPs per token.
+  std::array<KernelTerm, 2> attention;
+  KernelTerm norm;       // layernorm forward + backward, units: rows x C
+  KernelTerm gelu;       // GELU forward + backward, units: elements
+  KernelTerm residual;   // residual add forward + backward, units: elements
+  KernelTerm loss;       // the one-pass cross-entropy, units: rows x V
   KernelTerm embedding;  // token (+ position) lookup forward + backward, units: rows x C
   KernelTerm optimizer;  // AdamW with the gradients' zeroing and their norm, units: parameters
   const GemmTerm& gemm(GemmClass c, bool bf16) const;

@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <array>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -109,6 +110,31 @@ TEST(CostFit, KernelFitRecoversCallAndUnitCosts) {
   const KernelTerm t = fit_kernel(xy);
   EXPECT_NEAR(t.call_seconds, call, 1e-9);
   EXPECT_NEAR(t.unit_seconds, unit, 1e-15);
+}
+
+TEST(CostFit, AttentionFitSeparatesThePerHeadCostFromTheFlops) {
+  // Long sequences (FLOPs dominate) and short ones of many sequences (the per-head cost does):
+  // both costs come back, and a fit on the FLOPs alone (the old per-call term) would miss the
+  // short sequences by far more than this one misses any.
+  const double head = 3e-6, unit = 1.0 / 350e9;
+  std::vector<AttentionSample> samples;
+  for (const auto [B, T, C, NH] : {std::array<double, 4>{2, 256, 128, 4},
+                                   {2, 256, 768, 12},
+                                   {64, 32, 128, 4},
+                                   {8, 32, 768, 12}}) {
+    const double heads = B * NH, units = 12.0 * T * C * B * T;
+    samples.push_back({heads, units, heads * head + units * unit});
+  }
+  const KernelTerm t = fit_attention(samples);
+  EXPECT_NEAR(t.call_seconds, head, 1e-6 * head);
+  EXPECT_NEAR(t.unit_seconds, unit, 1e-6 * unit);
+  // GPT-2 124M at 32 tokens, 32 sequences, one layer: 384 heads cost more than the FLOPs.
+  const double heads = 32 * 12, units = 12.0 * 32 * 768 * 32 * 32;
+  EXPECT_GT(t.seconds(heads, 0), t.seconds(0, units));
+  // Noise that makes the per-head cost negative: the FLOPs alone, never a negative cost.
+  const KernelTerm n = fit_attention({{10, 1e9, 1e-3}, {1000, 1e9, 0.5e-3}});
+  EXPECT_EQ(n.call_seconds, 0);
+  EXPECT_GT(n.unit_seconds, 0);
 }
 
 TEST(CostFit, NoisySamplesNeverGiveANegativeCost) {

@@ -84,7 +84,7 @@ nlohmann::json sample_terms_json() {
 }
 
 nlohmann::json sample_json() {
-  return {{"version", 3},
+  return {{"version", 4},
           {"gemm_flops_fp32", 1.5e11},
           {"gemm_flops_bf16", 0.0},
           {"gemm_peak_fp32", 2e11},
@@ -270,6 +270,7 @@ TEST(CalibrationFile, BadValuesAreCorruptNamingTheField) {
   expect_corrupt(with("version", 99), "version");
   expect_corrupt(with("version", 1), "version");  // before the peaks: measured again
   expect_corrupt(with("version", 2), "version");  // before the cost terms: measured again
+  expect_corrupt(with("version", 3), "version");  // attention per call, not per head: again
   nlohmann::json bad_terms = sample_json();
   bad_terms["terms"]["norm"]["unit_seconds"] = -1.0;
   expect_corrupt(bad_terms, "terms.norm.unit_seconds");
