@@ -200,6 +200,10 @@ TEST(CostModel, MeasuredTermsPriceEachKind) {
   // The loss: one pass over 1024 x V per micro-batch.
   EXPECT_NEAR(s.by_kind[size_t(CostKind::kLoss)],
               2 * synthetic_terms().loss.seconds(1, 1024.0 * 50257), 1e-12);
+  // Attention: 8 sequences x 4 heads in each of the 4 layers, plus 12 T C FLOP units per token.
+  EXPECT_NEAR(s.by_kind[size_t(CostKind::kAttention)],
+              2 * synthetic_terms().attention[0].seconds(4.0 * 8 * 4, 4.0 * 12 * 128 * 128 * 1024),
+              1e-12);
 }
 
 TEST(CostModel, CorrectionMakesThePredictionTheMeasurement) {

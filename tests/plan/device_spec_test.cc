@@ -220,6 +220,18 @@ TEST(CalibrationFile, RoundTrips) {
   EXPECT_EQ(entries, 1);
 }
 
+// A new calibration drops the corrections measured against the old one's predictions.
+TEST(CalibrationFile, SavingDropsTheCorrectionsOfTheOldOne) {
+  TempDir dir;
+  const std::string path = dir.file("calibration.json");
+  const std::string corrections = corrections_path(path);
+  write_file(corrections, "{}");
+  ASSERT_TRUE(fs::exists(corrections));
+  ASSERT_TRUE(save_calibration(sample_calibration(), path).is_ok());
+  EXPECT_FALSE(fs::exists(corrections));
+  EXPECT_TRUE(load_calibration(path).is_ok());
+}
+
 TEST(CalibrationFile, MissingFileIsNotFound) {
   TempDir dir;
   Result<Calibration> r = load_calibration(dir.file("nope.json"));
