@@ -671,7 +671,9 @@ template <typename T>
 KernelTerm time_attention_term(bool quick, int reps) {
   const DType storage = std::is_same_v<T, float> ? DType::kF32 : DType::kBF16;
   std::vector<AttentionSample> samples;
-  for (const auto [B, Tn, C, NH] : attention_shapes(quick)) {
+  for (const auto& shape : attention_shapes(quick)) {
+    // Plain locals: clang before 16 cannot capture structured bindings in the lambda below.
+    const int B = shape.B, Tn = shape.T, C = shape.C, NH = shape.NH;
     const size_t n = size_t(B) * Tn * C;
     HostVec<T> qkv = filled<T>(3 * n, 15), out = zeros<T>(n), dout = filled<T>(n, 16),
                dqkv = zeros<T>(3 * n);
