@@ -48,7 +48,8 @@ using HostVec = std::vector<T, memory::HostAllocator<T>>;
 // 2: the step's matmuls forward and backward with the model's strides, and the square-GEMM peaks
 // (version 1 files are measured again).
 // 3: the cost model's measured terms (CostTerms).
-constexpr int kFileVersion = 4;  // 4: attention's call is per (sequence, head)
+// 4: attention's call is per (sequence, head); 5: the optimizer per precision, at 64M parameters.
+constexpr int kFileVersion = 5;
 
 using Clock = std::chrono::steady_clock;
 
@@ -518,7 +519,7 @@ std::vector<std::pair<GemmClass, GemmShape>> term_gemm_shapes(bool quick) {
   // gradient's GEMM (reducing over the rows) runs further below the rate than the 1/rows line
   // through 256 and 2048 rows says (measured: 0.6x its prediction at 32 rows, bf16).
   for (int n : {32, 256}) block(GemmClass::kLarge, n, 768, 3072);  // + calibrate's, at 2048
-  for (int n : {64, 512}) head(GemmClass::kHeadSmall, n, 128, 50257);
+  for (int n : {64, 512, 2048}) head(GemmClass::kHeadSmall, n, 128, 50257);
   for (int n : {32, 128}) head(GemmClass::kHead, n, 768, 50257);  // + calibrate's, at 512
   return v;
 }
@@ -574,14 +575,15 @@ KernelSizes kernel_sizes(bool quick) {
             {1, 2},    32,        {64, 128},     {1 << 14, 1 << 17}};
   }
   return {{512, 4096}, {128, 768}, {512 * 512, 2048 * 3072}, {64, 512}, 50257, {2, 8},
-          256,         {128, 768}, {1 << 20, 1 << 24}};
+          256,         {128, 768}, {1 << 24, 1 << 26}};
 }
 
 // Every memory-bound term, fp32 kernels of the backend (docs/notes/cost-model.md).
 Status time_kernel_terms(bool quick, int reps, CostTerms* terms,
                          const CalibrationProgress& progress) {
   const KernelSizes z = kernel_sizes(quick);
-  std::vector<std::pair<double, double>> norm, gelu, residual, loss, emb, adam;
+  std::vector<std::pair<double, double>> norm, gelu, residual, loss, emb;
+  std::array<std::vector<std::pair<double, double>>, 2> adam;  // without, with the bf16 copy
   try {
     for (int i = 0; i < 2; i++) {
       const int N = z.norm_n[i], C = z.norm_c[i];
@@ -637,12 +639,16 @@ Status time_kernel_terms(bool quick, int reps, CostTerms* terms,
       const int64_t n = z.adam[i];
       HostVec<float> p = filled<float>(size_t(n), 13), g = filled<float>(size_t(n), 14),
                      m = zeros<float>(size_t(n)), v = zeros<float>(size_t(n));
+      HostVec<bf16_t> copy = zeros<bf16_t>(size_t(n));
       const cpu::AdamWParams ap{1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1, 1.0f};
-      adam.push_back(timed_pair(double(n), reps, [&] {
-        volatile double norm = cpu::sum_squares(g.data(), n);
-        (void)norm;
-        cpu::adamw_update_and_zero(p.data(), g.data(), m.data(), v.data(), n, ap);
-      }));
+      for (size_t b = 0; b < 2; b++) {
+        adam[b].push_back(timed_pair(double(n), reps, [&] {
+          volatile double norm = cpu::sum_squares(g.data(), n);
+          (void)norm;
+          cpu::adamw_update_and_zero(p.data(), g.data(), m.data(), v.data(), n, ap,
+                                     b ? copy.data() : nullptr);
+        }));
+      }
     }
   } catch (const std::bad_alloc&) {
     return Status::out_of_memory("calibration: cannot allocate the memory-bound kernels' operands");
@@ -652,7 +658,7 @@ Status time_kernel_terms(bool quick, int reps, CostTerms* terms,
   terms->gelu = fit_kernel(gelu);
   terms->loss = fit_kernel(loss);
   terms->embedding = fit_kernel(emb);
-  terms->optimizer = fit_kernel(adam);
+  for (size_t b = 0; b < 2; b++) terms->optimizer[b] = fit_kernel(adam[b]);
   auto line = [&](const char* name, const KernelTerm& t, const char* unit) {
     report(progress, fmt::format("term {}: {:.1f} us a call + {:.3f} ns per {}", name,
                                  t.call_seconds * 1e6, t.unit_seconds * 1e9, unit));
@@ -662,7 +668,8 @@ Status time_kernel_terms(bool quick, int reps, CostTerms* terms,
   line("residual (forward + backward)", terms->residual, "element");
   line("loss (one-pass cross-entropy)", terms->loss, "row x V");
   line("embedding (forward + backward)", terms->embedding, "row x C");
-  line("optimizer (AdamW + zeroing + norm)", terms->optimizer, "parameter");
+  line("optimizer (AdamW + zeroing + norm)", terms->optimizer[0], "parameter");
+  line("optimizer (the same + the bf16 copy)", terms->optimizer[1], "parameter");
   return Status::ok();
 }
 
@@ -728,7 +735,7 @@ nlohmann::json terms_json(const CostTerms& t) {
           {"residual", kernel(t.residual)},
           {"loss", kernel(t.loss)},
           {"embedding", kernel(t.embedding)},
-          {"optimizer", kernel(t.optimizer)}};
+          {"optimizer", {kernel(t.optimizer[0]), kernel(t.optimizer[1])}}};
 }
 
 Result<CostTerms> terms_from_json(const nlohmann::json& j, const std::string& path) {
@@ -765,12 +772,15 @@ Result<CostTerms> terms_from_json(const nlohmann::json& j, const std::string& pa
     HR_ASSIGN_OR_RETURN(k.unit_seconds, num(o, "unit_seconds", where));
     return k;
   };
+  if (!j.contains("optimizer") || !j["optimizer"].is_array() || j["optimizer"].size() != 2)
+    return field_error(path, "terms.optimizer", "must be a list of 2");
   for (size_t p = 0; p < 2; p++) {
     HR_ASSIGN_OR_RETURN(t.attention[p], kernel(j["attention"][p], fmt::format("attention[{}]", p)));
+    HR_ASSIGN_OR_RETURN(t.optimizer[p], kernel(j["optimizer"][p], fmt::format("optimizer[{}]", p)));
   }
   std::pair<const char*, KernelTerm*> kernels[] = {
       {"norm", &t.norm}, {"gelu", &t.gelu},           {"residual", &t.residual},
-      {"loss", &t.loss}, {"embedding", &t.embedding}, {"optimizer", &t.optimizer}};
+      {"loss", &t.loss}, {"embedding", &t.embedding}};
   for (auto [name, dst] : kernels) {
     if (!j.contains(name))
       return field_error(path, (std::string("terms.") + name).c_str(), "is missing");

@@ -72,7 +72,11 @@ std::array<double, kCostKinds> measured_kinds(const model::Gpt2Config& c, const 
            t.residual.seconds(residual_pairs, residual_pairs * N * C));
   kind[size_t(CostKind::kLoss)] = k * loss;
   kind[size_t(CostKind::kEmbedding)] = k * t.embedding.seconds(1, N * C);
-  kind[size_t(CostKind::kOptimizer)] = offload ? 0.0 : t.optimizer.seconds(1, optimizer_floats);
+  // bf16 with the weight copy: AdamW writes it in the same pass, timed so (calibrate's [1]).
+  const bool copy = plan.policy.exec.precision == model::Precision::kBf16 &&
+                    plan.policy.exec.bf16_weight_copy;
+  kind[size_t(CostKind::kOptimizer)] =
+      offload ? 0.0 : t.optimizer[copy ? 1 : 0].seconds(1, optimizer_floats);
   return kind;
 }
 }  // namespace
@@ -253,7 +257,9 @@ StepCost estimate_step(const model::Gpt2Config& c, const MemoryPlan& plan, const
     kind = measured_kinds(c, plan, d.terms, optimizer_floats, offload, &s.fused_head_gemm_seconds);
     kind[size_t(CostKind::kGemm)] += (f16_bytes + wgrad_transpose_bytes) / d.mem_bandwidth;
     kind[size_t(CostKind::kElementwise)] += (bf16_bytes - bf16_copy_bytes) / d.mem_bandwidth;
-    kind[size_t(CostKind::kOptimizer)] += bf16_copy_bytes / d.mem_bandwidth;
+    // The bf16 copy's bytes are in the optimizer's measured term, except with optimizer offload
+    // (the host's AdamW writes it; priced as before, at the triad bandwidth).
+    if (offload) kind[size_t(CostKind::kOptimizer)] += bf16_copy_bytes / d.mem_bandwidth;
   } else {
     const double attention_flops = (12.0 * L * T * A + full_blocks * 4.0 * T * A) * tokens;
     const double attention_seconds = attention_flops / (peak * efficiency);

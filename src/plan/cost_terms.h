@@ -95,7 +95,9 @@ struct CostTerms {
   KernelTerm residual;   // residual add forward + backward, units: elements
   KernelTerm loss;       // the one-pass cross-entropy, units: rows x V
   KernelTerm embedding;  // token (+ position) lookup forward + backward, units: rows x C
-  KernelTerm optimizer;  // AdamW with the gradients' zeroing and their norm, units: parameters
+  // AdamW with the gradients' zeroing and their norm, units: parameters; [1]: also writing the
+  // bf16 copy of the weights in the same pass (bf16 with bf16_weight_copy).
+  std::array<KernelTerm, 2> optimizer;
   const GemmTerm& gemm(GemmClass c, bool bf16) const;
 };
 

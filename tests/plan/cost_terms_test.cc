@@ -51,7 +51,7 @@ CostTerms synthetic_terms() {
   t.residual = {2e-6, 0.3e-9};
   t.loss = {5e-6, 1.5e-9};
   t.embedding = {5e-6, 2e-9};
-  t.optimizer = {1e-4, 4e-9};
+  t.optimizer = {{{1e-4, 4e-9}, {1e-4, 5e-9}}};
   return t;
 }
 
@@ -206,6 +206,33 @@ TEST(CostModel, MeasuredTermsPriceEachKind) {
               1e-12);
 }
 
+// The optimizer kind: AdamW over every parameter, timed without the bf16 copy for fp32 and with
+// it (calibrate's second term) for bf16 with the weight copy; without the copy, bf16 casts the
+// weights in the step instead and AdamW is the fp32 pass.
+TEST(CostModel, OptimizerTermFollowsThePrecisionAndTheCopy) {
+  const model::Gpt2Config c = tiny();
+  const CostTerms t = synthetic_terms();
+  auto optimizer_seconds = [&](model::Precision precision, bool copy) {
+    Policy p;
+    p.micro_batch = 8;
+    p.accumulation = 1;
+    p.seq = 128;
+    p.exec.precision = precision;
+    p.exec.bf16_weight_copy = copy;
+    p.precision = precision == model::Precision::kBf16 ? "bf16" : "fp32";
+    Result<MemoryPlan> mp = plan_training_memory(c, p);
+    HR_CHECK(mp.is_ok());
+    const StepCost s = estimate_step(c, *mp, measured_cpu(8 * kGiB));
+    return std::pair{s.by_kind[size_t(CostKind::kOptimizer)], double(mp->params.total_floats)};
+  };
+  const auto [fp32, n] = optimizer_seconds(model::Precision::kFp32, true);
+  EXPECT_NEAR(fp32, t.optimizer[0].seconds(1, n), 1e-12);
+  EXPECT_NEAR(optimizer_seconds(model::Precision::kBf16, true).first, t.optimizer[1].seconds(1, n),
+              1e-12);
+  EXPECT_NEAR(optimizer_seconds(model::Precision::kBf16, false).first,
+              t.optimizer[0].seconds(1, n), 1e-12);
+}
+
 TEST(CostModel, CorrectionMakesThePredictionTheMeasurement) {
   const model::Gpt2Config c = tiny();
   DeviceSpec d = measured_cpu(8 * kGiB);
@@ -324,7 +351,8 @@ TEST(CostCorrection, CalibrationFileKeepsTheTerms) {
   EXPECT_TRUE(back->terms.fitted);
   EXPECT_EQ(back->terms.gemm_small[1].rate, cal.terms.gemm_small[1].rate);
   EXPECT_EQ(back->terms.gemm_head[0].half_rows, cal.terms.gemm_head[0].half_rows);
-  EXPECT_EQ(back->terms.optimizer.call_seconds, cal.terms.optimizer.call_seconds);
+  EXPECT_EQ(back->terms.optimizer[0].call_seconds, cal.terms.optimizer[0].call_seconds);
+  EXPECT_EQ(back->terms.optimizer[1].unit_seconds, cal.terms.optimizer[1].unit_seconds);
   EXPECT_EQ(back->terms.attention[1].unit_seconds, cal.terms.attention[1].unit_seconds);
   EXPECT_TRUE(cpu_device_spec(*back, kGiB).terms.fitted);
   fs::remove_all(dir);

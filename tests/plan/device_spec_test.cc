@@ -71,7 +71,7 @@ nlohmann::json sample_terms_json() {
     (*g)[0] = {5e10, 200};
   c.terms.attention[0] = {1e-5, 3e-11};
   for (KernelTerm* k : {&c.terms.norm, &c.terms.gelu, &c.terms.residual, &c.terms.loss,
-                        &c.terms.embedding, &c.terms.optimizer})
+                        &c.terms.embedding, &c.terms.optimizer[0], &c.terms.optimizer[1]})
     *k = {5e-6, 1e-9};
   const std::string path = (std::filesystem::temp_directory_path() /
                             ("headroom-terms-" + std::to_string(::getpid()) + ".json"))
@@ -84,7 +84,7 @@ nlohmann::json sample_terms_json() {
 }
 
 nlohmann::json sample_json() {
-  return {{"version", 4},
+  return {{"version", 5},
           {"gemm_flops_fp32", 1.5e11},
           {"gemm_flops_bf16", 0.0},
           {"gemm_peak_fp32", 2e11},
@@ -283,6 +283,7 @@ TEST(CalibrationFile, BadValuesAreCorruptNamingTheField) {
   expect_corrupt(with("version", 1), "version");  // before the peaks: measured again
   expect_corrupt(with("version", 2), "version");  // before the cost terms: measured again
   expect_corrupt(with("version", 3), "version");  // attention per call, not per head: again
+  expect_corrupt(with("version", 4), "version");  // one optimizer term for both precisions
   nlohmann::json bad_terms = sample_json();
   bad_terms["terms"]["norm"]["unit_seconds"] = -1.0;
   expect_corrupt(bad_terms, "terms.norm.unit_seconds");

@@ -34,7 +34,7 @@ plan::DeviceSpec measured_cpu() {
     t.attention[p] = {1e-5, 1.0 / 30e9};
   }
   t.norm = t.gelu = t.residual = t.loss = t.embedding = {5e-6, 1e-9};
-  t.optimizer = {1e-4, 4e-9};
+  t.optimizer = {{{1e-4, 4e-9}, {1e-4, 5e-9}}};
   return d;
 }
 
