@@ -4,8 +4,11 @@
 // round), so that each cell's measurements are spread over the run; medians over rounds.
 //
 //   plan_truth_bench [--models gpt2-tiny,gpt2] [--precisions fp32,bf16] [--batches 1,8,32]
-//                    [--recompute none,full] [--rounds 3] [--steps 3] [--seq-tiny 256]
-//                    [--seq-large 32] [--json FILE]
+//                    [--recompute none,full] [--rounds 3] [--steps 3] [--min-seconds 1]
+//                    [--seq-tiny 256] [--seq-large 32] [--json FILE]
+//
+// Each run is at least --steps steps, more for a short step: enough that the timed steps (all but
+// the first) take about --min-seconds by the prediction, at most 40.
 //
 // Round 1 is the runs' "first steps": each (model, precision) learns its correction there, from
 // its micro-batch-8 cell without recomputation (the trainer's default plan), and from every cell
@@ -64,7 +67,7 @@ double median(std::vector<double> v) {
 
 struct Cell {
   std::string model, precision, recompute;
-  int batch = 0, seq = 0;
+  int batch = 0, seq = 0, steps = 0;  // steps per run
   hr::model::Gpt2Config config;
   hr::plan::MemoryPlan plan;
   // Per round: the uncorrected prediction and the measurement (ms), and per kind (seconds).
@@ -106,6 +109,7 @@ int main(int argc, char** argv) {
                                           {"--recompute", "none,full"},
                                           {"--rounds", "3"},
                                           {"--steps", "3"},
+                                          {"--min-seconds", "1"},
                                           {"--seq-tiny", "256"},
                                           {"--seq-large", "32"},
                                           {"--json", ""}};
@@ -118,6 +122,7 @@ int main(int argc, char** argv) {
     a[k] = argv[++i];
   }
   const int rounds = std::stoi(a["--rounds"]), steps = std::stoi(a["--steps"]);
+  const double min_seconds = std::stod(a["--min-seconds"]);
   if (rounds < 2 || steps < 2) {
     std::fprintf(stderr, "plan_truth_bench: --rounds and --steps must be at least 2\n");
     return 2;
@@ -136,7 +141,7 @@ int main(int argc, char** argv) {
   }
 
   std::vector<Cell> cells;
-  int max_tokens = 0;
+  int64_t max_steps_tokens = 0;  // the token file: every run's steps of tokens
   for (const std::string& m : split(a["--models"])) {
     hr::Result<hr::model::Gpt2Config> cfg = hr::model::resolve_model(m);
     if (!cfg.is_ok()) {
@@ -154,7 +159,6 @@ int main(int argc, char** argv) {
           c.batch = std::stoi(b);
           c.seq = std::min(std::stoi(a[tiny ? "--seq-tiny" : "--seq-large"]), cfg->n_positions);
           c.config = *cfg;
-          max_tokens = std::max(max_tokens, c.batch * c.seq);
           // The trainer's own plan for these options (train/trainer.cc).
           const hr::train::TrainOptions o = options_for(c, "", steps);
           hr::plan::Policy policy;
@@ -170,6 +174,8 @@ int main(int argc, char** argv) {
           }
           c.plan = *mp;
           c.cost = hr::plan::estimate_step(c.config, c.plan, device);
+          c.steps = std::clamp(1 + int(std::ceil(min_seconds / c.cost.step_seconds)), steps, 40);
+          max_steps_tokens = std::max(max_steps_tokens, int64_t(c.steps + 2) * c.batch * c.seq);
           cells.push_back(std::move(c));
         }
       }
@@ -180,14 +186,14 @@ int main(int argc, char** argv) {
       (fs::temp_directory_path() / fmt::format("plan-truth-{}.tokens", ::getpid())).string();
   {
     std::mt19937 rng(7);
-    std::vector<int32_t> toks(size_t(steps + 2) * size_t(max_tokens) + 1);
+    std::vector<int32_t> toks(size_t(max_steps_tokens) + 1);
     for (int32_t& t : toks) t = int32_t(rng() % 50257u);
     if (!hr::data::write_token_file(data, toks, 50257, 50256, 1).is_ok()) return 1;
   }
 
   for (int round = 0; round < rounds; round++) {
     for (Cell& c : cells) {
-      hr::train::TrainOptions o = options_for(c, data, steps);
+      hr::train::TrainOptions o = options_for(c, data, c.steps);
       o.device = device;
       std::vector<double> ms;
       std::array<double, hr::plan::kCostKinds> kinds{};
@@ -237,6 +243,7 @@ int main(int argc, char** argv) {
               {"calibration", hr::plan::describe_calibration(*cal)},
               {"rounds", rounds},
               {"steps", steps},
+              {"min_seconds", min_seconds},
               {"cells", json::array()}};
   std::vector<double> dev_before, dev_after, dev_own;
   std::printf(
@@ -282,6 +289,7 @@ int main(int argc, char** argv) {
                             {"micro_batch", c.batch},
                             {"seq", c.seq},
                             {"recompute", c.recompute},
+                            {"steps", c.steps},
                             {"predicted_ms", p},
                             {"predicted_after_ms", after_ms},
                             {"predicted_own_ms", own_ms},
@@ -330,17 +338,34 @@ int main(int argc, char** argv) {
       auto name = [](const Cell* c) {
         return fmt::format("{} b{} {}", c->precision, c->batch, c->recompute);
       };
-      std::printf("  %s, budget %s: before %s, corrected %s, measured %s%s\n", group.c_str(),
+      // What a wrong choice costs: its measured time per token over the measured best's.
+      auto measured_per_token = [&](const Cell* c) {
+        for (const auto& [x, t] : list)
+          if (x == c) return t[2];
+        return 0.0;
+      };
+      auto loss = [&](size_t i) {
+        return best[i] == best[2]
+                   ? std::string()
+                   : fmt::format(" ({} measured {:+.1f}% a token)",
+                                 i == 0 ? "before's" : "corrected's",
+                                 100 * (measured_per_token(best[i]) / best_t[2] - 1));
+      };
+      std::printf("  %s, budget %s: before %s, corrected %s, measured %s%s%s%s\n", group.c_str(),
                   hr::format_bytes(budget).c_str(), name(best[0]).c_str(), name(best[1]).c_str(),
                   name(best[2]).c_str(),
                   best[0] == best[1]   ? ""
                   : best[1] == best[2] ? "  <- the correction changes it, to the measured best"
-                                       : "  <- the correction changes it");
-      out["choices"].push_back({{"group", group},
-                                {"budget_bytes", budget},
-                                {"before", name(best[0])},
-                                {"corrected", name(best[1])},
-                                {"measured", name(best[2])}});
+                                       : "  <- the correction changes it",
+                  loss(0).c_str(), best[1] != best[0] ? loss(1).c_str() : "");
+      out["choices"].push_back(
+          {{"group", group},
+           {"before_measured_over_best", measured_per_token(best[0]) / best_t[2]},
+           {"corrected_measured_over_best", measured_per_token(best[1]) / best_t[2]},
+           {"budget_bytes", budget},
+           {"before", name(best[0])},
+           {"corrected", name(best[1])},
+           {"measured", name(best[2])}});
     }
   }
   if (!a["--json"].empty()) {

@@ -778,9 +778,11 @@ Result<CostTerms> terms_from_json(const nlohmann::json& j, const std::string& pa
     HR_ASSIGN_OR_RETURN(t.attention[p], kernel(j["attention"][p], fmt::format("attention[{}]", p)));
     HR_ASSIGN_OR_RETURN(t.optimizer[p], kernel(j["optimizer"][p], fmt::format("optimizer[{}]", p)));
   }
-  std::pair<const char*, KernelTerm*> kernels[] = {
-      {"norm", &t.norm}, {"gelu", &t.gelu},           {"residual", &t.residual},
-      {"loss", &t.loss}, {"embedding", &t.embedding}};
+  std::pair<const char*, KernelTerm*> kernels[] = {{"norm", &t.norm},
+                                                   {"gelu", &t.gelu},
+                                                   {"residual", &t.residual},
+                                                   {"loss", &t.loss},
+                                                   {"embedding", &t.embedding}};
   for (auto [name, dst] : kernels) {
     if (!j.contains(name))
       return field_error(path, (std::string("terms.") + name).c_str(), "is missing");

@@ -73,8 +73,8 @@ std::array<double, kCostKinds> measured_kinds(const model::Gpt2Config& c, const 
   kind[size_t(CostKind::kLoss)] = k * loss;
   kind[size_t(CostKind::kEmbedding)] = k * t.embedding.seconds(1, N * C);
   // bf16 with the weight copy: AdamW writes it in the same pass, timed so (calibrate's [1]).
-  const bool copy = plan.policy.exec.precision == model::Precision::kBf16 &&
-                    plan.policy.exec.bf16_weight_copy;
+  const bool copy =
+      plan.policy.exec.precision == model::Precision::kBf16 && plan.policy.exec.bf16_weight_copy;
   kind[size_t(CostKind::kOptimizer)] =
       offload ? 0.0 : t.optimizer[copy ? 1 : 0].seconds(1, optimizer_floats);
   return kind;

@@ -229,8 +229,8 @@ TEST(CostModel, OptimizerTermFollowsThePrecisionAndTheCopy) {
   EXPECT_NEAR(fp32, t.optimizer[0].seconds(1, n), 1e-12);
   EXPECT_NEAR(optimizer_seconds(model::Precision::kBf16, true).first, t.optimizer[1].seconds(1, n),
               1e-12);
-  EXPECT_NEAR(optimizer_seconds(model::Precision::kBf16, false).first,
-              t.optimizer[0].seconds(1, n), 1e-12);
+  EXPECT_NEAR(optimizer_seconds(model::Precision::kBf16, false).first, t.optimizer[0].seconds(1, n),
+              1e-12);
 }
 
 TEST(CostModel, CorrectionMakesThePredictionTheMeasurement) {
