@@ -48,7 +48,8 @@ using HostVec = std::vector<T, memory::HostAllocator<T>>;
 // 2: the step's matmuls forward and backward with the model's strides, and the square-GEMM peaks
 // (version 1 files are measured again).
 // 3: the cost model's measured terms (CostTerms).
-// 4: attention's call is per (sequence, head); 5: the optimizer per precision, at 64M parameters.
+// 4: attention's call is per (sequence, head); 5: the optimizer per precision, at 64M parameters,
+// and each GEMM class's forward share.
 constexpr int kFileVersion = 5;
 
 using Clock = std::chrono::steady_clock;
@@ -236,8 +237,9 @@ class ShapeTimer {
              (z_.fp32_out ? o_->out32.size() : o_->out16.size()) >= z_.out);
   }
 
-  // Median seconds of `reps` calls after `warmup` untimed ones.
-  double time(int warmup, int reps) {
+  // Median seconds of `reps` calls after `warmup` untimed ones (forward_only: without the
+  // backward, whatever the shape says).
+  double time(int warmup, int reps, bool forward_only = false) {
     const cpu::MatmulStrides st{.inp = z_.ldi, .out = z_.ldo};
     GemmOperands<T>& o = *o_;
     return time_median(warmup, reps, [&] {
@@ -248,7 +250,7 @@ class ShapeTimer {
         cpu::matmul_forward(o.out16.data(), o.inp.data(), o.weight.data(), o.bias.data(), s_.N,
                             s_.IC, s_.OC, s_.layout, st);
       }
-      if (s_.backward) {
+      if (s_.backward && !forward_only) {
         cpu::matmul_backward(o.dinp.data(), o.dweight.data(), nullptr, o.dout.data(), o.inp.data(),
                              o.weight.data(), s_.N, s_.IC, s_.OC, s_.layout, st);
       }
@@ -529,8 +531,11 @@ template <typename T>
 void time_gemm_terms(const std::vector<std::pair<GemmClass, GemmShape>>& shapes, int reps,
                      std::array<std::vector<GemmSample>, 4>* samples) {
   for (const auto& [cls, shape] : shapes) {
-    const double t = ShapeTimer<T>(shape).time(1, reps);
-    if (t > 0) (*samples)[size_t(cls)].push_back({shape.flops(), double(shape.N), t});
+    ShapeTimer<T> timer(shape);
+    const double t = timer.time(1, reps);
+    // The forward alone, on the same operands: its share of the pair (what recomputation re-runs).
+    const double f = shape.backward ? timer.time(1, reps, true) : 0.0;
+    if (t > 0) (*samples)[size_t(cls)].push_back({shape.flops(), double(shape.N), t, f});
   }
 }
 
@@ -708,9 +713,9 @@ void fit_gemm_terms(const std::array<std::vector<GemmSample>, 4>& samples, const
     if (samples[c].empty()) continue;
     (*dst[c])[p] = fit_gemm(samples[c]);
     report(progress, fmt::format("term {} GEMMs ({}): {:.1f} GFLOP/s at many rows, half of it at "
-                                 "{:.0f} rows ({} samples)",
+                                 "{:.0f} rows, forward {:.0f}% of the pair ({} samples)",
                                  name, kNames[c], (*dst[c])[p].rate / 1e9, (*dst[c])[p].half_rows,
-                                 samples[c].size()));
+                                 100 * (*dst[c])[p].forward_share, samples[c].size()));
   }
 }
 
@@ -719,7 +724,9 @@ void fit_gemm_terms(const std::array<std::vector<GemmSample>, 4>& samples, const
 nlohmann::json terms_json(const CostTerms& t) {
   auto gemm = [](const std::array<GemmTerm, 2>& g) {
     nlohmann::json a = nlohmann::json::array();
-    for (const GemmTerm& x : g) a.push_back({{"rate", x.rate}, {"half_rows", x.half_rows}});
+    for (const GemmTerm& x : g)
+      a.push_back(
+          {{"rate", x.rate}, {"half_rows", x.half_rows}, {"forward_share", x.forward_share}});
     return a;
   };
   auto kernel = [](const KernelTerm& k) {
@@ -762,6 +769,9 @@ Result<CostTerms> terms_from_json(const nlohmann::json& j, const std::string& pa
       const std::string where = fmt::format("{}[{}]", name, p);
       HR_ASSIGN_OR_RETURN((*dst)[p].rate, num(j[name][p], "rate", where));
       HR_ASSIGN_OR_RETURN((*dst)[p].half_rows, num(j[name][p], "half_rows", where));
+      HR_ASSIGN_OR_RETURN((*dst)[p].forward_share, num(j[name][p], "forward_share", where));
+      if ((*dst)[p].forward_share > 1)
+        return field_error(path, ("terms." + where + ".forward_share").c_str(), "must be <= 1");
     }
   }
   if (!j.contains("attention") || !j["attention"].is_array() || j["attention"].size() != 2)

@@ -36,16 +36,20 @@ std::array<double, kCostKinds> measured_kinds(const model::Gpt2Config& c, const 
     full += plan.policy.exec.recompute_at(l) == model::Recompute::kFull;
     selective += plan.policy.exec.recompute_at(l) == model::Recompute::kSelective;
   }
+  auto term = [&](double ic, double oc) -> const GemmTerm& {
+    return t.gemm(gemm_class(int64_t(ic), int64_t(oc)), bf16);
+  };
   auto gemm = [&](double ic, double oc, double rows, double flops) {
-    return t.gemm(gemm_class(int64_t(ic), int64_t(oc)), bf16).seconds(flops, rows);
+    return term(ic, oc).seconds(flops, rows);
   };
   const std::pair<double, double> shapes[] = {
       {C, double(c.qkv_width())}, {A, C}, {C, double(c.fc_width())}, {double(c.mlp_width()), C}};
   double g = 0;
   for (const auto& [ic, oc] : shapes) {
     // Forward and backward (6 FLOPs per weight per row) in every block, a forward more in each
-    // fully recomputed one.
-    g += L * gemm(ic, oc, N, 6.0 * N * ic * oc) + full * gemm(ic, oc, N, 2.0 * N * ic * oc);
+    // fully recomputed one (the class's measured share of the pair).
+    const double pair = gemm(ic, oc, N, 6.0 * N * ic * oc);
+    g += L * pair + full * term(ic, oc).forward_share * pair;
   }
   double loss = t.loss.seconds(1, N * V);
   const double chunk = plan.policy.exec.head_chunk;

@@ -89,6 +89,11 @@ GemmTerm fit_gemm(const std::vector<GemmSample>& samples) {
     t.rate = best;
     t.half_rows = 0;
   }
+  double forward = 0, pair = 0;
+  for (const GemmSample& s : samples) {
+    if (s.forward_seconds > 0 && s.seconds > 0) forward += s.forward_seconds, pair += s.seconds;
+  }
+  if (pair > 0) t.forward_share = std::clamp(forward / pair, 0.15, 0.6);
   return t;
 }
 

@@ -43,12 +43,18 @@ LineFit fit_line(const std::vector<std::pair<double, double>>& xy);
 struct GemmTerm {
   double rate = 0;  // 0: not measured
   double half_rows = 0;
+  // The forward's share of a forward + backward's time (what a recomputation re-runs): a third
+  // by the FLOPs; measured, less where the backward's kernels run slower than the forward's.
+  double forward_share = 1.0 / 3.0;
   double seconds(double flops, double rows) const;
 };
 struct GemmSample {
   double flops, rows, seconds;
+  double forward_seconds = 0;  // the forward alone; 0: not timed
 };
-// Fits rate and half_rows: seconds / flops = 1/rate + (half_rows/rate) / rows is a line in 1/rows.
+// Fits rate and half_rows: seconds / flops = 1/rate + (half_rows/rate) / rows is a line in 1/rows;
+// forward_share: the samples' forward time over their forward + backward time (a third where no
+// sample timed its forward), clamped to [0.15, 0.6].
 // REQUIRES: at least one sample with flops, rows and seconds > 0.
 GemmTerm fit_gemm(const std::vector<GemmSample>& samples);
 

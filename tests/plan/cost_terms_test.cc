@@ -103,6 +103,35 @@ TEST(CostFit, GemmFitRecoversRateAndHalfRows) {
   EXPECT_NEAR(t.seconds(samples[1].flops, 256), samples[1].seconds, 1e-9);
 }
 
+// The forward's share of the pair comes from the samples that timed it (a third without any);
+// a degenerate timing cannot make a recomputation free or dearer than the whole pair.
+TEST(CostFit, GemmFitMeasuresTheForwardShare) {
+  std::vector<GemmSample> samples = {
+      {6e9, 256, 0.03, 0.006}, {6e9 * 8, 2048, 0.2, 0.05}, {6e9 * 8, 2048, 0.2}};
+  EXPECT_NEAR(fit_gemm(samples).forward_share, 0.056 / 0.23, 1e-12);
+  samples = {{6e9, 256, 0.03}, {6e9 * 8, 2048, 0.2}};
+  EXPECT_EQ(fit_gemm(samples).forward_share, 1.0 / 3.0);
+  samples = {{6e9, 256, 0.03, 0.0001}};
+  EXPECT_EQ(fit_gemm(samples).forward_share, 0.15);
+  samples = {{6e9, 256, 0.03, 0.05}};
+  EXPECT_EQ(fit_gemm(samples).forward_share, 0.6);
+}
+
+// Full recomputation adds each block GEMM's forward at the class's measured share of the pair.
+TEST(CostModel, RecomputedGemmsCostTheirForwardShare) {
+  const model::Gpt2Config c = tiny();
+  const MemoryPlan none = plan_of(c, 8, 1), full = plan_of(c, 8, 1, false, model::Recompute::kFull);
+  DeviceSpec d = measured_cpu(8 * kGiB);
+  auto gemm = [&](const DeviceSpec& spec, const MemoryPlan& mp) {
+    return estimate_step(c, mp, spec).by_kind[size_t(CostKind::kGemm)];
+  };
+  const double third = gemm(d, full) - gemm(d, none);
+  d.terms.gemm_small[0].forward_share = 0.2;  // every block GEMM of C = 128 is in the small class
+  const double fifth = gemm(d, full) - gemm(d, none);
+  EXPECT_GT(third, 0);
+  EXPECT_NEAR(fifth / third, 0.2 * 3.0, 1e-9);
+}
+
 TEST(CostFit, KernelFitRecoversCallAndUnitCosts) {
   const double call = 7e-6, unit = 1.3e-9;
   std::vector<std::pair<double, double>> xy;
