@@ -286,6 +286,10 @@ class Ops {
   // count; a stream backend synchronizes to return it.
   virtual double sum_squares(const float* x, int64_t n) const = 0;
   virtual void scale_inplace(float* x, int64_t n, float s) const = 0;
+  // A sparsity mask (docs/notes/pruning.md): x[i] = +0.0f where mask[i] == 0, for i < n; the
+  // other elements untouched (bits kept, NaN included). mask holds one byte per float of x (a
+  // parameter-shaped buffer: weights, gradients, AdamW's moments); both are the ops' memory.
+  virtual void apply_mask(const uint8_t* mask, float* x, int64_t n) const = 0;
 };
 
 // The f16 GEMM staging of a scope (Ops::bind_f16_staging), restored when it ends.

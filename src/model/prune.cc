@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "backend/ops.h"
 #include "core/check.h"
 #include "memory/host_resource.h"
 
@@ -121,12 +122,9 @@ SparsityMask mask_from_zeros(const ParamTable& table, const float* params) {
   return mask;
 }
 
+// The CPU table's op (backend/cpu's kernel): one loop for host buffers and the CPU backend.
 void apply_mask(const uint8_t* mask, float* buffer, int64_t n) {
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; i++) {
-    // A multiply would keep -0.0 and turn NaN * 0 into NaN; pruned weights are +0.0 exactly.
-    if (!mask[i]) buffer[i] = 0.0f;
-  }
+  backend::cpu_ops().apply_mask(mask, buffer, n);
 }
 
 std::string MaskSpec::describe() const {

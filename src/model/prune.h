@@ -48,7 +48,8 @@ Result<SparsityMask> nm_mask(const TransformerConfig& config, const ParamTable& 
 SparsityMask mask_from_zeros(const ParamTable& table, const float* params);
 
 // buffer[i] = +0.0f where mask[i] == 0, for i < n (a parameter-shaped buffer: the weights,
-// their gradients, AdamW's moments; n = table.total_floats). One pass, OpenMP.
+// their gradients, AdamW's moments; n = table.total_floats). One pass, OpenMP: the CPU op
+// table's apply_mask (a device buffer takes its backend's Ops::apply_mask).
 void apply_mask(const uint8_t* mask, float* buffer, int64_t n);
 inline void apply_mask(const SparsityMask& mask, float* buffer, int64_t n) {
   HR_CHECK_MSG(int64_t(mask.size()) >= n, "apply_mask: the mask is shorter than the buffer");

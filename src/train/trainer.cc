@@ -112,17 +112,11 @@ Status check_device_options(const TrainOptions& o, std::string_view backend, int
   }
   if (ranks > 1) return refuse("several ranks", "train on one");
   if (o.zero_stage != 0) return refuse("ZeRO stages 1-3", "use --zero 0");
-  if (o.batching != data::Batching::kPacked)
-    return refuse("bucketed batching", "use --batching packed");
   if (o.offload_optimizer) return refuse("optimizer offload", "use --offload-optimizer off");
   if (!o.exec.offload.empty() &&
       std::any_of(o.exec.offload.begin(), o.exec.offload.end(), [](bool b) { return b; })) {
     return refuse("activation offload", "use --offload-activations off");
   }
-  if (!o.sparsity_mask.empty() || o.prune.at_step > 0) {
-    return refuse("sparsity masks", "drop --sparsity-mask and --prune-at");
-  }
-  if (!o.teacher_dir.empty() || o.exec.distill) return refuse("distillation", "drop --teacher");
   return Status::ok();
 }
 
@@ -472,19 +466,9 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
   HR_CHECK_MSG(zopt.sizes().m <= moment_floats, "the plan's optimizer shard is too small");
   // The initial weights into host memory at `dst`: drawn from the seed (which also zeroes the
   // padding between tensors), then --model DIR's weights over them when it has some. A
-  // --sparsity-mask directory's weights, loaded below, win over both, so DIR is not read twice.
+  // --sparsity-mask directory's weights win over both (DIR is not read then).
   auto initial_weights = [&](float* dst) -> Status {
     model::gpt2_init_params(cfg, table, dst, o.seed);
-    if (o.init_from.empty() || !o.sparsity_mask.empty()) return Status::ok();
-    return model::load_pretrained(o.init_from, table, dst);
-  };
-  if (stage < 3 && on_device) {
-    // Made in host memory (zeros between the tensors, as a fresh arena's), then copied over.
-    std::vector<float> init(static_cast<size_t>(P));
-    HR_RETURN_IF_ERROR(initial_weights(init.data()));
-    ops.copy_to_device(params, init.data(), size_t(P) * sizeof(float));
-  } else if (stage < 3) {
-    HR_RETURN_IF_ERROR(initial_weights(params));
     // --sparsity-mask DIR: start from DIR's weights (a pruned model), its zeros the mask.
     if (!o.sparsity_mask.empty()) {
       HR_ASSIGN_OR_RETURN(const model::Gpt2Config from,
@@ -495,8 +479,18 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
             "pruned model's own config)",
             o.sparsity_mask, o.model_name, o.sparsity_mask));
       }
-      HR_RETURN_IF_ERROR(model::load_pretrained(o.sparsity_mask, table, params));
+      return model::load_pretrained(o.sparsity_mask, table, dst);
     }
+    if (o.init_from.empty()) return Status::ok();
+    return model::load_pretrained(o.init_from, table, dst);
+  };
+  if (stage < 3 && on_device) {
+    // Made in host memory (zeros between the tensors, as a fresh arena's), then copied over.
+    std::vector<float> init(static_cast<size_t>(P));
+    HR_RETURN_IF_ERROR(initial_weights(init.data()));
+    ops.copy_to_device(params, init.data(), size_t(P) * sizeof(float));
+  } else if (stage < 3) {
+    HR_RETURN_IF_ERROR(initial_weights(params));
   } else {
     // The initialisation draws every tensor from one generator: made whole in host memory (as a
     // checkpoint is read), then each rank keeps its pieces.
@@ -669,9 +663,18 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
   }
   // The mask is the zeros of the starting weights: the pruned model's, or a checkpoint's taken
   // after --prune-at (pruned weights stay exact zeros, so the mask needs no file of its own).
+  // On a device the mask is made from a host copy of the weights and copied in; on the CPU from
+  // the weights themselves (the CPU's copy_to_device is a memcpy).
+  auto host_weights = [&](std::vector<float>* copy) -> const float* {
+    if (!on_device) return params;
+    copy->resize(static_cast<size_t>(P));
+    ops.copy_to_host(copy->data(), params, size_t(P) * sizeof(float));
+    return copy->data();
+  };
   if (mask && (!o.sparsity_mask.empty() || start_step >= o.prune.at_step)) {
-    const model::SparsityMask m0 = model::mask_from_zeros(table, params);
-    std::memcpy(mask, m0.data(), m0.size());
+    std::vector<float> copy;
+    const model::SparsityMask m0 = model::mask_from_zeros(table, host_weights(&copy));
+    ops.copy_to_device(mask, m0.data(), m0.size());
     mask_active = true;
   }
   // A collective: every rank calls it; rank 0 writes (the path is returned there, "" elsewhere)
@@ -767,13 +770,24 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     HR_CHECK(r != nullptr);
     HR_ASSIGN_OR_RETURN(teacher_arena, make(*r));
     teacher_table = model::gpt2_param_table(d->teacher);
-    // Padding floats between tensors are never read, but are defined.
-    std::memset(teacher_arena.data(0), 0, r->layout.size);
-    if (Status s = model::load_pretrained(o.teacher_dir, teacher_table, teacher_arena.f32(0));
-        !s.is_ok()) {
+    // Padding floats between tensors are never read, but are defined. On a device: read into
+    // host memory (as a GPU run reads a file), then copied over.
+    std::vector<float> host_teacher;
+    float* teacher_dst = teacher_arena.f32(0);
+    if (on_device) {
+      host_teacher.assign(r->layout.size / sizeof(float), 0.0f);
+      teacher_dst = host_teacher.data();
+    } else {
+      std::memset(teacher_dst, 0, r->layout.size);
+    }
+    if (Status s = model::load_pretrained(o.teacher_dir, teacher_table, teacher_dst); !s.is_ok()) {
       return Status(s.code(), fmt::format("--teacher {}: {}", o.teacher_dir, s.message()));
     }
-    teacher_net.emplace(d->teacher, &teacher_table);
+    if (on_device) {
+      ops.copy_to_device(teacher_arena.f32(0), host_teacher.data(),
+                         host_teacher.size() * sizeof(float));
+    }
+    teacher_net.emplace(d->teacher, &teacher_table, ops);
     teacher_net->bind_params(teacher_arena.f32(0), nullptr);
   }
   // ZeRO-2/3: backward writes gradient windows that the communication thread reduce-scatters
@@ -1585,24 +1599,25 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     // A sparsity mask: pruned weights get no gradient (so neither the norm, the clipping nor
     // the moments see one); with m = v = 0 and the weight 0, AdamW's update leaves it 0, and the
     // weights are masked after the update all the same (Note in docs/notes/pruning.md).
-    if (mask_active) model::apply_mask(mask, grads, P);
+    if (mask_active) ops.apply_mask(mask, grads, P);
     Result<double> stepped =
         offload ? offload->step(zb.params, grads, grad_shard, params_bf16, o.adamw, lr, adam_step,
                                 zb.grads_reduced, scaler ? loss_scale : 0.0f)
                 : zopt.step(zb, o.adamw, lr, adam_step, params_bf16, scaler ? loss_scale : 0.0f);
     zcomm.trace(nullptr, run_start, EventPhase::kNone, -1);
     HR_ASSIGN_OR_RETURN(const double norm, std::move(stepped));
-    if (mask_active) model::apply_mask(mask, params, P);
+    if (mask_active) ops.apply_mask(mask, params, P);
     // --prune-at: after this step's update, the mask from the weights; pruned weights and their
     // moments become zeros (and the bf16 copy follows).
     if (mask && !mask_active && step + 1 == o.prune.at_step) {
+      std::vector<float> copy;
       HR_ASSIGN_OR_RETURN(const model::SparsityMask m0,
-                          model::make_mask(cfg, table, params, o.prune.spec));
-      std::memcpy(mask, m0.data(), m0.size());
+                          model::make_mask(cfg, table, host_weights(&copy), o.prune.spec));
+      ops.copy_to_device(mask, m0.data(), m0.size());
       mask_active = true;
-      model::apply_mask(mask, params, P);
-      model::apply_mask(mask, m, P);
-      model::apply_mask(mask, v, P);
+      ops.apply_mask(mask, params, P);
+      moment_ops.apply_mask(mask, m, P);
+      moment_ops.apply_mask(mask, v, P);
       if (params_bf16) ops.cast_to_bf16(params_bf16, params, P);
       const model::MaskCounts mc = model::count_mask(table, m0);
       cur.events.push_back(fmt::format(

@@ -345,12 +345,6 @@ TEST_F(DeviceTrainer, RefusesWhatItDoesNotRunYet) {
   EXPECT_EQ(r.status().code(), StatusCode::kUnsupported) << r.status().to_string();
   EXPECT_NE(r.status().message().find("fenced"), std::string::npos) << r.status().message();
 
-  train::TrainOptions bucketed = o;
-  bucketed.batching = data::Batching::kBucketed;
-  r = train::run_training(bucketed, {});
-  ASSERT_FALSE(r.is_ok());
-  EXPECT_EQ(r.status().code(), StatusCode::kUnsupported) << r.status().to_string();
-
   train::TrainOptions no_leaf = o;
   no_leaf.device_leaf = nullptr;
   r = train::run_training(no_leaf, {});

@@ -309,6 +309,9 @@ class CpuOps final : public Ops {
     return sum;
   }
   void scale_inplace(float* x, int64_t n, float s) const override { cpu::scale_inplace(x, n, s); }
+  void apply_mask(const uint8_t* mask, float* x, int64_t n) const override {
+    cpu::apply_mask(mask, x, n);
+  }
 };
 
 }  // namespace

@@ -1732,6 +1732,14 @@ void scale_inplace(float* x, int64_t n, float s) {
   for (int64_t i = 0; i < n; ++i) x[i] *= s;
 }
 
+void apply_mask(const uint8_t* mask, float* x, int64_t n) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; i++) {
+    // A multiply would keep -0.0 and turn NaN * 0 into NaN; pruned weights are +0.0 exactly.
+    if (!mask[i]) x[i] = 0.0f;
+  }
+}
+
 void zero(float* x, int64_t n) {
 #if HR_AVX512_KERNELS
   // Buffers far beyond the caches (the gradients, every step) are zeroed with non-temporal

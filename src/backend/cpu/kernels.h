@@ -310,5 +310,7 @@ void adamw_update_and_zero(float* params, float* grads, float* m, float* v, int6
 double sum_squares(const float* x, int64_t n);
 void scale_inplace(float* x, int64_t n, float s);
 void zero(float* x, int64_t n);
+// x[i] = +0.0f where mask[i] == 0, for i < n (a sparsity mask; model::apply_mask is this).
+void apply_mask(const uint8_t* mask, float* x, int64_t n);
 
 }  // namespace headroom::cpu

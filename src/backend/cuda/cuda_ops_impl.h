@@ -224,6 +224,8 @@ class CudaOps final : public Ops {
   // count; a stream backend synchronizes to return it.
   double sum_squares(const float* x, int64_t n) const override;
   void scale_inplace(float* x, int64_t n, float s) const override;
+  // x[i] = +0.0f where mask[i] == 0 (a sparsity mask; elementwise.cu).
+  void apply_mask(const uint8_t* mask, float* x, int64_t n) const override;
 
  private:
   Context ctx_;

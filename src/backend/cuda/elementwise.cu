@@ -1,7 +1,7 @@
 // The elementwise family of the CUDA op table (cuda_ops_impl.h), the part that maps elements one
-// to one: GELU, SwiGLU, RoPE and its tables, residual, casts, zero, AdamW, sum of squares and
-// scaling. The embedding is in embedding.cu, the norms in norm.cu, the losses in loss.cu. See the
-// "elementwise" section of docs/notes/cuda.md.
+// to one: GELU, SwiGLU, RoPE and its tables, residual, casts, zero, AdamW, sum of squares,
+// scaling and the sparsity mask. The embedding is in embedding.cu, the norms in norm.cu, the losses
+// in loss.cu. See the "elementwise" section of docs/notes/cuda.md.
 #include <cmath>
 
 #include "backend/cuda/elementwise_common.cuh"
@@ -317,6 +317,21 @@ struct Scale {
   }
 };
 
+// A sparsity mask: +0.0f where the mask's byte is 0, the other elements not written (so their
+// bits, NaN included, stay), as cpu::apply_mask. Element by element: the mask's bytes have no
+// alignment of their own, and the op runs a few times per step on parameter-sized buffers.
+struct ApplyMask {
+  const uint8_t* mask;
+  float* x;
+  template <int K>
+  __device__ void run(int64_t i) const {
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      if (mask[i + k] == 0) x[i + k] = 0.0f;
+    }
+  }
+};
+
 // ---- AdamW: torch.optim.AdamW's single-tensor order, as cpu::adamw_update: decay, then the
 // bias-corrected step. The arithmetic is spelled with the _rn intrinsics so that nvcc contracts
 // nothing into FMAs: each operation rounds as the CPU's (IEEE division and square root).
@@ -579,6 +594,10 @@ double CudaOps::sum_squares(const float* x, int64_t n) const {
 
 void CudaOps::scale_inplace(float* x, int64_t n, float s) const {
   launch_map(*this, Scale{x, s}, n, aligned16(x));
+}
+
+void CudaOps::apply_mask(const uint8_t* mask, float* x, int64_t n) const {
+  launch_map(*this, ApplyMask{mask, x}, n, false);
 }
 
 }  // namespace headroom::backend::cuda

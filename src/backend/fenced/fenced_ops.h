@@ -488,6 +488,10 @@ class FencedOps final : public Ops {
     return in_window(
         "scale_inplace", [&] { return inner_.scale_inplace(x, n, s); }, x, n, s);
   }
+  void apply_mask(const uint8_t* mask, float* x, int64_t n) const override {
+    return in_window(
+        "apply_mask", [&] { return inner_.apply_mask(mask, x, n); }, mask, x, n);
+  }
 
  private:
   FencedResource* resource_;
