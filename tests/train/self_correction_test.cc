@@ -4,6 +4,7 @@
 // what was predicted. Nothing here asserts a time: only that the machinery did what it says.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <string>
 
@@ -91,10 +92,6 @@ TEST_F(SelfCorrection, CorrectsAfterTheMeasuredStepsAndKeepsItForTheNextRun) {
   EXPECT_EQ(a.steps[0].predicted_step_ms, a.steps[1].predicted_step_ms);
   EXPECT_NE(a.steps[2].predicted_step_ms, a.steps[1].predicted_step_ms);
   const double mean = (a.steps[1].step_ms + a.steps[2].step_ms) / 2;
-  // Equal when no kind's scale is clamped; under a loaded host (ctest -j2) a kind measured in
-  // microseconds can hit the clamp (1/20 .. 20) and leave a residue (seen: 1.36 ms predicted for
-  // 1.04 measured), so the bound is loose: the test is about the mechanism, not the timing.
-  EXPECT_NEAR(a.steps[2].predicted_step_ms, mean, 0.5 * mean);
 
   // Kept for this machine and model; the next run starts from it (and reports so).
   Result<plan::CostCorrection> kept =
@@ -102,6 +99,14 @@ TEST_F(SelfCorrection, CorrectsAfterTheMeasuredStepsAndKeepsItForTheNextRun) {
                             plan::correction_model_key(o.config, "fp32"));
   ASSERT_TRUE(kept.is_ok()) << kept.status().to_string();
   EXPECT_EQ(kept->steps, 2);
+  // The corrected prediction is the measured mean when no kind's scale is clamped. A kind
+  // measured in microseconds on a loaded host (ctest -j2, other builds) can fall below 1/20 of its
+  // price: its scale stops at the clamp and the prediction stays above the measurement (seen: 1.36
+  // ms predicted for 1.04 measured, and 0.46 ms over a 0.87 ms mean). So the timing is checked
+  // only when nothing was clamped; the test is about the mechanism, not the host's timing.
+  const bool clamped = std::any_of(kept->scale.begin(), kept->scale.end(),
+                                   [](double s) { return s <= 0.05 || s >= 20.0; });
+  if (!clamped) EXPECT_NEAR(a.steps[2].predicted_step_ms, mean, 0.5 * mean);
   train::test::RunOutput b = train::test::run_collecting(o);
   ASSERT_TRUE(b.result.is_ok()) << b.result.status().to_string();
   EXPECT_TRUE(has_event(b.steps[0], "measured by an earlier run on this machine"));
