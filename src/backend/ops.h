@@ -90,6 +90,10 @@ class Ops {
   // Whether the host may read and write the memory the ops take directly (the CPU's). False
   // (a GPU): the caller reaches that memory only through the ops, and through the copies below.
   virtual bool host_addressable() const = 0;
+  // Whether `p` is the ops' memory rather than the host's (a non-null pointer; its bytes are not
+  // read). The CPU: false (its memory is the host's). A device: whether the device's allocator
+  // made it (dist::StagingCommunicator stages such buffers through host memory).
+  virtual bool is_device_pointer(const void* p) const = 0;
   // Copies of `bytes` bytes between host memory and the ops' memory, ordered after every op
   // queued before them; each has finished, and its source may be reused, when it returns. The
   // CPU's are memcpy.

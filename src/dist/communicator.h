@@ -31,6 +31,10 @@ class Communicator {
   virtual int rank() const = 0;
   virtual int size() const = 0;
   virtual std::string_view name() const = 0;  // "mpi", "local"
+  // Whether the collectives take device memory themselves (NCCL). False: host memory only, and a
+  // trainer on a device the host cannot address wraps this communicator in a
+  // StagingCommunicator (dist/staging_communicator.h).
+  virtual bool takes_device_memory() const { return false; }
 
   // data[0, n) := the sum over ranks of data[0, n), on every rank.
   virtual Status all_reduce(float* data, int64_t n) = 0;

@@ -27,6 +27,8 @@
 #include "data/batcher.h"
 #include "data/prefetcher.h"
 #include "data/token_file.h"
+#include "dist/nccl/nccl_communicator.h"
+#include "dist/staging_communicator.h"
 #include "memory/arena.h"
 #include "memory/host_resource.h"
 #include "model/gpt2.h"
@@ -99,7 +101,7 @@ Status check_options(const TrainOptions& o) {
 
 // What a backend whose memory the host cannot address (a GPU) runs so far; the rest is refused
 // here, before anything is allocated (docs/notes/device-trainer.md, "Left").
-Status check_device_options(const TrainOptions& o, std::string_view backend, int ranks) {
+Status check_device_options(const TrainOptions& o, std::string_view backend) {
   auto refuse = [&](std::string_view what, std::string_view instead) {
     return Status::unsupported(fmt::format(
         "the {} backend does not run {} yet; {} (or train on the CPU)", backend, what, instead));
@@ -110,14 +112,28 @@ Status check_device_options(const TrainOptions& o, std::string_view backend, int
         "(TrainOptions::device_leaf)",
         backend));
   }
-  if (ranks > 1) return refuse("several ranks", "train on one");
-  if (o.zero_stage != 0) return refuse("ZeRO stages 1-3", "use --zero 0");
   if (o.offload_optimizer) return refuse("optimizer offload", "use --offload-optimizer off");
   if (!o.exec.offload.empty() &&
       std::any_of(o.exec.offload.begin(), o.exec.offload.end(), [](bool b) { return b; })) {
     return refuse("activation offload", "use --offload-activations off");
   }
   return Status::ok();
+}
+
+// The communicator for the trainer's collectives on `ops`' memory; null: `world` itself (the CPU,
+// or a communicator that takes device memory). A CUDA build with NCCL uses NCCL between the
+// ranks' GPUs (made over `world`: a collective); otherwise device buffers are staged through
+// host memory for `world` (dist/staging_communicator.h), also on one rank, whose local
+// communicator copies on the host.
+Result<std::unique_ptr<dist::Communicator>> device_communicator(dist::Communicator& world,
+                                                                const backend::Ops& ops) {
+  if (ops.host_addressable() || world.takes_device_memory()) {
+    return std::unique_ptr<dist::Communicator>();
+  }
+#if defined(HEADROOM_HAVE_NCCL)
+  if (ops.name() == "cuda" && world.size() > 1) return dist::make_nccl_communicator(world);
+#endif
+  return std::unique_ptr<dist::Communicator>(new dist::StagingCommunicator(&world, &ops));
 }
 
 // Pre-flight: the output directory exists (or can be made), takes a file, and has room for
@@ -187,16 +203,21 @@ namespace {
 // that set-up succeeded (the first collective), so that run_training knows whether a failing
 // rank still owes the others that agreement.
 Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
-                              dist::Communicator& comm, bool* setup_agreed) {
+                              dist::Communicator& world, bool* setup_agreed) {
   HR_RETURN_IF_ERROR(check_options(o));
-  const int R = comm.size(), rank = comm.rank();
+  const int R = world.size(), rank = world.rank();
   // The backend (docs/notes/device-trainer.md): on one the host cannot address, every touch of
   // the planned regions is an op or a copy of the table.
   const backend::Ops& ops = o.ops ? *o.ops : backend::cpu_ops();
   const bool on_device = !ops.host_addressable();
   if (on_device) {
-    HR_RETURN_IF_ERROR(check_device_options(o, ops.name(), R));
+    HR_RETURN_IF_ERROR(check_device_options(o, ops.name()));
   }
+  // The trainer's collectives take device buffers (gradient buckets, ZeRO windows and shards,
+  // the parameters): on a device, a communicator that takes them (docs/notes/device-trainer.md).
+  HR_ASSIGN_OR_RETURN(const std::unique_ptr<dist::Communicator> device_comm,
+                      device_communicator(world, ops));
+  dist::Communicator& comm = device_comm ? *device_comm : world;
   // This rank's budget file: `{rank}` in the path replaced (one file for all without it).
   const std::string budget_file =
       o.device_memory_file.empty() ? "" : budget_file_for_rank(o.device_memory_file, rank);
@@ -505,7 +526,7 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     comm_queue.emplace();
     zw.emplace(stage, &*comm_queue, &comm, &table, &zopt.layout(),
                stage == 3 ? param_shard : params, grad_shard, grad_windows,
-               stage == 3 ? std::optional<ZeroWindowPtrs>(param_windows) : std::nullopt);
+               stage == 3 ? std::optional<ZeroWindowPtrs>(param_windows) : std::nullopt, ops);
     zw->set_record(o.record_zero_events);
   }
   // Stages 0-1 with several ranks: the last micro-batch's gradients are reduced in buckets on the
@@ -628,14 +649,19 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
       ops.copy_to_device(v, hv.data(), size_t(P) * sizeof(float));
     } else if (stage == 0) {
       HR_RETURN_IF_ERROR(load_checkpoint(ck, table, params, m, v));
-    } else if (stage >= 2) {
+    } else if (stage >= 2 || on_device) {
       // No full device buffer to read the moments (stage 3: the parameters) through: host
-      // copies, as a GPU run reads a file; every rank keeps its pieces.
-      std::vector<float> full_p(static_cast<size_t>(stage == 3 ? P : 0));
+      // copies, as a GPU run reads a file; every rank keeps its pieces. On a device (stages
+      // 1-3) the parameters too, copied over.
+      const bool host_p = stage == 3 || on_device;
+      std::vector<float> full_p(static_cast<size_t>(host_p ? P : 0));
       std::vector<float> full_m(static_cast<size_t>(P)), full_v(static_cast<size_t>(P));
-      HR_RETURN_IF_ERROR(load_checkpoint(ck, table, stage == 3 ? full_p.data() : params,
-                                         full_m.data(), full_v.data()));
+      HR_RETURN_IF_ERROR(load_checkpoint(ck, table, host_p ? full_p.data() : params, full_m.data(),
+                                         full_v.data()));
       if (stage == 3) zopt.scatter_params(full_p.data(), param_shard);
+      if (stage < 3 && on_device) {
+        ops.copy_to_device(params, full_p.data(), size_t(P) * sizeof(float));
+      }
       zopt.scatter_params(full_m.data(), m);
       zopt.scatter_params(full_v.data(), v);
     } else {
@@ -709,7 +735,14 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     const float* full_v = v;
     std::vector<float> host_p, host_m, host_v;
     if (zw) zw->quiesce();  // a checkpoint taken mid-step: the windows' reductions are done
-    if (on_device) {        // stage 0: host copies, the checkpoint's I/O staging
+    // On a device, the full buffers of stages 0-2 read into host copies on rank 0.
+    auto to_host = [&](const float* device, std::vector<float>* host) -> const float* {
+      if (rank != 0) return nullptr;
+      host->resize(static_cast<size_t>(P));
+      ops.copy_to_host(host->data(), device, size_t(P) * sizeof(float));
+      return host->data();
+    };
+    if (on_device && stage == 0) {  // host copies, the checkpoint's I/O staging
       host_p.resize(static_cast<size_t>(P));
       host_m.resize(static_cast<size_t>(P));
       host_v.resize(static_cast<size_t>(P));
@@ -725,11 +758,13 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
       auto gather = [&](const float* shard, std::vector<float>* host) -> Status {
         if (rank == 0) host->resize(static_cast<size_t>(P));
         return gather_through(&comm, zopt.layout(), shard, grad_windows[0], staging_floats,
-                              rank == 0 ? host->data() : nullptr);
+                              rank == 0 ? host->data() : nullptr, ops);
       };
       if (stage == 3) {
         HR_RETURN_IF_ERROR(gather(param_shard, &host_p));
         full_p = host_p.data();
+      } else if (on_device) {
+        full_p = to_host(params, &host_p);
       }
       HR_RETURN_IF_ERROR(gather(m, &host_m));
       HR_RETURN_IF_ERROR(gather(v, &host_v));
@@ -737,10 +772,10 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
       full_v = host_v.data();
     } else if (stage == 1) {
       HR_RETURN_IF_ERROR(zopt.gather_params(m, grads));
-      if (rank == 0) host_m.assign(grads, grads + P);
+      full_m = to_host(grads, &host_m);
       HR_RETURN_IF_ERROR(zopt.gather_params(v, grads));
-      full_m = host_m.data();
-      full_v = grads;
+      full_v = on_device ? to_host(grads, &host_v) : grads;
+      if (on_device) full_p = to_host(params, &host_p);
     }
     Result<std::string> written = std::string();
     if (rank == 0) {
@@ -1358,7 +1393,7 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
   };
   // Set-up succeeded on this rank; from here every rank reaches the same collectives.
   *setup_agreed = true;
-  HR_RETURN_IF_ERROR(dist::agree(comm, Status::ok()));
+  HR_RETURN_IF_ERROR(dist::agree(world, Status::ok()));  // run_training's failing rank: world's
   // --minutes: the budget counts from here (the first validation, then the steps).
   const Clock::time_point budget_start = Clock::now();
   double eval_at_start_s = 0;
@@ -1786,14 +1821,14 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
   // callback's input, I/O staging as a checkpoint's).
   const float* final_params = params;
   std::vector<float> gathered;
-  if (on_device) {  // the final weights in host memory: the model file's and the callback's
-    gathered.resize(static_cast<size_t>(P));
-    ops.copy_to_host(gathered.data(), params, size_t(P) * sizeof(float));
-    final_params = gathered.data();
-  } else if (stage == 3) {
+  if (stage == 3) {
     gathered.resize(static_cast<size_t>(P));
     finish = gather_through(&comm, zopt.layout(), param_shard, grad_windows[0], staging_floats,
-                            gathered.data());
+                            gathered.data(), ops);
+    final_params = gathered.data();
+  } else if (on_device) {  // the final weights in host memory: the model file's and the callback's
+    gathered.resize(static_cast<size_t>(P));
+    ops.copy_to_host(gathered.data(), params, size_t(P) * sizeof(float));
     final_params = gathered.data();
   }
   if (finish.is_ok() && !o.out_dir.empty() && rank == 0)

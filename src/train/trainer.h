@@ -151,7 +151,8 @@ struct TrainOptions {
   // that every planned region (the device budget's bytes) comes from. Null: the CPU's
   // (backend::cpu_ops(), host memory). A backend whose memory the host cannot address
   // (Ops::host_addressable() false: a GPU) needs a leaf, and reaches its memory only through the
-  // table and its copies; it runs ZeRO stage 0 on one rank with packed batching, without
+  // table and its copies; it runs ZeRO stages 0-3 on one rank or several (its collectives
+  // through NCCL, or `comm` behind dist::StagingCommunicator) with packed batching, without
   // offload, sparsity masks or a teacher, so far (each refused with a message).
   const backend::Ops* ops = nullptr;
   memory::MemoryResource* device_leaf = nullptr;

@@ -209,7 +209,7 @@ void ZeroOptimizer::scatter_params(const float* full, float* shard) const {
   for (size_t u = 0; u < layout_.units().size(); ++u) {
     const dist::Range p = layout_.piece(u);
     if (!p.empty()) {
-      std::memcpy(shard + layout_.local_offset(u), full + p.begin, size_t(p.size()) * 4);
+      ops_->copy_to_device(shard + layout_.local_offset(u), full + p.begin, size_t(p.size()) * 4);
     }
   }
 }

@@ -2,10 +2,8 @@
 #include "train/zero_windows.h"
 
 #include <algorithm>
-#include <cstring>
 #include <string>
 
-#include "backend/cpu/kernels.h"
 #include "core/check.h"
 #include "train/zero.h"
 
@@ -16,7 +14,7 @@ namespace {}  // namespace
 ZeroWindows::ZeroWindows(int stage, dist::CommQueue* queue, dist::Communicator* comm,
                          const model::ParamTable* table, const dist::ShardLayout* layout,
                          float* params, float* grad_shard, ZeroWindowPtrs grad_windows,
-                         std::optional<ZeroWindowPtrs> param_windows)
+                         std::optional<ZeroWindowPtrs> param_windows, const backend::Ops& ops)
     : stage_(stage),
       queue_(queue),
       comm_(comm),
@@ -25,7 +23,8 @@ ZeroWindows::ZeroWindows(int stage, dist::CommQueue* queue, dist::Communicator* 
       params_(params),
       grad_shard_(grad_shard),
       grad_windows_(grad_windows),
-      param_windows_(param_windows) {
+      param_windows_(param_windows),
+      ops_(&ops) {
   HR_CHECK_MSG(stage == 2 || stage == 3, "ZeroWindows: stages 2 and 3 only");
   HR_CHECK(queue_ && comm_ && table_ && layout_ && params_);
   HR_CHECK_MSG(stage_ < 3 || param_windows_.has_value(), "ZeRO-3 needs parameter windows");
@@ -56,6 +55,7 @@ ZeroWindows::ZeroWindows(int stage, dist::CommQueue* queue, dist::Communicator* 
     }
   }
   grad_owner_.fill(SIZE_MAX);
+  unit_ticket_.assign(units_.size(), 0);
   if (stage_ == 3) {
     HR_CHECK_MSG(layout_->units() == units_, "ZeRO-3: the shard layout must be gpt2_zero_units");
     gatherer_.emplace(queue_, comm_, layout_, params_,
@@ -205,22 +205,43 @@ void ZeroWindows::open_grad_window(size_t unit) {
   if (grad_ticket_[w] != 0) queue_->wait(grad_ticket_[w]);
   grad_ticket_[w] = 0;
   grad_owner_[w] = unit;
-  cpu::zero(grad_windows_[w], units_[unit].size());
+  ops_->zero(grad_windows_[w], units_[unit].size());
 }
 
 void ZeroWindows::submit_reduction(size_t unit, int layer) {
   const size_t w = window_of(unit);
   HR_CHECK(grad_owner_[w] == unit);
   note(Event::kReduceSubmit, layer);
-  const bool accumulate = accumulate_;  // read here: the queue runs it after later hook calls
-  grad_ticket_[w] =
-      queue_->submit([this, unit, layer, accumulate] { return reduce(unit, layer, accumulate); });
+  if (accumulate_) {
+    // A step's later micro-batch: the shard so far joins this rank's contribution (its own
+    // pieces of the window), so that the reduction sums it with the others'. Added here, on the
+    // training thread, as an op of the table in the order of the step's other ops (on a GPU, on
+    // the compute stream, before the collective that reads it), once the unit's previous
+    // reduction wrote the shard (already done: opening the window waited for it).
+    if (unit_ticket_[unit] != 0) queue_->wait(unit_ticket_[unit]);
+    const dist::Range un = units_[unit];
+    float* src = grad_windows_[w];
+    const int me = comm_->rank();
+    for (size_t ou = 0; ou < layout_->units().size(); ++ou) {
+      const dist::Range lu = layout_->units()[ou];
+      const dist::Range sub{std::max(un.begin, lu.begin), std::min(un.end, lu.end)};
+      if (sub.empty()) continue;
+      const dist::Range mine = layout_->piece(ou, me);
+      const dist::Range own{std::max(sub.begin, mine.begin), std::min(sub.end, mine.end)};
+      if (own.empty()) continue;
+      float* recv = grad_shard_ + layout_->local_offset(ou) + (own.begin - mine.begin);
+      float* mine_src = src + (own.begin - un.begin);
+      ops_->residual_forward(mine_src, mine_src, recv, own.size());
+    }
+  }
+  grad_ticket_[w] = queue_->submit([this, unit, layer] { return reduce(unit, layer); });
+  unit_ticket_[unit] = grad_ticket_[w];
   last_ticket_ = grad_ticket_[w];
 }
 
 // Runs on the queue's thread. The unit's part in each optimizer-layout unit it overlaps is split
 // among the ranks as that unit is (rank order): the segment layout of reduce_scatter.
-Status ZeroWindows::reduce(size_t unit, int layer, bool accumulate) {
+Status ZeroWindows::reduce(size_t unit, int layer) {
   note(Event::kReduceBegin, layer);
   const dist::Range un = units_[unit];
   float* src = grad_windows_[window_of(unit)];
@@ -237,14 +258,8 @@ Status ZeroWindows::reduce(size_t unit, int layer, bool accumulate) {
           std::max<int64_t>(0, std::min(p.end, sub.end) - std::max(p.begin, sub.begin));
     }
     const dist::Range mine = layout_->piece(ou, me);
-    const dist::Range own{std::max(sub.begin, mine.begin), std::min(sub.end, mine.end)};
     float* recv = grad_shard_ + layout_->local_offset(ou) +
                   std::max<int64_t>(0, std::max(sub.begin, mine.begin) - mine.begin);
-    if (accumulate && !own.empty()) {
-      // The shard so far joins this rank's contribution: the reduction sums it with the others'.
-      float* mine_src = src + (own.begin - un.begin);
-      for (int64_t i = 0; i < own.size(); ++i) mine_src[i] += recv[i];
-    }
     result = comm_->reduce_scatter(src + (sub.begin - un.begin), recv, counts);
   }
   note(Event::kReduceEnd, layer);
@@ -273,6 +288,7 @@ Status ZeroWindows::finish_step() {
   Status s = queue_->wait_all();
   if (gatherer_) HR_CHECK_MSG(gatherer_->live_units() == 0, "ZeRO-3: a unit was not released");
   grad_ticket_.fill(0);
+  std::fill(unit_ticket_.begin(), unit_ticket_.end(), 0);
   last_ticket_ = 0;
   grad_owner_.fill(SIZE_MAX);
   Status first = std::move(first_error_);
@@ -323,7 +339,8 @@ void BucketHooks::after(model::OpDesc::Phase phase, int layer) {
 }
 
 Status gather_through(dist::Communicator* comm, const dist::ShardLayout& layout, const float* shard,
-                      float* staging, int64_t staging_floats, float* full) {
+                      float* staging, int64_t staging_floats, float* full,
+                      const backend::Ops& ops) {
   HR_CHECK(staging_floats > 0);
   const int me = comm->rank(), R = comm->size();
   std::vector<int64_t> counts(static_cast<size_t>(R));
@@ -340,7 +357,7 @@ Status gather_through(dist::Communicator* comm, const dist::ShardLayout& layout,
       const float* send = shard + layout.local_offset(u) +
                           std::max<int64_t>(0, std::max(chunk.begin, mine.begin) - mine.begin);
       HR_RETURN_IF_ERROR(comm->all_gather(send, staging, counts));
-      if (full) std::memcpy(full + chunk.begin, staging, size_t(chunk.size()) * sizeof(float));
+      if (full) ops.copy_to_host(full + chunk.begin, staging, size_t(chunk.size()) * sizeof(float));
     }
   }
   return Status::ok();

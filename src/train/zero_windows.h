@@ -50,11 +50,14 @@ using ZeroWindowPtrs = std::array<float*, 6>;
 class ZeroWindows : public model::BlockHooks {
  public:
   // params: stage 2 the full buffer, stage 3 this rank's shard (layout-local). grad_shard: the
-  // reduced-gradient shard (layout.local_floats()). param_windows: stage 3 only.
+  // reduced-gradient shard (layout.local_floats()). param_windows: stage 3 only. Every buffer is
+  // the memory of `ops`, which zeroes the windows and adds the shard into them (accumulation);
+  // `comm` takes that memory (a device's: dist::StagingCommunicator or NCCL).
   ZeroWindows(int stage, dist::CommQueue* queue, dist::Communicator* comm,
               const model::ParamTable* table, const dist::ShardLayout* layout, float* params,
               float* grad_shard, ZeroWindowPtrs grad_windows,
-              std::optional<ZeroWindowPtrs> param_windows);
+              std::optional<ZeroWindowPtrs> param_windows,
+              const backend::Ops& ops = backend::cpu_ops());
   ~ZeroWindows() override;
 
   // Before a step's first micro-batch: the next reductions overwrite the shard.
@@ -93,7 +96,7 @@ class ZeroWindows : public model::BlockHooks {
   void release(size_t unit);
   void open_grad_window(size_t unit);
   void submit_reduction(size_t unit, int layer);
-  Status reduce(size_t unit, int layer, bool accumulate);
+  Status reduce(size_t unit, int layer);
   void note(Event::Kind kind, int layer);
 
   int stage_;
@@ -116,7 +119,9 @@ class ZeroWindows : public model::BlockHooks {
   std::vector<int> block_of_unit_;       // unit -> block, or -1
   std::array<size_t, 6> grad_owner_;     // window -> unit whose gradient it holds (SIZE_MAX: none)
   std::array<dist::CommQueue::Ticket, 6> grad_ticket_{};  // its last reduction
-  dist::CommQueue::Ticket last_ticket_ = 0;               // the last reduction submitted
+  std::vector<dist::CommQueue::Ticket> unit_ticket_;      // unit -> its last reduction this step
+  const backend::Ops* ops_;
+  dist::CommQueue::Ticket last_ticket_ = 0;  // the last reduction submitted
   std::optional<dist::ParamGatherer> gatherer_;
   bool training_ = true;
   bool accumulate_ = false;  // not the step's first micro-batch
@@ -157,8 +162,10 @@ class BucketHooks : public model::BlockHooks {
 
 // Gathers `layout`'s shard (this rank's `shard`) chunk by chunk through `staging` (at most
 // staging_floats floats); with `full` non-null also copies each chunk to full + its offset (a
-// host buffer of table size, e.g. rank 0's checkpoint copy). A collective.
+// host buffer of table size, e.g. rank 0's checkpoint copy; ops.copy_to_host: shard and staging
+// are the memory of `ops`). A collective.
 Status gather_through(dist::Communicator* comm, const dist::ShardLayout& layout, const float* shard,
-                      float* staging, int64_t staging_floats, float* full);
+                      float* staging, int64_t staging_floats, float* full,
+                      const backend::Ops& ops = backend::cpu_ops());
 
 }  // namespace headroom::train

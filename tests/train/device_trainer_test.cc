@@ -330,13 +330,8 @@ TEST_F(DeviceTrainer, RefusesWhatItDoesNotRunYet) {
   o.ops = &ops;
   o.device_leaf = &device;
 
-  train::TrainOptions zero1 = o;
-  zero1.zero_stage = 1;
-  Result<train::TrainResult> r = train::run_training(zero1, {});
-  ASSERT_FALSE(r.is_ok());
-  EXPECT_EQ(r.status().code(), StatusCode::kUnsupported) << r.status().to_string();
-  EXPECT_NE(r.status().message().find("the fenced backend does not run ZeRO"), std::string::npos)
-      << r.status().message();
+  // Several ranks and ZeRO 1-3 run on the device (tests/dist/device_ranks_test.cc).
+  Result<train::TrainResult> r = Status::internal("not run");
 
   train::TrainOptions offload = o;
   offload.offload_optimizer = true;

@@ -286,6 +286,7 @@ class CpuOps final : public Ops {
   double sum_squares(const float* x, int64_t n) const override { return cpu::sum_squares(x, n); }
 
   bool host_addressable() const override { return true; }
+  bool is_device_pointer(const void*) const override { return false; }
   void copy_to_device(void* dst, const void* src, size_t bytes) const override {
     if (bytes > 0) std::memcpy(dst, src, bytes);
   }

@@ -50,6 +50,8 @@ class CudaOps final : public Ops {
   // Device memory: reached through the ops and these copies, on the compute stream
   // (elementwise.cu).
   bool host_addressable() const override { return false; }
+  // cudaPointerGetAttributes: device or managed memory (elementwise.cu).
+  bool is_device_pointer(const void* p) const override;
   void copy_to_device(void* dst, const void* src, size_t bytes) const override;
   void copy_to_host(void* dst, const void* src, size_t bytes) const override;
   void fill_bytes(void* dst, int value, size_t bytes) const override;

@@ -427,6 +427,15 @@ __global__ void sum_counts_kernel(long long* out, const long long* counts, int b
 
 }  // namespace
 
+bool CudaOps::is_device_pointer(const void* p) const {
+  cudaPointerAttributes a{};
+  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+    cudaGetLastError();  // a pointer the runtime does not know: host memory
+    return false;
+  }
+  return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
+}
+
 void CudaOps::copy_to_device(void* dst, const void* src, size_t bytes) const {
   if (bytes == 0) return;
   HR_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream()));

@@ -64,6 +64,7 @@ class FencedOps final : public Ops {
   void synchronize() const override { inner_.synchronize(); }
 
   bool host_addressable() const override { return false; }
+  bool is_device_pointer(const void* p) const override { return resource_->contains(p); }
   void copy_to_device(void* dst, const void* src, size_t bytes) const override {
     check_range("copy_to_device", dst, bytes);
     return in_window("copy_to_device", [&] { return inner_.copy_to_device(dst, src, bytes); });

@@ -80,6 +80,7 @@ class NcclCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string_view name() const override { return "nccl"; }
+  bool takes_device_memory() const override { return true; }
 
   Status all_reduce(float* data, int64_t n) override {
     return reduce_in_place(data, n, ncclFloat, sizeof(float), ncclSum, "all_reduce");
