@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "backend/cpu/kernels.h"
+#include "golden_fixture.h"
 #include "memory/arena.h"
 #include "memory/host_resource.h"
 #include "model/config.h"
@@ -23,88 +24,14 @@
 namespace headroom {
 namespace {
 
-const std::string kDir = std::string(HEADROOM_SOURCE_DIR) + "/tests/golden/fixtures/";
-
-struct Fixture {
-  model::SafetensorsFile file;
-  model::Gpt2Config config;
-  int B = 0, T = 0;
-};
-
-Fixture load_fixture(const std::string& name) {
-  Result<model::SafetensorsFile> f = model::SafetensorsFile::open(kDir + name + ".safetensors");
-  if (!f.is_ok()) {
-    ADD_FAILURE() << f.status().to_string();
-    std::abort();
-  }
-  Result<model::Gpt2Config> c = model::load_config_file(kDir + name + "_config.json");
-  if (!c.is_ok()) {
-    ADD_FAILURE() << c.status().to_string();
-    std::abort();
-  }
-  Fixture fx{std::move(f).value(), *c};
-  fx.B = std::stoi(fx.file.metadata().at("B"));
-  fx.T = std::stoi(fx.file.metadata().at("T"));
-  return fx;
-}
-
-std::vector<float> tensor(const model::SafetensorsFile& f, const std::string& name) {
-  const model::SafetensorsTensor* t = f.find(name);
-  if (!t) {
-    ADD_FAILURE() << "fixture lacks " << name;
-    return {};
-  }
-  std::vector<float> v(t->bytes / 4);
-  std::memcpy(v.data(), t->data, t->bytes);
-  return v;
-}
-
-std::vector<int32_t> ints(const model::SafetensorsFile& f, const std::string& name) {
-  const model::SafetensorsTensor* t = f.find(name);
-  std::vector<int32_t> v(t->bytes / 4);
-  std::memcpy(v.data(), t->data, t->bytes);
-  return v;
-}
-
-// max |a - b| <= atol + rtol * max |b|, reported with the worst index.
-void expect_close(const float* a, const std::vector<float>& b, double atol, double rtol,
-                  const std::string& what) {
-  double scale = 0, worst = 0;
-  size_t wi = 0;
-  for (float x : b) scale = std::max(scale, double(std::fabs(x)));
-  for (size_t i = 0; i < b.size(); i++) {
-    double d = std::fabs(double(a[i]) - double(b[i]));
-    if (d > worst || std::isnan(d)) {
-      worst = std::isnan(d) ? INFINITY : d;
-      wi = i;
-    }
-  }
-  EXPECT_LE(worst, atol + rtol * scale) << what << ": worst at " << wi << ": " << a[wi] << " vs "
-                                        << b[wi] << " (scale " << scale << ")";
-}
-
-// Every execution variant (attention kernel, LM head, recomputation) must reproduce PyTorch:
-// the memory techniques are invisible to the mathematics (DESIGN.md principle 2).
-struct Variant {
-  const char* name;
-  bool tiled;
-  int head_chunk;
-  std::vector<model::Recompute> recompute;  // for the fixture's two blocks
-};
-void PrintTo(const Variant& v, std::ostream* os) { *os << v.name; }
-using R = model::Recompute;
-const Variant kVariants[] = {
-    {"plain", false, 0, {}},
-    {"tiled", true, 0, {}},
-    {"tiled_fused7", true, 7, {}},
-    {"plain_fused32", false, 32, {}},
-    {"selective", true, 0, {R::kSelective, R::kSelective}},
-    {"full", false, 0, {R::kFull, R::kFull}},
-    {"mixed_fused5", true, 5, {R::kFull, R::kSelective}},
-    {"none_full_plain", false, 0, {R::kNone, R::kFull}},
-};
-
-const char* const kFixtures[] = {"gpt2_tiny", "llama_tiny", "llama_tiny_tied"};
+using golden::expect_close;
+using golden::Fixture;
+using golden::ints;
+using golden::kFixtures;
+using golden::kVariants;
+using golden::load_fixture;
+using golden::tensor;
+using golden::Variant;
 
 class Golden : public ::testing::TestWithParam<std::tuple<const char*, Variant>> {
  protected:
@@ -220,10 +147,7 @@ TEST_P(Golden, FiveAdamWStepsWithClipping) {
 INSTANTIATE_TEST_SUITE_P(Variants, Golden,
                          ::testing::Combine(::testing::ValuesIn(kFixtures),
                                             ::testing::ValuesIn(kVariants)),
-                         [](const auto& info) {
-                           return std::string(std::get<0>(info.param)) + "_" +
-                                  std::get<1>(info.param).name;
-                         });
+                         [](const auto& info) { return golden::param_name(info); });
 
 }  // namespace
 }  // namespace headroom
