@@ -3,9 +3,24 @@
 
 #include <cstring>
 
+#include "backend/ops.h"
+
 namespace headroom::model {
 
-OffloadCopier::OffloadCopier(Options options) : options_(options), thread_([this] { run(); }) {}
+OffloadCopier::OffloadCopier(Options options, const backend::Ops* ops)
+    : options_(options),
+      ops_(ops != nullptr && !ops->host_addressable() ? ops : nullptr),
+      thread_([this] { run(); }) {}
+
+void OffloadCopier::copy(const backend::Ops* ops, const Copy& c) {
+  if (ops == nullptr || ops->host_addressable()) {
+    std::memcpy(c.dst, c.src, c.bytes);
+  } else if (c.direction == Direction::kToHost) {
+    ops->copy_to_host(c.dst, c.src, c.bytes);
+  } else {
+    ops->copy_to_device(c.dst, c.src, c.bytes);
+  }
+}
 
 OffloadCopier::~OffloadCopier() {
   {
@@ -83,13 +98,20 @@ void OffloadCopier::run() {
     const auto t0 = std::chrono::steady_clock::now();
     uint64_t bytes = 0;
     for (const Copy& c : job.second) {
-      std::memcpy(c.dst, c.src, c.bytes);
+      copy(ops_, c);
       bytes += c.bytes;
     }
     const auto t1 = std::chrono::steady_clock::now();
     const double secs = std::chrono::duration<double>(t1 - t0).count();
     if (options_.poison_sources) {
-      for (const Copy& c : job.second) std::memset(const_cast<void*>(c.src), 0xFF, c.bytes);
+      for (const Copy& c : job.second) {
+        void* src = const_cast<void*>(c.src);
+        if (ops_ != nullptr && c.direction == Direction::kToHost) {
+          ops_->fill_bytes(src, 0xFF, c.bytes);  // the device's memory
+        } else {
+          std::memset(src, 0xFF, c.bytes);
+        }
+      }
     }
     {
       std::lock_guard<std::mutex> lock(mu_);

@@ -12,7 +12,8 @@ namespace headroom::train {
 
 Result<std::unique_ptr<OffloadTier>> OffloadTier::create(const plan::MemoryPlan& plan,
                                                          uint64_t budget,
-                                                         model::OffloadCopier::Options copier) {
+                                                         model::OffloadCopier::Options copier,
+                                                         const backend::Ops* ops) {
   // One budget for both kinds: the optimizer state lives through the run, a micro-batch's
   // offloaded activations through its forward and backward, so at the start of a backward the
   // tier holds both (Note [Optimizer offload], "Both kinds").
@@ -52,7 +53,7 @@ Result<std::unique_ptr<OffloadTier>> OffloadTier::create(const plan::MemoryPlan&
   if (t->activations_ >= 0) {
     const memory::Arena& a = t->arenas_[size_t(t->activations_)];
     t->block_.emplace(a.base(), a.size());
-    t->copier_.emplace(copier);
+    t->copier_.emplace(copier, ops);
   }
   return t;
 }

@@ -114,11 +114,6 @@ Status check_device_options(const TrainOptions& o, std::string_view backend, int
   if (o.zero_stage != 0) return refuse("ZeRO stages 1-3", "use --zero 0");
   if (o.batching != data::Batching::kPacked)
     return refuse("bucketed batching", "use --batching packed");
-  if (o.offload_optimizer) return refuse("optimizer offload", "use --offload-optimizer off");
-  if (!o.exec.offload.empty() &&
-      std::any_of(o.exec.offload.begin(), o.exec.offload.end(), [](bool b) { return b; })) {
-    return refuse("activation offload", "use --offload-activations off");
-  }
   if (!o.sparsity_mask.empty() || o.prune.at_step > 0) {
     return refuse("sparsity masks", "drop --sparsity-mask and --prune-at");
   }
@@ -457,12 +452,12 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     tier_plan = &tier_plan_storage;
   }
   HR_ASSIGN_OR_RETURN(std::unique_ptr<OffloadTier> offload_tier,
-                      OffloadTier::create(*tier_plan, offload_budget, o.offload_copier));
+                      OffloadTier::create(*tier_plan, offload_budget, o.offload_copier, &ops));
   // Optimizer offload: m and v (and the master weights) live in the offload tier.
   std::unique_ptr<OptimizerOffload> offload;
   if (mp.policy.offload_optimizer) {
-    HR_ASSIGN_OR_RETURN(offload,
-                        OptimizerOffload::create(mp, *offload_tier, &comm, stage, &zopt.layout()));
+    HR_ASSIGN_OR_RETURN(
+        offload, OptimizerOffload::create(mp, *offload_tier, &comm, stage, &zopt.layout(), ops));
   }
   float* m = offload ? offload->m() : opt_arena.f32(0);
   float* v = offload ? offload->v() : opt_arena.f32(1);
@@ -625,13 +620,17 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
           ck.dir, total_steps, o.adamw.lr, o.warmup_steps, st.total_steps, st.lr, st.warmup_steps);
     }
     if (stage == 0 && on_device) {
-      // Read into host memory (as a GPU run reads a file), then copied over.
-      std::vector<float> hp(static_cast<size_t>(P)), hm(static_cast<size_t>(P)),
-          hv(static_cast<size_t>(P));
-      HR_RETURN_IF_ERROR(load_checkpoint(ck, table, hp.data(), hm.data(), hv.data()));
+      // Read into host memory (as a GPU run reads a file), then copied over; offloaded moments
+      // are the tier's host memory already.
+      std::vector<float> hp(static_cast<size_t>(P)), hm(static_cast<size_t>(offload ? 0 : P)),
+          hv(static_cast<size_t>(offload ? 0 : P));
+      HR_RETURN_IF_ERROR(
+          load_checkpoint(ck, table, hp.data(), offload ? m : hm.data(), offload ? v : hv.data()));
       ops.copy_to_device(params, hp.data(), size_t(P) * sizeof(float));
-      ops.copy_to_device(m, hm.data(), size_t(P) * sizeof(float));
-      ops.copy_to_device(v, hv.data(), size_t(P) * sizeof(float));
+      if (!offload) {
+        ops.copy_to_device(m, hm.data(), size_t(P) * sizeof(float));
+        ops.copy_to_device(v, hv.data(), size_t(P) * sizeof(float));
+      }
     } else if (stage == 0) {
       HR_RETURN_IF_ERROR(load_checkpoint(ck, table, params, m, v));
     } else if (stage >= 2) {
@@ -708,14 +707,16 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     if (zw) zw->quiesce();  // a checkpoint taken mid-step: the windows' reductions are done
     if (on_device) {        // stage 0: host copies, the checkpoint's I/O staging
       host_p.resize(static_cast<size_t>(P));
-      host_m.resize(static_cast<size_t>(P));
-      host_v.resize(static_cast<size_t>(P));
       ops.copy_to_host(host_p.data(), params, size_t(P) * sizeof(float));
-      ops.copy_to_host(host_m.data(), m, size_t(P) * sizeof(float));
-      ops.copy_to_host(host_v.data(), v, size_t(P) * sizeof(float));
       full_p = host_p.data();
-      full_m = host_m.data();
-      full_v = host_v.data();
+      if (!offload) {  // offloaded moments are the tier's host memory
+        host_m.resize(static_cast<size_t>(P));
+        host_v.resize(static_cast<size_t>(P));
+        ops.copy_to_host(host_m.data(), m, size_t(P) * sizeof(float));
+        ops.copy_to_host(host_v.data(), v, size_t(P) * sizeof(float));
+        full_m = host_m.data();
+        full_v = host_v.data();
+      }
     } else if (stage >= 2) {
       // Gathered unit by unit through the embedding's gradient window (free at a step boundary,
       // or once quiesced) into host copies on rank 0: the checkpoint's I/O staging.

@@ -151,8 +151,9 @@ struct TrainOptions {
   // that every planned region (the device budget's bytes) comes from. Null: the CPU's
   // (backend::cpu_ops(), host memory). A backend whose memory the host cannot address
   // (Ops::host_addressable() false: a GPU) needs a leaf, and reaches its memory only through the
-  // table and its copies; it runs ZeRO stage 0 on one rank with packed batching, without
-  // offload, sparsity masks or a teacher, so far (each refused with a message).
+  // table and its copies; it runs ZeRO stage 0 on one rank with packed batching (optimizer and
+  // activation offload included), without sparsity masks or a teacher, so far (each refused
+  // with a message).
   const backend::Ops* ops = nullptr;
   memory::MemoryResource* device_leaf = nullptr;
 };

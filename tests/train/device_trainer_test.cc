@@ -338,13 +338,6 @@ TEST_F(DeviceTrainer, RefusesWhatItDoesNotRunYet) {
   EXPECT_NE(r.status().message().find("the fenced backend does not run ZeRO"), std::string::npos)
       << r.status().message();
 
-  train::TrainOptions offload = o;
-  offload.offload_optimizer = true;
-  r = train::run_training(offload, {});
-  ASSERT_FALSE(r.is_ok());
-  EXPECT_EQ(r.status().code(), StatusCode::kUnsupported) << r.status().to_string();
-  EXPECT_NE(r.status().message().find("fenced"), std::string::npos) << r.status().message();
-
   train::TrainOptions bucketed = o;
   bucketed.batching = data::Batching::kBucketed;
   r = train::run_training(bucketed, {});
