@@ -97,9 +97,24 @@ void OffloadCopier::run() {
     if (options_.delay.count() > 0) std::this_thread::sleep_for(options_.delay);
     const auto t0 = std::chrono::steady_clock::now();
     uint64_t bytes = 0;
-    for (const Copy& c : job.second) {
-      copy(ops_, c);
-      bytes += c.bytes;
+    if (ops_ == nullptr) {
+      for (const Copy& c : job.second) {
+        std::memcpy(c.dst, c.src, c.bytes);
+        bytes += c.bytes;
+      }
+    } else {
+      // The device's table: the job's copies queued at once (on a GPU they overlap each other's
+      // setup and the compute queued after them), then waited for here, on the copy thread, so
+      // that the executor's wait() means landed and ordered before its next ops.
+      std::vector<uint64_t> tickets;
+      tickets.reserve(job.second.size());
+      for (const Copy& c : job.second) {
+        tickets.push_back(c.direction == Direction::kToHost
+                              ? ops_->copy_to_host_async(c.dst, c.src, c.bytes)
+                              : ops_->copy_to_device_async(c.dst, c.src, c.bytes));
+        bytes += c.bytes;
+      }
+      for (uint64_t t : tickets) ops_->wait_copy(t);
     }
     const auto t1 = std::chrono::steady_clock::now();
     const double secs = std::chrono::duration<double>(t1 - t0).count();

@@ -53,15 +53,16 @@ class OffloadCopier {
   OffloadCopier() : OffloadCopier(Options{}) {}
   // `ops`: the op table whose memory the device sides of the copies are. Null or a table whose
   // memory the host addresses (the CPU's): every copy is a memcpy. Otherwise (a GPU, the fenced
-  // device) they are the table's copy_to_host / copy_to_device, run on the copy thread, and the
+  // device) the copy thread queues a job's copies with the table's copy_to_host_async /
+  // copy_to_device_async and waits for them (wait_copy) before the job counts as done, and the
   // poison hook fills a device source with fill_bytes. REQUIRES: `ops` outlives the copier, and
   // its copies may be called from another thread than its other ops (they are ordered after
   // every op queued before them: a job submitted after the ops that wrote its sources copies
   // what they wrote).
   explicit OffloadCopier(Options options, const backend::Ops* ops = nullptr);
 
-  // One copy of a job, as the copy thread runs it (and as a caller without a copy thread does):
-  // memcpy, or the table's copy in `c.direction`.
+  // One copy, finished on return, as a caller without a copy thread makes it: memcpy, or the
+  // table's synchronous copy in `c.direction`.
   static void copy(const backend::Ops* ops, const Copy& c);
   // Finishes the queued jobs, then joins the thread.
   ~OffloadCopier();

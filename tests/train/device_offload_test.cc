@@ -329,5 +329,27 @@ TEST_F(DeviceOffload, OutOfMemoryRecoveriesWithOffloadMatchTheCpu) {
   EXPECT_EQ(results[1].replans, results[0].replans);
 }
 
+// The table's asynchronous copies on the fenced device: each checks its device range and runs
+// inside a window (the inner CPU table's copy, finished at once: ticket 0), so the bytes round-
+// trip and a host pointer given as the device side aborts, as the synchronous copies do.
+TEST(DeviceOffloadCopies, AsynchronousCopiesRoundTripOnTheFencedDevice) {
+  backend::FencedResource device;
+  device.fence();
+  backend::FencedOps ops(&device);
+  Result<void*> block = device.allocate(4096, 64, memory::Category::kOffload);
+  ASSERT_TRUE(block.is_ok());
+  std::vector<float> src(1024), back(1024, 0.0f);
+  for (size_t i = 0; i < src.size(); i++) src[i] = float(i) * 0.5f;
+  const uint64_t in = ops.copy_to_device_async(*block, src.data(), 4096);
+  ops.wait_copy(in);
+  const uint64_t out = ops.copy_to_host_async(back.data(), *block, 4096);
+  ops.wait_copy(out);
+  EXPECT_EQ(0, std::memcmp(src.data(), back.data(), 4096));
+  EXPECT_EQ(backend::cpu_ops().copy_to_host_async(back.data(), src.data(), 4096), 0u);
+  EXPECT_DEATH(ops.copy_to_host_async(back.data(), src.data(), 4096), "copy_to_host_async");
+  EXPECT_DEATH(ops.copy_to_device_async(back.data(), src.data(), 4096), "copy_to_device_async");
+  device.deallocate(*block, 4096, 64, memory::Category::kOffload);
+}
+
 }  // namespace
 }  // namespace headroom
