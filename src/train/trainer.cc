@@ -451,8 +451,9 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     }
     tier_plan = &tier_plan_storage;
   }
-  HR_ASSIGN_OR_RETURN(std::unique_ptr<OffloadTier> offload_tier,
-                      OffloadTier::create(*tier_plan, offload_budget, o.offload_copier, &ops));
+  HR_ASSIGN_OR_RETURN(
+      std::unique_ptr<OffloadTier> offload_tier,
+      OffloadTier::create(*tier_plan, offload_budget, o.offload_copier, &ops, o.offload_leaf));
   // Optimizer offload: m and v (and the master weights) live in the offload tier.
   std::unique_ptr<OptimizerOffload> offload;
   if (mp.policy.offload_optimizer) {

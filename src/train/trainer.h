@@ -156,6 +156,9 @@ struct TrainOptions {
   // with a message).
   const backend::Ops* ops = nullptr;
   memory::MemoryResource* device_leaf = nullptr;
+  // The offload tier's host memory (under `offload_memory`); null: plain host memory. A GPU
+  // run's is pinned (PinnedHostResource), so its asynchronous copies run behind the call.
+  memory::MemoryResource* offload_leaf = nullptr;
 };
 
 // The start-up line for the rank layout: "2 ranks, ZeRO-1: optimizer state sharded (...)".

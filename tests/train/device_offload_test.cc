@@ -19,6 +19,8 @@
 #include <vector>
 
 #include "backend/fenced/fenced_ops.h"
+#include "memory/adaptors.h"
+#include "memory/host_resource.h"
 #include "model/offload_copier.h"
 #include "plan/memory_plan.h"
 #include "train/checkpoint.h"
@@ -327,6 +329,30 @@ TEST_F(DeviceOffload, OutOfMemoryRecoveriesWithOffloadMatchTheCpu) {
   EXPECT_EQ(results[1].oom_recoveries, 2);
   EXPECT_EQ(results[1].oom_recoveries, results[0].oom_recoveries);
   EXPECT_EQ(results[1].replans, results[0].replans);
+}
+
+// The offload tier's memory from the caller's leaf (TrainOptions::offload_leaf; a GPU run's is
+// pinned host memory): every region of the tier comes from it, the peak it saw is the planned
+// tier, and the run is the same bits as with plain host memory.
+TEST_F(DeviceOffload, TheTierTakesItsMemoryFromTheOffloadLeaf) {
+  const Case c{"bf16, optimizer and all blocks", model::Precision::kBf16, true, {true, true}};
+  train::TrainOptions o = options("plain", c);
+  o.save_every = 0;
+  o.eval_every = 0;
+  const RunOutput plain = run(o, true);
+  ASSERT_TRUE(plain.result.is_ok()) << plain.result.status().to_string();
+  memory::HostResource host;
+  memory::TrackingResource leaf(&host);
+  o.offload_leaf = &leaf;
+  o.out_dir = (dir_ / "leaf").string();
+  const RunOutput from_leaf = run(o, true);
+  ASSERT_TRUE(from_leaf.result.is_ok()) << from_leaf.result.status().to_string();
+  expect_same(from_leaf, plain);
+  const memory::MemoryStats st = leaf.stats();
+  EXPECT_EQ(st.allocations, from_leaf.result->offload_memory.allocations);
+  EXPECT_GT(st.allocations, 0u);
+  EXPECT_EQ(st.peak, from_leaf.result->planned_offload_bytes);
+  EXPECT_EQ(st.current, 0u);  // all returned
 }
 
 // The table's asynchronous copies on the fenced device: each checks its device range and runs
