@@ -101,6 +101,22 @@ class Ops {
   virtual void copy_to_host(void* dst, const void* src, size_t bytes) const = 0;
   // Fills `bytes` bytes of the ops' memory with `value` (memset).
   virtual void fill_bytes(void* dst, int value, size_t bytes) const = 0;
+  // Asynchronous copies (the offload tier's: docs/notes/device-trainer.md): ordered after every
+  // op queued before them, and free to overlap the ops queued after them (a GPU runs them on
+  // its d2h / h2d copy stream). Each returns a ticket for wait_copy; until wait_copy(ticket)
+  // returns, neither side may be written nor the destination read, by the host or by an op.
+  // wait_copy blocks until the copy has finished and orders every op queued after it after the
+  // copy; it may be called from another thread than the copy's, once per ticket (0: returns).
+  // The defaults copy synchronously and return 0 (the CPU's: memcpy).
+  virtual uint64_t copy_to_host_async(void* dst, const void* src, size_t bytes) const {
+    copy_to_host(dst, src, bytes);
+    return 0;
+  }
+  virtual uint64_t copy_to_device_async(void* dst, const void* src, size_t bytes) const {
+    copy_to_device(dst, src, bytes);
+    return 0;
+  }
+  virtual void wait_copy(uint64_t ticket) const { (void)ticket; }
   // The sum over i < N with targets[i] >= 0 of losses[i] in double precision, and in *count how
   // many; both on the host (a stream backend synchronizes). losses and targets are the ops'
   // memory. The CPU adds in index order; every backend gives the same bits on every run.

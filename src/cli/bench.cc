@@ -137,7 +137,7 @@ int run_bench(BenchFlags& bf) {
   o.profile = bf.record;
   // --device cuda: the trainer on the process's GPU (docs/notes/device-trainer.md); the budget
   // and the MFU's peak from its spec, and no CPU GEMM probe between steps.
-  std::shared_ptr<memory::MemoryResource> gpu_leaf;
+  std::shared_ptr<memory::MemoryResource> gpu_leaf, gpu_offload_leaf;
   Result<plan::DeviceSpec> dev = Status::internal("no device");
   if (f.device == "cuda") {
     Result<std::optional<uint64_t>> bytes =
@@ -148,6 +148,8 @@ int run_bench(BenchFlags& bf) {
     o.ops = gpu->ops;
     gpu_leaf = gpu->leaf;
     o.device_leaf = gpu_leaf.get();
+    gpu_offload_leaf = gpu->offload_leaf;  // the offload tier in pinned host memory
+    o.offload_leaf = gpu_offload_leaf.get();
     o.device_memory = gpu->spec.memory_bytes;
     dev = gpu->spec;
     bf.peak_between_steps = false;

@@ -764,11 +764,11 @@ void Gpt2::offload_out(int l) {
   HR_CHECK_MSG(offload_tier_ != nullptr, "an offloaded block needs the offload tier bound");
   std::vector<OffloadCopier::Copy> copies;
   for (const OffloadMove& m : ob->moves) {
-    copies.push_back(
-        {offload_tier_->data(m.host), arena_->data(m.saved), acts_->buffers[m.saved].bytes()});
+    copies.push_back({offload_tier_->data(m.host), arena_->data(m.saved),
+                      acts_->buffers[m.saved].bytes(), OffloadCopier::Direction::kToHost});
   }
   if (!copier_) {  // no copy thread: copy in place, nothing overlaps
-    for (const OffloadCopier::Copy& c : copies) std::memcpy(c.dst, c.src, c.bytes);
+    for (const OffloadCopier::Copy& c : copies) OffloadCopier::copy(ops_, c);
     return;
   }
   out_tickets_[size_t(l)] = copier_->submit(std::move(copies));
@@ -780,11 +780,11 @@ void Gpt2::prefetch_in(int l) {
   HR_CHECK_MSG(offload_tier_ != nullptr, "an offloaded block needs the offload tier bound");
   std::vector<OffloadCopier::Copy> copies;
   for (const OffloadMove& m : ob->moves) {
-    copies.push_back(
-        {arena_->data(m.landing), offload_tier_->data(m.host), acts_->buffers[m.saved].bytes()});
+    copies.push_back({arena_->data(m.landing), offload_tier_->data(m.host),
+                      acts_->buffers[m.saved].bytes(), OffloadCopier::Direction::kToDevice});
   }
   if (!copier_) {
-    for (const OffloadCopier::Copy& c : copies) std::memcpy(c.dst, c.src, c.bytes);
+    for (const OffloadCopier::Copy& c : copies) OffloadCopier::copy(ops_, c);
     return;
   }
   in_tickets_[size_t(l)] = copier_->submit(std::move(copies));

@@ -3,9 +3,24 @@
 
 #include <cstring>
 
+#include "backend/ops.h"
+
 namespace headroom::model {
 
-OffloadCopier::OffloadCopier(Options options) : options_(options), thread_([this] { run(); }) {}
+OffloadCopier::OffloadCopier(Options options, const backend::Ops* ops)
+    : options_(options),
+      ops_(ops != nullptr && !ops->host_addressable() ? ops : nullptr),
+      thread_([this] { run(); }) {}
+
+void OffloadCopier::copy(const backend::Ops* ops, const Copy& c) {
+  if (ops == nullptr || ops->host_addressable()) {
+    std::memcpy(c.dst, c.src, c.bytes);
+  } else if (c.direction == Direction::kToHost) {
+    ops->copy_to_host(c.dst, c.src, c.bytes);
+  } else {
+    ops->copy_to_device(c.dst, c.src, c.bytes);
+  }
+}
 
 OffloadCopier::~OffloadCopier() {
   {
@@ -82,14 +97,36 @@ void OffloadCopier::run() {
     if (options_.delay.count() > 0) std::this_thread::sleep_for(options_.delay);
     const auto t0 = std::chrono::steady_clock::now();
     uint64_t bytes = 0;
-    for (const Copy& c : job.second) {
-      std::memcpy(c.dst, c.src, c.bytes);
-      bytes += c.bytes;
+    if (ops_ == nullptr) {
+      for (const Copy& c : job.second) {
+        std::memcpy(c.dst, c.src, c.bytes);
+        bytes += c.bytes;
+      }
+    } else {
+      // The device's table: the job's copies queued at once (on a GPU they overlap each other's
+      // setup and the compute queued after them), then waited for here, on the copy thread, so
+      // that the executor's wait() means landed and ordered before its next ops.
+      std::vector<uint64_t> tickets;
+      tickets.reserve(job.second.size());
+      for (const Copy& c : job.second) {
+        tickets.push_back(c.direction == Direction::kToHost
+                              ? ops_->copy_to_host_async(c.dst, c.src, c.bytes)
+                              : ops_->copy_to_device_async(c.dst, c.src, c.bytes));
+        bytes += c.bytes;
+      }
+      for (uint64_t t : tickets) ops_->wait_copy(t);
     }
     const auto t1 = std::chrono::steady_clock::now();
     const double secs = std::chrono::duration<double>(t1 - t0).count();
     if (options_.poison_sources) {
-      for (const Copy& c : job.second) std::memset(const_cast<void*>(c.src), 0xFF, c.bytes);
+      for (const Copy& c : job.second) {
+        void* src = const_cast<void*>(c.src);
+        if (ops_ != nullptr && c.direction == Direction::kToHost) {
+          ops_->fill_bytes(src, 0xFF, c.bytes);  // the device's memory
+        } else {
+          std::memset(src, 0xFF, c.bytes);
+        }
+      }
     }
     {
       std::lock_guard<std::mutex> lock(mu_);

@@ -12,14 +12,23 @@
 #include <thread>
 #include <vector>
 
+namespace headroom::backend {
+class Ops;
+}
+
 namespace headroom::model {
 
 class OffloadCopier {
  public:
+  // Which side of a copy is the device's memory (the op table's): a saved activation goes out
+  // to the offload tier (kToHost: src is the device's), and comes back (kToDevice: dst is).
+  // With host memory on both sides (the CPU's table, or none) it changes nothing.
+  enum class Direction { kToHost, kToDevice };
   struct Copy {
     void* dst;
     const void* src;
     size_t bytes;
+    Direction direction = Direction::kToHost;
   };
   // Test hooks (both off in a real run).
   struct Options {
@@ -42,7 +51,19 @@ class OffloadCopier {
   };
 
   OffloadCopier() : OffloadCopier(Options{}) {}
-  explicit OffloadCopier(Options options);
+  // `ops`: the op table whose memory the device sides of the copies are. Null or a table whose
+  // memory the host addresses (the CPU's): every copy is a memcpy. Otherwise (a GPU, the fenced
+  // device) the copy thread queues a job's copies with the table's copy_to_host_async /
+  // copy_to_device_async and waits for them (wait_copy) before the job counts as done, and the
+  // poison hook fills a device source with fill_bytes. REQUIRES: `ops` outlives the copier, and
+  // its copies may be called from another thread than its other ops (they are ordered after
+  // every op queued before them: a job submitted after the ops that wrote its sources copies
+  // what they wrote).
+  explicit OffloadCopier(Options options, const backend::Ops* ops = nullptr);
+
+  // One copy, finished on return, as a caller without a copy thread makes it: memcpy, or the
+  // table's synchronous copy in `c.direction`.
+  static void copy(const backend::Ops* ops, const Copy& c);
   // Finishes the queued jobs, then joins the thread.
   ~OffloadCopier();
   OffloadCopier(const OffloadCopier&) = delete;
@@ -70,6 +91,7 @@ class OffloadCopier {
   void run();
 
   Options options_;
+  const backend::Ops* ops_;  // null: host memory on both sides
   mutable std::mutex mu_;
   std::condition_variable work_cv_, done_cv_;
   std::deque<std::pair<uint64_t, std::vector<Copy>>> queue_;

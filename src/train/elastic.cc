@@ -157,8 +157,6 @@ Result<ElasticStep::Replan> ElasticStep::replan(uint64_t ceiling, int remaining)
   req.head_chunk = setup_.head_chunk;
   req.distill = plan_.policy.exec.distill;  // the teacher stays
   req.ops = plan_.policy.ops;               // the backend's scratch sizes and strides
-  // A backend the host cannot address offloads no activations yet (check_device_options).
-  if (req.ops && !req.ops->host_addressable()) req.offload_activations = false;
   HR_ASSIGN_OR_RETURN(plan::SearchResult res, plan::search_plan(req));
 
   Replan out;

@@ -18,19 +18,31 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// A copy between the device and the offload tier. Both are host memory on the CPU backend; on a
-// GPU this is one cudaMemcpyAsync over the host link. One memcpy on one thread, like one copy
-// engine, and like the copy `headroom calibrate` measures (DeviceSpec::host_link_bandwidth), so
-// the cost model prices the copy that runs.
-void copy_between_tiers(float* dst, const float* src, int64_t n) {
-  std::memcpy(dst, src, size_t(n) * sizeof(float));
+}  // namespace
+
+// A copy between the device and the offload tier. Both are host memory on the CPU backend: one
+// memcpy on one thread, like one copy engine, and like the copy `headroom calibrate` measures
+// (DeviceSpec::host_link_bandwidth), so the cost model prices the copy that runs. On a GPU it is
+// the table's copy over the host link.
+void OptimizerOffload::to_offload(float* dst, const float* device_src, int64_t n) const {
+  if (ops_->host_addressable()) {
+    std::memcpy(dst, device_src, size_t(n) * sizeof(float));
+  } else {
+    ops_->copy_to_host(dst, device_src, size_t(n) * sizeof(float));
+  }
 }
 
-}  // namespace
+void OptimizerOffload::to_device(float* device_dst, const float* src, int64_t n) const {
+  if (ops_->host_addressable()) {
+    std::memcpy(device_dst, src, size_t(n) * sizeof(float));
+  } else {
+    ops_->copy_to_device(device_dst, src, size_t(n) * sizeof(float));
+  }
+}
 
 Result<std::unique_ptr<OptimizerOffload>> OptimizerOffload::create(
     const plan::MemoryPlan& plan, const OffloadTier& tier, dist::Communicator* comm, int stage,
-    const dist::ShardLayout* layout) {
+    const dist::ShardLayout* layout, const backend::Ops& ops) {
   HR_CHECK_MSG(plan.policy.offload_optimizer, "OptimizerOffload: a plan without optimizer offload");
   if (stage < 0 || stage > 3) {
     return Status::invalid_argument(
@@ -42,7 +54,8 @@ Result<std::unique_ptr<OptimizerOffload>> OptimizerOffload::create(
   const memory::Arena* grads = tier.arena(plan::kOffloadGradientsRegion);
   HR_CHECK_MSG(master && moments && grads,
                "OptimizerOffload: the offload tier has no optimizer offload regions");
-  std::unique_ptr<OptimizerOffload> o(new OptimizerOffload(comm, &plan.params, stage, layout));
+  std::unique_ptr<OptimizerOffload> o(
+      new OptimizerOffload(comm, &plan.params, stage, layout, &ops));
   o->master_ = master->f32(0);
   o->m_ = moments->f32(0);
   o->v_ = moments->f32(1);
@@ -72,7 +85,7 @@ int64_t OptimizerOffload::device_begin() const {
 }
 
 void OptimizerOffload::load_master(const float* device_params) {
-  copy_between_tiers(master(), device_params + device_begin(), piece_floats());
+  to_offload(master(), device_params + device_begin(), piece_floats());
 }
 
 Result<double> OptimizerOffload::step(float* params, float* grads, float* grad_shard,
@@ -81,16 +94,20 @@ Result<double> OptimizerOffload::step(float* params, float* grads, float* grad_s
   HR_CHECK_MSG(params_bf16 == nullptr || stage_ < 3, "ZeRO-3 keeps no full bf16 copy");
   const int64_t P = table_->total_floats, n = piece_floats();
   double copy_ms = 0;
-  auto timed_copy = [&copy_ms](float* dst, const float* src, int64_t count) {
+  auto timed_copy = [this, &copy_ms](float* dst, const float* src, int64_t count, bool out) {
     const auto t0 = Clock::now();
-    copy_between_tiers(dst, src, count);
+    if (out) {
+      to_offload(dst, src, count);
+    } else {
+      to_device(dst, src, count);
+    }
     copy_ms += std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
   };
   double norm = 0;
   if (stage_ == 0) {
     // 1-2: the reduction stays on the device; the summed gradients go to the offload tier.
     if (!grads_reduced) HR_RETURN_IF_ERROR(comm_->all_reduce(grads, P));
-    timed_copy(this->grads(), grads, P);
+    timed_copy(this->grads(), grads, P, /*out=*/true);
     // 3: adamw_step on the offload tier's buffers (the bf16 copy is cast on the device below).
     norm = adamw_step(*table_, master(), this->grads(), m(), v(), config, lr, step, nullptr,
                       loss_scale);
@@ -104,7 +121,7 @@ Result<double> OptimizerOffload::step(float* params, float* grads, float* grad_s
       HR_CHECK(grads != nullptr);
       HR_RETURN_IF_ERROR(reduce_scatter_units(comm_, lay, grads, grad_shard));
     }
-    timed_copy(this->grads(), grad_shard, n);
+    timed_copy(this->grads(), grad_shard, n, /*out=*/true);
     // 3: ZeroOptimizer::step's norm and update (the same calls on the same elements), on the
     // offload tier's copy of the shard.
     HR_ASSIGN_OR_RETURN(norm, sharded_grad_norm(comm_, lay, this->grads(), loss_scale));
@@ -116,11 +133,11 @@ Result<double> OptimizerOffload::step(float* params, float* grads, float* grad_s
   // from them with adamw_update's rounding (nearest even), as ZeroOptimizer does. Stage 3: into
   // the device's shard, which the forward gathers unit by unit (no full buffer, no bf16 copy).
   const int64_t begin = device_begin();
-  timed_copy(params + begin, master(), n);
+  timed_copy(params + begin, master(), n, /*out=*/false);
   if (stage_ == 1 || stage_ == 2) {
     HR_RETURN_IF_ERROR(comm_->all_gather(params + begin, params, layout_->counts(0)));
   }
-  if (params_bf16) cpu::cast_to_bf16(params_bf16, params, P);
+  if (params_bf16) ops_->cast_to_bf16(params_bf16, params, P);  // where the weights are
   last_copy_ms_ = copy_ms;
   return norm;
 }

@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 
+#include "backend/ops.h"
 #include "core/status.h"
 #include "dist/communicator.h"
 #include "dist/shard.h"
@@ -19,8 +20,11 @@ namespace headroom::train {
 // The optimizer's regions of the offload tier (OffloadTier, plan::kOffloadMasterRegion,
 // kOffloadOptimizerRegion, kOffloadGradientsRegion): the fp32 master weights, AdamW's m and v,
 // and the gradient copy the update reads, each this rank's shard (the whole buffer at ZeRO-0).
-// On a GPU the tier would be pinned host memory; here it is host memory like the device, and
-// every copy between the two is a real memcpy, so the path is exercised and measured.
+// On the CPU the tier is host memory like the device, and every copy between the two is a real
+// memcpy, so the path is exercised and measured. On a backend whose memory the host cannot
+// address (a GPU, the fenced device) the copies are the op table's (copy_to_host for the
+// gradients and the master weights at load, copy_to_device for the updated weights) and the
+// bf16 cast is its op; AdamW runs on the host over the tier (docs/notes/device-trainer.md).
 //
 // The step (ZeRO stages 0-3):
 //   1. reduce on the device: all-reduce the gradients (stage 0), or reduce-scatter them into
@@ -40,11 +44,12 @@ class OptimizerOffload {
   // Runs on `tier`'s optimizer regions (the tier made from `plan`, which holds them).
   // `layout`: the optimizer's shard layout (ZeroOptimizer::layout(): the flat one-unit layout
   // of stages 0-2, the model's units at stage 3). Errors: InvalidArgument for a stage not 0-3.
-  // REQUIRES: plan.policy.offload_optimizer; tier, comm, table and layout outlive this object.
-  static Result<std::unique_ptr<OptimizerOffload>> create(const plan::MemoryPlan& plan,
-                                                          const OffloadTier& tier,
-                                                          dist::Communicator* comm, int stage,
-                                                          const dist::ShardLayout* layout);
+  // `ops`: the table whose memory the device buffers passed to load_master and step are.
+  // REQUIRES: plan.policy.offload_optimizer; tier, comm, table, layout and ops outlive this
+  // object.
+  static Result<std::unique_ptr<OptimizerOffload>> create(
+      const plan::MemoryPlan& plan, const OffloadTier& tier, dist::Communicator* comm, int stage,
+      const dist::ShardLayout* layout, const backend::Ops& ops = backend::cpu_ops());
 
   float* master() const { return master_; }
   float* m() const { return m_; }
@@ -76,8 +81,11 @@ class OptimizerOffload {
 
  private:
   OptimizerOffload(dist::Communicator* comm, const model::ParamTable* table, int stage,
-                   const dist::ShardLayout* layout)
-      : comm_(comm), table_(table), stage_(stage), layout_(layout) {}
+                   const dist::ShardLayout* layout, const backend::Ops* ops)
+      : comm_(comm), table_(table), stage_(stage), layout_(layout), ops_(ops) {}
+  // The copies between the device's buffers and the tier's (offload.cc).
+  void to_offload(float* dst, const float* device_src, int64_t n) const;
+  void to_device(float* device_dst, const float* src, int64_t n) const;
   int64_t piece_floats() const;
   int64_t device_begin() const;
 
@@ -86,6 +94,7 @@ class OptimizerOffload {
   const model::ParamTable* table_;
   int stage_;
   const dist::ShardLayout* layout_;
+  const backend::Ops* ops_;
   int64_t shard_floats_ = 0;
   double last_copy_ms_ = 0;
 };

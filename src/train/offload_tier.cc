@@ -12,7 +12,9 @@ namespace headroom::train {
 
 Result<std::unique_ptr<OffloadTier>> OffloadTier::create(const plan::MemoryPlan& plan,
                                                          uint64_t budget,
-                                                         model::OffloadCopier::Options copier) {
+                                                         model::OffloadCopier::Options copier,
+                                                         const backend::Ops* ops,
+                                                         memory::MemoryResource* leaf) {
   // One budget for both kinds: the optimizer state lives through the run, a micro-batch's
   // offloaded activations through its forward and backward, so at the start of a backward the
   // tier holds both (Note [Optimizer offload], "Both kinds").
@@ -36,7 +38,7 @@ Result<std::unique_ptr<OffloadTier>> OffloadTier::create(const plan::MemoryPlan&
         "the offload tier (host memory) needs {} ({}) but its budget is {}: {}",
         format_bytes(plan.offload_bytes), plan::offload_parts(plan), format_bytes(budget), advice));
   }
-  std::unique_ptr<OffloadTier> t(new OffloadTier(budget));
+  std::unique_ptr<OffloadTier> t(new OffloadTier(budget, leaf));
   for (const plan::Region& r : plan.offload) {
     Result<memory::Arena> a = memory::Arena::create(&t->tracking_, r.buffers, r.layout, r.category);
     if (!a.is_ok()) {
@@ -52,7 +54,7 @@ Result<std::unique_ptr<OffloadTier>> OffloadTier::create(const plan::MemoryPlan&
   if (t->activations_ >= 0) {
     const memory::Arena& a = t->arenas_[size_t(t->activations_)];
     t->block_.emplace(a.base(), a.size());
-    t->copier_.emplace(copier);
+    t->copier_.emplace(copier, ops);
   }
   return t;
 }

@@ -26,8 +26,13 @@ class OffloadTier {
   // (found by name: plan::kOffload*Region), so that the tracked peak is plan.offload_bytes; a
   // copy thread when the plan offloads activations. OutOfMemory naming --offload-memory and
   // the tier's parts (optimizer state, offloaded activations) when they exceed the budget.
+  // `ops`: the table whose memory the step region is (the copy thread copies through it when
+  // the host cannot address that memory; model::OffloadCopier); null: host memory. `leaf`: the
+  // host memory the tier's regions come from (null: plain host memory; outlives the tier).
   static Result<std::unique_ptr<OffloadTier>> create(const plan::MemoryPlan& plan, uint64_t budget,
-                                                     model::OffloadCopier::Options copier = {});
+                                                     model::OffloadCopier::Options copier = {},
+                                                     const backend::Ops* ops = nullptr,
+                                                     memory::MemoryResource* leaf = nullptr);
   ~OffloadTier();
 
   // Binds the offloaded-activations arena and the copy thread to `net` for `plan` (the current
@@ -50,7 +55,8 @@ class OffloadTier {
   model::OffloadCopier* copier() { return copier_ ? &*copier_ : nullptr; }
 
  private:
-  OffloadTier(uint64_t budget) : limit_(&host_, budget), tracking_(&limit_) {}
+  OffloadTier(uint64_t budget, memory::MemoryResource* leaf)
+      : limit_(leaf ? leaf : &host_, budget), tracking_(&limit_) {}
 
   memory::HostResource host_;
   memory::LimitResource limit_;

@@ -127,6 +127,11 @@ Result<GpuRun> open_gpu(std::optional<uint64_t> device_memory) {
   HR_ASSIGN_OR_RETURN(std::unique_ptr<backend::cuda::CudaDeviceResource> leaf,
                       backend::cuda::CudaDeviceResource::create(device));
   g.leaf = std::move(leaf);
+  // The offload tier in page-locked memory: the copies on the d2h / h2d streams run behind
+  // their calls (pageable memory is staged by the runtime, the call waiting for it).
+  HR_ASSIGN_OR_RETURN(std::unique_ptr<backend::cuda::PinnedHostResource> pinned,
+                      backend::cuda::PinnedHostResource::create());
+  g.offload_leaf = std::move(pinned);
   // "NVIDIA H200" -> the table's "H200"; "NVIDIA H100 80GB HBM3" -> "H100-80GB".
   const std::string name = backend::cuda::build_info().device_name;
   std::optional<plan::DeviceSpec> spec;
@@ -317,6 +322,8 @@ Result<ResolvedRun> resolve_run(const RunRequest& request) {
     o->ops = gpu.ops;
     o->device_leaf = gpu.leaf.get();
     run.device_leaf = std::move(gpu.leaf);
+    o->offload_leaf = gpu.offload_leaf.get();
+    run.offload_leaf = std::move(gpu.offload_leaf);
     gpu_spec = gpu.spec;
   }
   if (seq < 0) return Status::invalid_argument(fmt::format("--seq {} must be positive", seq));

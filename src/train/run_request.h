@@ -74,6 +74,7 @@ struct RunRequest {
 struct GpuRun {
   const backend::Ops* ops = nullptr;
   std::shared_ptr<memory::MemoryResource> leaf;
+  std::shared_ptr<memory::MemoryResource> offload_leaf;  // pinned host memory for the tier
   plan::DeviceSpec spec;
 };
 Result<GpuRun> open_gpu(std::optional<uint64_t> device_memory);
@@ -83,9 +84,10 @@ struct ResolvedRun {
   // --device cuda: the device memory leaf that options.device_leaf points to (kept alive with
   // the run; options.ops is the process's CUDA op table). Null on the CPU.
   std::shared_ptr<memory::MemoryResource> device_leaf;
-  std::optional<plan::SearchResult> search;  // the planner's search, when it planned
-  std::string model;                         // the model (a resume's checkpoint directory)
-  std::string tokenizer;                     // the tokenizer directory used, or "" for GPT-2's
+  std::shared_ptr<memory::MemoryResource> offload_leaf;  // options.offload_leaf's, on a GPU
+  std::optional<plan::SearchResult> search;              // the planner's search, when it planned
+  std::string model;      // the model (a resume's checkpoint directory)
+  std::string tokenizer;  // the tokenizer directory used, or "" for GPT-2's
 };
 
 // Resolves a request: a resume's checkpoint fills what is unset; the plan is searched here

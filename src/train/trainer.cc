@@ -99,23 +99,14 @@ Status check_options(const TrainOptions& o) {
   return Status::ok();
 }
 
-// What a backend whose memory the host cannot address (a GPU) runs so far; the rest is refused
-// here, before anything is allocated (docs/notes/device-trainer.md, "Left").
+// A backend whose memory the host cannot address (a GPU) runs every option the CPU runs
+// (docs/notes/device-trainer.md); it needs the leaf its memory comes from.
 Status check_device_options(const TrainOptions& o, std::string_view backend) {
-  auto refuse = [&](std::string_view what, std::string_view instead) {
-    return Status::unsupported(fmt::format(
-        "the {} backend does not run {} yet; {} (or train on the CPU)", backend, what, instead));
-  };
   if (o.device_leaf == nullptr) {
     return Status::invalid_argument(fmt::format(
         "the {} backend's memory is not the host's: the run needs its device memory leaf "
         "(TrainOptions::device_leaf)",
         backend));
-  }
-  if (o.offload_optimizer) return refuse("optimizer offload", "use --offload-optimizer off");
-  if (!o.exec.offload.empty() &&
-      std::any_of(o.exec.offload.begin(), o.exec.offload.end(), [](bool b) { return b; })) {
-    return refuse("activation offload", "use --offload-activations off");
   }
   return Status::ok();
 }
@@ -471,13 +462,14 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     }
     tier_plan = &tier_plan_storage;
   }
-  HR_ASSIGN_OR_RETURN(std::unique_ptr<OffloadTier> offload_tier,
-                      OffloadTier::create(*tier_plan, offload_budget, o.offload_copier));
+  HR_ASSIGN_OR_RETURN(
+      std::unique_ptr<OffloadTier> offload_tier,
+      OffloadTier::create(*tier_plan, offload_budget, o.offload_copier, &ops, o.offload_leaf));
   // Optimizer offload: m and v (and the master weights) live in the offload tier.
   std::unique_ptr<OptimizerOffload> offload;
   if (mp.policy.offload_optimizer) {
-    HR_ASSIGN_OR_RETURN(offload,
-                        OptimizerOffload::create(mp, *offload_tier, &comm, stage, &zopt.layout()));
+    HR_ASSIGN_OR_RETURN(
+        offload, OptimizerOffload::create(mp, *offload_tier, &comm, stage, &zopt.layout(), ops));
   }
   float* m = offload ? offload->m() : opt_arena.f32(0);
   float* v = offload ? offload->v() : opt_arena.f32(1);
@@ -640,13 +632,17 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
           ck.dir, total_steps, o.adamw.lr, o.warmup_steps, st.total_steps, st.lr, st.warmup_steps);
     }
     if (stage == 0 && on_device) {
-      // Read into host memory (as a GPU run reads a file), then copied over.
-      std::vector<float> hp(static_cast<size_t>(P)), hm(static_cast<size_t>(P)),
-          hv(static_cast<size_t>(P));
-      HR_RETURN_IF_ERROR(load_checkpoint(ck, table, hp.data(), hm.data(), hv.data()));
+      // Read into host memory (as a GPU run reads a file), then copied over; offloaded moments
+      // are the tier's host memory already.
+      std::vector<float> hp(static_cast<size_t>(P)), hm(static_cast<size_t>(offload ? 0 : P)),
+          hv(static_cast<size_t>(offload ? 0 : P));
+      HR_RETURN_IF_ERROR(
+          load_checkpoint(ck, table, hp.data(), offload ? m : hm.data(), offload ? v : hv.data()));
       ops.copy_to_device(params, hp.data(), size_t(P) * sizeof(float));
-      ops.copy_to_device(m, hm.data(), size_t(P) * sizeof(float));
-      ops.copy_to_device(v, hv.data(), size_t(P) * sizeof(float));
+      if (!offload) {
+        ops.copy_to_device(m, hm.data(), size_t(P) * sizeof(float));
+        ops.copy_to_device(v, hv.data(), size_t(P) * sizeof(float));
+      }
     } else if (stage == 0) {
       HR_RETURN_IF_ERROR(load_checkpoint(ck, table, params, m, v));
     } else if (stage >= 2 || on_device) {
@@ -744,14 +740,16 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     };
     if (on_device && stage == 0) {  // host copies, the checkpoint's I/O staging
       host_p.resize(static_cast<size_t>(P));
-      host_m.resize(static_cast<size_t>(P));
-      host_v.resize(static_cast<size_t>(P));
       ops.copy_to_host(host_p.data(), params, size_t(P) * sizeof(float));
-      ops.copy_to_host(host_m.data(), m, size_t(P) * sizeof(float));
-      ops.copy_to_host(host_v.data(), v, size_t(P) * sizeof(float));
       full_p = host_p.data();
-      full_m = host_m.data();
-      full_v = host_v.data();
+      if (!offload) {  // offloaded moments are the tier's host memory
+        host_m.resize(static_cast<size_t>(P));
+        host_v.resize(static_cast<size_t>(P));
+        ops.copy_to_host(host_m.data(), m, size_t(P) * sizeof(float));
+        ops.copy_to_host(host_v.data(), v, size_t(P) * sizeof(float));
+        full_m = host_m.data();
+        full_v = host_v.data();
+      }
     } else if (stage >= 2) {
       // Gathered unit by unit through the embedding's gradient window (free at a step boundary,
       // or once quiesced) into host copies on rank 0: the checkpoint's I/O staging.

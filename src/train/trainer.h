@@ -151,11 +151,14 @@ struct TrainOptions {
   // that every planned region (the device budget's bytes) comes from. Null: the CPU's
   // (backend::cpu_ops(), host memory). A backend whose memory the host cannot address
   // (Ops::host_addressable() false: a GPU) needs a leaf, and reaches its memory only through the
-  // table and its copies; it runs ZeRO stages 0-3 on one rank or several (its collectives
-  // through NCCL, or `comm` behind dist::StagingCommunicator) with packed batching, without
-  // offload, sparsity masks or a teacher, so far (each refused with a message).
+  // table and its copies; it runs what the CPU runs: ZeRO stages 0-3 on one rank or several (its
+  // collectives through NCCL, or `comm` behind dist::StagingCommunicator), packed and bucketed
+  // batching, optimizer and activation offload, sparsity masks and a teacher.
   const backend::Ops* ops = nullptr;
   memory::MemoryResource* device_leaf = nullptr;
+  // The offload tier's host memory (under `offload_memory`); null: plain host memory. A GPU
+  // run's is pinned (PinnedHostResource), so its asynchronous copies run behind the call.
+  memory::MemoryResource* offload_leaf = nullptr;
 };
 
 // The start-up line for the rank layout: "2 ranks, ZeRO-1: optimizer state sharded (...)".

@@ -206,10 +206,17 @@ Status ZeroOptimizer::gather_params(const float* shard, float* full) {
 }
 
 void ZeroOptimizer::scatter_params(const float* full, float* shard) const {
+  // The shard is the device's (parameters; m and v) or, with optimizer offload, the offload
+  // tier's host memory (m and v on resume).
+  const bool to_device = ops_->is_device_pointer(shard);
   for (size_t u = 0; u < layout_.units().size(); ++u) {
     const dist::Range p = layout_.piece(u);
-    if (!p.empty()) {
-      ops_->copy_to_device(shard + layout_.local_offset(u), full + p.begin, size_t(p.size()) * 4);
+    if (p.empty()) continue;
+    float* dst = shard + layout_.local_offset(u);
+    if (to_device) {
+      ops_->copy_to_device(dst, full + p.begin, size_t(p.size()) * 4);
+    } else {
+      std::memcpy(dst, full + p.begin, size_t(p.size()) * 4);
     }
   }
 }

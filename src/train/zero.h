@@ -117,9 +117,9 @@ class ZeroOptimizer {
   // Stage 3: gathers every unit of the sharded params into `full` (table.total_floats floats),
   // e.g. for evaluation or a checkpoint. A collective.
   Status gather_params(const float* shard, float* full);
-  // Stage 3: copies this rank's pieces of `full` (host memory) into its shard (the memory of
-  // `ops`: copy_to_device), after initialisation or a checkpoint load, which produce full
-  // parameters on every rank.
+  // Copies this rank's pieces of `full` (host memory) into its shard: the memory of `ops`
+  // (copy_to_device), or host memory (with optimizer offload, the tier's m and v), after
+  // initialisation or a checkpoint load, which produce full buffers on every rank.
   void scatter_params(const float* full, float* shard) const;
 
  private:

@@ -234,7 +234,9 @@ TEST(HeadDim, WiderHeadsHaveGradientsThatMatchFiniteDifferences) {
           EXPECT_NEAR(got, fd, 2e-4 + 3e-2 * std::fabs(fd))
               << d.name << " element " << i - d.offset;
           // The check is not of zeros (k's bias has none: it shifts a query's scores equally).
-          if (d.shape.rank() == 2) EXPECT_GT(std::fabs(got), 1e-3) << d.name;
+          if (d.shape.rank() == 2) {
+            EXPECT_GT(std::fabs(got), 1e-3) << d.name;
+          }
         }
       }
     }

@@ -319,30 +319,17 @@ TEST_F(DeviceTrainer, TheRestOfThePathMatchesTheCpu) {
   }
 }
 
-// What the device path does not run yet is refused before anything is allocated, naming the
-// backend; a device backend without its memory leaf is a caller's error.
-TEST_F(DeviceTrainer, RefusesWhatItDoesNotRunYet) {
+// The device path runs every option the CPU runs (device_features_test.cc, device_offload_test.cc,
+// tests/dist/device_ranks_test.cc); a device backend without its memory leaf is a caller's error,
+// refused before anything is allocated, naming the backend.
+TEST_F(DeviceTrainer, RefusesADeviceTableWithoutItsLeaf) {
   backend::FencedResource device;
   device.fence();
   backend::FencedOps ops(&device);
-  const Variant& v = kVariants[0];
-  train::TrainOptions o = options("refused", v);
+  train::TrainOptions o = options("refused", kVariants[0]);
   o.ops = &ops;
-  o.device_leaf = &device;
-
-  // Several ranks and ZeRO 1-3 run on the device (tests/dist/device_ranks_test.cc).
-  Result<train::TrainResult> r = Status::internal("not run");
-
-  train::TrainOptions offload = o;
-  offload.offload_optimizer = true;
-  r = train::run_training(offload, {});
-  ASSERT_FALSE(r.is_ok());
-  EXPECT_EQ(r.status().code(), StatusCode::kUnsupported) << r.status().to_string();
-  EXPECT_NE(r.status().message().find("fenced"), std::string::npos) << r.status().message();
-
-  train::TrainOptions no_leaf = o;
-  no_leaf.device_leaf = nullptr;
-  r = train::run_training(no_leaf, {});
+  o.device_leaf = nullptr;
+  Result<train::TrainResult> r = train::run_training(o, {});
   ASSERT_FALSE(r.is_ok());
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << r.status().to_string();
   EXPECT_NE(r.status().message().find("device_leaf"), std::string::npos) << r.status().message();

@@ -106,7 +106,9 @@ TEST_F(SelfCorrection, CorrectsAfterTheMeasuredStepsAndKeepsItForTheNextRun) {
   // only when nothing was clamped; the test is about the mechanism, not the host's timing.
   const bool clamped = std::any_of(kept->scale.begin(), kept->scale.end(),
                                    [](double s) { return s <= 0.05 || s >= 20.0; });
-  if (!clamped) EXPECT_NEAR(a.steps[2].predicted_step_ms, mean, 0.5 * mean);
+  if (!clamped) {
+    EXPECT_NEAR(a.steps[2].predicted_step_ms, mean, 0.5 * mean);
+  }
   train::test::RunOutput b = train::test::run_collecting(o);
   ASSERT_TRUE(b.result.is_ok()) << b.result.status().to_string();
   EXPECT_TRUE(has_event(b.steps[0], "measured by an earlier run on this machine"));

@@ -33,6 +33,91 @@ void CudaOps::synchronize() const { HR_CUDA_CHECK(cudaStreamSynchronize(ctx_.com
 
 namespace {
 
+// The calling thread on `device` for a scope (events are made on, and recorded to streams of,
+// the current device; the offload copy thread starts on device 0), restored after.
+class OnDevice {
+ public:
+  explicit OnDevice(int device) {
+    HR_CUDA_CHECK(cudaGetDevice(&previous_));
+    if (previous_ != device) HR_CUDA_CHECK(cudaSetDevice(device));
+    switched_ = previous_ != device;
+  }
+  ~OnDevice() {
+    if (switched_) cudaSetDevice(previous_);
+  }
+  OnDevice(const OnDevice&) = delete;
+  OnDevice& operator=(const OnDevice&) = delete;
+
+ private:
+  int previous_ = 0;
+  bool switched_ = false;
+};
+
+}  // namespace
+
+cudaEvent_t CudaOps::take_event_locked() const {
+  if (!free_events_.empty()) {
+    cudaEvent_t e = free_events_.back();
+    free_events_.pop_back();
+    return e;
+  }
+  cudaEvent_t e = nullptr;
+  HR_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  return e;
+}
+
+// Note [Asynchronous copies]: the copy stream waits for an event recorded on the compute stream
+// now, so the copy reads (d2h) or overwrites (h2d) what the ops queued before it left there;
+// the ops queued after it overlap it. A stream waits on the record made before the wait call,
+// so the compute event goes back to the free list at once. wait_copy synchronizes the event
+// recorded after the copy (the host side is the caller's again) and makes the compute stream
+// wait on it (the ops queued after the wait read the landed bytes, or may overwrite the copied
+// source). Pageable host memory makes the runtime stage the copy, and the call returns only
+// once it is done; pinned memory (PinnedHostResource) lets it run behind the call.
+uint64_t CudaOps::copy_async(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
+                             cudaStream_t copy_stream) const {
+  if (bytes == 0) return 0;
+  OnDevice on(ctx_.device);
+  std::lock_guard<std::mutex> lock(copy_mu_);
+  cudaEvent_t after_compute = take_event_locked();
+  cudaEvent_t done = take_event_locked();
+  HR_CUDA_CHECK(cudaEventRecord(after_compute, ctx_.compute));
+  HR_CUDA_CHECK(cudaStreamWaitEvent(copy_stream, after_compute, 0));
+  free_events_.push_back(after_compute);
+  HR_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, copy_stream));
+  HR_CUDA_CHECK(cudaEventRecord(done, copy_stream));
+  const uint64_t ticket = next_copy_ticket_++;
+  pending_copies_.emplace(ticket, done);
+  return ticket;
+}
+
+uint64_t CudaOps::copy_to_host_async(void* dst, const void* src, size_t bytes) const {
+  return copy_async(dst, src, bytes, cudaMemcpyDeviceToHost, ctx_.d2h);
+}
+
+uint64_t CudaOps::copy_to_device_async(void* dst, const void* src, size_t bytes) const {
+  return copy_async(dst, src, bytes, cudaMemcpyHostToDevice, ctx_.h2d);
+}
+
+void CudaOps::wait_copy(uint64_t ticket) const {
+  if (ticket == 0) return;
+  OnDevice on(ctx_.device);
+  cudaEvent_t done = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(copy_mu_);
+    auto it = pending_copies_.find(ticket);
+    HR_CHECK_MSG(it != pending_copies_.end(), "wait_copy: an unknown or already waited ticket");
+    done = it->second;
+    pending_copies_.erase(it);
+  }
+  HR_CUDA_CHECK(cudaEventSynchronize(done));
+  HR_CUDA_CHECK(cudaStreamWaitEvent(ctx_.compute, done, 0));
+  std::lock_guard<std::mutex> lock(copy_mu_);
+  free_events_.push_back(done);
+}
+
+namespace {
+
 Context make_context() {
   Context c;
   // The process's device (local rank % devices: one GPU per rank of a node), and the context's

@@ -16,6 +16,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/ops.h"
@@ -55,6 +58,12 @@ class CudaOps final : public Ops {
   void copy_to_device(void* dst, const void* src, size_t bytes) const override;
   void copy_to_host(void* dst, const void* src, size_t bytes) const override;
   void fill_bytes(void* dst, int value, size_t bytes) const override;
+  // On the d2h / h2d stream after an event recorded on the compute stream; the ticket names an
+  // event recorded after the copy, which wait_copy synchronizes and makes the compute stream
+  // wait for (cuda_ops.cu). Any thread, whatever its current device.
+  uint64_t copy_to_host_async(void* dst, const void* src, size_t bytes) const override;
+  uint64_t copy_to_device_async(void* dst, const void* src, size_t bytes) const override;
+  void wait_copy(uint64_t ticket) const override;
   double masked_loss_sum(const float* losses, const int32_t* targets, int N,
                          int64_t* count) const override;
   const Context& context() const { return ctx_; }
@@ -230,7 +239,18 @@ class CudaOps final : public Ops {
   void apply_mask(const uint8_t* mask, float* x, int64_t n) const override;
 
  private:
+  uint64_t copy_async(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
+                      cudaStream_t copy_stream) const;
+  // REQUIRES: copy_mu_ held, the calling thread's current device ctx_.device.
+  cudaEvent_t take_event_locked() const;
+
   Context ctx_;
+  // The asynchronous copies' events: a free list, and the one recorded after each copy whose
+  // ticket is not waited for yet.
+  mutable std::mutex copy_mu_;
+  mutable std::vector<cudaEvent_t> free_events_;
+  mutable std::unordered_map<uint64_t, cudaEvent_t> pending_copies_;
+  mutable uint64_t next_copy_ticket_ = 1;
 };
 
 }  // namespace headroom::backend::cuda

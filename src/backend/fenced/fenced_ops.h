@@ -73,6 +73,19 @@ class FencedOps final : public Ops {
     check_range("copy_to_host", src, bytes);
     return in_window("copy_to_host", [&] { return inner_.copy_to_host(dst, src, bytes); });
   }
+  // The inner table's copies run to completion inside the window (the CPU's: memcpy, ticket
+  // 0); the ticket is the inner table's.
+  uint64_t copy_to_host_async(void* dst, const void* src, size_t bytes) const override {
+    check_range("copy_to_host_async", src, bytes);
+    return in_window("copy_to_host_async",
+                     [&] { return inner_.copy_to_host_async(dst, src, bytes); });
+  }
+  uint64_t copy_to_device_async(void* dst, const void* src, size_t bytes) const override {
+    check_range("copy_to_device_async", dst, bytes);
+    return in_window("copy_to_device_async",
+                     [&] { return inner_.copy_to_device_async(dst, src, bytes); });
+  }
+  void wait_copy(uint64_t ticket) const override { inner_.wait_copy(ticket); }  // no memory
   void fill_bytes(void* dst, int value, size_t bytes) const override {
     check_range("fill_bytes", dst, bytes);
     return in_window("fill_bytes", [&] { return inner_.fill_bytes(dst, value, bytes); });
