@@ -157,6 +157,11 @@ Result<GpuRun> open_gpu(std::optional<uint64_t> device_memory) {
   spec->memory_bytes =
       device_memory ? std::min(*device_memory, free_less_margin) : free_less_margin;
   g.spec = *spec;
+  const uint64_t cap = device_memory ? *device_memory : UINT64_MAX;
+  g.budget_probe = [device, cap](uint64_t held) -> Result<uint64_t> {
+    HR_ASSIGN_OR_RETURN(const uint64_t free, backend::cuda::device_budget_bytes(kMargin, device));
+    return std::min(cap, held + free);
+  };
   return g;
 #else
   (void)device_memory;
@@ -325,6 +330,8 @@ Result<ResolvedRun> resolve_run(const RunRequest& request) {
     o->offload_leaf = gpu.offload_leaf.get();
     run.offload_leaf = std::move(gpu.offload_leaf);
     gpu_spec = gpu.spec;
+    // The budget follows the GPU's free memory before each step, unless a budget file sets it.
+    if (f.device_memory_file.empty()) o->device_budget_probe = std::move(gpu.budget_probe);
   }
   if (seq < 0) return Status::invalid_argument(fmt::format("--seq {} must be positive", seq));
   if (batch < 0) return Status::invalid_argument(fmt::format("--batch {} must be positive", batch));

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -76,6 +77,9 @@ struct GpuRun {
   std::shared_ptr<memory::MemoryResource> leaf;
   std::shared_ptr<memory::MemoryResource> offload_leaf;  // pinned host memory for the tier
   plan::DeviceSpec spec;
+  // The budget before each step (TrainOptions::device_budget_probe): what the run holds plus the
+  // device's free memory less the margin, at most --device-memory.
+  std::function<Result<uint64_t>(uint64_t held)> budget_probe;
 };
 Result<GpuRun> open_gpu(std::optional<uint64_t> device_memory);
 

@@ -1195,9 +1195,42 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     HR_RETURN_IF_ERROR(check_same_plan());
     return finish_budget_replan(head, *rp, step);
   };
+  // Before each step, on a device that says what it has free (TrainOptions::
+  // device_budget_probe): the budget is what this run holds plus the device's free memory less a
+  // margin. Free memory moves a little at every step (the driver, a library's lazy workspace, a
+  // neighbour process), so only a move that matters re-plans: a budget the current plan no longer
+  // fits under (the step must shrink), or one 5% above the current budget (room to grow).
+  auto follow_probe = [&](int step) -> Status {
+    Result<uint64_t> probed = o.device_budget_probe(limit.in_use());
+    const uint64_t old = limit.budget();
+    uint64_t now = old;
+    if (!probed.is_ok()) {
+      if (probed.status().message() != last_file_error) {
+        last_file_error = probed.status().message();
+        cur.events.push_back(fmt::format("step {}: warning: {}{}; keeping the budget {}", step + 1,
+                                         R > 1 ? fmt::format("rank {}: ", rank) : "",
+                                         last_file_error, format_bytes(old)));
+      }
+    } else if (*probed < planned_peak() || *probed > old + old / 20) {
+      now = *probed;
+    }
+    if (R > 1) return follow_budgets(step, now);
+    if (now == old) return Status::ok();
+    limit.set_budget(now);
+    ceiling = now;
+    Result<ElasticStep::Replan> rp = elastic.replan(ceiling, G);
+    const std::string head = fmt::format("step {}: the device's free memory: budget {} -> {}",
+                                         step + 1, format_bytes(old), format_bytes(now));
+    if (!rp.is_ok()) {
+      return fail_out_of_memory(head + ": no plan fits: " + rp.status().message());
+    }
+    return finish_budget_replan(head, *rp, step);
+  };
   // Before each step: the budget file, read again; a change re-plans for the whole step.
   auto follow_budget = [&](int step) -> Status {
-    if (o.device_memory_file.empty()) return Status::ok();
+    if (o.device_memory_file.empty()) {
+      return o.device_budget_probe ? follow_probe(step) : Status::ok();
+    }
     Result<uint64_t> nb = read_budget_file(budget_file);
     if (!nb.is_ok()) {
       // Mid-run (an editor saving, a typo) the run goes on under the budget it has.

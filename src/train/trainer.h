@@ -110,6 +110,14 @@ struct TrainOptions {
   // the rank (budget_file_for_rank; the CLI reads the starting device_memory from that file), and
   // the ranks agree on one plan for the smallest room (docs/notes/elastic.md, "Several ranks").
   std::string device_memory_file;
+  // A device that says what it has free (a GPU: cudaMemGetInfo), read before each step when there
+  // is no device_memory_file: returns the run's budget given `held`, the bytes the run's arenas
+  // and pool hold on the device now (the CLI's: held + free less a margin, at most
+  // --device-memory). A budget the current plan no longer fits re-plans the step region as a
+  // lowered budget file does; one 5% above the current budget re-plans to use the room; smaller
+  // moves are ignored (free memory moves a little every step). An error keeps the budget (an
+  // event says why). Null: the budget stays device_memory.
+  std::function<Result<uint64_t>(uint64_t held)> device_budget_probe;
   // Optimizer offload (docs/notes/offload.md): the fp32 master weights, AdamW's m and v (this
   // rank's shard) and a gradient copy live in the offload tier, a host memory stack of its own
   // under `offload_memory` bytes (0: the host's available memory, MemAvailable), where AdamW

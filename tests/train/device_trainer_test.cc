@@ -319,6 +319,82 @@ TEST_F(DeviceTrainer, TheRestOfThePathMatchesTheCpu) {
   }
 }
 
+// A device that says what it has free (a GPU's cudaMemGetInfo, here a script): before each step
+// the budget is the probe's; a move under 5% that the plan still fits changes nothing, a budget
+// the plan no longer fits re-plans the step region (3 x 2 -> 2 x 3), a probe that fails keeps the
+// budget with a warning event, and the run is the CPU run with the same budget file bit for bit.
+TEST_F(DeviceTrainer, FollowsTheDevicesFreeMemory) {
+  train::TrainOptions o = options("", kVariants[0]);
+  o.out_dir.clear();
+  o.micro_batch = 3;
+  o.accumulation = 2;
+  auto plan_of = [&](int b, int k) {
+    return plan::plan_training_memory(o.config, plan::Policy{b, k, o.seq, "fp32", o.exec});
+  };
+  Result<plan::MemoryPlan> mp3 = plan_of(3, 2), mp2 = plan_of(2, 3);
+  ASSERT_TRUE(mp3.is_ok() && mp2.is_ok());
+  const uint64_t full3 = mp3->peak_bytes + 64 * kKiB;
+  const uint64_t lowered = mp3->persistent_bytes + (mp2->step_bytes + mp3->step_bytes) / 2;
+  o.device_memory = full3;
+  // Before steps 1..4: 1% more (ignored), the lowered budget (re-plan), 1% above it (ignored),
+  // an error (kept).
+  int calls = 0;
+  std::vector<uint64_t> held_seen;
+  o.device_budget_probe = [&](uint64_t held) -> Result<uint64_t> {
+    held_seen.push_back(held);
+    switch (calls++) {
+      case 0:
+        return full3 + full3 / 100;
+      case 1:
+        return lowered;
+      case 2:
+        return lowered + lowered / 100;
+      default:
+        return Status::io_error("the device could not be asked");
+    }
+  };
+  backend::FencedResource device;
+  device.fence();
+  backend::FencedOps ops(&device);
+  train::TrainOptions f = o;
+  f.ops = &ops;
+  f.device_leaf = &device;
+  const RunOutput dev = train::test::run_collecting(f);
+  ASSERT_TRUE(dev.result.is_ok()) << dev.result.status().to_string();
+  EXPECT_EQ(calls, 4);
+  for (uint64_t h : held_seen) EXPECT_GT(h, 0u);  // the run's own bytes count
+  EXPECT_EQ(dev.result->replans, 1);
+  ASSERT_EQ(dev.steps.size(), 4u);
+  EXPECT_EQ(dev.steps[0].micro_batch, 3);
+  EXPECT_EQ(dev.steps[1].micro_batch, 2);
+  EXPECT_EQ(dev.steps[3].micro_batch, 2);
+  bool warned = false;
+  for (const std::string& e : dev.steps[3].events) {
+    warned = warned || e.find("the device could not be asked") != std::string::npos;
+  }
+  EXPECT_TRUE(warned);
+  for (const train::StepStats& s : dev.steps) {
+    EXPECT_LE(s.planned_peak_bytes, s.step == 1 ? full3 : lowered) << "step " << s.step;
+  }
+
+  // The same budgets from a budget file on the CPU: the same run.
+  const std::string budget = (dir_ / "budget").string();
+  auto write_budget = [&](uint64_t bytes) {
+    std::ofstream out(budget, std::ios::trunc);
+    out << bytes << "\n";
+  };
+  write_budget(full3);
+  train::TrainOptions c = o;
+  c.device_budget_probe = nullptr;
+  c.device_memory_file = budget;
+  const RunOutput cpu = train::test::run_collecting(c, [&](const train::StepStats& s) {
+    if (s.step == 1) write_budget(lowered);
+  });
+  ASSERT_TRUE(cpu.result.is_ok()) << cpu.result.status().to_string();
+  expect_same(dev, cpu);
+  EXPECT_EQ(device.live_blocks(), 0u);
+}
+
 // The device path runs every option the CPU runs (device_features_test.cc, device_offload_test.cc,
 // tests/dist/device_ranks_test.cc); a device backend without its memory leaf is a caller's error,
 // refused before anything is allocated, naming the backend.
