@@ -524,6 +524,7 @@ Result<SearchResult> search_leaf(const SearchRequest& r, PlanCache& cache) {
   // a cast pass per use): both priced.
   std::vector<bool> copies = {true};
   if (r.precision == "bf16") copies.push_back(false);
+  if (r.precision == "bf16" && r.bf16_weight_copy) copies = {*r.bf16_weight_copy};
   for (bool copy : copies) {
     for (int head : heads) {
       for (bool off : offload_choices) {

@@ -40,8 +40,12 @@ struct SearchRequest {
   // transfers are priced at offload_link_bandwidth(device).
   std::optional<bool> offload_activations;
   std::optional<bool> fused_head;  // unset: the planner chooses
-  int head_chunk = 256;            // tokens per chunk of the fused LM head
-  bool sweep = false;              // also fill SearchResult::sweep
+  // bf16: keep the persistent bf16 weight copy (true) or cast each layer per use (false), a
+  // constraint; unset: both priced. An elastic re-plan keeps the run's: the copy is a persistent
+  // region, allocated once for the run.
+  std::optional<bool> bf16_weight_copy;
+  int head_chunk = 256;  // tokens per chunk of the fused LM head
+  bool sweep = false;    // also fill SearchResult::sweep
   // Distillation (docs/notes/distillation.md): every candidate trains against this teacher,
   // whose weights and forward-only working set are in each plan; it needs the fused head.
   std::optional<model::Distill> distill;

@@ -156,7 +156,9 @@ Result<ElasticStep::Replan> ElasticStep::replan(uint64_t ceiling, int remaining)
   req.offload_optimizer = plan_.policy.offload_optimizer;
   req.head_chunk = setup_.head_chunk;
   req.distill = plan_.policy.exec.distill;  // the teacher stays
-  req.ops = plan_.policy.ops;               // the backend's scratch sizes and strides
+  // The bf16 weight copy is a persistent region (or its absence, per-use casts): it stays.
+  req.bf16_weight_copy = plan_.policy.exec.bf16_weight_copy;
+  req.ops = plan_.policy.ops;  // the backend's scratch sizes and strides
   HR_ASSIGN_OR_RETURN(plan::SearchResult res, plan::search_plan(req));
 
   Replan out;

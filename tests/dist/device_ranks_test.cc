@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "../train/fenced_test_util.h"
 #include "../train/train_test_util.h"
 #include "backend/fenced/fenced_ops.h"
 #include "core/check.h"
@@ -218,18 +219,7 @@ TEST_F(StagingCommunicatorTest, StagingGrowsToTheLargestCollectiveOnce) {
 
 // ---- the trainer on the fenced device with several ranks ----------------------------------
 
-// Every regular file under `dir` (relative path -> contents).
-std::map<std::string, std::string> read_tree(const fs::path& dir) {
-  std::map<std::string, std::string> files;
-  if (!fs::exists(dir)) return files;
-  for (const fs::directory_entry& e : fs::recursive_directory_iterator(dir)) {
-    if (!e.is_regular_file()) continue;
-    std::ifstream in(e.path(), std::ios::binary);
-    files[fs::relative(e.path(), dir).string()] =
-        std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  }
-  return files;
-}
+using train::test::read_tree;
 
 class DeviceRanks : public ::testing::Test {
  protected:
@@ -271,28 +261,11 @@ class DeviceRanks : public ::testing::Test {
   // `o` on this rank's own fenced device, fenced from before the first allocation.
   static RunOutput run_fenced(train::TrainOptions o,
                               std::function<bool(const train::StepStats&)> stop = nullptr) {
-    backend::FencedResource device;
-    device.fence();
-    backend::FencedOps ops(&device);
-    o.ops = &ops;
-    o.device_leaf = &device;
-    RunOutput r = train::test::run_collecting(o, nullptr, std::move(stop));
-    EXPECT_EQ(device.live_blocks(), 0u);
-    EXPECT_GT(device.protect_calls(), 0u);
-    return r;
+    return train::test::run_fenced(std::move(o), nullptr, std::move(stop));
   }
 
   static void expect_same(const RunOutput& a, const RunOutput& b) {
-    ASSERT_EQ(a.steps.size(), b.steps.size());
-    for (size_t i = 0; i < a.steps.size(); i++) {
-      SCOPED_TRACE(::testing::Message() << "step " << a.steps[i].step);
-      EXPECT_EQ(a.steps[i].loss, b.steps[i].loss);
-      EXPECT_EQ(0, std::memcmp(&a.steps[i].grad_norm, &b.steps[i].grad_norm, sizeof(double)));
-      EXPECT_EQ(a.steps[i].val_loss, b.steps[i].val_loss);
-      EXPECT_EQ(a.steps[i].tokens, b.steps[i].tokens);
-    }
-    ASSERT_EQ(a.params.size(), b.params.size());
-    EXPECT_EQ(0, std::memcmp(a.params.data(), b.params.data(), a.params.size() * sizeof(float)));
+    train::test::expect_same_bits(a, b);
   }
 
   fs::path dir_;

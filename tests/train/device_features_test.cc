@@ -18,6 +18,7 @@
 
 #include "backend/fenced/fenced_ops.h"
 #include "data/token_file.h"
+#include "fenced_test_util.h"
 #include "model/prune.h"
 #include "model/safetensors.h"
 #include "model/weights.h"
@@ -29,17 +30,7 @@ namespace {
 namespace fs = std::filesystem;
 using train::test::RunOutput;
 
-// Every regular file under `dir` (relative path -> contents).
-std::map<std::string, std::string> read_tree(const fs::path& dir) {
-  std::map<std::string, std::string> files;
-  for (const fs::directory_entry& e : fs::recursive_directory_iterator(dir)) {
-    if (!e.is_regular_file()) continue;
-    std::ifstream in(e.path(), std::ios::binary);
-    files[fs::relative(e.path(), dir).string()] =
-        std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  }
-  return files;
-}
+using train::test::read_tree;
 
 class DeviceFeatures : public ::testing::Test {
  protected:
@@ -84,31 +75,16 @@ class DeviceFeatures : public ::testing::Test {
   // by the end.
   RunOutput run_fenced(train::TrainOptions o,
                        std::function<bool(const train::StepStats&)> stop = nullptr) {
-    backend::FencedResource device;
-    device.fence();
-    backend::FencedOps ops(&device);
-    o.ops = &ops;
-    o.device_leaf = &device;
-    RunOutput r = train::test::run_collecting(o, nullptr, std::move(stop));
-    EXPECT_EQ(device.live_blocks(), 0u);
-    EXPECT_GT(device.protect_calls(), 0u);  // the run computed through the fence
-    return r;
+    return train::test::run_fenced(std::move(o), nullptr, std::move(stop));
   }
 
   // The two runs' every step alike, bit for bit, and the final weights.
   static void expect_same(const RunOutput& a, const RunOutput& b) {
-    ASSERT_EQ(a.steps.size(), b.steps.size());
-    for (size_t i = 0; i < a.steps.size(); i++) {
-      SCOPED_TRACE(::testing::Message() << "step " << a.steps[i].step);
-      EXPECT_EQ(a.steps[i].loss, b.steps[i].loss);
-      EXPECT_EQ(0, std::memcmp(&a.steps[i].grad_norm, &b.steps[i].grad_norm, sizeof(double)));
-      EXPECT_EQ(a.steps[i].val_loss, b.steps[i].val_loss);
-      EXPECT_EQ(a.steps[i].tokens, b.steps[i].tokens);
-      EXPECT_EQ(a.steps[i].micro_batches, b.steps[i].micro_batches);
-      EXPECT_EQ(a.steps[i].events, b.steps[i].events);
+    train::test::expect_same_bits(a, b);
+    for (size_t i = 0; i < a.steps.size() && i < b.steps.size(); i++) {
+      EXPECT_EQ(a.steps[i].micro_batches, b.steps[i].micro_batches) << "step " << a.steps[i].step;
+      EXPECT_EQ(a.steps[i].events, b.steps[i].events) << "step " << a.steps[i].step;
     }
-    ASSERT_EQ(a.params.size(), b.params.size());
-    EXPECT_EQ(0, std::memcmp(a.params.data(), b.params.data(), a.params.size() * sizeof(float)));
   }
 
   // `o` on the CPU (into --out DIR/cpu-TAG) and on the fenced device (DIR/fenced-TAG): the same

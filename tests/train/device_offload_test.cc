@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "backend/fenced/fenced_ops.h"
+#include "fenced_test_util.h"
 #include "memory/adaptors.h"
 #include "memory/host_resource.h"
 #include "model/offload_copier.h"
@@ -33,17 +34,7 @@ namespace fs = std::filesystem;
 using R = model::Recompute;
 using train::test::RunOutput;
 
-// Every regular file under `dir` (relative path -> contents).
-std::map<std::string, std::string> read_tree(const fs::path& dir) {
-  std::map<std::string, std::string> files;
-  for (const fs::directory_entry& e : fs::recursive_directory_iterator(dir)) {
-    if (!e.is_regular_file()) continue;
-    std::ifstream in(e.path(), std::ios::binary);
-    files[fs::relative(e.path(), dir).string()] =
-        std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  }
-  return files;
-}
+using train::test::read_tree;
 
 struct Case {
   const char* name;
@@ -129,17 +120,7 @@ class DeviceOffload : public ::testing::Test {
 
   // The two runs' every step alike, bit for bit, and the final weights.
   static void expect_same(const RunOutput& a, const RunOutput& b) {
-    ASSERT_EQ(a.steps.size(), b.steps.size());
-    for (size_t i = 0; i < a.steps.size(); i++) {
-      SCOPED_TRACE(::testing::Message() << "step " << a.steps[i].step);
-      EXPECT_EQ(a.steps[i].loss, b.steps[i].loss);
-      EXPECT_EQ(0, std::memcmp(&a.steps[i].grad_norm, &b.steps[i].grad_norm, sizeof(double)));
-      EXPECT_EQ(a.steps[i].val_loss, b.steps[i].val_loss);
-      EXPECT_EQ(a.steps[i].tokens, b.steps[i].tokens);
-      EXPECT_EQ(a.steps[i].skipped, b.steps[i].skipped);
-    }
-    ASSERT_EQ(a.params.size(), b.params.size());
-    EXPECT_EQ(0, std::memcmp(a.params.data(), b.params.data(), a.params.size() * sizeof(float)));
+    train::test::expect_same_bits(a, b);
   }
 
   // Every file of the two output directories (the model, the checkpoints' weights, m and v,

@@ -217,6 +217,42 @@ TEST_F(Elastic, BudgetRaisedGrowsPastTheFirstMicroBatch) {
   ASSERT_TRUE(grown.steps[5].val_loss.has_value());  // validation ran at the grown micro-batch
 }
 
+// Regression: a bf16 run that casts its weights per use (no persistent bf16 copy) re-planned by a
+// budget change took the fastest candidate, which keeps a copy the run never allocated, and
+// aborted ("bf16 precision needs the bf16 weight copy bound"; seen after a self-correction
+// re-plan in FirstHour.JsonRunSavesTheTokenizerAndMinutesFixesTheCount). Re-plans keep the run's
+// choice, both ways.
+TEST_F(Elastic, ReplansKeepTheRunsBf16WeightCopyChoice) {
+  for (bool copy : {false, true}) {
+    SCOPED_TRACE(copy ? "with the weight copy" : "casts per use");
+    train::TrainOptions o = options(2, 4);
+    o.exec.precision = model::Precision::kBf16;
+    o.exec.bf16_weight_copy = copy;
+    plan::Policy p{8, 1, kSeq, "bf16", o.exec};
+    Result<plan::MemoryPlan> mp = plan::plan_training_memory(tiny(), p);
+    ASSERT_TRUE(mp.is_ok());
+    // Room for every candidate, the weight copy's included (the failure needs a budget where
+    // the faster choice of the other kind fits).
+    const uint64_t full = 2 * mp->peak_bytes;
+    plan::Policy p2{2, 4, kSeq, "bf16", o.exec};
+    Result<plan::MemoryPlan> mp2 = plan::plan_training_memory(tiny(), p2);
+    ASSERT_TRUE(mp2.is_ok());
+    o.device_memory = mp2->peak_bytes + 64 * kKiB;
+    o.device_memory_file = budget_file();
+    write_budget(o.device_memory);
+    const RunOutput r = run(o, [&](int step) {
+      if (step == 2) write_budget(full);
+    });
+    ASSERT_TRUE(r.result.is_ok()) << r.result.status().to_string();
+    EXPECT_GE(r.result->replans, 1);
+    ASSERT_EQ(r.steps.size(), 6u);
+    EXPECT_GT(r.steps[2].micro_batch, 2) << "the re-plan did not grow the micro-batch";
+    for (const train::StepStats& s : r.steps) {
+      EXPECT_EQ(s.device_bytes_peak, s.planned_peak_bytes) << "step " << s.step;
+    }
+  }
+}
+
 // Nothing fits any more: the run stops with OutOfMemory, after checkpointing the last completed
 // step, and the checkpoint resumes.
 TEST_F(Elastic, NothingFitsStopsWithACheckpoint) {
