@@ -19,10 +19,12 @@
 
 namespace headroom::train::test {
 
-// Every regular file under `dir` (relative path -> contents).
+// Every regular file under `dir` (relative path -> contents); none when `dir` does not exist
+// (under mpirun only rank 0 writes).
 inline std::map<std::string, std::string> read_tree(const std::filesystem::path& dir) {
   namespace fs = std::filesystem;
   std::map<std::string, std::string> files;
+  if (!fs::exists(dir)) return files;
   for (const fs::directory_entry& e : fs::recursive_directory_iterator(dir)) {
     if (!e.is_regular_file()) continue;
     std::ifstream in(e.path(), std::ios::binary);
