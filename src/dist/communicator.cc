@@ -11,6 +11,18 @@
 
 namespace headroom::dist {
 
+int64_t check_counts(std::span<const int64_t> counts, int ranks, std::vector<int64_t>* displs) {
+  HR_CHECK_MSG(counts.size() == size_t(ranks), "collective: counts must have size() entries");
+  displs->resize(counts.size());
+  int64_t total = 0;
+  for (size_t r = 0; r < counts.size(); ++r) {
+    HR_CHECK_MSG(counts[r] >= 0, "collective: negative count");
+    (*displs)[r] = total;
+    total += counts[r];
+  }
+  return total;
+}
+
 Status agree(Communicator& comm, const Status& local) {
   // Step 1: the lowest failing rank (INT64_MAX when none failed).
   int64_t failing = local.is_ok() ? INT64_MAX : comm.rank();

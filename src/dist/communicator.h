@@ -8,6 +8,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "core/status.h"
 
@@ -65,6 +66,11 @@ class Communicator {
 // the failing rank's status only when there is one). Lets every rank stop, or re-plan, together
 // instead of leaving the healthy ones waiting in the next collective.
 Status agree(Communicator& comm, const Status& local);
+
+// A v-collective's counts checked (a local precondition: `ranks` entries, none negative; a
+// breach aborts) and their displacements (prefix sums) into *displs; returns their sum. Shared by
+// the implementations of reduce_scatter and all_gather.
+int64_t check_counts(std::span<const int64_t> counts, int ranks, std::vector<int64_t>* displs);
 
 // The single-process communicator: size 1, every collective is a copy or nothing.
 class LocalCommunicator final : public Communicator {

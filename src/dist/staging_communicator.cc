@@ -15,18 +15,6 @@ size_t round_up(size_t bytes) {
   return (bytes + a - 1) / a * a;
 }
 
-int64_t check_counts(std::span<const int64_t> counts, int ranks, std::vector<int64_t>* displs) {
-  HR_CHECK_MSG(counts.size() == size_t(ranks), "collective: counts must have size() entries");
-  displs->resize(counts.size());
-  int64_t total = 0;
-  for (size_t r = 0; r < counts.size(); ++r) {
-    HR_CHECK_MSG(counts[r] >= 0, "collective: negative count");
-    (*displs)[r] = total;
-    total += counts[r];
-  }
-  return total;
-}
-
 }  // namespace
 
 StagingCommunicator::StagingCommunicator(Communicator* inner, const backend::Ops* ops)

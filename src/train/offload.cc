@@ -5,7 +5,6 @@
 
 #include <chrono>
 #include <cmath>
-#include <cstring>
 
 #include "backend/cpu/kernels.h"
 #include "core/check.h"
@@ -20,24 +19,16 @@ using Clock = std::chrono::steady_clock;
 
 }  // namespace
 
-// A copy between the device and the offload tier. Both are host memory on the CPU backend: one
-// memcpy on one thread, like one copy engine, and like the copy `headroom calibrate` measures
-// (DeviceSpec::host_link_bandwidth), so the cost model prices the copy that runs. On a GPU it is
-// the table's copy over the host link.
+// A copy between the device and the offload tier: the table's. On the CPU backend both are host
+// memory and the copy is one memcpy on one thread, like one copy engine, and like the copy
+// `headroom calibrate` measures (DeviceSpec::host_link_bandwidth), so the cost model prices the
+// copy that runs. On a GPU it is the copy over the host link.
 void OptimizerOffload::to_offload(float* dst, const float* device_src, int64_t n) const {
-  if (ops_->host_addressable()) {
-    std::memcpy(dst, device_src, size_t(n) * sizeof(float));
-  } else {
-    ops_->copy_to_host(dst, device_src, size_t(n) * sizeof(float));
-  }
+  ops_->copy_to_host(dst, device_src, size_t(n) * sizeof(float));
 }
 
 void OptimizerOffload::to_device(float* device_dst, const float* src, int64_t n) const {
-  if (ops_->host_addressable()) {
-    std::memcpy(device_dst, src, size_t(n) * sizeof(float));
-  } else {
-    ops_->copy_to_device(device_dst, src, size_t(n) * sizeof(float));
-  }
+  ops_->copy_to_device(device_dst, src, size_t(n) * sizeof(float));
 }
 
 Result<std::unique_ptr<OptimizerOffload>> OptimizerOffload::create(

@@ -1681,9 +1681,10 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
                           model::make_mask(cfg, table, host_weights(&copy), o.prune.spec));
       ops.copy_to_device(mask, m0.data(), m0.size());
       mask_active = true;
+      // (A mask runs without optimizer offload: m and v are the device's, as the mask is.)
       ops.apply_mask(mask, params, P);
-      moment_ops.apply_mask(mask, m, P);
-      moment_ops.apply_mask(mask, v, P);
+      ops.apply_mask(mask, m, P);
+      ops.apply_mask(mask, v, P);
       if (params_bf16) ops.cast_to_bf16(params_bf16, params, P);
       const model::MaskCounts mc = model::count_mask(table, m0);
       cur.events.push_back(fmt::format(

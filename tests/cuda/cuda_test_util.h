@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <string>
 #include <type_traits>
@@ -15,6 +16,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/device_memory.h"
 #include "backend/ops.h"
 #include "core/dtype.h"
 
@@ -27,6 +29,27 @@ inline const backend::Ops* ops_or_reason(std::string* why) { return backend::cud
   std::string hr_skip_why_;                                                                 \
   const ::headroom::backend::Ops* var = ::headroom::cudatest::ops_or_reason(&hr_skip_why_); \
   if (var == nullptr) GTEST_SKIP() << "no CUDA device: " << hr_skip_why_
+
+// The CUDA table and a cudaMalloc leaf on the process's device (the planned regions' memory),
+// fp32 GEMMs without TF32 (the CPU's arithmetic); null with *why set when there is no GPU to
+// skip for. A GPU whose device or leaf cannot be had is a failure (recorded), not a skip.
+inline const backend::Ops* ops_and_leaf(std::unique_ptr<backend::cuda::CudaDeviceResource>* leaf,
+                                        std::string* why) {
+  const backend::Ops* ops = backend::cuda::cuda_ops(why);
+  if (ops == nullptr) return nullptr;
+  backend::cuda::set_allow_tf32(false);
+  Result<int> device = backend::cuda::process_device();
+  Result<std::unique_ptr<backend::cuda::CudaDeviceResource>> made =
+      device.is_ok() ? backend::cuda::CudaDeviceResource::create(*device)
+                     : Result<std::unique_ptr<backend::cuda::CudaDeviceResource>>(device.status());
+  if (!made.is_ok()) {
+    *why = made.status().to_string();
+    ADD_FAILURE() << "the GPU's memory leaf: " << *why;
+    return nullptr;
+  }
+  *leaf = std::move(made).value();
+  return ops;
+}
 
 // A device copy of a host vector, freed at scope exit.
 template <typename T>

@@ -30,14 +30,8 @@ class CudaGolden : public ::testing::TestWithParam<std::tuple<const char*, Varia
   const Variant& variant() const { return std::get<1>(GetParam()); }
   void SetUp() override {
     std::string why;
-    ops_ = backend::cuda::cuda_ops(&why);
+    ops_ = cudatest::ops_and_leaf(&leaf_, &why);
     if (ops_ == nullptr) GTEST_SKIP() << "no CUDA device: " << why;
-    backend::cuda::set_allow_tf32(false);
-    Result<int> device = backend::cuda::process_device();
-    ASSERT_TRUE(device.is_ok()) << device.status().to_string();
-    auto leaf = backend::cuda::CudaDeviceResource::create(*device);
-    ASSERT_TRUE(leaf.is_ok()) << leaf.status().to_string();
-    leaf_ = std::move(leaf).value();
 
     fx_ = std::make_unique<Fixture>(golden::load_fixture(std::get<0>(GetParam())));
     table_ = model::gpt2_param_table(fx_->config);
@@ -132,14 +126,7 @@ TEST_P(CudaGolden, FiveAdamWStepsWithClipping) {
   model::Gpt2 net(fx_->config, &table_, *ops_);
   net.bind_params(params_, grads_);
   net.bind_activations(&acts_arena_, &acts_, fx_->B, fx_->T);
-  const auto& md = fx_->file.metadata();
-  train::AdamWConfig cfg;
-  cfg.lr = std::stof(md.at("lr"));
-  cfg.beta1 = std::stof(md.at("beta1"));
-  cfg.beta2 = std::stof(md.at("beta2"));
-  cfg.eps = std::stof(md.at("eps"));
-  cfg.weight_decay = std::stof(md.at("weight_decay"));
-  cfg.grad_clip = std::stof(md.at("clip"));
+  const train::AdamWConfig cfg = golden::adamw_config(*fx_);
   const std::vector<float> losses = golden::tensor(fx_->file, "adamw.losses");
   const std::vector<float> norms = golden::tensor(fx_->file, "adamw.grad_norms");
   for (int step = 0; step < 5; step++) {

@@ -20,6 +20,7 @@
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/device_memory.h"
 #include "core/units.h"
+#include "cuda_test_util.h"
 
 namespace headroom {
 namespace {
@@ -31,14 +32,8 @@ class CudaTrainer : public ::testing::Test {
  protected:
   void SetUp() override {
     std::string why;
-    ops_ = backend::cuda::cuda_ops(&why);
+    ops_ = cudatest::ops_and_leaf(&leaf_, &why);
     if (ops_ == nullptr) GTEST_SKIP() << "no CUDA device: " << why;
-    backend::cuda::set_allow_tf32(false);
-    Result<int> device = backend::cuda::process_device();
-    ASSERT_TRUE(device.is_ok()) << device.status().to_string();
-    auto leaf = backend::cuda::CudaDeviceResource::create(*device);
-    ASSERT_TRUE(leaf.is_ok()) << leaf.status().to_string();
-    leaf_ = std::move(leaf).value();
     dir_ = train::test::fresh_test_dir("headroom_cuda_trainer");
     data_ = (dir_ / "data.tok").string();
     train::test::write_random_tokens(data_, 11, 30000);

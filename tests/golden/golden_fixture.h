@@ -15,6 +15,7 @@
 #include "model/config.h"
 #include "model/gpt2.h"
 #include "model/safetensors.h"
+#include "train/optimizer.h"
 
 namespace headroom::golden {
 
@@ -59,6 +60,19 @@ inline std::vector<int32_t> ints(const model::SafetensorsFile& f, const std::str
   std::vector<int32_t> v(t->bytes / 4);
   std::memcpy(v.data(), t->data, t->bytes);
   return v;
+}
+
+// The AdamW settings the fixture's five reference steps used (its metadata).
+inline train::AdamWConfig adamw_config(const Fixture& fx) {
+  const auto& md = fx.file.metadata();
+  train::AdamWConfig cfg;
+  cfg.lr = std::stof(md.at("lr"));
+  cfg.beta1 = std::stof(md.at("beta1"));
+  cfg.beta2 = std::stof(md.at("beta2"));
+  cfg.eps = std::stof(md.at("eps"));
+  cfg.weight_decay = std::stof(md.at("weight_decay"));
+  cfg.grad_clip = std::stof(md.at("clip"));
+  return cfg;
 }
 
 // max |a - b| <= atol + rtol * max |b|, reported with the worst index.

@@ -117,14 +117,7 @@ TEST_P(Golden, FiveAdamWStepsWithClipping) {
   model::Gpt2 net(fx_->config, &table_);
   net.bind_params(params_, grads_);
   net.bind_activations(&acts_arena_, &acts_, fx_->B, fx_->T);
-  const auto& md = fx_->file.metadata();
-  train::AdamWConfig cfg;
-  cfg.lr = std::stof(md.at("lr"));
-  cfg.beta1 = std::stof(md.at("beta1"));
-  cfg.beta2 = std::stof(md.at("beta2"));
-  cfg.eps = std::stof(md.at("eps"));
-  cfg.weight_decay = std::stof(md.at("weight_decay"));
-  cfg.grad_clip = std::stof(md.at("clip"));
+  const train::AdamWConfig cfg = golden::adamw_config(*fx_);
   const std::vector<float> losses = tensor(fx_->file, "adamw.losses");
   const std::vector<float> norms = tensor(fx_->file, "adamw.grad_norms");
   for (int step = 0; step < 5; step++) {

@@ -341,6 +341,16 @@ TEST_F(DeviceTrainer, FollowsTheDevicesFreeMemory) {
   EXPECT_EQ(dev.steps[0].micro_batch, 3);
   EXPECT_EQ(dev.steps[1].micro_batch, 2);
   EXPECT_EQ(dev.steps[3].micro_batch, 2);
+  // Only the drop acted: the 1% moves left no budget event (a re-plan, even one that keeps the
+  // plan, says so).
+  auto budget_events = [&](size_t i) {
+    int n = 0;
+    for (const std::string& e : dev.steps[i].events) n += e.find("free memory") != e.npos;
+    return n;
+  };
+  EXPECT_EQ(budget_events(0), 0);
+  EXPECT_EQ(budget_events(1), 1);
+  EXPECT_EQ(budget_events(2), 0);
   bool warned = false;
   for (const std::string& e : dev.steps[3].events) {
     warned = warned || e.find("the device could not be asked") != std::string::npos;

@@ -105,7 +105,7 @@ class MpiCommunicator final : public Communicator {
 
   Status reduce_scatter(const float* send, float* recv, std::span<const int64_t> counts) override {
     std::vector<int64_t> displs;
-    const int64_t total = check_counts(counts, &displs);
+    const int64_t total = check_counts(counts, size_, &displs);
     const int64_t mine = counts[size_t(rank_)];
     HR_CHECK_MSG(mine == 0 || total == 0 || recv + mine <= send || send + total <= recv,
                  "reduce_scatter: recv overlaps send");
@@ -130,7 +130,7 @@ class MpiCommunicator final : public Communicator {
 
   Status all_gather(const float* send, float* recv, std::span<const int64_t> counts) override {
     std::vector<int64_t> displs;
-    const int64_t total = check_counts(counts, &displs);
+    const int64_t total = check_counts(counts, size_, &displs);
     const int64_t mine = counts[size_t(rank_)];
     float* my_place = recv + displs[size_t(rank_)];
     const bool in_place = send == my_place;
@@ -184,18 +184,6 @@ class MpiCommunicator final : public Communicator {
     return Status::ok();
   }
 
-  // Validates counts (a local precondition) and returns their sum; fills the displacements.
-  int64_t check_counts(std::span<const int64_t> counts, std::vector<int64_t>* displs) const {
-    HR_CHECK_MSG(counts.size() == size_t(size_), "collective: counts must have size() entries");
-    displs->resize(counts.size());
-    int64_t total = 0;
-    for (size_t r = 0; r < counts.size(); ++r) {
-      HR_CHECK_MSG(counts[r] >= 0, "collective: negative count");
-      (*displs)[r] = total;
-      total += counts[r];
-    }
-    return total;
-  }
   // Whether one v-collective can carry it: MPI's counts and displacements are int.
   bool fits(std::span<const int64_t> counts, int64_t total) const {
     return total <= max_count_ &&

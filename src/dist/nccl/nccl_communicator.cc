@@ -94,7 +94,7 @@ class NcclCommunicator final : public Communicator {
 
   Status reduce_scatter(const float* send, float* recv, std::span<const int64_t> counts) override {
     std::vector<int64_t> displs;
-    const int64_t total = check_counts(counts, &displs);
+    const int64_t total = check_counts(counts, size_, &displs);
     const int64_t mine = counts[size_t(rank_)];
     HR_CHECK_MSG(mine == 0 || total == 0 || recv + mine <= send || send + total <= recv,
                  "reduce_scatter: recv overlaps send");
@@ -128,7 +128,7 @@ class NcclCommunicator final : public Communicator {
 
   Status all_gather(const float* send, float* recv, std::span<const int64_t> counts) override {
     std::vector<int64_t> displs;
-    const int64_t total = check_counts(counts, &displs);
+    const int64_t total = check_counts(counts, size_, &displs);
     const int64_t mine = counts[size_t(rank_)];
     if (total == 0) return Status::ok();
     std::lock_guard<std::mutex> lock(mu_);
@@ -280,17 +280,6 @@ class NcclCommunicator final : public Communicator {
     return Status::ok();
   }
 
-  int64_t check_counts(std::span<const int64_t> counts, std::vector<int64_t>* displs) const {
-    HR_CHECK_MSG(counts.size() == size_t(size_), "collective: counts must have size() entries");
-    displs->resize(counts.size());
-    int64_t total = 0;
-    for (size_t r = 0; r < counts.size(); ++r) {
-      HR_CHECK_MSG(counts[r] >= 0, "collective: negative count");
-      (*displs)[r] = total;
-      total += counts[r];
-    }
-    return total;
-  }
   static bool equal(std::span<const int64_t> counts) {
     return std::all_of(counts.begin(), counts.end(), [&](int64_t c) { return c == counts[0]; });
   }
