@@ -79,7 +79,9 @@ class CudaTrainer : public ::testing::Test {
       EXPECT_NEAR(g.loss, c.loss, rel * std::fabs(c.loss));
       EXPECT_NEAR(g.grad_norm, c.grad_norm, rel * std::fabs(c.grad_norm) + 1e-6);
       ASSERT_EQ(g.val_loss.has_value(), c.val_loss.has_value());
-      if (c.val_loss) EXPECT_NEAR(*g.val_loss, *c.val_loss, rel * std::fabs(*c.val_loss));
+      if (c.val_loss) {
+        EXPECT_NEAR(*g.val_loss, *c.val_loss, rel * std::fabs(*c.val_loss));
+      }
       EXPECT_EQ(g.tokens, c.tokens);
       EXPECT_EQ(g.micro_batch, c.micro_batch);
       EXPECT_EQ(g.skipped, c.skipped);
