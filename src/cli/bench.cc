@@ -150,6 +150,7 @@ int run_bench(BenchFlags& bf) {
     o.device_leaf = gpu_leaf.get();
     gpu_offload_leaf = gpu->offload_leaf;  // the offload tier in pinned host memory
     o.offload_leaf = gpu_offload_leaf.get();
+    o.slot_leaf = gpu_offload_leaf.get();  // the loader's slots, pinned too
     o.device_memory = gpu->spec.memory_bytes;
     dev = gpu->spec;
     bf.peak_between_steps = false;

@@ -328,6 +328,7 @@ Result<ResolvedRun> resolve_run(const RunRequest& request) {
     o->device_leaf = gpu.leaf.get();
     run.device_leaf = std::move(gpu.leaf);
     o->offload_leaf = gpu.offload_leaf.get();
+    o->slot_leaf = gpu.offload_leaf.get();  // the loader's slots, pinned too
     run.offload_leaf = std::move(gpu.offload_leaf);
     gpu_spec = gpu.spec;
     // The budget follows the GPU's free memory before each step, unless a budget file sets it.

@@ -75,7 +75,7 @@ struct RunRequest {
 struct GpuRun {
   const backend::Ops* ops = nullptr;
   std::shared_ptr<memory::MemoryResource> leaf;
-  std::shared_ptr<memory::MemoryResource> offload_leaf;  // pinned host memory for the tier
+  std::shared_ptr<memory::MemoryResource> offload_leaf;  // pinned host memory: the tier, slots
   plan::DeviceSpec spec;
   // The budget before each step (TrainOptions::device_budget_probe): what the run holds plus the
   // device's free memory less the margin, at most --device-memory.
@@ -88,7 +88,7 @@ struct ResolvedRun {
   // --device cuda: the device memory leaf that options.device_leaf points to (kept alive with
   // the run; options.ops is the process's CUDA op table). Null on the CPU.
   std::shared_ptr<memory::MemoryResource> device_leaf;
-  std::shared_ptr<memory::MemoryResource> offload_leaf;  // options.offload_leaf's, on a GPU
+  std::shared_ptr<memory::MemoryResource> offload_leaf;  // options.offload_/slot_leaf's (GPU)
   std::optional<plan::SearchResult> search;              // the planner's search, when it planned
   std::string model;      // the model (a resume's checkpoint directory)
   std::string tokenizer;  // the tokenizer directory used, or "" for GPT-2's

@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -316,8 +317,10 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
   memory::LimitResource limit(leaf, o.device_memory);
   memory::TrackingResource tracking(&limit);
   // Host memory outside the device budget, on a device the host cannot address: the loader's
-  // token slots and the final weights' copy (pinned staging and I/O on a GPU).
+  // token slots (page-locked on a GPU, TrainOptions::slot_leaf, so that their copies run on the
+  // host-to-device stream behind the loader's call) and the final weights' copy.
   memory::HostResource host_io;
+  memory::MemoryResource* const slot_leaf = o.slot_leaf ? o.slot_leaf : &host_io;
   const model::ParamTable& table = mp.params;
   auto make = [&](const plan::Region& r) -> Result<memory::Arena> {
     if (r.layout.size == 0) return memory::Arena();  // the optimizer region, when offloaded
@@ -328,12 +331,14 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
   HR_ASSIGN_OR_RETURN(memory::Arena opt_arena, make(mp.persistent[2]));
   HR_ASSIGN_OR_RETURN(memory::Arena staging, make(mp.persistent[3]));
   // The loader writes token slots on the host: the staging region itself on the CPU; on a
-  // device, a host copy of its layout, each slot copied over before its step reads it.
+  // device, a host copy of its layout, each training slot copied over by the loader thread as
+  // soon as it is filled (asynchronously: the step waits for its slot's copies), the validation
+  // slot before validation reads it.
   memory::Arena host_staging_copy;
   if (on_device) {
     const plan::Region& r = mp.persistent[3];
     HR_ASSIGN_OR_RETURN(host_staging_copy,
-                        memory::Arena::create(&host_io, r.buffers, r.layout, r.category));
+                        memory::Arena::create(slot_leaf, r.buffers, r.layout, r.category));
   }
   memory::Arena& host_staging = on_device ? host_staging_copy : staging;
   // Copies host_staging's buffers [first, first + n) to the device's staging (nothing on the CPU).
@@ -343,6 +348,18 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
       ops.copy_to_device(staging.data(i), host_staging.data(i),
                          mp.persistent[3].buffers[i].bytes());
     }
+  };
+  // The same, queued on the host-to-device stream; the tickets to wait for before the slot's
+  // step reads it (none on the CPU).
+  auto upload_staging_async = [&](size_t first, size_t n) {
+    std::array<uint64_t, 2> tickets = {0, 0};
+    if (!on_device) return tickets;
+    HR_CHECK(n <= tickets.size());
+    for (size_t i = first; i < first + n; i++) {
+      tickets[i - first] = ops.copy_to_device_async(staging.data(i), host_staging.data(i),
+                                                    mp.persistent[3].buffers[i].bytes());
+    }
+    return tickets;
   };  // Mixed precision: the bf16 copy of the weights that the GEMMs read (refreshed by AdamW).
   memory::Arena bf16_arena;
   if (mp.persistent.size() > plan::MemoryPlan::kBf16WeightsRegion &&
@@ -1398,17 +1415,23 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
   // before the slot is handed over, read by this thread after acquire() and before release().
   std::vector<std::pair<Clock::time_point, Clock::time_point>> fill_times(
       static_cast<size_t>(depth));
+  // A device's copies of each filled slot, queued by the loader thread after filling it (the
+  // copy waits for the steps queued before it, which read the slot's previous tokens): written
+  // before the slot is handed over, waited by this thread after acquire().
+  std::vector<std::array<uint64_t, 2>> slot_copies(static_cast<size_t>(depth), {0, 0});
   data::Prefetcher loader(depth, [&](int slot) {
     const Clock::time_point tf = Clock::now();
     int32_t* in = static_cast<int32_t*>(host_staging.data(size_t(2 * slot)));
     int32_t* tg = static_cast<int32_t*>(host_staging.data(size_t(2 * slot + 1)));
     if (bucketed) {
       slot_shape[size_t(slot)] = docs->next(in, tg);
+      slot_copies[size_t(slot)] = upload_staging_async(size_t(2 * slot), 2);
       fill_times[size_t(slot)] = {tf, Clock::now()};
       return docs->position();
     }
     for (int k = 0; k < K * R; k++)
       train_batches.next(in + int64_t(k) * B * T, tg + int64_t(k) * B * T);
+    slot_copies[size_t(slot)] = upload_staging_async(size_t(2 * slot), 2);
     fill_times[size_t(slot)] = {tf, Clock::now()};
     return train_batches.position();
   });
@@ -1514,9 +1537,13 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
     record_op("wait for data", EventPhase::kData, td, Clock::now(), step);
     record_op("load batch", EventPhase::kData, fill_times[size_t(batch.slot)].first,
               fill_times[size_t(batch.slot)].second, step, kEventThreadLoader);
-    // The slot's tokens on the backend (copied over from the loader's host slot on a device);
-    // the host's copy for what the trainer itself reads (the valid-token count).
-    upload_staging(size_t(2 * batch.slot), 2);
+    // The slot's tokens on the backend (copied over from the loader's host slot on a device, by
+    // the loader thread: waited for here, once; a retried step finds them there); the host's
+    // copy for what the trainer itself reads (the valid-token count).
+    for (uint64_t& ticket : slot_copies[size_t(batch.slot)]) {
+      ops.wait_copy(ticket);
+      ticket = 0;
+    }
     const int32_t* inputs = static_cast<const int32_t*>(staging.data(size_t(2 * batch.slot)));
     const int32_t* targets = static_cast<const int32_t*>(staging.data(size_t(2 * batch.slot + 1)));
     const int32_t* host_targets =

@@ -167,6 +167,10 @@ struct TrainOptions {
   // The offload tier's host memory (under `offload_memory`); null: plain host memory. A GPU
   // run's is pinned (PinnedHostResource), so its asynchronous copies run behind the call.
   memory::MemoryResource* offload_leaf = nullptr;
+  // The host memory of the loader's token slots on a device (a few MiB outside every budget);
+  // null: plain host memory. A GPU run's is pinned, so that each slot's copy to the device runs
+  // on the host-to-device stream while the steps before it compute.
+  memory::MemoryResource* slot_leaf = nullptr;
 };
 
 // The start-up line for the rank layout: "2 ranks, ZeRO-1: optimizer state sharded (...)".

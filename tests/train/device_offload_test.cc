@@ -340,22 +340,56 @@ TEST_F(DeviceOffload, TheTierTakesItsMemoryFromTheOffloadLeaf) {
   EXPECT_EQ(st.current, 0u);  // all returned
 }
 
-// The table's asynchronous copies on the fenced device: each checks its device range and runs
-// inside a window (the inner CPU table's copy, finished at once: ticket 0), so the bytes round-
-// trip and a host pointer given as the device side aborts, as the synchronous copies do.
+// The loader's token slots from the caller's leaf (TrainOptions::slot_leaf; a GPU run's is
+// pinned host memory): the slots' copies to the device are queued by the loader thread and
+// waited by the step (deferred to the wait on the fenced device, so a step that read its slot
+// before waiting would compute on the previous tokens), and the run is the same bits.
+TEST_F(DeviceOffload, TheLoadersSlotsComeFromTheSlotLeafAndLandBeforeTheirStep) {
+  const Case c{"fp32, no offload", model::Precision::kFp32, false, {false, false}};
+  train::TrainOptions o = options("plain", c);
+  o.save_every = 0;
+  const RunOutput plain = run(o, false);  // the CPU
+  ASSERT_TRUE(plain.result.is_ok()) << plain.result.status().to_string();
+  memory::HostResource host;
+  memory::TrackingResource leaf(&host);
+  o.slot_leaf = &leaf;
+  o.out_dir = (dir_ / "slots").string();
+  const RunOutput from_leaf = run(o, true);
+  ASSERT_TRUE(from_leaf.result.is_ok()) << from_leaf.result.status().to_string();
+  expect_same(from_leaf, plain);
+  const memory::MemoryStats st = leaf.stats();
+  EXPECT_GT(st.allocations, 0u);
+  EXPECT_GT(st.peak, 0u);
+  EXPECT_EQ(st.current, 0u);  // all returned
+}
+
+// The table's asynchronous copies on the fenced device: each checks its device range at the call
+// and is made at its wait (the latest a GPU's copy stream may run it), so the bytes round-trip,
+// a destination read before the wait holds the old bytes, a source changed before the wait is
+// what lands, and a host pointer given as the device side aborts, as the synchronous copies do.
 TEST(DeviceOffloadCopies, AsynchronousCopiesRoundTripOnTheFencedDevice) {
   backend::FencedResource device;
   device.fence();
   backend::FencedOps ops(&device);
   Result<void*> block = device.allocate(4096, 64, memory::Category::kOffload);
   ASSERT_TRUE(block.is_ok());
-  std::vector<float> src(1024), back(1024, 0.0f);
+  ops.fill_bytes(*block, 0, 4096);
+  std::vector<float> src(1024), back(1024, -1.0f);
   for (size_t i = 0; i < src.size(); i++) src[i] = float(i) * 0.5f;
   const uint64_t in = ops.copy_to_device_async(*block, src.data(), 4096);
+  EXPECT_EQ(ops.pending_copies(), 1u);
+  ops.copy_to_host(back.data(), *block, 4096);  // before the wait: the old bytes
+  EXPECT_EQ(back[5], 0.0f);
+  src[5] = 42.0f;  // changed before the wait: lands
   ops.wait_copy(in);
+  EXPECT_EQ(ops.pending_copies(), 0u);
   const uint64_t out = ops.copy_to_host_async(back.data(), *block, 4096);
+  EXPECT_NE(back[7], src[7]);  // not yet
   ops.wait_copy(out);
   EXPECT_EQ(0, std::memcmp(src.data(), back.data(), 4096));
+  EXPECT_EQ(back[5], 42.0f);
+  EXPECT_EQ(ops.copy_to_device_async(*block, src.data(), 0), 0u);  // nothing to copy
+  EXPECT_DEATH(ops.wait_copy(out), "already waited");
   EXPECT_EQ(backend::cpu_ops().copy_to_host_async(back.data(), src.data(), 4096), 0u);
   EXPECT_DEATH(ops.copy_to_host_async(back.data(), src.data(), 4096), "copy_to_host_async");
   EXPECT_DEATH(ops.copy_to_device_async(back.data(), src.data(), 4096), "copy_to_device_async");

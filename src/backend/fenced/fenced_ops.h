@@ -12,9 +12,17 @@
 // device ranges; a host pointer given to an op aborts naming the op. Thread safety: as the inner
 // table's; the windows nest and are counted by the resource, and while one is open every
 // thread may touch the blocks (mprotect is process-wide).
+//
+// The asynchronous copies are deferred: each is made at its wait_copy, not at its call. A GPU's
+// copy stream may run the copy any time in between, so that is the latest it may land and read
+// its source; a caller that reads the destination, or reuses the source, before waiting gets
+// stale or later bytes here (and a test comparing with the CPU fails), as it could on a GPU.
 #pragma once
 
+#include <cstdint>
+#include <mutex>
 #include <type_traits>
+#include <unordered_map>
 
 #include "backend/fenced/fenced_resource.h"
 #include "backend/ops.h"
@@ -73,19 +81,22 @@ class FencedOps final : public Ops {
     check_range("copy_to_host", src, bytes);
     return in_window("copy_to_host", [&] { return inner_.copy_to_host(dst, src, bytes); });
   }
-  // The inner table's copies run to completion inside the window (the CPU's: memcpy, ticket
-  // 0); the ticket is the inner table's.
+  // Deferred to wait_copy (see the top of this file); the device range is checked now.
   uint64_t copy_to_host_async(void* dst, const void* src, size_t bytes) const override {
     check_range("copy_to_host_async", src, bytes);
-    return in_window("copy_to_host_async",
-                     [&] { return inner_.copy_to_host_async(dst, src, bytes); });
+    return defer({dst, src, bytes, /*to_host=*/true});
   }
   uint64_t copy_to_device_async(void* dst, const void* src, size_t bytes) const override {
     check_range("copy_to_device_async", dst, bytes);
-    return in_window("copy_to_device_async",
-                     [&] { return inner_.copy_to_device_async(dst, src, bytes); });
+    return defer({dst, src, bytes, /*to_host=*/false});
   }
-  void wait_copy(uint64_t ticket) const override { inner_.wait_copy(ticket); }  // no memory
+  // Makes the ticket's copy (ticket 0: nothing). Any thread may wait a ticket, once.
+  void wait_copy(uint64_t ticket) const override;
+  // Copies issued and not yet waited (for tests).
+  size_t pending_copies() const {
+    std::lock_guard<std::mutex> lock(copy_mu_);
+    return pending_.size();
+  }
   void fill_bytes(void* dst, int value, size_t bytes) const override {
     check_range("fill_bytes", dst, bytes);
     return in_window("fill_bytes", [&] { return inner_.fill_bytes(dst, value, bytes); });
@@ -508,8 +519,19 @@ class FencedOps final : public Ops {
   }
 
  private:
+  struct PendingCopy {
+    void* dst;
+    const void* src;
+    size_t bytes;
+    bool to_host;
+  };
+  uint64_t defer(const PendingCopy& c) const;
+
   FencedResource* resource_;
   const Ops& inner_;
+  mutable std::mutex copy_mu_;
+  mutable std::unordered_map<uint64_t, PendingCopy> pending_;
+  mutable uint64_t next_ticket_ = 1;
 };
 
 }  // namespace headroom::backend
