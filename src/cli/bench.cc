@@ -143,7 +143,10 @@ int run_bench(BenchFlags& bf) {
     Result<std::optional<uint64_t>> bytes =
         parse_size_flag("--device-memory", f.device_memory, true);
     if (!bytes.is_ok()) return fail(bytes.status());
-    Result<train::GpuRun> gpu = train::open_gpu(*bytes);
+    Result<train::GpuRun> gpu =
+        train::open_gpu(*bytes, train::GpuCalibration::kCached, [&](const std::string& line) {
+          if (!f.json) std::fprintf(stderr, "calibrate: %s\n", line.c_str());
+        });
     if (!gpu.is_ok()) return fail(gpu.status());
     o.ops = gpu->ops;
     gpu_leaf = gpu->leaf;
@@ -299,7 +302,8 @@ int run_bench(BenchFlags& bf) {
               {"mfu", mfu},
               {"peak_device_bytes", peak},
               {"planned_peak_bytes", r->planned_peak_bytes},
-              {"device", o.ops ? std::string(o.ops->name()) : std::string("cpu")}};
+              {"device", o.ops ? std::string(o.ops->name()) : std::string("cpu")},
+              {"device_figures", dev->source}};
     if (probe) {
       j["gemm_peak_in_run"] = probe->describe();
       j["gemm_peak_in_run_flops_per_s"] = run_peak;

@@ -1,19 +1,68 @@
-// `headroom calibrate`: measures this machine for the cost model and warns about figures far
-// below the previous ones.
+// `headroom calibrate`: measures this machine (or, with --device cuda, its GPU) for the cost
+// model and warns about figures far below the previous ones.
 #include "cli/common.h"
 
 #include <cstdio>
 
+#include <fmt/format.h>
+
 #include "core/log.h"
 #include "core/utf8.h"
 #include "plan/calibrate.h"
+#include "plan/device_calibration.h"
+#include "train/run_request.h"
 
 namespace headroom::cli {
 
 // A fresh calibration's figure below this fraction of the cached one is warned about.
 constexpr double kCalibrationDropWarning = 0.6;
 
-int run_calibrate(bool as_json) {
+namespace {
+
+// `calibrate --device cuda`: the GPU through its op table, saved where `train --device cuda`
+// looks for it (plan::device_calibration_path).
+int run_calibrate_gpu(bool as_json) {
+  Result<train::GpuRun> gpu = train::open_gpu(std::nullopt, train::GpuCalibration::kMeasureAgain,
+                                              [&](const std::string& line) {
+                                                if (!as_json)
+                                                  std::fprintf(stderr, "  %s\n", line.c_str());
+                                              });
+  if (!gpu.is_ok()) return fail(gpu.status());
+  if (!gpu->calibration) {
+    return fail(
+        Status::internal("calibrate --device cuda: the measurement did not run (see the "
+                         "warning above)"));
+  }
+  const plan::DeviceCalibration& c = *gpu->calibration;
+  const std::string path = plan::device_calibration_path(c.device);
+  if (Status s = plan::save_device_calibration(c, path); !s.is_ok()) return fail(s);
+  if (as_json) {
+    json j = {{"device", c.device},
+              {"gemm_flops_fp32", c.gemm_flops_fp32},
+              {"gemm_flops_bf16", c.gemm_flops_bf16},
+              {"gemm_peak_fp32", c.gemm_peak_fp32},
+              {"gemm_peak_bf16", c.gemm_peak_bf16},
+              {"mem_bandwidth", c.mem_bandwidth},
+              {"h2d_bandwidth", c.h2d_bandwidth},
+              {"d2h_bandwidth", c.d2h_bandwidth},
+              {"date", c.date},
+              {"path", path},
+              {"datasheet", gpu->spec.name}};
+    std::printf("%s\n", dump_json(j, 2).c_str());
+  } else {
+    std::printf("%s\nsaved to %s\n", plan::describe_device_calibration(c).c_str(), path.c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+
+int run_calibrate(bool as_json, const std::string& device) {
+  if (device == "cuda") return run_calibrate_gpu(as_json);
+  if (device != "cpu") {
+    return fail(Status::invalid_argument(
+        fmt::format("calibrate --device {}: use cpu (this machine) or cuda (its GPU)", device)));
+  }
   set_threads(0);
   Result<plan::Calibration> c = plan::run_calibration([&](const std::string& line) {
     if (!as_json) std::fprintf(stderr, "  %s\n", line.c_str());

@@ -253,9 +253,13 @@ int run(int argc, char** argv) {
                       "peak_device_bytes as JSON");
 
   bool calib_json = false;
+  std::string calib_device = "cpu";
   CLI::App* cal_cmd = app.add_subcommand(
       "calibrate", "measure this machine's GEMM speed and memory bandwidth for the cost model");
   cal_cmd->add_flag("--json", calib_json, "print the figures as JSON");
+  cal_cmd->add_option("--device", calib_device,
+                      "cpu (default), or cuda: measure the process's GPU (GEMMs, device memory, "
+                      "pinned copies) for plans on it");
 
   bool version_json_flag = false;
   CLI::App* version_cmd = app.add_subcommand(
@@ -291,7 +295,7 @@ int run(int argc, char** argv) {
     }
     if (prep_cmd->parsed()) return run_prepare(pf);
     if (plan_cmd->parsed()) return run_plan(plf);
-    if (cal_cmd->parsed()) return run_calibrate(calib_json);
+    if (cal_cmd->parsed()) return run_calibrate(calib_json, calib_device);
     if (bench_cmd->parsed()) return run_bench(bnf);
     if (version_cmd->parsed()) return run_version(version_json_flag);
   } catch (const nlohmann::json::exception& e) {

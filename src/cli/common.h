@@ -211,7 +211,7 @@ int run_prepare(PrepareFlags& f);
 int run_plan(PlanFlags& pf);
 int run_bench(BenchFlags& bf);
 int run_version(bool as_json);
-int run_calibrate(bool as_json);
+int run_calibrate(bool as_json, const std::string& device);
 // `headroom --version`: the version and what it was built with; `version --json`'s object.
 std::string version_text();
 json version_json();

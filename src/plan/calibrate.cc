@@ -935,20 +935,7 @@ Result<Calibration> run_calibration(const CalibrationProgress& progress,
   return cal;
 }
 
-Status save_calibration(const Calibration& cal, const std::string& path) {
-  nlohmann::json j = {
-      {"version", kFileVersion},
-      {"gemm_flops_fp32", cal.gemm_flops_fp32},
-      {"gemm_flops_bf16", cal.gemm_flops_bf16},
-      {"gemm_peak_fp32", cal.gemm_peak_fp32},
-      {"gemm_peak_bf16", cal.gemm_peak_bf16},
-      {"mem_bandwidth", cal.mem_bandwidth},
-      {"copy_bandwidth", cal.copy_bandwidth},
-      {"threads", cal.threads},
-      {"cpu_model", cal.cpu_model},
-      {"date", cal.date},
-      {"terms", terms_json(cal.terms)},
-  };
+Status write_calibration_file(const std::string& path, const std::string& text) {
   namespace fs = std::filesystem;
   std::error_code ec;
   fs::path target(path);
@@ -964,7 +951,7 @@ Status save_calibration(const Calibration& cal, const std::string& path) {
   std::string tmp = path + ".tmp." + std::to_string(::getpid());
   {
     std::ofstream out(tmp, std::ios::trunc);
-    out << dump_json(j, 2) << "\n";
+    out << text;
     out.close();
     if (!out) {
       fs::remove(tmp, ec);
@@ -978,6 +965,25 @@ Status save_calibration(const Calibration& cal, const std::string& path) {
     fs::remove(tmp, ignored);
     return Status::io_error("cannot rename '" + tmp + "' to '" + path + "': " + ec.message());
   }
+  return Status::ok();
+}
+
+Status save_calibration(const Calibration& cal, const std::string& path) {
+  nlohmann::json j = {
+      {"version", kFileVersion},
+      {"gemm_flops_fp32", cal.gemm_flops_fp32},
+      {"gemm_flops_bf16", cal.gemm_flops_bf16},
+      {"gemm_peak_fp32", cal.gemm_peak_fp32},
+      {"gemm_peak_bf16", cal.gemm_peak_bf16},
+      {"mem_bandwidth", cal.mem_bandwidth},
+      {"copy_bandwidth", cal.copy_bandwidth},
+      {"threads", cal.threads},
+      {"cpu_model", cal.cpu_model},
+      {"date", cal.date},
+      {"terms", terms_json(cal.terms)},
+  };
+  HR_RETURN_IF_ERROR(write_calibration_file(path, dump_json(j, 2) + "\n"));
+  namespace fs = std::filesystem;
   // The self-corrections next to it scaled the old calibration's predictions: with new terms they
   // would scale the wrong figures (Note [Self-correction]), so the next runs measure them again.
   std::error_code ignored;
@@ -1050,33 +1056,21 @@ std::string default_calibration_path() {
   return dir + "/calibration.json";
 }
 
-namespace {
-// An advisory lock on `path`.lock for this scope (flock: released when the descriptor closes,
-// also when the process dies). Without a lock file (an unwritable directory) nothing is locked:
-// the calibration still runs, possibly twice.
-class CalibrationLock {
- public:
-  CalibrationLock(const std::string& path, const CalibrationProgress& progress) {
-    std::error_code ec;
-    const std::filesystem::path p(path);
-    if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path(), ec);
-    fd_ = ::open((path + ".lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd_ < 0) return;
-    if (::flock(fd_, LOCK_EX | LOCK_NB) == 0) return;
-    report(progress, "waiting for another process to finish calibrating ('" + path + ".lock')");
-    while (::flock(fd_, LOCK_EX) != 0 && errno == EINTR) {
-    }
+CalibrationLock::CalibrationLock(const std::string& path, const CalibrationProgress& progress) {
+  std::error_code ec;
+  const std::filesystem::path p(path);
+  if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path(), ec);
+  fd_ = ::open((path + ".lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd_ < 0) return;
+  if (::flock(fd_, LOCK_EX | LOCK_NB) == 0) return;
+  report(progress, "waiting for another process to finish calibrating ('" + path + ".lock')");
+  while (::flock(fd_, LOCK_EX) != 0 && errno == EINTR) {
   }
-  ~CalibrationLock() {
-    if (fd_ >= 0) ::close(fd_);  // releases the lock
-  }
-  CalibrationLock(const CalibrationLock&) = delete;
-  CalibrationLock& operator=(const CalibrationLock&) = delete;
+}
 
- private:
-  int fd_ = -1;
-};
-}  // namespace
+CalibrationLock::~CalibrationLock() {
+  if (fd_ >= 0) ::close(fd_);  // releases the lock
+}
 
 Result<Calibration> load_or_calibrate(const std::string& path, const CalibrationProgress& progress,
                                       const CalibrationOptions& options) {

@@ -112,6 +112,25 @@ DeviceSpec cpu_device_spec(const Calibration& calibration, uint64_t memory_bytes
 // "<model>, <threads> threads: fp32 GEMM 123.4 GFLOP/s, bf16 GEMM ..., triad 12.3 GB/s, copy ..."
 std::string describe_calibration(const Calibration& calibration);
 
+// Writes `text` to `path` atomically (a temporary file renamed over it), creating the parent
+// directories; IoError, naming the file and suggesting HEADROOM_CACHE_DIR, if it cannot.
+Status write_calibration_file(const std::string& path, const std::string& text);
+
+// An advisory lock on `path`.lock for this scope (flock: released when the descriptor closes,
+// also when the process dies), so that one process of several measures and the others load its
+// figures. Waiting is reported through `progress`. Without a lock file (an unwritable directory)
+// nothing is locked: the calibration still runs, possibly twice.
+class CalibrationLock {
+ public:
+  CalibrationLock(const std::string& path, const CalibrationProgress& progress);
+  ~CalibrationLock();
+  CalibrationLock(const CalibrationLock&) = delete;
+  CalibrationLock& operator=(const CalibrationLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
 // The current OpenMP thread count and CPU model, as run_calibration() records them.
 int calibration_threads();
 std::string current_cpu_model();

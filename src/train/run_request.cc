@@ -27,6 +27,7 @@
 #include "model/safetensors.h"
 #include "plan/calibrate.h"
 #include "plan/cost_model.h"
+#include "plan/device_calibration.h"
 #include "train/checkpoint.h"
 #include "train/elastic.h"
 
@@ -113,7 +114,8 @@ constexpr bool kCudaBuilt = true;
 constexpr bool kCudaBuilt = false;
 #endif
 
-Result<GpuRun> open_gpu(std::optional<uint64_t> device_memory) {
+Result<GpuRun> open_gpu(std::optional<uint64_t> device_memory, GpuCalibration calibration,
+                        const plan::CalibrationProgress& progress) {
 #if defined(HEADROOM_HAVE_CUDA)
   std::string why;
   GpuRun g;
@@ -150,6 +152,26 @@ Result<GpuRun> open_gpu(std::optional<uint64_t> device_memory) {
         name);
     HR_ASSIGN_OR_RETURN(spec, plan::named_device("H100-80GB"));
   }
+  g.device_name = name;
+  // Priced with this GPU's measured figures (`headroom calibrate --device cuda`; measured here
+  // once and cached when there are none), before the budget is read: the measurement's buffers
+  // are freed by then.
+  if (calibration != GpuCalibration::kDatasheet) {
+    const std::string path = plan::device_calibration_path(name);
+    Result<plan::DeviceCalibration> cal =
+        calibration == GpuCalibration::kMeasureAgain
+            ? plan::run_device_calibration(*g.ops, g.leaf.get(), g.offload_leaf.get(), name,
+                                           progress)
+            : plan::load_or_calibrate_device(path, *g.ops, g.leaf.get(), g.offload_leaf.get(), name,
+                                             progress);
+    if (cal.is_ok()) {
+      g.calibration = *cal;
+      spec = plan::apply_device_calibration(*spec, *cal, path);
+    } else {
+      log_warn("--device cuda: {} -- pricing plans with {}'s datasheet figures instead",
+               cal.status().to_string(), spec->name);
+    }
+  }
   // The budget: free device memory less 1 GiB for what the driver and cuBLAS may still take.
   constexpr uint64_t kMargin = uint64_t(1) << 30;
   HR_ASSIGN_OR_RETURN(const uint64_t free_less_margin,
@@ -165,6 +187,8 @@ Result<GpuRun> open_gpu(std::optional<uint64_t> device_memory) {
   return g;
 #else
   (void)device_memory;
+  (void)calibration;
+  (void)progress;
   return Status::unsupported(
       "--device cuda: this headroom was built without CUDA; build it with `make build-cuda` "
       "(-DHEADROOM_CUDA=ON, nvcc from /usr/local/cuda) and run build/cuda/headroom");
@@ -323,7 +347,10 @@ Result<ResolvedRun> resolve_run(const RunRequest& request) {
   const bool on_gpu = f.device == "cuda";
   std::optional<plan::DeviceSpec> gpu_spec;
   if (on_gpu) {
-    HR_ASSIGN_OR_RETURN(GpuRun gpu, open_gpu(f.device_memory));
+    HR_ASSIGN_OR_RETURN(GpuRun gpu, open_gpu(f.device_memory, GpuCalibration::kCached,
+                                             [&f](const std::string& line) {
+                                               if (!f.quiet) log_info("calibrate: {}", line);
+                                             }));
     o->ops = gpu.ops;
     o->device_leaf = gpu.leaf.get();
     run.device_leaf = std::move(gpu.leaf);

@@ -12,6 +12,7 @@
 
 #include "core/status.h"
 #include "model/config.h"
+#include "plan/device_calibration.h"
 #include "plan/device_spec.h"
 #include "plan/search.h"
 #include "train/trainer.h"
@@ -69,7 +70,8 @@ struct RunRequest {
 };
 
 // --device cuda: the process's GPU (its op table, a device memory leaf) and its spec for the
-// planner: the datasheet figures of the named GPU it is, the budget its free memory less a margin
+// planner: the datasheet figures of the named GPU it is (or its measured ones, `calibration`
+// below), the budget its free memory less a margin
 // (or `device_memory`). Unsupported in a build without CUDA (saying how to build one), or where
 // the runtime finds no usable device (saying why).
 struct GpuRun {
@@ -80,8 +82,18 @@ struct GpuRun {
   // The budget before each step (TrainOptions::device_budget_probe): what the run holds plus the
   // device's free memory less the margin, at most --device-memory.
   std::function<Result<uint64_t>(uint64_t held)> budget_probe;
+  std::string device_name;  // as the runtime names it ("NVIDIA H200")
+  // The measured figures the spec is priced with (plan/device_calibration.h); none when the
+  // datasheet's are used.
+  std::optional<plan::DeviceCalibration> calibration;
 };
-Result<GpuRun> open_gpu(std::optional<uint64_t> device_memory);
+// How open_gpu prices the GPU: its cached measured figures (measuring them once when there are
+// none: `train`, `bench`), a fresh measurement not saved (`calibrate --device cuda` saves it
+// itself), or the datasheet table's alone.
+enum class GpuCalibration { kCached, kMeasureAgain, kDatasheet };
+Result<GpuRun> open_gpu(std::optional<uint64_t> device_memory,
+                        GpuCalibration calibration = GpuCalibration::kCached,
+                        const plan::CalibrationProgress& progress = {});
 
 struct ResolvedRun {
   TrainOptions options;  // comm, out_dir, checkpoints and profile are the caller's to set
