@@ -78,6 +78,10 @@ int run_plan(PlanFlags& pf) {
         {"name", f.model},       {"n_layer", cfg->n_layer},       {"n_head", cfg->n_head},
         {"n_embd", cfg->n_embd}, {"vocab_size", cfg->vocab_size}, {"n_positions", cfg->n_positions},
         {"parameters", nparams}};
+    // NCCL's buffers, which the search adds for several ranks on GPUs (plan/fixed_bytes.h).
+    const plan::BackendFixedBytes collective = req.devices > 1 && dev->kind == "gpu"
+                                                   ? plan::with_collective_buffers({})
+                                                   : plan::BackendFixedBytes{};
     j["device"] = {
         {"name", dev->name},
         {"memory_bytes", dev->memory_bytes},
@@ -94,7 +98,9 @@ int run_plan(PlanFlags& pf) {
          {{"context", dev->backend_fixed.context},
           {"context_source", dev->backend_fixed.context_source},
           {"cublaslt_workspace", dev->backend_fixed.cublaslt_workspace},
-          {"op_workspace", dev->backend_fixed.op_workspace}}}};
+          {"op_workspace", dev->backend_fixed.op_workspace},
+          {"collective", collective.collective},
+          {"collective_source", collective.collective_source}}}};
     j["cost_corrections"] = json::object();  // by precision: the scales that priced them
     for (const auto& [precision, c] : stored.by_precision) {
       json scale = json::object();

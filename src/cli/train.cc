@@ -419,6 +419,9 @@ int run_train(TrainFlags& f) {
               {"batching", data::batching_name(o.batching)},
               {"padding", r->padding},
               {"offload", offload_kind(o.offload_optimizer, plan::offloaded_blocks(o.exec) > 0)}};
+    if (r->communicator_device_bytes > 0) {
+      j["communicator_device_bytes"] = r->communicator_device_bytes;
+    }
     if (r->planned_offload_bytes > 0) {
       j["offload_bytes_peak"] = r->offload_bytes_peak;
       j["planned_offload_bytes"] = r->planned_offload_bytes;

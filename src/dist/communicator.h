@@ -36,6 +36,9 @@ class Communicator {
   // trainer on a device the host cannot address wraps this communicator in a
   // StagingCommunicator (dist/staging_communicator.h).
   virtual bool takes_device_memory() const { return false; }
+  // Device memory this communicator holds outside every plan (NCCL's channel buffers and its
+  // staging buffer, measured when it was made); 0 when it holds none.
+  virtual uint64_t device_bytes_held() const { return 0; }
 
   // data[0, n) := the sum over ranks of data[0, n), on every rank.
   virtual Status all_reduce(float* data, int64_t n) = 0;

@@ -4,6 +4,9 @@
 
 #include <fmt/format.h>
 
+#include <cstdlib>
+#include <string>
+
 #include "core/units.h"
 #if defined(HEADROOM_HAVE_CUDA)
 #include "backend/cuda/cuda_ops.h"
@@ -26,12 +29,36 @@ BackendFixedBytes cuda_fixed_bytes(uint64_t context, std::string source) {
   return f;
 }
 
+BackendFixedBytes with_collective_buffers(BackendFixedBytes f) {
+  constexpr uint64_t kChannels = 16, kConnectionsPerChannel = 2;
+  constexpr uint64_t kLl128 = uint64_t(4792320);  // 120 elements x 640 threads x 8 steps x 8 B
+  constexpr uint64_t kLl = uint64_t(512) << 10;
+  uint64_t simple = uint64_t(4) << 20;
+  std::string source = "estimate: 16 channels x 2 connections x NCCL's default buffers";
+  if (const char* env = std::getenv("NCCL_BUFFSIZE"); env != nullptr && *env != '\0') {
+    char* end = nullptr;
+    const unsigned long long v = std::strtoull(env, &end, 0);
+    if (end != env && *end == '\0' && v > 0) {
+      simple = v;
+      source = fmt::format("estimate: 16 channels x 2 connections, NCCL_BUFFSIZE={}", env);
+    }
+  }
+  f.collective = kChannels * kConnectionsPerChannel * (simple + kLl128 + kLl);
+  f.collective_source = std::move(source);
+  return f;
+}
+
 std::string describe_fixed_bytes(const BackendFixedBytes& f) {
   if (f.total() == 0) return "";
-  return fmt::format("CUDA context {}{}, cuBLASLt workspace {}, op workspace {}",
-                     format_bytes(f.context),
-                     f.context_source.empty() ? "" : " (" + f.context_source + ")",
-                     format_bytes(f.cublaslt_workspace), format_bytes(f.op_workspace));
+  std::string s = fmt::format("CUDA context {}{}, cuBLASLt workspace {}, op workspace {}",
+                              format_bytes(f.context),
+                              f.context_source.empty() ? "" : " (" + f.context_source + ")",
+                              format_bytes(f.cublaslt_workspace), format_bytes(f.op_workspace));
+  if (f.collective > 0) {
+    s += fmt::format(", NCCL buffers {}{}", format_bytes(f.collective),
+                     f.collective_source.empty() ? "" : " (" + f.collective_source + ")");
+  }
+  return s;
 }
 
 }  // namespace headroom::plan

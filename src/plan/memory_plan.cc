@@ -300,8 +300,9 @@ Result<MemoryPlan> plan_training_memory(const model::Gpt2Config& config, const P
   for (const Region& r : plan.persistent) {
     for (const BufferDesc& b : r.buffers) plan.by_category[size_t(b.category)] += b.bytes();
   }
-  plan.by_category[size_t(Category::kWorkspace)] +=
-      p.backend_fixed.cublaslt_workspace + p.backend_fixed.op_workspace;
+  plan.by_category[size_t(Category::kWorkspace)] += p.backend_fixed.cublaslt_workspace +
+                                                    p.backend_fixed.op_workspace +
+                                                    p.backend_fixed.collective;
   plan.by_category[size_t(Category::kOther)] += p.backend_fixed.context;
   const std::vector<BufferDesc>& bufs = plan.step.buffers;
   for (size_t i = 0; i < bufs.size(); i++) {

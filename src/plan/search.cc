@@ -214,6 +214,10 @@ Policy policy_for(const SearchRequest& r, int b, int k) {
   p.ranks = r.devices;
   p.zero_stage = 0;  // planned as a full replica; shard_plan makes it one rank's share
   p.backend_fixed = r.device.backend_fixed;  // the device's context and workspaces
+  // Several ranks on GPUs: NCCL's buffers too (an estimate unless the spec has a figure).
+  if (r.devices > 1 && r.device.kind == "gpu" && p.backend_fixed.collective == 0) {
+    p.backend_fixed = with_collective_buffers(p.backend_fixed);
+  }
   p.ops = r.ops;
   p.exec.distill = r.distill;
   return p;

@@ -210,6 +210,13 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
   HR_ASSIGN_OR_RETURN(const std::unique_ptr<dist::Communicator> device_comm,
                       device_communicator(world, ops));
   dist::Communicator& comm = device_comm ? *device_comm : world;
+  // NCCL's buffers: outside the arenas, as the context is; the planner counted an estimate
+  // (plan/fixed_bytes.h), and the budget follows the device's free memory from here on.
+  const uint64_t comm_device_bytes = device_comm ? device_comm->device_bytes_held() : 0;
+  if (comm_device_bytes > 0 && rank == 0) {
+    log_info("{}: {} of device memory outside the plan (measured as it connected)",
+             device_comm->name(), format_bytes(comm_device_bytes));
+  }
   // This rank's budget file: `{rank}` in the path replaced (one file for all without it).
   const std::string budget_file =
       o.device_memory_file.empty() ? "" : budget_file_for_rank(o.device_memory_file, rank);
@@ -945,6 +952,7 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
   std::string last_file_error;
   StepStats cur;  // this step's events and counts, moved into its StepStats at the end
   TrainResult result;
+  result.communicator_device_bytes = comm_device_bytes;
   // Stops the run: checkpoints the last completed step first (principle 4: lose nothing).
   auto fail_out_of_memory = [&](std::string msg) -> Status {
     if (o.out_dir.empty()) {

@@ -280,6 +280,9 @@ struct TrainResult {
   uint64_t offload_bytes_peak = 0;
   uint64_t planned_offload_bytes = 0;
   memory::MemoryStats offload_memory;
+  // The device memory the run's communicator holds outside the plan (NCCL's buffers, measured
+  // when it connected); 0 on one rank, on the CPU, or through host staging.
+  uint64_t communicator_device_bytes = 0;
   uint64_t offload_copied_bytes = 0;
   double offload_copy_ms = 0;
   double offload_wait_ms = 0;

@@ -5,6 +5,9 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <string>
+
 #include "core/units.h"
 #include "plan/device_spec.h"
 #include "plan/memory_plan.h"
@@ -116,6 +119,57 @@ TEST(BackendFixedBytes, DescribedInWords) {
   EXPECT_EQ(f.total(), 596 * kMiB);
   EXPECT_EQ(describe_fixed_bytes(f),
             "CUDA context 500 MiB (measured), cuBLASLt workspace 32.0 MiB, op workspace 64.0 MiB");
+}
+
+// NCCL's buffers for a rank of several on GPUs: 16 channels x 2 connections x (Simple 4 MiB +
+// LL128 + LL), Simple's size from NCCL_BUFFSIZE when it is a valid number.
+TEST(BackendFixedBytes, NcclBuffersEstimateFollowsNcclBuffsize) {
+  const char* old = std::getenv("NCCL_BUFFSIZE");
+  const std::string saved = old ? old : "";
+  ::unsetenv("NCCL_BUFFSIZE");
+  const uint64_t per_connection = 4 * kMiB + 4792320 + 512 * 1024;
+  BackendFixedBytes f = with_collective_buffers(cuda_fixed_bytes(500 * kMiB, "measured"));
+  EXPECT_EQ(f.collective, 32 * per_connection);
+  EXPECT_EQ(f.total(), 596 * kMiB + 32 * per_connection);
+  EXPECT_NE(describe_fixed_bytes(f).find(", NCCL buffers 29"), std::string::npos)
+      << describe_fixed_bytes(f);
+  ::setenv("NCCL_BUFFSIZE", "1048576", 1);
+  f = with_collective_buffers({});
+  EXPECT_EQ(f.collective, 32 * (1 * kMiB + 4792320 + 512 * 1024));
+  EXPECT_NE(f.collective_source.find("NCCL_BUFFSIZE=1048576"), std::string::npos);
+  ::setenv("NCCL_BUFFSIZE", "4M", 1);  // not a number NCCL reads: its default
+  EXPECT_EQ(with_collective_buffers({}).collective, 32 * per_connection);
+  if (old) {
+    ::setenv("NCCL_BUFFSIZE", saved.c_str(), 1);
+  } else {
+    ::unsetenv("NCCL_BUFFSIZE");
+  }
+}
+
+// A plan for two ranks on H200s counts NCCL's buffers in each rank's peak and says so in its
+// table; one rank, or two on the CPU backend, count none.
+TEST(BackendFixedBytes, APlanForSeveralGpusCountsNcclsBuffers) {
+  const DeviceSpec h200 = *named_device("H200");
+  SearchRequest two = h200_request(h200, h200.memory_bytes);
+  two.devices = 2;
+  two.global_batch = 32;
+  Result<SearchResult> r2 = search_plan(two);
+  ASSERT_TRUE(r2.is_ok() && r2->chosen) << r2.status().to_string();
+  const uint64_t nccl = with_collective_buffers({}).collective;
+  EXPECT_EQ(r2->chosen_plan->policy.backend_fixed.collective, nccl);
+  EXPECT_GE(r2->chosen->peak_bytes, h200.backend_fixed.total() + nccl);
+  const std::string table = category_table(*r2->chosen_plan, h200.memory_bytes);
+  EXPECT_NE(table.find("NCCL buffers"), std::string::npos) << table;
+  Result<SearchResult> r1 = search_plan(h200_request(h200, h200.memory_bytes));
+  ASSERT_TRUE(r1.is_ok() && r1->chosen);
+  EXPECT_EQ(r1->chosen_plan->policy.backend_fixed.collective, 0u);
+  DeviceSpec cpu = h200;
+  cpu.kind = "cpu";
+  cpu.backend_fixed = {};
+  two.device = cpu;
+  Result<SearchResult> rc = search_plan(two);
+  ASSERT_TRUE(rc.is_ok() && rc->chosen);
+  EXPECT_EQ(rc->chosen_plan->policy.backend_fixed.total(), 0u);
 }
 
 }  // namespace

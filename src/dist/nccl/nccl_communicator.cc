@@ -177,6 +177,26 @@ class NcclCommunicator final : public Communicator {
     });
   }
 
+  uint64_t device_bytes_held() const override { return device_bytes_; }
+
+  // The first collectives, which make NCCL connect its channels and allocate their buffers: a
+  // 1 MiB all-reduce on the staging buffer (ring, Simple protocol) and the barrier's one-float
+  // one (LL), waited for on the host.
+  Status warm_up() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      DeviceGuard guard(device_);
+      HR_CUDA_CHECK(cudaMemsetAsync(staging_, 0, kHostStagingBytes, stream_));
+      begin();
+      HR_NCCL(ncclAllReduce(staging_, staging_, kHostStagingBytes / sizeof(float), ncclFloat,
+                            ncclSum, comm_, stream_));
+      end();
+      HR_RETURN_IF_ERROR(wait());
+    }
+    return barrier();
+  }
+  void set_device_bytes(uint64_t b) { device_bytes_ = b; }
+
   Status barrier() override {
     std::lock_guard<std::mutex> lock(mu_);
     DeviceGuard guard(device_);
@@ -289,6 +309,7 @@ class NcclCommunicator final : public Communicator {
   int device_;
   cudaStream_t compute_, stream_;
   cudaEvent_t ready_ = nullptr, done_ = nullptr;
+  uint64_t device_bytes_ = 0;  // measured by make_nccl_communicator
   void* staging_ = nullptr;
   std::mutex mu_;  // one collective at a time (Communicator's thread-safety contract)
 };
@@ -311,6 +332,10 @@ Result<std::unique_ptr<Communicator>> make_nccl_communicator(Communicator& boots
   HR_RETURN_IF_ERROR(bootstrap.broadcast(&id, int64_t(sizeof(id)), 0));
   const auto& ctx = static_cast<const backend::cuda::CudaOps*>(ops)->context();
   DeviceGuard guard(ctx.device);
+  // What NCCL takes of the device (its channels' buffers, our staging buffer): the free memory
+  // before it joins and after its first collectives connected it.
+  size_t free_before = 0, free_after = 0, total_bytes = 0;
+  HR_CUDA_CHECK(cudaMemGetInfo(&free_before, &total_bytes));
   ncclComm_t comm = nullptr;
   if (ncclResult_t r = ncclCommInitRank(&comm, bootstrap.size(), id, bootstrap.rank());
       r != ncclSuccess) {
@@ -320,8 +345,12 @@ Result<std::unique_ptr<Communicator>> make_nccl_communicator(Communicator& boots
         bootstrap.rank(), bootstrap.size(), ctx.device, ncclGetErrorString(r),
         last && *last ? "; " : "", last ? last : ""));
   }
-  return std::unique_ptr<Communicator>(
+  std::unique_ptr<NcclCommunicator> c(
       new NcclCommunicator(comm, bootstrap.rank(), bootstrap.size(), ctx));
+  HR_RETURN_IF_ERROR(c->warm_up());
+  HR_CUDA_CHECK(cudaMemGetInfo(&free_after, &total_bytes));
+  c->set_device_bytes(free_before > free_after ? uint64_t(free_before - free_after) : 0);
+  return std::unique_ptr<Communicator>(std::move(c));
 }
 
 }  // namespace headroom::dist
