@@ -143,8 +143,8 @@ int run_bench(BenchFlags& bf) {
     Result<std::optional<uint64_t>> bytes =
         parse_size_flag("--device-memory", f.device_memory, true);
     if (!bytes.is_ok()) return fail(bytes.status());
-    Result<train::GpuRun> gpu =
-        train::open_gpu(*bytes, train::GpuCalibration::kCached, [&](const std::string& line) {
+    Result<train::GpuRun> gpu = train::open_gpu(
+        *bytes, f.managed_memory, train::GpuCalibration::kCached, [&](const std::string& line) {
           if (!f.json) std::fprintf(stderr, "calibrate: %s\n", line.c_str());
         });
     if (!gpu.is_ok()) return fail(gpu.status());
@@ -158,6 +158,10 @@ int run_bench(BenchFlags& bf) {
     dev = gpu->spec;
     bf.peak_between_steps = false;
   } else if (f.device == "cpu") {
+    if (f.managed_memory) {
+      return fail(Status::invalid_argument(
+          "--managed-memory: managed (unified) memory is a GPU's; use it with --device cuda"));
+    }
     Result<uint64_t> budget = device_budget(f.device_memory);
     if (!budget.is_ok()) return fail(budget.status());
     o.device_memory = *budget;

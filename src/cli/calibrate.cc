@@ -22,11 +22,11 @@ namespace {
 // `calibrate --device cuda`: the GPU through its op table, saved where `train --device cuda`
 // looks for it (plan::device_calibration_path).
 int run_calibrate_gpu(bool as_json) {
-  Result<train::GpuRun> gpu = train::open_gpu(std::nullopt, train::GpuCalibration::kMeasureAgain,
-                                              [&](const std::string& line) {
-                                                if (!as_json)
-                                                  std::fprintf(stderr, "  %s\n", line.c_str());
-                                              });
+  Result<train::GpuRun> gpu =
+      train::open_gpu(std::nullopt, /*managed=*/false, train::GpuCalibration::kMeasureAgain,
+                      [&](const std::string& line) {
+                        if (!as_json) std::fprintf(stderr, "  %s\n", line.c_str());
+                      });
   if (!gpu.is_ok()) return fail(gpu.status());
   if (!gpu->calibration) {
     return fail(

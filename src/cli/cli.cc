@@ -205,6 +205,8 @@ int run(int argc, char** argv) {
                    "cpu, or cuda in a CUDA build (the process's GPU; MFU against its spec's "
                    "peak)")
       ->capture_default_str();
+  bench_cmd->add_flag("--managed-memory", bnf.t.managed_memory,
+                      "with --device cuda: the arenas in managed (unified) memory");
   add_size_flag(bench_cmd, "--device-memory", bnf.t.device_memory, true,
                 "device memory budget (default, or auto: available memory less a margin)", true);
   add_int_flag(bench_cmd, "--threads", bnf.t.threads, kThreadsRule,

@@ -88,9 +88,12 @@ void add_train_flags(CLI::App* app, TrainFlags& f) {
                   "on (every block that keeps activations) or off")
       ->capture_default_str();
   app->add_option("--device", f.device,
-                  "cpu; for `train`, cuda in a CUDA build (the process's GPU: stage 0, one rank, "
-                  "packed batching, so far); for `plan`, a GPU name (H100-80GB, L4, ...)")
+                  "cpu; for `train`, cuda in a CUDA build (the process's GPU; every option the "
+                  "CPU runs); for `plan`, a GPU name (H100-80GB, L4, ...)")
       ->capture_default_str();
+  app->add_flag("--managed-memory", f.managed_memory,
+                "with --device cuda: the plan's arenas in managed (unified) memory "
+                "(cudaMallocManaged) instead of cudaMalloc, never beyond the GPU's free memory");
   add_size_flag(app, "--device-memory", f.device_memory, true,
                 "device memory budget, e.g. 4GiB (default, or auto: available memory less a "
                 "margin, cgroup limits respected)",

@@ -64,6 +64,7 @@ struct TrainFlags {
   std::string offload_activations = "auto";  // --offload-activations auto|on|off
   std::string offload_memory = "auto";       // --offload-memory SIZE: the offload tier's budget
   std::string device = "cpu";
+  bool managed_memory = false;  // --device cuda: the arenas in managed memory
   std::string device_memory = "auto";
   std::string device_memory_file;  // train: the budget, read again before every step
   std::string plan = "auto";

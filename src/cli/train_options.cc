@@ -69,6 +69,7 @@ Status resolve_train_options(TrainFlags& f, train::TrainOptions* o) {
   HR_ASSIGN_OR_RETURN(r.offload_memory,
                       parse_size_flag("--offload-memory", f.offload_memory, true));
   r.device = f.device;
+  r.managed_memory = f.managed_memory;
   r.plan_file = f.plan == "auto" ? "" : f.plan;
   r.zero = f.zero;
   r.batching = f.batching;

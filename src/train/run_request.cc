@@ -114,8 +114,8 @@ constexpr bool kCudaBuilt = true;
 constexpr bool kCudaBuilt = false;
 #endif
 
-Result<GpuRun> open_gpu(std::optional<uint64_t> device_memory, GpuCalibration calibration,
-                        const plan::CalibrationProgress& progress) {
+Result<GpuRun> open_gpu(std::optional<uint64_t> device_memory, bool managed,
+                        GpuCalibration calibration, const plan::CalibrationProgress& progress) {
 #if defined(HEADROOM_HAVE_CUDA)
   std::string why;
   GpuRun g;
@@ -126,9 +126,15 @@ Result<GpuRun> open_gpu(std::optional<uint64_t> device_memory, GpuCalibration ca
         why));
   }
   HR_ASSIGN_OR_RETURN(const int device, backend::cuda::process_device());
-  HR_ASSIGN_OR_RETURN(std::unique_ptr<backend::cuda::CudaDeviceResource> leaf,
-                      backend::cuda::CudaDeviceResource::create(device));
-  g.leaf = std::move(leaf);
+  if (managed) {
+    HR_ASSIGN_OR_RETURN(std::unique_ptr<backend::cuda::ManagedResource> leaf,
+                        backend::cuda::ManagedResource::create(device));
+    g.leaf = std::move(leaf);
+  } else {
+    HR_ASSIGN_OR_RETURN(std::unique_ptr<backend::cuda::CudaDeviceResource> leaf,
+                        backend::cuda::CudaDeviceResource::create(device));
+    g.leaf = std::move(leaf);
+  }
   // The offload tier in page-locked memory: the copies on the d2h / h2d streams run behind
   // their calls (pageable memory is staged by the runtime, the call waiting for it).
   HR_ASSIGN_OR_RETURN(std::unique_ptr<backend::cuda::PinnedHostResource> pinned,
@@ -187,6 +193,7 @@ Result<GpuRun> open_gpu(std::optional<uint64_t> device_memory, GpuCalibration ca
   return g;
 #else
   (void)device_memory;
+  (void)managed;
   (void)calibration;
   (void)progress;
   return Status::unsupported(
@@ -345,12 +352,19 @@ Result<ResolvedRun> resolve_run(const RunRequest& request) {
         fmt::format("--device {}: use cpu{}", f.device, kCudaBuilt ? " or cuda" : ""));
   }
   const bool on_gpu = f.device == "cuda";
+  if (f.managed_memory && !on_gpu) {
+    return Status::invalid_argument(
+        fmt::format("--managed-memory: managed (unified) memory is a GPU's; use it with --device "
+                    "cuda, or leave it out with --device {}",
+                    f.device));
+  }
   std::optional<plan::DeviceSpec> gpu_spec;
   if (on_gpu) {
-    HR_ASSIGN_OR_RETURN(GpuRun gpu, open_gpu(f.device_memory, GpuCalibration::kCached,
-                                             [&f](const std::string& line) {
-                                               if (!f.quiet) log_info("calibrate: {}", line);
-                                             }));
+    HR_ASSIGN_OR_RETURN(GpuRun gpu,
+                        open_gpu(f.device_memory, f.managed_memory, GpuCalibration::kCached,
+                                 [&f](const std::string& line) {
+                                   if (!f.quiet) log_info("calibrate: {}", line);
+                                 }));
     o->ops = gpu.ops;
     o->device_leaf = gpu.leaf.get();
     run.device_leaf = std::move(gpu.leaf);

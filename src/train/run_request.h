@@ -45,6 +45,7 @@ struct RunRequest {
   std::string device_memory_file;            // the budget, read again before every step
   std::optional<uint64_t> offload_memory;    // bytes; unset: the host's available memory
   std::string device = "cpu";                // cpu, or cuda in a CUDA build (the process's GPU)
+  bool managed_memory = false;               // cuda: the arenas in managed (unified) memory
   std::string plan_file;                     // `headroom plan --json`'s file; empty: plan here
   std::string zero = "auto";                 // auto, 0, 1, 2, 3
   std::string batching;                      // packed or bucketed; empty: packed or the resume's
@@ -91,7 +92,9 @@ struct GpuRun {
 // none: `train`, `bench`), a fresh measurement not saved (`calibrate --device cuda` saves it
 // itself), or the datasheet table's alone.
 enum class GpuCalibration { kCached, kMeasureAgain, kDatasheet };
-Result<GpuRun> open_gpu(std::optional<uint64_t> device_memory,
+// `managed`: the leaf is managed (unified) memory (backend::cuda::ManagedResource: never beyond
+// the device's free memory at its creation), else cudaMalloc's.
+Result<GpuRun> open_gpu(std::optional<uint64_t> device_memory, bool managed = false,
                         GpuCalibration calibration = GpuCalibration::kCached,
                         const plan::CalibrationProgress& progress = {});
 

@@ -128,6 +128,10 @@ TEST_F(FirstHour, IntegerAndSizeFlagsAreRefusedNamingTheFlagTheValueAndWhatToDo)
       {"train --device-memory 0", "--device-memory 0: a budget of 0 bytes holds nothing"},
       {"plan --device-memory 12abc", "--device-memory 12abc: not a size"},
       {"bench --offload-memory 0", "--offload-memory 0: a budget of 0 bytes holds nothing"},
+      // The GPU's flags on the CPU, and a device calibrate does not know.
+      {"train --managed-memory", "--managed-memory: managed (unified) memory is a GPU's"},
+      {"bench --managed-memory", "--managed-memory: managed (unified) memory is a GPU's"},
+      {"calibrate --device gpu", "calibrate --device gpu: use cpu (this machine) or cuda"},
   };
   for (const Case& c : cases) {
     const bool train = c.args.rfind("train", 0) == 0;
