@@ -2,8 +2,8 @@
 # The cost of the ranks' agreement at every micro-batch boundary (issue #26): two headroom
 # binaries, A (before: no agreement) and B (after), alternated A, B, A, B, ... on 2 ranks with
 # many micro-batches per step, per ZeRO stage; prints each run's median step time (steps 2..N
-# from --log-json) and the median of B/A over the pairs.
-#   bench/scripts/ranks_agreement.sh BEFORE/headroom AFTER/headroom [ROUNDS] [STEPS]
+# from --log-json) and the median of B/A over the pairs. ZEROS picks the stages (default "0 2").
+#   [ZEROS="2 3"] bench/scripts/ranks_agreement.sh BEFORE/headroom AFTER/headroom [ROUNDS] [STEPS]
 set -euo pipefail
 A=$1
 B=$2
@@ -18,7 +18,7 @@ import json, statistics, sys
 ms = [json.loads(l)["step_ms"] for l in open(sys.argv[1]) if l.strip()][1:]
 print(f"{statistics.median(ms):.1f}")' "$1"
 }
-for zero in 0 2; do
+for zero in ${ZEROS:-0 2}; do
   ratios=()
   for r in $(seq "$ROUNDS"); do
     for side in A B; do

@@ -122,8 +122,7 @@ Result<GpuRun> open_gpu(std::optional<uint64_t> device_memory, bool managed,
   g.ops = backend::cuda::cuda_ops(&why);
   if (g.ops == nullptr) {
     return Status::unsupported(fmt::format(
-        "--device cuda: no CUDA device can be used by this process ({}); train with --device cpu",
-        why));
+        "--device cuda: no CUDA device can be used by this process ({}); use --device cpu", why));
   }
   HR_ASSIGN_OR_RETURN(const int device, backend::cuda::process_device());
   if (managed) {

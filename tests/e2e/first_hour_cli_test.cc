@@ -187,7 +187,9 @@ TEST_F(FirstHour, VersionSaysWhatItWasBuiltWith) {
 #endif
   EXPECT_GE(j["openmp_threads"].get<int>(), 1);
   // Kernels compiled for AVX-512 need it at run time (they would not have started otherwise).
-  if (j["avx512_kernels_compiled"].get<bool>()) EXPECT_TRUE(j["avx512_detected"].get<bool>());
+  if (j["avx512_kernels_compiled"].get<bool>()) {
+    EXPECT_TRUE(j["avx512_detected"].get<bool>());
+  }
   // The human form says the same.
   EXPECT_TRUE(has(v.out, "oneDNN " + j["onednn_version"].get<std::string>())) << v.out;
 }
