@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <vector>
 
 #include "backend/cpu/kernels.h"
 #include "core/check.h"
@@ -62,6 +63,11 @@ Result<std::unique_ptr<OptimizerOffload>> OptimizerOffload::create(
   return o;
 }
 
+void OptimizerOffload::set_upload_chunk_floats(int64_t n) {
+  HR_CHECK_MSG(n > 0 && n % 64 == 0, "upload chunk: a positive multiple of 64 floats");
+  upload_chunk_ = n;
+}
+
 int64_t OptimizerOffload::piece_floats() const {
   // Stage 3: the whole local shard (each unit's piece at its local offset, padding included).
   return stage_ == 0  ? table_->total_floats
@@ -94,6 +100,27 @@ Result<double> OptimizerOffload::step(float* params, float* grads, float* grad_s
     }
     copy_ms += std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
   };
+  // Steps 3-4 overlapped (the class comment): each updated piece of the master, in increasing
+  // local order, queued to the device as soon as it is computed; the gaps between pieces (the
+  // shard's padding, zero in the master) too, so the device gets the whole piece as before.
+  const int64_t begin = device_begin();
+  std::vector<uint64_t> tickets;
+  int64_t uploaded = 0;  // the master's floats [0, uploaded) are queued
+  auto upload = [&](int64_t local, int64_t count) {
+    if (count <= 0) return;
+    const auto t0 = Clock::now();
+    tickets.push_back(ops_->copy_to_device_async(params + begin + local, master() + local,
+                                                 size_t(count) * sizeof(float)));
+    copy_ms += std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  };
+  UpdateSink sink;
+  sink.chunk = upload_chunk_;
+  sink.updated = [&](int64_t local, int64_t count) {
+    HR_CHECK_MSG(local >= uploaded, "optimizer offload: the update's pieces out of order");
+    upload(uploaded, local - uploaded);  // a gap: padding
+    upload(local, count);
+    uploaded = local + count;
+  };
   double norm = 0;
   if (stage_ == 0) {
     // 1-2: the reduction stays on the device; the summed gradients go to the offload tier.
@@ -101,7 +128,7 @@ Result<double> OptimizerOffload::step(float* params, float* grads, float* grad_s
     timed_copy(this->grads(), grads, P, /*out=*/true);
     // 3: adamw_step on the offload tier's buffers (the bf16 copy is cast on the device below).
     norm = adamw_step(*table_, master(), this->grads(), m(), v(), config, lr, step, nullptr,
-                      loss_scale);
+                      loss_scale, backend::cpu_ops(), &sink);
     if (loss_scale > 0 && !std::isfinite(norm)) return norm;  // overflow: skipped, nothing moves
   } else {
     // Stages 1-3 as ZeroOptimizer::step: one unit (the flat layout) at stages 1-2, the model's
@@ -118,13 +145,19 @@ Result<double> OptimizerOffload::step(float* params, float* grads, float* grad_s
     HR_ASSIGN_OR_RETURN(norm, sharded_grad_norm(comm_, lay, this->grads(), loss_scale));
     if (loss_scale > 0 && !std::isfinite(norm)) return norm;  // overflow: every rank skips
     sharded_adamw(lay, *table_, master(), /*params_full=*/false, this->grads(), m(), v(), config,
-                  lr, step, norm, loss_scale);
+                  lr, step, norm, loss_scale, backend::cpu_ops(), &sink);
   }
-  // 4: the updated weights back to the device, gathered across ranks, and the bf16 copy cast
-  // from them with adamw_update's rounding (nearest even), as ZeroOptimizer does. Stage 3: into
-  // the device's shard, which the forward gathers unit by unit (no full buffer, no bf16 copy).
-  const int64_t begin = device_begin();
-  timed_copy(params + begin, master(), n, /*out=*/false);
+  // 4: the rest of the piece (padding after the last update), then every copy waited for: the
+  // updated weights on the device, gathered across ranks, and the bf16 copy cast from them with
+  // adamw_update's rounding (nearest even), as ZeroOptimizer does. Stage 3: into the device's
+  // shard, which the forward gathers unit by unit (no full buffer, no bf16 copy).
+  upload(uploaded, n - uploaded);
+  {
+    const auto t0 = Clock::now();
+    for (uint64_t t : tickets) ops_->wait_copy(t);
+    copy_ms += std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  }
+  last_upload_copies_ = int(tickets.size());
   if (stage_ == 1 || stage_ == 2) {
     HR_RETURN_IF_ERROR(comm_->all_gather(params + begin, params, layout_->counts(0)));
   }

@@ -1,6 +1,7 @@
 // AdamW, clipping and the cosine schedule.
 #include "train/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace headroom::train {
@@ -24,7 +25,8 @@ namespace {
 // adamw_step (grads_out null) and adamw_step_and_zero (grads_out == grads).
 double adamw_step_impl(const model::ParamTable& table, float* params, const float* grads,
                        float* grads_out, float* m, float* v, const AdamWConfig& config, float lr,
-                       int step, bf16_t* params_bf16, float loss_scale, const backend::Ops& ops) {
+                       int step, bf16_t* params_bf16, float loss_scale, const backend::Ops& ops,
+                       const UpdateSink* sink) {
   const double norm = grad_norm(table, grads, ops) / (loss_scale > 0 ? double(loss_scale) : 1.0);
   if (loss_scale > 0 && !std::isfinite(norm)) {  // overflow: the caller skips the step
     if (grads_out != nullptr) ops.zero(grads_out, table.total_floats);
@@ -43,10 +45,13 @@ double adamw_step_impl(const model::ParamTable& table, float* params, const floa
   backend::AdamWParams ap{lr,   config.beta1, config.beta2, config.eps, config.weight_decay,
                           step, scale};
   const auto update = [&](int64_t begin, int64_t count) {
-    bf16_t* copy = params_bf16 == nullptr ? nullptr : params_bf16 + begin;
-    // adamw_update reads grads and, with zero_grads, zeroes them: grads_out is grads then.
-    ops.adamw_update(params + begin, const_cast<float*>(grads) + begin, m + begin, v + begin, count,
-                     ap, copy, grads_out != nullptr);
+    UpdateSink::split(sink, begin, count, [&](int64_t off, int64_t n) {
+      const int64_t b = begin + off;
+      bf16_t* copy = params_bf16 == nullptr ? nullptr : params_bf16 + b;
+      // adamw_update reads grads and, with zero_grads, zeroes them: grads_out is grads then.
+      ops.adamw_update(params + b, const_cast<float*>(grads) + b, m + b, v + b, n, ap, copy,
+                       grads_out != nullptr);
+    });
   };
   update(0, split);
   ap.weight_decay = 0.0f;
@@ -58,16 +63,32 @@ double adamw_step_impl(const model::ParamTable& table, float* params, const floa
 
 double adamw_step(const model::ParamTable& table, float* params, const float* grads, float* m,
                   float* v, const AdamWConfig& config, float lr, int step, bf16_t* params_bf16,
-                  float loss_scale, const backend::Ops& ops) {
+                  float loss_scale, const backend::Ops& ops, const UpdateSink* sink) {
   return adamw_step_impl(table, params, grads, nullptr, m, v, config, lr, step, params_bf16,
-                         loss_scale, ops);
+                         loss_scale, ops, sink);
 }
 
 double adamw_step_and_zero(const model::ParamTable& table, float* params, float* grads, float* m,
                            float* v, const AdamWConfig& config, float lr, int step,
                            bf16_t* params_bf16, float loss_scale, const backend::Ops& ops) {
   return adamw_step_impl(table, params, grads, grads, m, v, config, lr, step, params_bf16,
-                         loss_scale, ops);
+                         loss_scale, ops, nullptr);
+}
+
+void UpdateSink::split(const UpdateSink* sink, int64_t begin, int64_t count,
+                       const std::function<void(int64_t offset, int64_t n)>& run) {
+  if (count <= 0) return;
+  if (sink == nullptr || sink->chunk <= 0 || sink->chunk >= count) {
+    run(0, count);
+    if (sink != nullptr && sink->updated) sink->updated(begin, count);
+    return;
+  }
+  HR_CHECK_MSG(sink->chunk % 64 == 0, "UpdateSink::chunk must be a multiple of 64 floats");
+  for (int64_t off = 0; off < count; off += sink->chunk) {
+    const int64_t n = std::min(sink->chunk, count - off);
+    run(off, n);
+    if (sink->updated) sink->updated(begin + off, n);
+  }
 }
 
 }  // namespace headroom::train

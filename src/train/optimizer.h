@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 
 #include "model/gpt2.h"
 
@@ -14,6 +15,21 @@ struct AdamWConfig {
   float eps = 1e-8f;
   float weight_decay = 0.1f;  // on 2-D tensors only (ParamDesc::decay)
   float grad_clip = 1.0f;     // global L2 norm; 0 disables clipping
+};
+
+// Where an AdamW step tells its caller what it has updated, so that the caller can move each
+// piece (optimizer offload: the updated weights to the device) while the next is computed.
+// The update runs in pieces of at most `chunk` floats (a multiple of 64, so that every piece but
+// a range's last is whole vectors and the bits are the unsplit update's; 0: one piece per
+// range), in order, and `updated(begin, count)` is called after each, with the piece's offset
+// in the parameter buffer the step was given (the shard's local offset for sharded_adamw).
+struct UpdateSink {
+  int64_t chunk = 0;
+  std::function<void(int64_t begin, int64_t count)> updated;
+  // Runs ops.adamw_update over [begin, begin + count) in pieces, calling `updated` after each
+  // (sink may be null: one call). `run(offset, n)` updates n floats from begin + offset.
+  static void split(const UpdateSink* sink, int64_t begin, int64_t count,
+                    const std::function<void(int64_t offset, int64_t n)>& run);
 };
 
 // Linear warmup from lr/warmup to lr over `warmup` steps, then cosine decay to min_lr_ratio*lr at
@@ -34,10 +50,11 @@ double grad_norm(const model::ParamTable& table, const float* grads,
 // when it is not finite (an inf or NaN in some gradient) nothing is updated (params, m, v and
 // params_bf16 untouched) and the caller skips the step. Otherwise the update unscales in the
 // clipping factor (grad_scale = clip / loss_scale: exact for power-of-two scales).
+// sink: see UpdateSink (null: the whole ranges, no calls).
 double adamw_step(const model::ParamTable& table, float* params, const float* grads, float* m,
                   float* v, const AdamWConfig& config, float lr, int step,
                   bf16_t* params_bf16 = nullptr, float loss_scale = 0.0f,
-                  const backend::Ops& ops = backend::cpu_ops());
+                  const backend::Ops& ops = backend::cpu_ops(), const UpdateSink* sink = nullptr);
 
 // adamw_step that leaves the gradients zero for the next step, as a cpu::zero after adamw_step
 // would: in AdamW's pass (Ops::adamw_update with zero_grads, one pass over them fewer) when the

@@ -494,6 +494,14 @@ Result<TrainResult> run_ranks(const TrainOptions& o, const TrainCallbacks& cb,
   if (mp.policy.offload_optimizer) {
     HR_ASSIGN_OR_RETURN(
         offload, OptimizerOffload::create(mp, *offload_tier, &comm, stage, &zopt.layout(), ops));
+    if (o.optimizer_upload_chunk > 0) {
+      if (o.optimizer_upload_chunk % 64 != 0) {
+        return Status::invalid_argument(
+            fmt::format("optimizer_upload_chunk {}: a positive multiple of 64 floats",
+                        o.optimizer_upload_chunk));
+      }
+      offload->set_upload_chunk_floats(o.optimizer_upload_chunk);
+    }
   }
   float* m = offload ? offload->m() : opt_arena.f32(0);
   float* v = offload ? offload->v() : opt_arena.f32(1);

@@ -72,6 +72,10 @@ struct TrainOptions {
   uint64_t offload_memory = 0;
   // Tests: hooks of the offload copy thread (delay each copy; poison copied sources).
   model::OffloadCopier::Options offload_copier;
+  // Optimizer offload: the pieces (floats, a multiple of 64) the update is computed and copied
+  // back in (OptimizerOffload::set_upload_chunk_floats); 0: its default (4 MiB). Tests set small
+  // pieces so that a tiny model pipelines.
+  int64_t optimizer_upload_chunk = 0;
   uint64_t seed = 1337;
   double val_fraction = 0.05;
   int eval_every = 0;  // steps between validation runs; 0 = only at the end

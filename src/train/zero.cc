@@ -46,7 +46,7 @@ Result<double> sharded_grad_norm(dist::Communicator* comm, const dist::ShardLayo
 void sharded_adamw(const dist::ShardLayout& layout, const model::ParamTable& table, float* params,
                    bool params_full, const float* grad_shard, float* m, float* v,
                    const AdamWConfig& config, float lr, int step, double norm, float loss_scale,
-                   const backend::Ops& ops) {
+                   const backend::Ops& ops, const UpdateSink* sink) {
   // fp16 (loss_scale > 0): the gradients are scaled; the update is not (the unscaling folded
   // into the clipping factor).
   backend::AdamWParams ap{lr,
@@ -69,8 +69,11 @@ void sharded_adamw(const dist::ShardLayout& layout, const model::ParamTable& tab
       if (g.empty()) continue;
       const int64_t l = base + (g.begin - p.begin);
       ap.weight_decay = i == 0 ? weight_decay : 0.0f;
-      ops.adamw_update(params + (params_full ? g.begin : l), const_cast<float*>(grad_shard) + l,
-                       m + l, v + l, g.size(), ap, nullptr, false);
+      UpdateSink::split(sink, l, g.size(), [&](int64_t off, int64_t n) {
+        ops.adamw_update(params + (params_full ? g.begin : l) + off,
+                         const_cast<float*>(grad_shard) + l + off, m + l + off, v + l + off, n, ap,
+                         nullptr, false);
+      });
     }
   }
 }

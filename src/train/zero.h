@@ -36,11 +36,12 @@ Result<double> sharded_grad_norm(dist::Communicator* comm, const dist::ShardLayo
                                  const backend::Ops& ops = backend::cpu_ops());
 // Clip-scaled AdamW on this rank's pieces, per unit and decay part (the decay split is a
 // multiple of 16 floats, like every piece boundary). params index the full buffer's coordinates
-// (params_full) or the shard's; grad_shard, m and v the shard's.
+// (params_full) or the shard's; grad_shard, m and v the shard's. sink (optimizer.h): told each
+// updated piece in the shard's local coordinates.
 void sharded_adamw(const dist::ShardLayout& layout, const model::ParamTable& table, float* params,
                    bool params_full, const float* grad_shard, float* m, float* v,
                    const AdamWConfig& config, float lr, int step, double norm, float loss_scale,
-                   const backend::Ops& ops = backend::cpu_ops());
+                   const backend::Ops& ops = backend::cpu_ops(), const UpdateSink* sink = nullptr);
 
 // The buffers of one rank. "full" = table.total_floats floats; "shard" =
 // layout().local_floats() floats.

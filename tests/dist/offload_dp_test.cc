@@ -76,6 +76,7 @@ class OffloadDataParallel : public ::testing::Test {
     o.device_memory = uint64_t(1) << 30;
     o.eval_batches = 1;
     o.offload_optimizer = offload;
+    o.optimizer_upload_chunk = 128;  // the update copied back in pieces (bits unchanged)
     o.offload_memory = uint64_t(1) << 30;
     o.exec.offload = std::move(activations);
     o.out_dir = (dir_ / name).string();
