@@ -68,6 +68,11 @@ void OptimizerOffload::set_upload_chunk_floats(int64_t n) {
   upload_chunk_ = n;
 }
 
+int64_t OptimizerOffload::upload_chunk_floats() const {
+  if (upload_chunk_ > 0) return upload_chunk_;
+  return ops_->host_addressable() ? 0 : kDefaultUploadChunkFloats;  // 0: one piece
+}
+
 int64_t OptimizerOffload::piece_floats() const {
   // Stage 3: the whole local shard (each unit's piece at its local offset, padding included).
   return stage_ == 0  ? table_->total_floats
@@ -114,7 +119,7 @@ Result<double> OptimizerOffload::step(float* params, float* grads, float* grad_s
     copy_ms += std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
   };
   UpdateSink sink;
-  sink.chunk = upload_chunk_;
+  sink.chunk = upload_chunk_floats();
   sink.updated = [&](int64_t local, int64_t count) {
     HR_CHECK_MSG(local >= uploaded, "optimizer offload: the update's pieces out of order");
     upload(uploaded, local - uploaded);  // a gap: padding

@@ -35,10 +35,12 @@ namespace headroom::train {
 //      piece), all-gather the pieces (stages 1-2), and cast the bf16 copy on the device.
 //      Stage 3 keeps only its shard on the device: the master goes back into that shard, which
 //      the forward gathers unit by unit as without offload.
-//      Steps 3 and 4 overlap: the update runs in pieces of upload_chunk_floats() (UpdateSink) and
-//      each updated piece is queued on the host-to-device stream (copy_to_device_async) while
-//      the host computes the next; the copies are waited for before the all-gather and the cast.
-//      (On the CPU backend the copies are memcpys made at the call: the same bytes, in pieces.)
+//      Steps 3 and 4 overlap on a device the host cannot address: the update runs in pieces
+//      (UpdateSink) and each updated piece is queued on the host-to-device stream
+//      (copy_to_device_async) while the host computes the next; the copies are waited for before
+//      the all-gather and the cast. On the CPU backend the copy is a memcpy on the same cores,
+//      which pieces only slow (4 MiB pieces miss the large copy's streaming stores: GPT-2 124M's
+//      step 9% slower, docs/notes/offload.md), so it stays one copy after the update.
 // The arithmetic is adamw_step's / ZeroOptimizer::step's on the same values in the same order,
 // so weights, m and v are bit-identical to the run without offload (tested).
 //
@@ -85,12 +87,13 @@ class OptimizerOffload {
   uint64_t bytes_to_device() const { return uint64_t(piece_floats()) * 4; }
   double last_copy_ms() const { return last_copy_ms_; }
 
-  // The pieces the update is computed and copied back in (floats, a multiple of 64): 4 MiB by
-  // default, large enough for a copy engine's full rate, small enough that 124M parameters make
-  // 119 of them. Tests set small pieces so that a tiny model runs the pipeline.
+  // The pieces the update is computed and copied back in (floats, a multiple of 64). By default
+  // 4 MiB on a device the host cannot address (large enough for a copy engine's full rate, small
+  // enough that 124M parameters make 119 of them) and one piece on the CPU backend. Tests set
+  // small pieces so that a tiny model runs the pipeline (on the CPU too: the same bits).
   static constexpr int64_t kDefaultUploadChunkFloats = int64_t(1) << 20;
   void set_upload_chunk_floats(int64_t n);
-  int64_t upload_chunk_floats() const { return upload_chunk_; }
+  int64_t upload_chunk_floats() const;
   // Copies queued by the last step (for tests).
   int last_upload_copies() const { return last_upload_copies_; }
 
@@ -112,7 +115,7 @@ class OptimizerOffload {
   const backend::Ops* ops_;
   int64_t shard_floats_ = 0;
   double last_copy_ms_ = 0;
-  int64_t upload_chunk_ = kDefaultUploadChunkFloats;
+  int64_t upload_chunk_ = 0;  // 0: the default above
   int last_upload_copies_ = 0;
 };
 
