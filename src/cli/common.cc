@@ -212,6 +212,7 @@ json candidate_json(const plan::Candidate& c) {
             {"offload_link_bytes_per_step", c.cost.offload_bytes},
             {"offload_seconds", c.cost.offload_seconds},
             {"host_optimizer_seconds", c.cost.host_optimizer_seconds},
+            {"optimizer_overlap_seconds", c.cost.optimizer_overlap_seconds},
             {"zero", c.policy.zero_stage},
             {"ranks", c.policy.ranks},
             {"comm_bytes_per_step", c.cost.comm_bytes},

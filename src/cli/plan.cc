@@ -203,7 +203,7 @@ int run_plan(PlanFlags& pf) {
           "  optimizer offload: %s%s in the offload tier (fp32 master weights, AdamW m and v, "
           "the gradient copy%s)%s\n"
           "    per step %s over the host link (gradients out, weights back): %.0f ms at %.1f "
-          "GB/s (%s), and AdamW on the host: %.0f ms at %.1f GB/s (%s); not overlapped\n",
+          "GB/s (%s), and AdamW on the host: %.0f ms at %.1f GB/s (%s); %s\n",
           format_bytes(c.offload_bytes - c.offload_activation_bytes).c_str(),
           multi ? " per device" : "", multi && c.policy.zero_stage > 0 ? ", this rank's shard" : "",
           req.offload_memory ? fmt::format(", budget {}", format_bytes(req.offload_memory)).c_str()
@@ -213,7 +213,12 @@ int run_plan(PlanFlags& pf) {
           plan::offload_link_bandwidth(*dev) / 1e9,
           dev->kind == "cpu" ? "memcpy, measured" : "host link, datasheet x 0.8",
           c.cost.host_optimizer_seconds * 1e3, host_bw / 1e9,
-          dev->kind == "cpu" ? "triad, measured" : "assumed host share");
+          dev->kind == "cpu" ? "triad, measured" : "assumed host share",
+          c.cost.optimizer_overlap_seconds > 0
+              ? fmt::format("the weights' copy back overlaps AdamW ({:.0f} ms hidden)",
+                            c.cost.optimizer_overlap_seconds * 1e3)
+                    .c_str()
+              : "not overlapped");
     }
     std::printf("\nmemory%s at the peak (%s):\n%s", multi ? " per device" : "",
                 r->chosen_plan->ops[size_t(r->chosen_plan->peak_op)].name.c_str(),

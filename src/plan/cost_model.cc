@@ -283,6 +283,16 @@ StepCost estimate_step(const model::Gpt2Config& c, const MemoryPlan& plan, const
     s.offload_seconds = s.offload_bytes / link;
     const double host_bw = d.host_memory_bandwidth > 0 ? d.host_memory_bandwidth : d.mem_bandwidth;
     s.host_optimizer_seconds = optimizer_bytes / host_bw;
+    if (d.kind == "gpu") {
+      // The weights' share of the link bytes (4 bytes a float out; 4, or 2 for bf16-only
+      // weights, back) goes back while AdamW runs: the shorter of the two is hidden.
+      const double back_share =
+          zero && zero->offload_optimizer
+              ? double(zero->offload_return_bytes) / (4.0 + double(zero->offload_return_bytes))
+              : 0.5;
+      s.optimizer_overlap_seconds =
+          std::min(s.offload_seconds * back_share, s.host_optimizer_seconds);
+    }
   }
 
   if (sharded) {
@@ -331,7 +341,7 @@ StepCost estimate_step(const model::Gpt2Config& c, const MemoryPlan& plan, const
   }
   s.other_seconds = corr.active() ? corr.other_seconds_per_token * tokens : 0.0;
   s.step_seconds = s.gemm_seconds + s.memory_seconds + s.other_seconds + s.comm_seconds +
-                   s.offload_seconds + s.host_optimizer_seconds;
+                   s.offload_seconds + s.host_optimizer_seconds - s.optimizer_overlap_seconds;
   s.tokens_per_s = tokens * (sharded ? zero->ranks : 1) / s.step_seconds;
   return s;
 }

@@ -34,9 +34,15 @@ struct StepCost {
   double activation_offload_bytes = 0;
   double activation_offload_seconds = 0;
   double host_optimizer_seconds = 0;
+  // On a GPU, optimizer offload's copy of the updated weights back to the device runs while the
+  // host computes the rest of AdamW (OptimizerOffload's pieces, docs/notes/offload.md): the
+  // shorter of the two, hidden, is subtracted from the step (0 on the CPU backend, where the copy
+  // is a memcpy on the same cores after the update).
+  double optimizer_overlap_seconds = 0;
   // Seconds of one optimizer step per kind of op as the executor times them (CostKind; the fused
   // LM head's GEMMs are "loss", as the executor times them), after the device's correction, and
-  // before it. step_seconds = sum(by_kind) + other_seconds + comm + offload + host optimizer.
+  // before it. step_seconds = sum(by_kind) + other_seconds + comm + offload + host optimizer -
+  // optimizer overlap.
   std::array<double, kCostKinds> by_kind{};
   std::array<double, kCostKinds> uncorrected_by_kind{};
   double other_seconds = 0;  // the correction's time outside every kind (0 without one)
