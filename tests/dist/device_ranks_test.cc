@@ -360,7 +360,7 @@ TEST_F(DeviceRanks, OptimizerOffloadUnderZeroMatchesTheCpu) {
     const std::string tag = "offload-zero" + std::to_string(stage);
     train::TrainOptions o = options("cpu-" + tag, stage, model::Precision::kFp32);
     o.offload_optimizer = true;
-    o.optimizer_upload_chunk = 128;  // the update copied back in pieces, as it is computed
+    o.optimizer_upload_chunk = 4096;  // the update copied back in pieces, as it is computed
     const RunOutput cpu = train::test::run_collecting(o);
     train::TrainOptions f = o;
     f.out_dir = (dir_ / ("fenced-" + tag)).string();

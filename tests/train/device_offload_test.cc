@@ -84,9 +84,9 @@ class DeviceOffload : public ::testing::Test {
     o.offload_copier.delay = std::chrono::microseconds(200);
     o.offload_copier.poison_sources = true;
     o.offload_copier.run_at_wait = true;
-    // The optimizer's update copied back in pieces of 256 floats (hundreds a step), each queued
+    // The optimizer's update copied back in pieces of 8192 floats (a dozen a step), each queued
     // as it is computed and, on the fenced device, landing only at the step's wait.
-    o.optimizer_upload_chunk = 256;
+    o.optimizer_upload_chunk = 8192;
     o.out_dir = (dir_ / out).string();
     o.save_every = 2;
     return o;
