@@ -215,7 +215,7 @@ int run_plan(PlanFlags& pf) {
           c.cost.host_optimizer_seconds * 1e3, host_bw / 1e9,
           dev->kind == "cpu" ? "triad, measured" : "assumed host share",
           c.cost.optimizer_overlap_seconds > 0
-              ? fmt::format("the weights' copy back overlaps AdamW ({:.0f} ms hidden)",
+              ? fmt::format("pipelined with AdamW ({:.0f} ms hidden)",
                             c.cost.optimizer_overlap_seconds * 1e3)
                     .c_str()
               : "not overlapped");

@@ -284,14 +284,17 @@ StepCost estimate_step(const model::Gpt2Config& c, const MemoryPlan& plan, const
     const double host_bw = d.host_memory_bandwidth > 0 ? d.host_memory_bandwidth : d.mem_bandwidth;
     s.host_optimizer_seconds = optimizer_bytes / host_bw;
     if (d.kind == "gpu") {
-      // The weights' share of the link bytes (4 bytes a float out; 4, or 2 for bf16-only
-      // weights, back) goes back while AdamW runs: the shorter of the two is hidden.
+      // Pipelined (OptimizerOffload): the gradients out (4 bytes a float) on the d2h stream,
+      // AdamW on the host, the weights back (4, or 2 for bf16-only weights) on the h2d stream,
+      // piece by piece: the longest of the three is paid, the rest hidden (the link is full
+      // duplex; the first and last pieces' fill and drain are not counted).
       const double back_share =
           zero && zero->offload_optimizer
               ? double(zero->offload_return_bytes) / (4.0 + double(zero->offload_return_bytes))
               : 0.5;
+      const double back = s.offload_seconds * back_share, out = s.offload_seconds - back;
       s.optimizer_overlap_seconds =
-          std::min(s.offload_seconds * back_share, s.host_optimizer_seconds);
+          out + back + s.host_optimizer_seconds - std::max({out, back, s.host_optimizer_seconds});
     }
   }
 

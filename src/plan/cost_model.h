@@ -34,10 +34,10 @@ struct StepCost {
   double activation_offload_bytes = 0;
   double activation_offload_seconds = 0;
   double host_optimizer_seconds = 0;
-  // On a GPU, optimizer offload's copy of the updated weights back to the device runs while the
-  // host computes the rest of AdamW (OptimizerOffload's pieces, docs/notes/offload.md): the
-  // shorter of the two, hidden, is subtracted from the step (0 on the CPU backend, where the copy
-  // is a memcpy on the same cores after the update).
+  // On a GPU, optimizer offload's gradients out, AdamW on the host and the weights back run as a
+  // pipeline of pieces (OptimizerOffload, docs/notes/offload.md): all but the longest of the
+  // three, hidden, is subtracted from the step (0 on the CPU backend, where the copies are
+  // memcpys on the same cores before and after the update).
   double optimizer_overlap_seconds = 0;
   // Seconds of one optimizer step per kind of op as the executor times them (CostKind; the fused
   // LM head's GEMMs are "loss", as the executor times them), after the device's correction, and

@@ -105,36 +105,78 @@ Result<double> OptimizerOffload::step(float* params, float* grads, float* grad_s
     }
     copy_ms += std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
   };
-  // Steps 3-4 overlapped (the class comment): each updated piece of the master, in increasing
-  // local order, queued to the device as soon as it is computed; the gaps between pieces (the
-  // shard's padding, zero in the master) too, so the device gets the whole piece as before.
+  // Pipelined (the class comment; pieces of upload_chunk_floats(), 0 on the CPU backend): the
+  // norm on the device, then the gradients queued out piece by piece, each piece's update after
+  // its gradients landed, each updated piece of the master queued back at once, in increasing
+  // local order; the gaps between updated pieces (the shard's padding, zero in the master) too,
+  // so the device gets the whole piece as before.
   const int64_t begin = device_begin();
-  std::vector<uint64_t> tickets;
-  int64_t uploaded = 0;  // the master's floats [0, uploaded) are queued
-  auto upload = [&](int64_t local, int64_t count) {
-    if (count <= 0) return;
-    const auto t0 = Clock::now();
-    tickets.push_back(ops_->copy_to_device_async(params + begin + local, master() + local,
-                                                 size_t(count) * sizeof(float)));
-    copy_ms += std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-  };
   UpdateSink sink;
   sink.chunk = upload_chunk_floats();
-  sink.updated = [&](int64_t local, int64_t count) {
-    HR_CHECK_MSG(local >= uploaded, "optimizer offload: the update's pieces out of order");
-    upload(uploaded, local - uploaded);  // a gap: padding
-    upload(local, count);
-    uploaded = local + count;
+  const bool pipelined = sink.chunk > 0;
+  std::vector<uint64_t> in_tickets, out_tickets;
+  std::vector<int64_t> out_ends;  // where each queued gradient piece ends (local floats)
+  size_t out_waited = 0;
+  int64_t uploaded = 0;  // the master's floats [0, uploaded) are queued to the device
+  auto timed = [&copy_ms](auto&& f) {
+    const auto t0 = Clock::now();
+    f();
+    copy_ms += std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
   };
+  auto upload = [&](int64_t local, int64_t count) {
+    if (count <= 0) return;
+    timed([&] {
+      in_tickets.push_back(ops_->copy_to_device_async(params + begin + local, master() + local,
+                                                      size_t(count) * sizeof(float)));
+    });
+  };
+  auto queue_gradients_out = [&](const float* device_src) {
+    timed([&] {
+      for (int64_t off = 0; off < n; off += sink.chunk) {
+        const int64_t c = std::min(sink.chunk, n - off);
+        out_tickets.push_back(ops_->copy_to_host_async(this->grads() + off, device_src + off,
+                                                       size_t(c) * sizeof(float)));
+        out_ends.push_back(off + c);
+      }
+    });
+  };
+  // The gradient pieces that [0, end) needs, landed.
+  auto wait_gradients = [&](int64_t end) {
+    timed([&] {
+      while (out_waited < out_tickets.size() &&
+             (out_waited == 0 ? 0 : out_ends[out_waited - 1]) < end) {
+        ops_->wait_copy(out_tickets[out_waited++]);
+      }
+    });
+  };
+  if (pipelined) {
+    sink.before = [&](int64_t local, int64_t count) { wait_gradients(local + count); };
+    sink.updated = [&](int64_t local, int64_t count) {
+      HR_CHECK_MSG(local >= uploaded, "optimizer offload: the update's pieces out of order");
+      upload(uploaded, local - uploaded);  // a gap: padding
+      upload(local, count);
+      uploaded = local + count;
+    };
+  }
   double norm = 0;
   if (stage_ == 0) {
     // 1-2: the reduction stays on the device; the summed gradients go to the offload tier.
     if (!grads_reduced) HR_RETURN_IF_ERROR(comm_->all_reduce(grads, P));
-    timed_copy(this->grads(), grads, P, /*out=*/true);
-    // 3: adamw_step on the offload tier's buffers (the bf16 copy is cast on the device below).
-    norm = adamw_step(*table_, master(), this->grads(), m(), v(), config, lr, step, nullptr,
-                      loss_scale, backend::cpu_ops(), &sink);
-    if (loss_scale > 0 && !std::isfinite(norm)) return norm;  // overflow: skipped, nothing moves
+    if (pipelined) {
+      // 3: adamw_step's norm (the same sum on the same values, where they are), then its update
+      // on the offload tier's buffers piece by piece as the gradients land.
+      norm = grad_norm(*table_, grads, *ops_) / (loss_scale > 0 ? double(loss_scale) : 1.0);
+      if (loss_scale > 0 && !std::isfinite(norm)) return norm;  // overflow: nothing moves
+      queue_gradients_out(grads);
+      adamw_apply(*table_, master(), this->grads(), m(), v(), config, lr, step, norm, loss_scale,
+                  backend::cpu_ops(), &sink);
+    } else {
+      timed_copy(this->grads(), grads, P, /*out=*/true);
+      // 3: adamw_step on the offload tier's buffers (the bf16 copy is cast on the device below).
+      norm = adamw_step(*table_, master(), this->grads(), m(), v(), config, lr, step, nullptr,
+                        loss_scale);
+      if (loss_scale > 0 && !std::isfinite(norm)) return norm;  // overflow: nothing moves
+    }
   } else {
     // Stages 1-3 as ZeroOptimizer::step: one unit (the flat layout) at stages 1-2, the model's
     // groups at stage 3; every unit's piece lies at its local offset in the shard buffers.
@@ -144,11 +186,17 @@ Result<double> OptimizerOffload::step(float* params, float* grads, float* grad_s
       HR_CHECK(grads != nullptr);
       HR_RETURN_IF_ERROR(reduce_scatter_units(comm_, lay, grads, grad_shard));
     }
-    timed_copy(this->grads(), grad_shard, n, /*out=*/true);
-    // 3: ZeroOptimizer::step's norm and update (the same calls on the same elements), on the
-    // offload tier's copy of the shard.
-    HR_ASSIGN_OR_RETURN(norm, sharded_grad_norm(comm_, lay, this->grads(), loss_scale));
-    if (loss_scale > 0 && !std::isfinite(norm)) return norm;  // overflow: every rank skips
+    // 3: ZeroOptimizer::step's norm and update (the same calls on the same elements), the
+    // update on the offload tier's copy of the shard; pipelined, the norm on the device's.
+    if (pipelined) {
+      HR_ASSIGN_OR_RETURN(norm, sharded_grad_norm(comm_, lay, grad_shard, loss_scale, *ops_));
+      if (loss_scale > 0 && !std::isfinite(norm)) return norm;  // overflow: every rank skips
+      queue_gradients_out(grad_shard);
+    } else {
+      timed_copy(this->grads(), grad_shard, n, /*out=*/true);
+      HR_ASSIGN_OR_RETURN(norm, sharded_grad_norm(comm_, lay, this->grads(), loss_scale));
+      if (loss_scale > 0 && !std::isfinite(norm)) return norm;  // overflow: every rank skips
+    }
     sharded_adamw(lay, *table_, master(), /*params_full=*/false, this->grads(), m(), v(), config,
                   lr, step, norm, loss_scale, backend::cpu_ops(), &sink);
   }
@@ -156,13 +204,16 @@ Result<double> OptimizerOffload::step(float* params, float* grads, float* grad_s
   // updated weights on the device, gathered across ranks, and the bf16 copy cast from them with
   // adamw_update's rounding (nearest even), as ZeroOptimizer does. Stage 3: into the device's
   // shard, which the forward gathers unit by unit (no full buffer, no bf16 copy).
-  upload(uploaded, n - uploaded);
-  {
-    const auto t0 = Clock::now();
-    for (uint64_t t : tickets) ops_->wait_copy(t);
-    copy_ms += std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  if (pipelined) {
+    upload(uploaded, n - uploaded);
+    wait_gradients(n);  // the pieces no update read (padding past the last): the tier's again
+    timed([&] {
+      for (uint64_t t : in_tickets) ops_->wait_copy(t);
+    });
+  } else {
+    timed_copy(params + begin, master(), n, /*out=*/false);
   }
-  last_upload_copies_ = int(tickets.size());
+  last_upload_copies_ = int(in_tickets.size());
   if (stage_ == 1 || stage_ == 2) {
     HR_RETURN_IF_ERROR(comm_->all_gather(params + begin, params, layout_->counts(0)));
   }

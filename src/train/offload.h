@@ -35,12 +35,14 @@ namespace headroom::train {
 //      piece), all-gather the pieces (stages 1-2), and cast the bf16 copy on the device.
 //      Stage 3 keeps only its shard on the device: the master goes back into that shard, which
 //      the forward gathers unit by unit as without offload.
-//      Steps 3 and 4 overlap on a device the host cannot address: the update runs in pieces
-//      (UpdateSink) and each updated piece is queued on the host-to-device stream
-//      (copy_to_device_async) while the host computes the next; the copies are waited for before
-//      the all-gather and the cast. On the CPU backend the copy is a memcpy on the same cores,
-//      which pieces only slow (4 MiB pieces miss the large copy's streaming stores: GPT-2 124M's
-//      step 9% slower, docs/notes/offload.md), so it stays one copy after the update.
+//      Steps 2-4 overlap on a device the host cannot address: the global norm is computed on the
+//      device (the same sum over the same values), the gradients are queued out in pieces on the
+//      device-to-host stream, the update runs piece by piece (UpdateSink) as each piece lands,
+//      and each updated piece is queued back on the host-to-device stream while the host
+//      computes the next; every copy is waited for before the all-gather and the cast. On the
+//      CPU backend a copy is a memcpy on the same cores, which pieces only slow (4 MiB pieces
+//      miss the large copy's streaming stores: GPT-2 124M's step 9% slower,
+//      docs/notes/offload.md), so there it stays one copy out, the update, one copy back.
 // The arithmetic is adamw_step's / ZeroOptimizer::step's on the same values in the same order,
 // so weights, m and v are bit-identical to the run without offload (tested).
 //

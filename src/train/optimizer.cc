@@ -22,16 +22,11 @@ double grad_norm(const model::ParamTable& table, const float* grads, const backe
 
 namespace {
 
-// adamw_step (grads_out null) and adamw_step_and_zero (grads_out == grads).
-double adamw_step_impl(const model::ParamTable& table, float* params, const float* grads,
-                       float* grads_out, float* m, float* v, const AdamWConfig& config, float lr,
-                       int step, bf16_t* params_bf16, float loss_scale, const backend::Ops& ops,
-                       const UpdateSink* sink) {
-  const double norm = grad_norm(table, grads, ops) / (loss_scale > 0 ? double(loss_scale) : 1.0);
-  if (loss_scale > 0 && !std::isfinite(norm)) {  // overflow: the caller skips the step
-    if (grads_out != nullptr) ops.zero(grads_out, table.total_floats);
-    return norm;
-  }
+// The update of adamw_step_impl with its norm known.
+void adamw_update_all(const model::ParamTable& table, float* params, const float* grads,
+                      float* grads_out, float* m, float* v, const AdamWConfig& config, float lr,
+                      int step, double norm, bf16_t* params_bf16, float loss_scale,
+                      const backend::Ops& ops, const UpdateSink* sink) {
   float scale = 1.0f;
   // torch.nn.utils.clip_grad_norm_: multiply by max_norm / (norm + 1e-6) when that is below 1.
   if (config.grad_clip > 0) {
@@ -56,6 +51,20 @@ double adamw_step_impl(const model::ParamTable& table, float* params, const floa
   update(0, split);
   ap.weight_decay = 0.0f;
   update(split, table.total_floats - split);
+}
+
+// adamw_step (grads_out null) and adamw_step_and_zero (grads_out == grads).
+double adamw_step_impl(const model::ParamTable& table, float* params, const float* grads,
+                       float* grads_out, float* m, float* v, const AdamWConfig& config, float lr,
+                       int step, bf16_t* params_bf16, float loss_scale, const backend::Ops& ops,
+                       const UpdateSink* sink) {
+  const double norm = grad_norm(table, grads, ops) / (loss_scale > 0 ? double(loss_scale) : 1.0);
+  if (loss_scale > 0 && !std::isfinite(norm)) {  // overflow: the caller skips the step
+    if (grads_out != nullptr) ops.zero(grads_out, table.total_floats);
+    return norm;
+  }
+  adamw_update_all(table, params, grads, grads_out, m, v, config, lr, step, norm, params_bf16,
+                   loss_scale, ops, sink);
   return norm;
 }
 
@@ -75,10 +84,18 @@ double adamw_step_and_zero(const model::ParamTable& table, float* params, float*
                          loss_scale, ops, nullptr);
 }
 
+void adamw_apply(const model::ParamTable& table, float* params, const float* grads, float* m,
+                 float* v, const AdamWConfig& config, float lr, int step, double norm,
+                 float loss_scale, const backend::Ops& ops, const UpdateSink* sink) {
+  adamw_update_all(table, params, grads, nullptr, m, v, config, lr, step, norm, nullptr, loss_scale,
+                   ops, sink);
+}
+
 void UpdateSink::split(const UpdateSink* sink, int64_t begin, int64_t count,
                        const std::function<void(int64_t offset, int64_t n)>& run) {
   if (count <= 0) return;
   if (sink == nullptr || sink->chunk <= 0 || sink->chunk >= count) {
+    if (sink != nullptr && sink->before) sink->before(begin, count);
     run(0, count);
     if (sink != nullptr && sink->updated) sink->updated(begin, count);
     return;
@@ -86,6 +103,7 @@ void UpdateSink::split(const UpdateSink* sink, int64_t begin, int64_t count,
   HR_CHECK_MSG(sink->chunk % 64 == 0, "UpdateSink::chunk must be a multiple of 64 floats");
   for (int64_t off = 0; off < count; off += sink->chunk) {
     const int64_t n = std::min(sink->chunk, count - off);
+    if (sink->before) sink->before(begin + off, n);
     run(off, n);
     if (sink->updated) sink->updated(begin + off, n);
   }

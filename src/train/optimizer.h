@@ -17,14 +17,16 @@ struct AdamWConfig {
   float grad_clip = 1.0f;     // global L2 norm; 0 disables clipping
 };
 
-// Where an AdamW step tells its caller what it has updated, so that the caller can move each
-// piece (optimizer offload: the updated weights to the device) while the next is computed.
-// The update runs in pieces of at most `chunk` floats (a multiple of 64, so that every piece but
-// a range's last is whole vectors and the bits are the unsplit update's; 0: one piece per
-// range), in order, and `updated(begin, count)` is called after each, with the piece's offset
-// in the parameter buffer the step was given (the shard's local offset for sharded_adamw).
+// Where an AdamW step tells its caller what it is about to update and what it has updated, so
+// that the caller can move each piece (optimizer offload: its gradients in, the updated weights
+// back to the device) while the next is computed. The update runs in pieces of at most `chunk`
+// floats (a multiple of 64, so that every piece but a range's last is whole vectors and the bits
+// are the unsplit update's; 0: one piece per range), in order; `before(begin, count)` is called
+// before each and `updated(begin, count)` after, with the piece's offset in the parameter buffer
+// the step was given (the shard's local offset for sharded_adamw). Either may be empty.
 struct UpdateSink {
   int64_t chunk = 0;
+  std::function<void(int64_t begin, int64_t count)> before;
   std::function<void(int64_t begin, int64_t count)> updated;
   // Runs ops.adamw_update over [begin, begin + count) in pieces, calling `updated` after each
   // (sink may be null: one call). `run(offset, n)` updates n floats from begin + offset.
@@ -55,6 +57,14 @@ double adamw_step(const model::ParamTable& table, float* params, const float* gr
                   float* v, const AdamWConfig& config, float lr, int step,
                   bf16_t* params_bf16 = nullptr, float loss_scale = 0.0f,
                   const backend::Ops& ops = backend::cpu_ops(), const UpdateSink* sink = nullptr);
+
+// adamw_step's update with the norm already known (`norm`: the unscaled global norm, finite):
+// the same clipping factor and the same adamw_update calls, so adamw_step = grad_norm, then
+// this, bit for bit. No bf16 copy.
+void adamw_apply(const model::ParamTable& table, float* params, const float* grads, float* m,
+                 float* v, const AdamWConfig& config, float lr, int step, double norm,
+                 float loss_scale, const backend::Ops& ops = backend::cpu_ops(),
+                 const UpdateSink* sink = nullptr);
 
 // adamw_step that leaves the gradients zero for the next step, as a cpu::zero after adamw_step
 // would: in AdamW's pass (Ops::adamw_update with zero_grads, one pass over them fewer) when the
