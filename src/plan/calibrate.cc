@@ -991,25 +991,30 @@ Status save_calibration(const Calibration& cal, const std::string& path) {
   return Status::ok();
 }
 
-Result<Calibration> load_calibration(const std::string& path) {
+Result<nlohmann::json> read_calibration_file(const std::string& path, std::string_view what,
+                                             std::string_view remedy) {
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) {
-    return Status::not_found("no calibration file '" + path +
-                             "'; run `headroom calibrate` to measure this machine");
+    return Status::not_found(
+        fmt::format("no {} '{}'; run `{}` to measure this machine", what, path, remedy));
   }
   std::ifstream in(path);
-  if (!in) return Status::io_error("cannot open calibration file '" + path + "'");
+  if (!in) return Status::io_error(fmt::format("cannot open {} '{}'", what, path));
   std::stringstream text;
   text << in.rdbuf();
-  if (in.bad()) return Status::io_error("cannot read calibration file '" + path + "'");
-
-  nlohmann::json j;
+  if (in.bad()) return Status::io_error(fmt::format("cannot read {} '{}'", what, path));
   try {
-    j = nlohmann::json::parse(text.str());
+    return nlohmann::json::parse(text.str());
   } catch (const nlohmann::json::exception& e) {
-    return Status::corrupt("calibration file '" + path + "' is not valid JSON (" + e.what() +
-                           "); delete it or run `headroom calibrate` to measure again");
+    return Status::corrupt(
+        fmt::format("{} '{}' is not valid JSON ({}); delete it or run `{}` to measure again", what,
+                    path, e.what(), remedy));
   }
+}
+
+Result<Calibration> load_calibration(const std::string& path) {
+  HR_ASSIGN_OR_RETURN(const nlohmann::json j,
+                      read_calibration_file(path, "calibration file", "headroom calibrate"));
   if (!j.is_object()) {
     return Status::corrupt("calibration file '" + path +
                            "' does not hold a JSON object; delete it or run `headroom "

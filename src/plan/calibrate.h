@@ -7,7 +7,10 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
+
+#include <nlohmann/json_fwd.hpp>
 
 #include "core/status.h"
 #include "plan/device_spec.h"
@@ -115,6 +118,13 @@ std::string describe_calibration(const Calibration& calibration);
 // Writes `text` to `path` atomically (a temporary file renamed over it), creating the parent
 // directories; IoError, naming the file and suggesting HEADROOM_CACHE_DIR, if it cannot.
 Status write_calibration_file(const std::string& path, const std::string& text);
+
+// The JSON of the calibration file at `path` (`what`: "calibration file", "device calibration
+// file"; `remedy`: what to run, e.g. "headroom calibrate"). NotFound if it does not exist,
+// IoError if it cannot be opened or read, Corrupt if it is not valid JSON; each names the file
+// and says to run `remedy`.
+Result<nlohmann::json> read_calibration_file(const std::string& path, std::string_view what,
+                                             std::string_view remedy);
 
 // An advisory lock on `path`.lock for this scope (flock: released when the descriptor closes,
 // also when the process dies), so that one process of several measures and the others load its

@@ -9,8 +9,6 @@
 #include <cmath>
 #include <ctime>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -238,22 +236,8 @@ Status save_device_calibration(const DeviceCalibration& c, const std::string& pa
 }
 
 Result<DeviceCalibration> load_device_calibration(const std::string& path) {
-  std::error_code ec;
-  if (!std::filesystem::exists(path, ec)) {
-    return Status::not_found("no device calibration file '" + path +
-                             "'; run `headroom calibrate --device cuda` on the GPU");
-  }
-  std::ifstream in(path);
-  if (!in) return Status::io_error("cannot open device calibration file '" + path + "'");
-  std::stringstream text;
-  text << in.rdbuf();
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(text.str());
-  } catch (const nlohmann::json::exception& e) {
-    return Status::corrupt("device calibration file '" + path + "' is not valid JSON (" + e.what() +
-                           "); delete it or run `headroom calibrate --device cuda`");
-  }
+  HR_ASSIGN_OR_RETURN(nlohmann::json j, read_calibration_file(path, "device calibration file",
+                                                              "headroom calibrate --device cuda"));
   auto bad = [&](const char* field, const std::string& why) {
     return Status::corrupt(fmt::format(
         "device calibration file '{}': field \"{}\" {}; delete the file or run `headroom "

@@ -118,6 +118,11 @@ TEST_F(DeviceCalibrationTest, SavesLoadsAndRefusesCorruptFiles) {
 
   EXPECT_EQ(load_device_calibration((dir_ / "none.json").string()).status().code(),
             StatusCode::kNotFound);
+  // A path that cannot be read as a file (a directory): an error naming it, not a calibration.
+  Result<DeviceCalibration> unreadable = load_device_calibration(dir_.string());
+  ASSERT_FALSE(unreadable.is_ok());
+  EXPECT_NE(unreadable.status().message().find(dir_.string()), std::string::npos)
+      << unreadable.status().message();
   auto write = [&](const std::string& text) { std::ofstream(path, std::ios::trunc) << text; };
   write("{\"version\": 1, \"device\": \"x\"");  // truncated
   Result<DeviceCalibration> bad = load_device_calibration(path);
