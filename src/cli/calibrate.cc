@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "core/check.h"
 #include "core/log.h"
 #include "core/utf8.h"
 #include "plan/calibrate.h"
@@ -28,11 +29,7 @@ int run_calibrate_gpu(bool as_json) {
                         if (!as_json) std::fprintf(stderr, "  %s\n", line.c_str());
                       });
   if (!gpu.is_ok()) return fail(gpu.status());
-  if (!gpu->calibration) {
-    return fail(
-        Status::internal("calibrate --device cuda: the measurement did not run (see the "
-                         "warning above)"));
-  }
+  HR_CHECK(gpu->calibration.has_value());  // kMeasureAgain returns the measurement's error
   const plan::DeviceCalibration& c = *gpu->calibration;
   const std::string path = plan::device_calibration_path(c.device);
   if (Status s = plan::save_device_calibration(c, path); !s.is_ok()) return fail(s);

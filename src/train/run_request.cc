@@ -161,7 +161,7 @@ Result<GpuRun> open_gpu(std::optional<uint64_t> device_memory, bool managed,
   // Priced with this GPU's measured figures (`headroom calibrate --device cuda`; measured here
   // once and cached when there are none), before the budget is read: the measurement's buffers
   // are freed by then.
-  if (calibration != GpuCalibration::kDatasheet) {
+  {
     const std::string path = plan::device_calibration_path(name);
     Result<plan::DeviceCalibration> cal =
         calibration == GpuCalibration::kMeasureAgain
@@ -172,6 +172,8 @@ Result<GpuRun> open_gpu(std::optional<uint64_t> device_memory, bool managed,
     if (cal.is_ok()) {
       g.calibration = *cal;
       spec = plan::apply_device_calibration(*spec, *cal, path);
+    } else if (calibration == GpuCalibration::kMeasureAgain) {
+      return cal.status();  // `calibrate --device cuda`: the measurement is the command
     } else {
       log_warn("--device cuda: {} -- pricing plans with {}'s datasheet figures instead",
                cal.status().to_string(), spec->name);

@@ -89,9 +89,10 @@ struct GpuRun {
   std::optional<plan::DeviceCalibration> calibration;
 };
 // How open_gpu prices the GPU: its cached measured figures (measuring them once when there are
-// none: `train`, `bench`), a fresh measurement not saved (`calibrate --device cuda` saves it
-// itself), or the datasheet table's alone.
-enum class GpuCalibration { kCached, kMeasureAgain, kDatasheet };
+// none: `train`, `bench`; a failed measurement warns and prices with the datasheet), or a fresh
+// measurement not saved (`calibrate --device cuda`, which saves it itself; a failure is the
+// error open_gpu returns).
+enum class GpuCalibration { kCached, kMeasureAgain };
 // `managed`: the leaf is managed (unified) memory (backend::cuda::ManagedResource: never beyond
 // the device's free memory at its creation), else cudaMalloc's.
 Result<GpuRun> open_gpu(std::optional<uint64_t> device_memory, bool managed = false,
