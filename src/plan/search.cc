@@ -213,11 +213,7 @@ Policy policy_for(const SearchRequest& r, int b, int k) {
   p.precision = r.precision;
   p.ranks = r.devices;
   p.zero_stage = 0;  // planned as a full replica; shard_plan makes it one rank's share
-  p.backend_fixed = r.device.backend_fixed;  // the device's context and workspaces
-  // Several ranks on GPUs: NCCL's buffers too (an estimate unless the spec has a figure).
-  if (r.devices > 1 && r.device.kind == "gpu" && p.backend_fixed.collective == 0) {
-    p.backend_fixed = with_collective_buffers(p.backend_fixed);
-  }
+  p.backend_fixed = r.device.backend_fixed;  // the context, workspaces (and NCCL's buffers)
   p.ops = r.ops;
   p.exec.distill = r.distill;
   return p;
@@ -365,6 +361,13 @@ Result<SearchResult> search_plan(const SearchRequest& request) {
         fmt::format("--offload-optimizer on: device {} has no host link bandwidth to price the "
                     "offload copies with",
                     r.device.name));
+  }
+  if (r.devices > 1 && r.device.kind == "gpu" && r.device.backend_fixed.collective == 0) {
+    // Several ranks on GPUs: NCCL's buffers in every candidate (an estimate unless the spec has
+    // a figure), added once here rather than per candidate.
+    SearchRequest with_nccl = r;
+    with_nccl.device.backend_fixed = with_collective_buffers(r.device.backend_fixed);
+    return search_plan(with_nccl);
   }
   if (r.precision == "auto" || (r.devices > 1 && !r.zero_stage) || !r.offload_optimizer) {
     // Searched side by side: precisions (fp32, and bf16 where the device has bf16 GEMMs), then
