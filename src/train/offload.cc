@@ -96,15 +96,6 @@ Result<double> OptimizerOffload::step(float* params, float* grads, float* grad_s
   HR_CHECK_MSG(params_bf16 == nullptr || stage_ < 3, "ZeRO-3 keeps no full bf16 copy");
   const int64_t P = table_->total_floats, n = piece_floats();
   double copy_ms = 0;
-  auto timed_copy = [this, &copy_ms](float* dst, const float* src, int64_t count, bool out) {
-    const auto t0 = Clock::now();
-    if (out) {
-      to_offload(dst, src, count);
-    } else {
-      to_device(dst, src, count);
-    }
-    copy_ms += std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-  };
   // Pipelined (the class comment; pieces of upload_chunk_floats(), 0 on the CPU backend): the
   // norm on the device, then the gradients queued out piece by piece, each piece's update after
   // its gradients landed, each updated piece of the master queued back at once, in increasing
@@ -171,7 +162,7 @@ Result<double> OptimizerOffload::step(float* params, float* grads, float* grad_s
       adamw_apply(*table_, master(), this->grads(), m(), v(), config, lr, step, norm, loss_scale,
                   backend::cpu_ops(), &sink);
     } else {
-      timed_copy(this->grads(), grads, P, /*out=*/true);
+      timed([&] { to_offload(this->grads(), grads, P); });
       // 3: adamw_step on the offload tier's buffers (the bf16 copy is cast on the device below).
       norm = adamw_step(*table_, master(), this->grads(), m(), v(), config, lr, step, nullptr,
                         loss_scale);
@@ -193,7 +184,7 @@ Result<double> OptimizerOffload::step(float* params, float* grads, float* grad_s
       if (loss_scale > 0 && !std::isfinite(norm)) return norm;  // overflow: every rank skips
       queue_gradients_out(grad_shard);
     } else {
-      timed_copy(this->grads(), grad_shard, n, /*out=*/true);
+      timed([&] { to_offload(this->grads(), grad_shard, n); });
       HR_ASSIGN_OR_RETURN(norm, sharded_grad_norm(comm_, lay, this->grads(), loss_scale));
       if (loss_scale > 0 && !std::isfinite(norm)) return norm;  // overflow: every rank skips
     }
@@ -211,9 +202,8 @@ Result<double> OptimizerOffload::step(float* params, float* grads, float* grad_s
       for (uint64_t t : in_tickets) ops_->wait_copy(t);
     });
   } else {
-    timed_copy(params + begin, master(), n, /*out=*/false);
+    timed([&] { to_device(params + begin, master(), n); });
   }
-  last_upload_copies_ = int(in_tickets.size());
   if (stage_ == 1 || stage_ == 2) {
     HR_RETURN_IF_ERROR(comm_->all_gather(params + begin, params, layout_->counts(0)));
   }

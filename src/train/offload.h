@@ -96,8 +96,6 @@ class OptimizerOffload {
   static constexpr int64_t kDefaultUploadChunkFloats = int64_t(1) << 20;
   void set_upload_chunk_floats(int64_t n);
   int64_t upload_chunk_floats() const;
-  // Copies queued by the last step (for tests).
-  int last_upload_copies() const { return last_upload_copies_; }
 
  private:
   OptimizerOffload(dist::Communicator* comm, const model::ParamTable* table, int stage,
@@ -118,7 +116,6 @@ class OptimizerOffload {
   int64_t shard_floats_ = 0;
   double last_copy_ms_ = 0;
   int64_t upload_chunk_ = 0;  // 0: the default above
-  int last_upload_copies_ = 0;
 };
 
 }  // namespace headroom::train
