@@ -301,12 +301,7 @@ TEST_F(DeviceRanks, ZeroStages0To3MatchTheCpuBitForBit) {
         EXPECT_TRUE(cpu_files.count("model.safetensors"));
         EXPECT_TRUE(cpu_files.count("checkpoints/step-000002/optimizer.safetensors"));
       }
-      ASSERT_EQ(dev_files.size(), cpu_files.size());
-      for (const auto& [path, bytes] : cpu_files) {
-        auto it = dev_files.find(path);
-        ASSERT_NE(it, dev_files.end()) << path;
-        EXPECT_TRUE(it->second == bytes) << path << " differs";
-      }
+      train::test::expect_same_files(cpu_files, dev_files);
     }
   }
 }
@@ -371,12 +366,7 @@ TEST_F(DeviceRanks, OptimizerOffloadUnderZeroMatchesTheCpu) {
     EXPECT_EQ(dev.result->device_bytes_peak, dev.result->planned_peak_bytes);
     const std::map<std::string, std::string> cpu_files = read_tree(dir_ / ("cpu-" + tag));
     const std::map<std::string, std::string> dev_files = read_tree(dir_ / ("fenced-" + tag));
-    ASSERT_EQ(dev_files.size(), cpu_files.size());
-    for (const auto& [path, bytes] : cpu_files) {
-      auto it = dev_files.find(path);
-      ASSERT_NE(it, dev_files.end()) << path;
-      EXPECT_TRUE(it->second == bytes) << path << " differs";
-    }
+    train::test::expect_same_files(cpu_files, dev_files);
     // Cut after step 2 on the device, resumed on the device from rank 0's checkpoint.
     train::TrainOptions a = f;
     a.out_dir = (dir_ / ("cut-" + tag)).string();

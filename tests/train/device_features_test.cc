@@ -114,15 +114,7 @@ class DeviceFeatures : public ::testing::Test {
     const std::map<std::string, std::string> dev_files = read_tree(dir_ / ("fenced-" + tag));
     EXPECT_TRUE(cpu_files.count("model.safetensors"));
     EXPECT_TRUE(cpu_files.count("checkpoints/step-000002/optimizer.safetensors"));
-    EXPECT_EQ(dev_files.size(), cpu_files.size());
-    for (const auto& [path, bytes] : cpu_files) {
-      auto it = dev_files.find(path);
-      if (it == dev_files.end()) {
-        ADD_FAILURE() << path << " missing on the device";
-        continue;
-      }
-      EXPECT_TRUE(it->second == bytes) << path << " differs";
-    }
+    train::test::expect_same_files(cpu_files, dev_files);
     return {cpu, dev};
   }
 

@@ -132,12 +132,7 @@ class DeviceOffload : public ::testing::Test {
     const std::map<std::string, std::string> fa = read_tree(dir_ / a), fb = read_tree(dir_ / b);
     EXPECT_TRUE(fa.count("model.safetensors"));
     EXPECT_TRUE(fa.count("checkpoints/step-000004/optimizer.safetensors"));
-    ASSERT_EQ(fa.size(), fb.size());
-    for (const auto& [path, bytes] : fa) {
-      auto it = fb.find(path);
-      ASSERT_NE(it, fb.end()) << path;
-      EXPECT_TRUE(it->second == bytes) << path << " differs";
-    }
+    train::test::expect_same_files(fa, fb);
   }
 
   // The CPU run and the fenced run of `c`, compared (steps, weights, files, plans and peaks).

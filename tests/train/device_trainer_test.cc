@@ -123,12 +123,7 @@ TEST_F(DeviceTrainer, MatchesTheCpuBitForBit) {
     const std::map<std::string, std::string> dev_files = read_tree(dir_ / ("fenced" + tag));
     EXPECT_TRUE(cpu_files.count("model.safetensors"));
     EXPECT_TRUE(cpu_files.count("checkpoints/step-000002/trainer_state.json"));
-    ASSERT_EQ(dev_files.size(), cpu_files.size());
-    for (const auto& [path, bytes] : cpu_files) {
-      auto it = dev_files.find(path);
-      ASSERT_NE(it, dev_files.end()) << path;
-      EXPECT_TRUE(it->second == bytes) << path << " differs";
-    }
+    train::test::expect_same_files(cpu_files, dev_files);
   }
 }
 

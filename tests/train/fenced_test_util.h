@@ -34,6 +34,21 @@ inline std::map<std::string, std::string> read_tree(const std::filesystem::path&
   return files;
 }
 
+// The same files (relative path -> contents, read_tree's) byte for byte: as many, each of
+// `expected`'s in `actual` with the same bytes.
+inline void expect_same_files(const std::map<std::string, std::string>& expected,
+                              const std::map<std::string, std::string>& actual) {
+  EXPECT_EQ(actual.size(), expected.size());
+  for (const auto& [path, bytes] : expected) {
+    auto it = actual.find(path);
+    if (it == actual.end()) {
+      ADD_FAILURE() << path << " missing";
+      continue;
+    }
+    EXPECT_TRUE(it->second == bytes) << path << " differs";
+  }
+}
+
 // The two runs' every step alike, bit for bit (the loss, the gradient norm's bits: an overflowed
 // step's is NaN on both, the validation loss, the tokens, a skipped step), and the final weights.
 inline void expect_same_bits(const RunOutput& a, const RunOutput& b) {
